@@ -1,0 +1,132 @@
+"""Conversations out of and into files.
+
+Markdown export is for reading: the branch on screen, as a document. JSON export is for moving a
+conversation between machines: the whole tree, every branch, so an import loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from app.store.store import Store
+
+JSON_FORMAT = "trellis-chat-conversation"
+JSON_VERSION = 1
+
+_ROLE_TITLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+
+
+class ImportFormatError(ValueError):
+    """The file is not a conversation this app exported (or is damaged)."""
+
+
+def to_markdown(store: Store, conversation_id: int) -> str:
+    """The current branch as a Markdown document."""
+    conv = store.conversation(conversation_id)
+    parts = [f"# {conv.title}\n"]
+    if conv.system_prompt.strip():
+        parts.append(f"## System\n\n{conv.system_prompt.strip()}\n")
+    for msg in store.path(conv.current_leaf_id):
+        heading = _ROLE_TITLES.get(msg.role, msg.role.title())
+        if not msg.complete:
+            heading += " (interrupted)"
+        parts.append(f"## {heading}\n\n{msg.content.strip()}\n")
+    return "\n".join(parts)
+
+
+def to_json(store: Store, conversation_id: int) -> dict[str, Any]:
+    """The whole conversation tree as a JSON-serialisable dict."""
+    conv = store.conversation(conversation_id)
+    return {
+        "format": JSON_FORMAT,
+        "version": JSON_VERSION,
+        "title": conv.title,
+        "created_at": conv.created_at,
+        "system_prompt": conv.system_prompt,
+        "preset": conv.preset,
+        "sampling": conv.sampling,
+        "current_leaf_id": conv.current_leaf_id,
+        "messages": [
+            {
+                "id": m.id,
+                "parent_id": m.parent_id,
+                "role": m.role,
+                "content": m.content,
+                "created_at": m.created_at,
+                "complete": m.complete,
+                "stats": m.stats,
+                "model": m.model,
+            }
+            for m in store.messages(conversation_id)
+        ],
+    }
+
+
+def from_json(store: Store, data: Any) -> int:
+    """Create a new conversation from :func:`to_json` output; returns its id.
+
+    Message ids are remapped (the importing database has its own), parents must come before their
+    children (they do in an export, which lists messages in id order), and the whole import is one
+    transaction: a damaged file adds nothing.
+    """
+    if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
+        raise ImportFormatError("not a Trellis Chat conversation export")
+    if int(data.get("version", 0)) > JSON_VERSION:
+        raise ImportFormatError(f"export version {data.get('version')} is newer than this app understands")
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        raise ImportFormatError("the export has no message list")
+    db = store.db
+    with store.transaction():
+        created = float(data.get("created_at") or 0) or None
+        cur = db.execute(
+            "INSERT INTO conversations (title, created_at, updated_at, system_prompt, preset, sampling)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                str(data.get("title") or "Imported chat"),
+                created or time.time(),
+                time.time(),
+                str(data.get("system_prompt") or ""),
+                str(data.get("preset") or "balanced"),
+                _json_text(data.get("sampling") or {}),
+            ),
+        )
+        conversation_id = cur.lastrowid
+        id_map: dict[Any, int] = {}
+        for m in messages:
+            try:
+                role = m["role"]
+                content = m["content"]
+                parent = m.get("parent_id")
+            except (TypeError, KeyError) as exc:
+                raise ImportFormatError(f"malformed message entry ({exc})") from None
+            if role not in _ROLE_TITLES or not isinstance(content, str):
+                raise ImportFormatError(f"message {m.get('id')} has an invalid role or content")
+            if parent is not None and parent not in id_map:
+                raise ImportFormatError(f"message {m.get('id')} refers to unknown parent {parent}")
+            cur = db.execute(
+                "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, complete,"
+                " stats, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id,
+                    id_map.get(parent) if parent is not None else None,
+                    role,
+                    content,
+                    float(m.get("created_at") or 0.0),
+                    int(bool(m.get("complete", True))),
+                    _json_text(m.get("stats") or {}),
+                    str(m.get("model") or ""),
+                ),
+            )
+            id_map[m.get("id")] = cur.lastrowid
+        leaf = id_map.get(data.get("current_leaf_id"))
+        if leaf is None and id_map:
+            leaf = max(id_map.values())
+        db.execute("UPDATE conversations SET current_leaf_id = ? WHERE id = ?", (leaf, conversation_id))
+    return conversation_id
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value)

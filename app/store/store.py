@@ -1,0 +1,351 @@
+"""Conversations and their message trees, persisted in SQLite.
+
+A conversation is a tree of messages: each message has a ``parent_id`` (None for the first one).
+Regenerating a reply or editing a user message adds a *sibling* instead of overwriting, so every
+branch stays reachable. ``current_leaf_id`` remembers which branch the user was looking at; the
+visible conversation is the path from the root to that leaf.
+
+Every write is committed before the method returns (the connection is in autocommit mode), which
+is what makes "a kill loses nothing that was complete" true. The store is used from the GUI thread
+only: each write is a few hundred microseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.store.database import connect
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    system_prompt: str = ""
+    preset: str = "balanced"
+    sampling: dict[str, Any] = field(default_factory=dict)
+    current_leaf_id: int | None = None
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: str
+    content: str
+    created_at: float
+    complete: bool = True
+    stats: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+
+
+@dataclass
+class SearchHit:
+    conversation_id: int
+    title: str
+    message_id: int | None  # None when only the title matched
+    snippet: str
+
+
+def _conversation(row: sqlite3.Row) -> Conversation:
+    return Conversation(
+        id=row["id"],
+        title=row["title"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        system_prompt=row["system_prompt"],
+        preset=row["preset"],
+        sampling=json.loads(row["sampling"] or "{}"),
+        current_leaf_id=row["current_leaf_id"],
+    )
+
+
+def _message(row: sqlite3.Row) -> Message:
+    return Message(
+        id=row["id"],
+        conversation_id=row["conversation_id"],
+        parent_id=row["parent_id"],
+        role=row["role"],
+        content=row["content"],
+        created_at=row["created_at"],
+        complete=bool(row["complete"]),
+        stats=json.loads(row["stats"] or "{}"),
+        model=row["model"],
+    )
+
+
+def fts_query(text: str) -> str:
+    """Turn what a user typed into a safe FTS5 query: every word must occur, the last as a prefix
+    (so results appear while typing). Quoting each word keeps FTS syntax characters inert."""
+    words = re.findall(r"\w+", text, flags=re.UNICODE)
+    if not words:
+        return ""
+    quoted = [f'"{w}"' for w in words]
+    quoted[-1] += "*"
+    return " ".join(quoted)
+
+
+class Store:
+    """All persistence of the app: conversations, messages, settings."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.db_path = Path(path)
+        self.db = connect(self.db_path)
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """Group several writes so they land together or not at all."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+
+    # -- conversations ---------------------------------------------------------------------------
+
+    def create_conversation(
+        self,
+        title: str = "New chat",
+        system_prompt: str = "",
+        preset: str = "balanced",
+        sampling: dict[str, Any] | None = None,
+        created_at: float | None = None,
+    ) -> Conversation:
+        now = created_at if created_at is not None else time.time()
+        cur = self.db.execute(
+            "INSERT INTO conversations (title, created_at, updated_at, system_prompt, preset, sampling)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (title, now, now, system_prompt, preset, json.dumps(sampling or {})),
+        )
+        return self.conversation(cur.lastrowid)
+
+    def conversation(self, conversation_id: int) -> Conversation:
+        row = self.db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no conversation {conversation_id}")
+        return _conversation(row)
+
+    def conversations(self) -> list[Conversation]:
+        """All conversations, most recently active first."""
+        rows = self.db.execute("SELECT * FROM conversations ORDER BY updated_at DESC, id DESC")
+        return [_conversation(r) for r in rows]
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        # Messages go with it (ON DELETE CASCADE) and the FTS triggers fire for each.
+        self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def update_conversation(
+        self,
+        conversation_id: int,
+        *,
+        system_prompt: str | None = None,
+        preset: str | None = None,
+        sampling: dict[str, Any] | None = None,
+    ) -> None:
+        sets, args = [], []
+        if system_prompt is not None:
+            sets.append("system_prompt = ?")
+            args.append(system_prompt)
+        if preset is not None:
+            sets.append("preset = ?")
+            args.append(preset)
+        if sampling is not None:
+            sets.append("sampling = ?")
+            args.append(json.dumps(sampling))
+        if sets:
+            self.db.execute(
+                f"UPDATE conversations SET {', '.join(sets)} WHERE id = ?", (*args, conversation_id)
+            )
+
+    def set_current_leaf(self, conversation_id: int, leaf_id: int | None) -> None:
+        self.db.execute(
+            "UPDATE conversations SET current_leaf_id = ? WHERE id = ?", (leaf_id, conversation_id)
+        )
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def add_message(
+        self,
+        conversation_id: int,
+        parent_id: int | None,
+        role: str,
+        content: str,
+        *,
+        complete: bool = True,
+        stats: dict[str, Any] | None = None,
+        model: str = "",
+        created_at: float | None = None,
+    ) -> Message:
+        """Append a message under ``parent_id`` and make it the conversation's current leaf."""
+        now = created_at if created_at is not None else time.time()
+        with self.transaction() as db:
+            cur = db.execute(
+                "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, complete,"
+                " stats, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id,
+                    parent_id,
+                    role,
+                    content,
+                    now,
+                    int(complete),
+                    json.dumps(stats or {}),
+                    model,
+                ),
+            )
+            db.execute(
+                "UPDATE conversations SET updated_at = ?, current_leaf_id = ? WHERE id = ?",
+                (now, cur.lastrowid, conversation_id),
+            )
+        return self.message(cur.lastrowid)
+
+    def update_message(
+        self,
+        message_id: int,
+        content: str,
+        *,
+        complete: bool | None = None,
+        stats: dict[str, Any] | None = None,
+    ) -> None:
+        """Replace a message's text: used for the periodic save of a streaming reply and its end."""
+        sets, args = ["content = ?"], [content]
+        if complete is not None:
+            sets.append("complete = ?")
+            args.append(int(complete))
+        if stats is not None:
+            sets.append("stats = ?")
+            args.append(json.dumps(stats))
+        self.db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*args, message_id))
+
+    def message(self, message_id: int) -> Message:
+        row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no message {message_id}")
+        return _message(row)
+
+    def messages(self, conversation_id: int) -> list[Message]:
+        """Every message of the conversation, all branches, in creation order."""
+        rows = self.db.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+        )
+        return [_message(r) for r in rows]
+
+    def children(self, conversation_id: int, parent_id: int | None) -> list[Message]:
+        rows = self.db.execute(
+            "SELECT * FROM messages WHERE conversation_id = ? AND parent_id IS ? ORDER BY id",
+            (conversation_id, parent_id),
+        )
+        return [_message(r) for r in rows]
+
+    def siblings(self, message_id: int) -> list[Message]:
+        """The message and its alternatives (same parent), oldest first."""
+        msg = self.message(message_id)
+        return self.children(msg.conversation_id, msg.parent_id)
+
+    def path(self, leaf_id: int | None) -> list[Message]:
+        """Messages from the root down to ``leaf_id`` (one recursive query, not one per level)."""
+        if leaf_id is None:
+            return []
+        rows = self.db.execute(
+            """
+            WITH RECURSIVE chain(id, depth) AS (
+                SELECT ?, 0
+                UNION ALL
+                SELECT m.parent_id, chain.depth + 1 FROM messages m JOIN chain ON m.id = chain.id
+                WHERE m.parent_id IS NOT NULL
+            )
+            SELECT messages.* FROM chain JOIN messages ON messages.id = chain.id ORDER BY chain.depth DESC
+            """,
+            (leaf_id,),
+        )
+        return [_message(r) for r in rows]
+
+    def current_path(self, conversation_id: int) -> list[Message]:
+        return self.path(self.conversation(conversation_id).current_leaf_id)
+
+    def latest_leaf(self, message_id: int) -> int:
+        """Follow the newest child from ``message_id`` down to a leaf: where a branch switch lands."""
+        conversation_id = self.message(message_id).conversation_id
+        current = message_id
+        while True:
+            row = self.db.execute(
+                "SELECT id FROM messages WHERE conversation_id = ? AND parent_id = ?"
+                " ORDER BY id DESC LIMIT 1",
+                (conversation_id, current),
+            ).fetchone()
+            if row is None:
+                return current
+            current = row["id"]
+
+    def incomplete_messages(self, conversation_id: int | None = None) -> list[Message]:
+        """Replies a crash or kill interrupted while streaming."""
+        if conversation_id is None:
+            rows = self.db.execute("SELECT * FROM messages WHERE complete = 0 ORDER BY id")
+        else:
+            rows = self.db.execute(
+                "SELECT * FROM messages WHERE complete = 0 AND conversation_id = ? ORDER BY id",
+                (conversation_id,),
+            )
+        return [_message(r) for r in rows]
+
+    # -- search ----------------------------------------------------------------------------------
+
+    def search(self, text: str, limit: int = 200) -> list[SearchHit]:
+        """Conversations whose title or any message matches ``text``; best message match first."""
+        query = fts_query(text)
+        if not query:
+            return []
+        hits: dict[int, SearchHit] = {}
+        rows = self.db.execute(
+            """
+            SELECT m.conversation_id, c.title, m.id AS message_id,
+                   snippet(messages_fts, 0, '[', ']', '…', 12) AS snip
+            FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid
+            JOIN conversations c ON c.id = m.conversation_id
+            WHERE messages_fts MATCH ? ORDER BY bm25(messages_fts) LIMIT ?
+            """,
+            (query, limit),
+        )
+        for r in rows:
+            hits.setdefault(
+                r["conversation_id"], SearchHit(r["conversation_id"], r["title"], r["message_id"], r["snip"])
+            )
+        like = "%" + text.strip().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        for r in self.db.execute(
+            "SELECT id, title FROM conversations WHERE title LIKE ? ESCAPE '\\' ORDER BY updated_at DESC",
+            (like,),
+        ):
+            hits.setdefault(r["id"], SearchHit(r["id"], r["title"], None, r["title"]))
+        return list(hits.values())
+
+    # -- settings --------------------------------------------------------------------------------
+
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        row = self.db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return json.loads(row["value"]) if row is not None else default
+
+    def set_setting(self, key: str, value: Any) -> None:
+        self.db.execute(
+            "INSERT INTO settings (key, value) VALUES (?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, json.dumps(value)),
+        )

@@ -1,0 +1,338 @@
+"""Look at a model directory without loading it: what it is, how big, and whether it can load.
+
+The model library shows this for every folder it finds, so it has to be cheap and must never
+raise: it reads ``config.json`` and the JSON headers of the safetensors files (the first few
+kilobytes of each file) and never touches tensor data or imports torch. Anything wrong is
+reported as a sentence in ``ModelInfo.problems``; an empty list means "should load".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Architectures the engine maps (engine/architectures/). Kept here as data so the library can
+# say "unsupported" before anyone tries to load the model.
+SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Phi3ForCausalLM",
+        "SmolLM3ForCausalLM",
+    }
+)
+
+# Bytes per element of each safetensors dtype.
+_DTYPE_BYTES: dict[str, int] = {
+    "F64": 8,
+    "I64": 8,
+    "U64": 8,
+    "F32": 4,
+    "I32": 4,
+    "U32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I16": 2,
+    "U16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+
+# A safetensors header bigger than this is certainly corrupt (real ones are < a few MB), and
+# refusing it keeps a garbage length field from making us read gigabytes.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+# What the runtime needs beyond weights and KV cache: activations, the torch allocator's slack,
+# the tokenizer. A rough constant plus a proportion is honest enough for "will it fit".
+_RUNTIME_OVERHEAD_BYTES = 256 * 1024 * 1024
+_RUNTIME_OVERHEAD_RATIO = 0.10
+
+
+@dataclass
+class ModelInfo:
+    """What the library knows about one model directory."""
+
+    path: Path
+    name: str
+    architecture: str | None = None
+    model_type: str | None = None
+    parameter_count: int | None = None
+    # Human-readable: "EXL3 4.0 bpw", "BF16", "F16", "F32", "GGUF (needs import)".
+    quantization: str | None = None
+    bits_per_weight: float | None = None
+    size_bytes: int = 0
+    weight_bytes: int = 0
+    context_length: int | None = None
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing found so far would stop the engine from loading the model."""
+        return not self.problems
+
+    def kv_cache_bytes(self, context_length: int, bytes_per_element: int = 2) -> int:
+        """Bytes of an fp16 KV cache holding ``context_length`` tokens (0 if the config lacks shapes)."""
+        if not (self.num_layers and self.num_kv_heads and self.head_dim):
+            return 0
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * context_length * bytes_per_element
+
+    def memory_needed(self, context_length: int | None = None) -> int:
+        """Estimated bytes to run the model with ``context_length`` tokens of context."""
+        ctx = context_length if context_length is not None else min(self.context_length or 4096, 4096)
+        base = self.weight_bytes + self.kv_cache_bytes(ctx)
+        return int(base * (1 + _RUNTIME_OVERHEAD_RATIO)) + _RUNTIME_OVERHEAD_BYTES
+
+
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """The answer to "will it fit": needed vs available, and a one-word summary."""
+
+    needed_bytes: int
+    available_bytes: int
+    total_bytes: int
+
+    @property
+    def verdict(self) -> str:
+        """ "fits" (free RAM suffices), "tight" (only if other programs give memory back), "too big"."""
+        if self.total_bytes <= 0:
+            return "unknown"
+        if self.needed_bytes <= self.available_bytes:
+            return "fits"
+        if self.needed_bytes <= self.total_bytes:
+            return "tight"
+        return "too big"
+
+
+def system_memory() -> tuple[int, int]:
+    """(available, total) bytes of RAM on this machine; (0, 0) when it cannot be read."""
+    try:
+        import psutil  # optional; more portable than /proc
+
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+    except Exception:
+        pass
+    try:
+        values: dict[str, int] = {}
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts:
+                    values[key] = int(parts[0]) * 1024  # the file reports kB
+        return values.get("MemAvailable", values.get("MemFree", 0)), values.get("MemTotal", 0)
+    except (OSError, ValueError):
+        return 0, 0
+
+
+def memory_verdict(info: ModelInfo, context_length: int | None = None) -> MemoryVerdict:
+    """Compare the model's estimated needs at ``context_length`` with this machine's RAM."""
+    available, total = system_memory()
+    return MemoryVerdict(info.memory_needed(context_length), available, total)
+
+
+def read_safetensors_header(path: Path) -> dict:
+    """The JSON header of one safetensors file (raises ValueError with a reason if corrupt)."""
+    file_size = path.stat().st_size
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) < 8:
+            raise ValueError("file is shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", raw)
+        if length > _MAX_HEADER_BYTES or 8 + length > file_size:
+            raise ValueError(f"header length {length} does not fit in a {file_size}-byte file")
+        blob = fh.read(length)
+    try:
+        header = json.loads(blob)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise ValueError("header is not a JSON object")
+    data_size = file_size - 8 - length
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict) or "data_offsets" not in entry or "shape" not in entry:
+            raise ValueError(f"tensor entry {name!r} is malformed")
+        start, end = entry["data_offsets"]
+        if not (0 <= start <= end <= data_size):
+            raise ValueError(f"tensor {name!r} points past the end of the file (truncated download?)")
+    return header
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(root) / name).stat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def _text_config(config: dict) -> dict:
+    """Multimodal configs (Gemma 3) keep the language model's shapes in ``text_config``."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def _apply_config(info: ModelInfo, config: dict) -> None:
+    archs = config.get("architectures") or []
+    info.architecture = archs[0] if archs else None
+    info.model_type = config.get("model_type")
+    text = _text_config(config)
+    info.context_length = text.get("max_position_embeddings") or config.get("max_position_embeddings")
+    info.num_layers = text.get("num_hidden_layers")
+    heads = text.get("num_attention_heads")
+    info.num_kv_heads = text.get("num_key_value_heads") or heads
+    hidden = text.get("hidden_size")
+    info.head_dim = text.get("head_dim") or (hidden // heads if hidden and heads else None)
+    if info.architecture is None:
+        info.problems.append("config.json does not name an architecture ('architectures' is missing)")
+    elif info.architecture not in SUPPORTED_ARCHITECTURES:
+        info.problems.append(
+            f"architecture {info.architecture} is not supported "
+            f"(supported: {', '.join(sorted(SUPPORTED_ARCHITECTURES))})"
+        )
+    qcfg = config.get("quantization_config")
+    if isinstance(qcfg, dict):
+        method = str(qcfg.get("quant_method", "unknown"))
+        if method == "exl3":
+            bits = qcfg.get("bits")
+            info.bits_per_weight = float(bits) if bits is not None else None
+            info.quantization = f"EXL3 {info.bits_per_weight:g} bpw" if bits is not None else "EXL3"
+        else:
+            info.quantization = method.upper()
+            info.problems.append(f"quantization method {method!r} is not supported (only EXL3 is)")
+
+
+def _shard_files(path: Path, info: ModelInfo) -> list[Path]:
+    """The safetensors files the model consists of, reporting shards the index names but lacks."""
+    index_files = sorted(path.glob("*.safetensors.index.json"))
+    if index_files:
+        try:
+            index = json.loads(index_files[0].read_text(encoding="utf-8"))
+            names = sorted(set(index["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            info.problems.append(f"{index_files[0].name} is unreadable ({exc})")
+            return sorted(path.glob("*.safetensors"))
+        missing = [n for n in names if not (path / n).is_file()]
+        for name in missing:
+            info.problems.append(f"missing shard {name} (named in {index_files[0].name})")
+        return [path / n for n in names if n not in missing]
+    return sorted(path.glob("*.safetensors"))
+
+
+def _is_exl3_trellis(name: str, entry: dict) -> bool:
+    return name.endswith(".trellis") and len(entry["shape"]) == 3
+
+
+def _apply_headers(info: ModelInfo, files: list[Path]) -> None:
+    params = 0
+    weight_bytes = 0
+    dtype_bytes: dict[str, int] = {}
+    for file in files:
+        try:
+            header = read_safetensors_header(file)
+        except (OSError, ValueError) as exc:
+            info.problems.append(f"{file.name} is corrupt: {exc}")
+            continue
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            shape = entry["shape"]
+            start, end = entry["data_offsets"]
+            weight_bytes += end - start
+            if _is_exl3_trellis(name, entry):
+                # A trellis of shape (in/16, out/16, 16K) encodes an in x out weight matrix.
+                params += shape[0] * 16 * shape[1] * 16
+                continue
+            if name.endswith((".suh", ".svh", ".su", ".sv", ".mcg", ".mul1")):
+                continue  # EXL3 side tensors: scales and codebook flags, not parameters
+            count = 1
+            for dim in shape:
+                count *= dim
+            params += count
+            dtype = entry.get("dtype", "?")
+            dtype_bytes[dtype] = dtype_bytes.get(dtype, 0) + (end - start)
+    info.parameter_count = params or None
+    info.weight_bytes = weight_bytes
+    if info.quantization is None and dtype_bytes:
+        info.quantization = max(dtype_bytes, key=dtype_bytes.__getitem__)
+    if info.bits_per_weight is None and dtype_bytes and info.quantization in _DTYPE_BYTES:
+        info.bits_per_weight = float(_DTYPE_BYTES[info.quantization] * 8)
+
+
+def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
+    """Describe the model in directory ``path``; never raises for a bad model, lists problems."""
+    path = Path(path)
+    info = ModelInfo(path=path, name=path.name)
+    if not path.is_dir():
+        info.problems.append(f"{path} is not a folder")
+        return info
+    info.size_bytes = _dir_size(path)
+    config_path = path / "config.json"
+    ggufs = sorted(path.glob("*.gguf"))
+    if not config_path.is_file():
+        if ggufs:
+            info.quantization = "GGUF"
+            info.problems.append(
+                f"{ggufs[0].name} is a GGUF file: import it first (python -m engine import-gguf)"
+            )
+        else:
+            info.problems.append("config.json is missing: this is not a Hugging Face model folder")
+        return info
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        info.problems.append(f"config.json is unreadable ({exc})")
+        return info
+    _apply_config(info, config)
+    files = _shard_files(path, info)
+    if not files and not any("missing shard" in p for p in info.problems):
+        info.problems.append("no .safetensors weight files")
+    _apply_headers(info, files)
+    if not (path / "tokenizer.json").is_file():
+        info.problems.append("tokenizer.json is missing")
+    return info
+
+
+def looks_like_model_dir(path: Path) -> bool:
+    """Cheap test used when scanning folders: does ``path`` hold a model (or a broken one)?"""
+    return (path / "config.json").is_file() or any(path.glob("*.safetensors")) or any(path.glob("*.gguf"))
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KB'; used by the GUI and the CLI alike."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
+
+
+def format_params(n: int | None) -> str:
+    """135_000_000 -> '135M'."""
+    if not n:
+        return "?"
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.3g}{suffix}"
+    return str(n)
