@@ -1,0 +1,31 @@
+"""One small file per Hugging Face architecture family; this module maps names to them."""
+
+from __future__ import annotations
+
+from engine.architectures.base import Architecture, DecoderSpec, TensorNames
+from engine.architectures.gemma2 import Gemma2
+from engine.architectures.gemma3 import Gemma3
+from engine.architectures.llama import Llama
+from engine.architectures.mistral import Mistral
+from engine.architectures.phi3 import Phi3
+from engine.architectures.qwen2 import Qwen2
+from engine.architectures.qwen3 import Qwen3
+from engine.architectures.smollm3 import SmolLM3
+from engine.errors import UnsupportedArchitectureError
+
+_FAMILIES: list[type[Architecture]] = [Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3]
+REGISTRY: dict[str, type[Architecture]] = {name: cls for cls in _FAMILIES for name in cls.hf_names}
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(REGISTRY)
+
+
+def architecture_for(name: str) -> Architecture:
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        supported = ", ".join(sorted(REGISTRY))
+        raise UnsupportedArchitectureError(
+            f"unknown architecture '{name}'; this engine supports: {supported}"
+        ) from None
+
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "Architecture", "DecoderSpec", "TensorNames", "architecture_for"]

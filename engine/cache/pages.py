@@ -1,0 +1,109 @@
+"""Page bookkeeping: allocation, reference counts and prefix reuse.
+
+A page holds ``page_size`` consecutive positions of one sequence. Once a page is full its
+content is fixed, so it can be named by the tokens it holds *and everything before them*: its
+key is a hash of its tokens chained with the previous page's key. Two sequences with the same
+prefix get the same keys for the full pages of that prefix, and the second one can use the
+first one's pages instead of computing them again (a chat's next turn, a shared system prompt).
+
+Pages whose last user has finished stay cached, unreferenced, in least-recently-used order;
+allocation takes never-used pages first and evicts cached ones only when it must.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from engine.errors import ContextOverflowError
+
+_ROOT = b"trellis-page-root"
+
+
+def page_keys(tokens: Sequence[int], page_size: int) -> list[bytes]:
+    """Chained keys of the full pages of ``tokens`` (a trailing partial page has none)."""
+    keys: list[bytes] = []
+    previous = _ROOT
+    for start in range(0, len(tokens) - page_size + 1, page_size):
+        h = hashlib.blake2b(previous, digest_size=16)
+        h.update(b",".join(str(t).encode() for t in tokens[start : start + page_size]))
+        previous = h.digest()
+        keys.append(previous)
+    return keys
+
+
+class PageAllocator:
+    def __init__(self, num_pages: int, page_size: int) -> None:
+        self.num_pages, self.page_size = num_pages, page_size
+        self.refcount = [0] * num_pages
+        self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() yields page 0 first
+        self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced pages with a key, LRU first
+        self._key_of: dict[int, bytes] = {}
+        self._page_of: dict[bytes, int] = {}
+
+    @property
+    def available(self) -> int:
+        """Pages an allocation can take now (free plus evictable cached pages)."""
+        return len(self._free) + len(self._cached)
+
+    @property
+    def cached_pages(self) -> int:
+        return len(self._cached)
+
+    def match_prefix(self, keys: Sequence[bytes]) -> list[int]:
+        """Take a reference on the cached pages of the longest known prefix of ``keys``."""
+        pages: list[int] = []
+        for key in keys:
+            page = self._page_of.get(key)
+            if page is None:
+                break
+            pages.append(page)
+        for page in pages:
+            self._retain(page)
+        return pages
+
+    def allocate(self, count: int) -> list[int]:
+        if count > self.available:
+            raise ContextOverflowError(
+                f"the cache has {self.available} free pages of {self.page_size} tokens, {count} are needed"
+            )
+        pages = []
+        for _ in range(count):
+            if self._free:
+                page = self._free.pop()
+            else:
+                page, _ = self._cached.popitem(last=False)
+                del self._page_of[self._key_of.pop(page)]
+            self.refcount[page] = 1
+            pages.append(page)
+        return pages
+
+    def register(self, page: int, key: bytes) -> None:
+        """Record that ``page`` now holds the full page named ``key``."""
+        if page in self._key_of or key in self._page_of:
+            return  # already named, or another page holds the same content
+        self._key_of[page] = key
+        self._page_of[key] = page
+
+    def release(self, pages: Sequence[int]) -> None:
+        for page in pages:
+            self.refcount[page] -= 1
+            if self.refcount[page] > 0:
+                continue
+            if page in self._key_of:
+                self._cached[page] = None
+            else:
+                self._free.append(page)
+
+    def _retain(self, page: int) -> None:
+        if self.refcount[page] == 0:
+            self._cached.pop(page, None)
+        self.refcount[page] += 1
+
+    def clear_cached(self) -> None:
+        """Forget every unreferenced cached page (e.g. after the model changed)."""
+        while self._cached:
+            page, _ = self._cached.popitem(last=False)
+            del self._page_of[self._key_of.pop(page)]
+            self._free.append(page)

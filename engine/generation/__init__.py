@@ -1,0 +1,1 @@
+"""Generation: forward steps over the paged cache, sampling, stop conditions, the Generator."""

@@ -1,0 +1,1 @@
+"""Reading weights from disk: safetensors (single or sharded, memory-mapped) and GGUF import."""

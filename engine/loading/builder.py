@@ -1,0 +1,154 @@
+"""Assemble the module library into a model, reading each weight from a :class:`WeightStore`.
+
+The builder knows the module library and the :class:`TensorNames` of the architecture; it is
+the one place where a checkpoint key becomes a module. Linears go through :meth:`linear`, which
+returns a dense or an EXL3 linear depending on what the checkpoint stores under that key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from engine.architectures.base import FULL, DecoderSpec, TensorNames
+from engine.loading.safetensors_store import WeightStore
+from engine.modules.attention import Attention
+from engine.modules.decoder import CausalLM, DecoderBlock
+from engine.modules.linear import DenseLinear, ProjectionGroup
+from engine.modules.mlp import GatedMLP
+from engine.modules.norms import RMSNorm
+from engine.modules.rope import RotaryEmbedding
+
+Progress = Callable[[float, str], None]
+
+
+class ModelBuilder:
+    def __init__(
+        self,
+        spec: DecoderSpec,
+        names: TensorNames,
+        store: WeightStore,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        context: int,
+    ) -> None:
+        self.spec, self.names, self.store = spec, names, store
+        self.dtype, self.device, self.context = dtype, torch.device(device), context
+
+    # -- leaves ---------------------------------------------------------------------------
+
+    def tensor(self, key: str, shape: list[int] | None = None) -> torch.Tensor:
+        return self.store.get(key, dtype=self.dtype, device=self.device, shape=shape)
+
+    def optional(self, key: str, shape: list[int]) -> torch.Tensor | None:
+        return self.tensor(key, shape) if self.store.has(key) else None
+
+    def linear(self, key: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
+        """A linear stored under ``key`` (``key.weight`` dense, or EXL3 tensors ``key.trellis`` ...)."""
+        bias_t = self.optional(f"{key}.bias", [out_features]) if bias else None
+        if self.store.has(f"{key}.trellis"):
+            from engine.quant import load_exl3_linear
+
+            layer = load_exl3_linear(lambda k: self.store.get(k), key, in_features, out_features, mode="dense")
+            if bias_t is not None:
+                layer.bias = bias_t
+            return layer.to(self.device)
+        return DenseLinear(self.tensor(f"{key}.weight", [out_features, in_features]), bias_t)
+
+    def norm(self, key: str, dim: int) -> RMSNorm:
+        return RMSNorm(self.tensor(f"{key}.weight", [dim]), self.spec.norm_eps, self.spec.norm_offset)
+
+    # -- blocks ---------------------------------------------------------------------------
+
+    def attention(self, i: int, p: str, rope: dict[str, RotaryEmbedding]) -> Attention:
+        s, n = self.spec, self.names
+        q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        if n.qkv_fused:
+            fused = self.linear(p + n.qkv_fused, s.hidden_size, q_out + 2 * kv_out, s.qkv_bias)
+            qkv = ProjectionGroup([(fused, [q_out, kv_out, kv_out])])
+        else:
+            qkv = ProjectionGroup(
+                [
+                    (self.linear(p + n.q, s.hidden_size, q_out, s.qkv_bias), [q_out]),
+                    (self.linear(p + n.k, s.hidden_size, kv_out, s.qkv_bias), [kv_out]),
+                    (self.linear(p + n.v, s.hidden_size, kv_out, s.qkv_bias), [kv_out]),
+                ]
+            )
+        kind = s.layer_types[i]
+        return Attention(
+            qkv,
+            self.linear(p + n.o, q_out, s.hidden_size, s.o_bias),
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            s.attn_scale,
+            rope[kind] if (not s.rope_layers or s.rope_layers[i]) else None,
+            self.norm(p + n.q_norm, s.head_dim) if s.qk_norm else None,
+            self.norm(p + n.k_norm, s.head_dim) if s.qk_norm else None,
+            s.sliding_window if kind != FULL else None,
+            s.attn_softcap,
+        )
+
+    def mlp(self, p: str) -> GatedMLP:
+        s, n = self.spec, self.names
+        h, f = s.hidden_size, s.intermediate_size
+        if n.gate_up_fused:
+            gate_up = ProjectionGroup([(self.linear(p + n.gate_up_fused, h, 2 * f, s.mlp_bias), [f, f])])
+        else:
+            gate_up = ProjectionGroup(
+                [
+                    (self.linear(p + n.gate, h, f, s.mlp_bias), [f]),
+                    (self.linear(p + n.up, h, f, s.mlp_bias), [f]),
+                ]
+            )
+        return GatedMLP(gate_up, self.linear(p + n.down, f, h, s.mlp_bias), s.activation)
+
+    def block(self, i: int, rope: dict[str, RotaryEmbedding]) -> DecoderBlock:
+        s, n = self.spec, self.names
+        p = n.prefix + n.layer.format(i=i)
+        return DecoderBlock(
+            attn_in_norm=self.norm(p + n.attn_in_norm, s.hidden_size),
+            attention=self.attention(i, p, rope),
+            mlp_in_norm=self.norm(p + n.mlp_in_norm, s.hidden_size),
+            mlp=self.mlp(p),
+            attn_out_norm=self.norm(p + n.attn_out_norm, s.hidden_size) if n.attn_out_norm else None,
+            mlp_out_norm=self.norm(p + n.mlp_out_norm, s.hidden_size) if n.mlp_out_norm else None,
+        )
+
+    def build(self, progress: Progress | None = None) -> CausalLM:
+        s, n = self.spec, self.names
+        # One rotary module per distinct RoPE setting, shared by the layers that use it.
+        by_spec: dict[int, RotaryEmbedding] = {}
+        rope = {}
+        for kind, rs in s.rope.items():
+            key = id(rs)
+            if key not in by_spec:
+                by_spec[key] = RotaryEmbedding(rs, s.head_dim, self.context).to(self.device)
+            rope[kind] = by_spec[key]
+        embed_w = self.tensor(n.prefix + n.embed + ".weight", [s.vocab_size, s.hidden_size])
+        embedding = nn.Embedding.from_pretrained(embed_w, freeze=True)
+        blocks = []
+        for i in range(s.num_layers):
+            blocks.append(self.block(i, rope))
+            if progress:
+                progress((i + 1) / (s.num_layers + 1), f"loaded layer {i + 1}/{s.num_layers}")
+        # A tied head reuses the embedding, unless a quantized head was stored for it (EXL3
+        # quantizes the head separately even when the unquantized model ties it).
+        if s.tie_word_embeddings and not self.store.has(f"{n.lm_head}.trellis"):
+            lm_head: nn.Module = DenseLinear(embed_w)
+        else:
+            lm_head = self.linear(n.lm_head, s.hidden_size, s.vocab_size, False)
+        model = CausalLM(
+            embedding,
+            blocks,
+            self.norm(n.prefix + n.final_norm, s.hidden_size),
+            lm_head,
+            s.embed_scale,
+            s.final_softcap,
+        )
+        if progress:
+            progress(1.0, "model loaded")
+        return model.eval()
+

@@ -1,0 +1,74 @@
+"""Loading a model directory: config -> architecture -> spec -> modules with weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.architectures import DecoderSpec, architecture_for
+from engine.config import ModelConfig
+from engine.loading.builder import ModelBuilder
+from engine.loading.safetensors_store import WeightStore
+from engine.modules.decoder import CausalLM
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``auto`` picks CUDA where present, else the CPU."""
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on the CPU (the reference path: exact, and CPU bf16 matmuls are slow), else bf16."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    spec: DecoderSpec
+    module: CausalLM
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def directory(self) -> Path:
+        return self.config.directory
+
+    def parameter_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.module.parameters())
+
+
+def load_model(
+    directory: str | Path,
+    device: str | None = "auto",
+    dtype: str | torch.dtype | None = None,
+    context: int | None = None,
+    progress: Callable[[float, str], None] | None = None,
+) -> LoadedModel:
+    """Load a Hugging Face model directory onto ``device``.
+
+    ``context`` is the longest sequence the caller will run (it only matters for RoPE schemes
+    that depend on it); it defaults to the model's own maximum.
+    """
+    config = ModelConfig.from_dir(directory)
+    arch = architecture_for(config.architecture)
+    spec = arch.spec(config)
+    dev = resolve_device(device)
+    if isinstance(dtype, str):
+        dtype = _DTYPES[dtype]
+    dtype = dtype or default_dtype(dev)
+    store = WeightStore(config.directory)
+    if progress:
+        progress(0.0, f"loading {config.architecture} from {config.directory.name}")
+    with torch.inference_mode():
+        module = ModelBuilder(spec, arch.names, store, dtype, dev, context or spec.max_position_embeddings).build(
+            progress
+        )
+    return LoadedModel(config, spec, module, dev, dtype)

@@ -1,0 +1,108 @@
+"""Multi-head attention with grouped KV heads, over a paged KV cache.
+
+Variants are options, not subclasses: grouped-query attention (Ainslie et al., 2023),
+per-head RMSNorm of queries and keys (Qwen3, Gemma 3), sliding-window layers (Mistral,
+Gemma 2/3), logit soft-capping (Gemma 2), layers without positional rotation (SmolLM3's NoPE).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.modules.batch import BatchLayout, SequenceSlice
+from engine.modules.linear import ProjectionGroup
+from engine.modules.rope import RotaryEmbedding
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Reference attention for one sequence.
+
+    ``q`` is ``[n, heads, d]`` at absolute ``q_positions``; ``k``/``v`` are ``[L, kv_heads, d]`` at
+    ``k_positions``. A query sees keys at or before its position and, with a window, fewer than
+    ``window`` positions back. Returns ``[n, heads, d]``.
+    """
+    heads, kv_heads = q.shape[1], k.shape[1]
+    allowed = k_positions[None, :] <= q_positions[:, None]
+    if window is not None:
+        allowed &= k_positions[None, :] > q_positions[:, None] - window
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    if softcap is None:
+        out = F.scaled_dot_product_attention(
+            qh[None], kh[None], vh[None], attn_mask=allowed, scale=scale, enable_gqa=heads != kv_heads
+        )[0]
+    else:
+        group = heads // kv_heads
+        kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
+        scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
+        scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(vh.dtype), vh)
+    return out.transpose(0, 1)
+
+
+class Attention(nn.Module):
+    def __init__(
+        self,
+        qkv: ProjectionGroup,
+        o_proj: nn.Module,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        rope: RotaryEmbedding | None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
+        sliding_window: int | None = None,
+        softcap: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.qkv, self.o_proj = qkv, o_proj
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale, self.rope = scale, rope
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.sliding_window, self.softcap = sliding_window, softcap
+
+    def forward(self, x: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
+        q, k, v = self.qkv(x)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rope is not None:
+            tables = batch.rope_tables(self.rope, q.dtype)
+            q, k = self.rope.apply(q, tables), self.rope.apply(k, tables)
+        cache.write(batch.write_slots, k, v)
+        out = torch.empty_like(q)
+        for seq in batch.sequences:
+            rows = slice(seq.start, seq.start + seq.length)
+            first = self._first_visible(seq)
+            keys, values = cache.read(seq.slots[first : seq.end_position])
+            out[rows] = attend(
+                q[rows],
+                keys,
+                values,
+                batch.positions[rows],
+                torch.arange(first, seq.end_position, device=x.device),
+                self.scale,
+                self.sliding_window,
+                self.softcap,
+            )
+        return self.o_proj(out.view(-1, self.num_heads * self.head_dim))
+
+    def _first_visible(self, seq: SequenceSlice) -> int:
+        """Earliest position any of this step's queries can see: skip reading older keys."""
+        if self.sliding_window is None:
+            return 0
+        return max(0, seq.past - self.sliding_window + 1)

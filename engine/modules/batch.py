@@ -1,0 +1,44 @@
+"""The layout of one forward step over a flat batch of several sequences."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SequenceSlice:
+    """One sequence's part of a step.
+
+    ``rows`` are its new tokens' rows in the flat batch; ``past`` tokens of it are already in the
+    cache; ``slots`` maps every position ``0 .. past + length - 1`` to a slot of the paged cache.
+    """
+
+    start: int
+    length: int
+    past: int
+    slots: torch.Tensor
+
+    @property
+    def end_position(self) -> int:
+        return self.past + self.length
+
+
+@dataclass
+class BatchLayout:
+    sequences: list[SequenceSlice]
+    positions: torch.Tensor  # [tokens] absolute position of every row
+    write_slots: torch.Tensor  # [tokens] cache slot each row's key/value goes to
+    _rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.positions.shape[0])
+
+    def rope_tables(self, rope, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for this step's positions, computed once per rotary module and shared by layers."""
+        key = id(rope)
+        if key not in self._rope_tables:
+            self._rope_tables[key] = rope.tables(self.positions, dtype)
+        return self._rope_tables[key]

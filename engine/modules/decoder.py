@@ -1,0 +1,92 @@
+"""The decoder-only transformer: embedding, a stack of blocks, final norm, LM head."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.modules.attention import Attention
+from engine.modules.batch import BatchLayout
+from engine.modules.mlp import GatedMLP
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm residual block. The optional ``*_out_norm`` give Gemma's "sandwich" layout,
+    where each sub-layer's output is normalised again before it joins the residual stream."""
+
+    def __init__(
+        self,
+        attn_in_norm: nn.Module,
+        attention: Attention,
+        mlp_in_norm: nn.Module,
+        mlp: GatedMLP,
+        attn_out_norm: nn.Module | None = None,
+        mlp_out_norm: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.attn_in_norm, self.attention, self.attn_out_norm = attn_in_norm, attention, attn_out_norm
+        self.mlp_in_norm, self.mlp, self.mlp_out_norm = mlp_in_norm, mlp, mlp_out_norm
+
+    def forward(self, h: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
+        a = self.attention(self.attn_in_norm(h), batch, cache)
+        if self.attn_out_norm is not None:
+            a = self.attn_out_norm(a)
+        h = h + a
+        m = self.mlp(self.mlp_in_norm(h))
+        if self.mlp_out_norm is not None:
+            m = self.mlp_out_norm(m)
+        return h + m
+
+
+class CausalLM(nn.Module):
+    def __init__(
+        self,
+        embedding: nn.Embedding,
+        blocks: list[DecoderBlock],
+        final_norm: nn.Module,
+        lm_head: nn.Module,
+        embed_scale: float = 1.0,
+        final_softcap: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm, self.lm_head = final_norm, lm_head
+        self.embed_scale, self.final_softcap = embed_scale, final_softcap
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embedding.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.weight.device
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embedding(input_ids)
+        if self.embed_scale != 1.0:
+            # Gemma scales embeddings by sqrt(hidden), rounded to the activation dtype first.
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        return h
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        batch: BatchLayout,
+        cache,
+        logit_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Logits ``[len(logit_rows), vocab]`` (all rows when ``logit_rows`` is None), float32.
+
+        ``input_ids`` is the flat ``[tokens]`` batch described by ``batch``; ``cache`` gives each
+        block its cache layer via ``cache.layer(i)``.
+        """
+        h = self.embed(input_ids)
+        for i, block in enumerate(self.blocks):
+            h = block(h, batch, cache.layer(i))
+        if logit_rows is not None:
+            h = h[logit_rows]
+        logits = self.lm_head(self.final_norm(h)).float()
+        if self.final_softcap is not None:
+            logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
+        return logits

@@ -1,0 +1,35 @@
+"""The gated feed-forward block (Shazeer, 2020: GLU variants)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.modules.linear import ProjectionGroup
+
+ACTIVATIONS = {
+    "silu": F.silu,
+    "swish": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class GatedMLP(nn.Module):
+    """``down(act(gate(x)) * up(x))``."""
+
+    def __init__(self, gate_up: ProjectionGroup, down: nn.Module, activation: str) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unsupported activation '{activation}'")
+        self.gate_up = gate_up
+        self.down = down
+        self.act = ACTIVATIONS[activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x)
+        return self.down(self.act(gate) * up)

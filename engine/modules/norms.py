@@ -1,0 +1,30 @@
+"""RMSNorm (Zhang & Sennrich, 2019), with the Gemma variant that stores ``weight - 1``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``y = x / rms(x) * (offset + weight)``, computed in float32 for stability.
+
+    Gemma checkpoints store the scale as ``weight - 1`` (offset 1.0); Llama-style ones store it
+    directly (offset 0.0). The normalised activations are rounded back to the input dtype before
+    the scale is applied in the Llama convention and after it in the Gemma one; we follow each,
+    because in bf16 the two orders round differently.
+    """
+
+    def __init__(self, weight: torch.Tensor, eps: float, offset: float = 0.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (xf * (self.offset + self.weight.float())).to(dtype)
+        return self.weight * xf.to(dtype)

@@ -1,0 +1,91 @@
+"""Tiny random Hugging Face models of every supported architecture, built with transformers'
+own config classes and saved with ``save_pretrained`` (the reference for parity tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+COMMON = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def _configs():
+    import transformers as tf
+
+    return {
+        "LlamaForCausalLM": tf.LlamaConfig(**COMMON),
+        "LlamaForCausalLM-llama3": tf.LlamaConfig(
+            **COMMON,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        ),
+        "LlamaForCausalLM-yarn": tf.LlamaConfig(
+            **COMMON,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+            },
+        ),
+        "MistralForCausalLM": tf.MistralConfig(**COMMON, sliding_window=16, head_dim=16),
+        "Qwen2ForCausalLM": tf.Qwen2Config(**COMMON),
+        "Qwen3ForCausalLM": tf.Qwen3Config(**COMMON, head_dim=32),
+        "Gemma2ForCausalLM": tf.Gemma2Config(
+            **COMMON, head_dim=16, sliding_window=16, query_pre_attn_scalar=24, attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
+        "Gemma3ForCausalLM": tf.Gemma3TextConfig(
+            **{**COMMON, "num_hidden_layers": 6}, head_dim=16, sliding_window=16, query_pre_attn_scalar=16
+        ),
+        "Phi3ForCausalLM": tf.Phi3Config(**COMMON, sliding_window=None, pad_token_id=0),
+        "SmolLM3ForCausalLM": tf.SmolLM3Config(**COMMON, pad_token_id=0),
+    }
+
+
+VARIANTS = [
+    "LlamaForCausalLM",
+    "LlamaForCausalLM-llama3",
+    "LlamaForCausalLM-yarn",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM",
+]
+
+
+def build_tiny_model(variant: str, directory: Path, seed: int = 0, dtype=torch.float32):
+    """Save a random model of ``variant`` to ``directory``; returns the transformers model."""
+    import transformers as tf
+
+    config = _configs()[variant]
+    arch = variant.split("-")[0]
+    torch.manual_seed(seed)
+    model = getattr(tf, arch)(config).to(dtype).eval()
+    # Random init leaves norms at 1 and biases at 0: perturb them so their handling is tested.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(directory, safe_serialization=True)
+    return model
