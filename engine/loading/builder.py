@@ -51,7 +51,10 @@ class ModelBuilder:
         if self.store.has(f"{key}.trellis"):
             from engine.quant import load_exl3_linear
 
-            layer = load_exl3_linear(lambda k: self.store.get(k), key, in_features, out_features, mode="dense")
+            # Dense mode (the default): reconstructed once, in the model's dtype, on its device.
+            layer = load_exl3_linear(
+                self.store.get, key, in_features, out_features, dtype=self.dtype, device=self.device
+            )
             if bias_t is not None:
                 layer.bias = bias_t
             return layer.to(self.device)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
+from engine.errors import ModelLoadError
 from engine.quant.config import EXL3QuantConfig, load_quantization_config, parse_quantization_config
 from engine.quant.errors import (
     MissingTensorError,
@@ -74,7 +75,8 @@ def load_exl3_linear(
 
     ``get_tensor(name)`` returns a stored tensor. Pass ``keys`` (all tensor names of the
     checkpoint) so optional tensors (flags, bias, legacy scales) are looked up by presence;
-    without it, each optional name is tried and a ``KeyError``/``MissingTensorError`` means absent.
+    without it, each optional name is tried and a ``KeyError`` or ``ModelLoadError`` (what a
+    weight store raises for an unknown name) means absent.
     ``device``: where decoding runs and the result lives (default: where ``get_tensor`` puts it).
     ``in_features``/``out_features`` are the HF layer's true sizes (stored dims may be padded).
     """
@@ -88,7 +90,7 @@ def load_exl3_linear(
             return
         try:
             t = get_tensor(name)
-        except (KeyError, MissingTensorError):
+        except (KeyError, ModelLoadError):
             if required:
                 raise MissingTensorError(
                     f"EXL3 linear {prefix!r}: tensor {name!r} is not in the checkpoint"
