@@ -50,7 +50,7 @@ def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) ->
     batch = BatchLayout(sequences, torch.cat(positions).to(device), torch.cat(write_slots))
     input_ids = torch.tensor(ids, dtype=torch.long, device=device)
     rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
-    logits = model(input_ids, batch, cache, rows) if logit_rows else None
+    logits = model(input_ids, batch, cache, rows)  # always run: a prefill chunk fills the cache
     return [None if span is None else logits[span[0] : span[1]] for span in spans]
 
 

@@ -1,0 +1,27 @@
+"""Options and helpers shared by the subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", required=True, help="model directory (Hugging Face layout)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="compute dtype")
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise SystemExit(f"error: --ids must be comma-separated integers, got '{text}'") from None
+
+
+def stderr_progress(fraction: float, message: str) -> None:
+    """A one-line progress indicator on stderr (stdout stays clean for --json)."""
+    width = 30
+    filled = int(fraction * width)
+    end = "\n" if fraction >= 1.0 else ""
+    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {fraction * 100:5.1f}% {message:<40}", end=end, file=sys.stderr)

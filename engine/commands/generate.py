@@ -1,0 +1,82 @@
+"""``generate``: continue a prompt, or answer it as a chat message, streaming to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from engine.commands.common import add_model_args, stderr_progress
+from engine.generation.sampling import SamplingSettings
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="generate text from a prompt")
+    add_model_args(p)
+    p.add_argument("-p", "--prompt", required=True)
+    p.add_argument("--chat", action="store_true", help="send the prompt as one user message via the chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("-n", "--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.session import ChatSession
+
+    session = ChatSession.load(args.model, device=args.device, dtype=args.dtype, progress=None if args.json else stderr_progress)
+    settings = SamplingSettings(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        seed=args.seed,
+    )
+    if args.chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}
+        ]
+        ids = session.tokenizer.encode_chat(messages, add_generation_prompt=True)
+    else:
+        ids = session.tokenizer.encode(args.prompt)
+    text, token_ids, last = [], [], None
+    start = time.perf_counter()
+    for chunk in session.stream_ids(ids, settings, args.max_new_tokens, args.stop):
+        text.append(chunk.text)
+        token_ids += chunk.token_ids
+        last = chunk
+        if not args.json:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    elapsed = time.perf_counter() - start
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "text": "".join(text),
+                    "token_ids": token_ids,
+                    "prompt_tokens": len(ids),
+                    "new_tokens": len(token_ids),
+                    "tokens_per_second": last.tokens_per_second if last else 0.0,
+                    "stop_reason": last.stop_reason if last else None,
+                    "elapsed_s": elapsed,
+                }
+            )
+        )
+    else:
+        print(f"\n[{len(token_ids)} tokens, {last.tokens_per_second if last else 0:.1f} tok/s, "
+              f"stop: {last.stop_reason if last else None}]", file=sys.stderr)
+    return 0

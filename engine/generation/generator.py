@@ -1,0 +1,255 @@
+"""The Generator: many jobs at once over one paged cache (continuous batching).
+
+Each call to :meth:`Generator.iterate` runs one forward step that mixes every active job's work:
+jobs still reading their prompt contribute a chunk of it (prefill), the others one token each
+(decode). New jobs join as soon as pages are free; finished or cancelled jobs leave and free
+their pages at once. Full pages are registered by content (see ``engine.cache.pages``), so a
+job whose prompt starts with pages already computed - the previous turn of the same chat - skips
+straight past them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from engine.cache.pages import page_keys
+from engine.cache.paged import PagedKVCache
+from engine.errors import ContextOverflowError
+from engine.generation.job import Job, JobResult, Timings
+from engine.generation.sampling import Sampler
+from engine.generation.step import StepItem, run_step
+from engine.generation.stops import StopStringMatcher
+from engine.model import LoadedModel
+
+
+@dataclass(eq=False)
+class _Running:
+    job: Job
+    tokens: list[int]  # prompt, then every sampled token
+    prompt_len: int
+    limit: int  # the sequence may grow to this many tokens
+    sampler: Sampler
+    stops: StopStringMatcher
+    stop_ids: set[int]
+    decoder: object | None
+    pages: list[int] = field(default_factory=list)
+    in_cache: int = 0  # positions 0 .. in_cache - 1 are in the cache
+    keys: list[bytes] = field(default_factory=list)  # keys of the full pages registered so far
+    cached_tokens: int = 0
+    t_enqueued: float = 0.0
+    t_started: float | None = None
+    t_first: float | None = None
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def prefilling(self) -> bool:
+        return self.in_cache < self.prompt_len
+
+
+class Generator:
+    def __init__(
+        self,
+        model: LoadedModel,
+        tokenizer=None,
+        cache: PagedKVCache | None = None,
+        max_batch_size: int = 16,
+        max_chunk_tokens: int = 512,
+        cache_tokens: int | None = None,
+        page_size: int = 64,
+    ) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        if cache is None:
+            tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
+            cache = PagedKVCache.for_model(model.spec, tokens, page_size, model.dtype, model.device)
+        self.cache = cache
+        self.max_batch_size, self.max_chunk_tokens = max_batch_size, max_chunk_tokens
+        self._queue: deque[_Running] = deque()
+        self._active: list[_Running] = []
+        self._by_job: dict[Job, _Running] = {}
+        self.prefilled_tokens = 0  # statistics: prompt tokens actually computed
+
+    # -- queue ------------------------------------------------------------------------------
+
+    def enqueue(self, job: Job) -> None:
+        prompt = list(job.input_ids)
+        if not prompt:
+            raise ValueError("a job needs at least one input token")
+        context = min(self.model.spec.max_position_embeddings, self.cache.capacity)
+        if len(prompt) >= context:
+            where = "cache" if self.cache.capacity < self.model.spec.max_position_embeddings else "model's context"
+            raise ContextOverflowError(
+                f"prompt of {len(prompt)} tokens does not fit the {where} of {context} tokens "
+                "(leave room for at least one new token)"
+            )
+        stop_ids = set(job.stop_token_ids) if job.stop_token_ids is not None else self._default_stop_ids()
+        run = _Running(
+            job=job,
+            tokens=prompt,
+            prompt_len=len(prompt),
+            limit=min(len(prompt) + job.max_new_tokens, context),
+            sampler=Sampler(job.sampling),
+            stops=StopStringMatcher(job.stop_strings),
+            stop_ids=stop_ids,
+            decoder=self.tokenizer.incremental_decoder() if self.tokenizer is not None else None,
+            t_enqueued=time.perf_counter(),
+        )
+        self._queue.append(run)
+        self._by_job[job] = run
+
+    def _default_stop_ids(self) -> set[int]:
+        ids = set(self.model.config.eos_token_ids)
+        if self.tokenizer is not None:
+            ids |= set(self.tokenizer.eos_token_ids)
+        return ids
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job now and free its pages (full ones stay cached for reuse)."""
+        run = self._by_job.pop(job, None)
+        if run is None:
+            return
+        if run in self._queue:
+            self._queue.remove(run)
+        if run in self._active:
+            self._active.remove(run)
+            self.cache.pages.release(run.pages)
+
+    @property
+    def num_remaining_jobs(self) -> int:
+        return len(self._queue) + len(self._active)
+
+    def _admit(self) -> None:
+        ps = self.cache.page_size
+        while self._queue and len(self._active) < self.max_batch_size:
+            run = self._queue[0]
+            needed = -(-run.limit // ps)
+            if needed > self.cache.num_pages:
+                self._queue.popleft()
+                self._by_job.pop(run.job, None)
+                raise ContextOverflowError(
+                    f"job needs {needed} pages of {ps} tokens; the cache has {self.cache.num_pages}"
+                )
+            # Reuse cached pages of the prompt's prefix, but always compute the last prompt
+            # token ourselves: its logits give the first new token.
+            reusable = page_keys(run.tokens[: run.prompt_len - 1], ps)
+            matched = self.cache.pages.match_prefix(reusable)
+            if needed - len(matched) > self.cache.pages.available:
+                self.cache.pages.release(matched)
+                return  # wait for running jobs to free pages
+            run.pages = matched + self.cache.pages.allocate(needed - len(matched))
+            run.keys = reusable[: len(matched)]
+            run.in_cache = run.cached_tokens = len(matched) * ps
+            self._queue.popleft()
+            self._active.append(run)
+
+    # -- stepping ---------------------------------------------------------------------------
+
+    def iterate(self) -> list[JobResult]:
+        """Run one forward step; returns one result per job that produced something."""
+        self._admit()
+        if not self._active:
+            return []
+        items, runs = [], []
+        budget = self.max_chunk_tokens
+        for run in self._active:  # decode first: one token each, never starved by prefill
+            if not run.prefilling:
+                items.append(StepItem([run.tokens[-1]], run.in_cache, run.pages, "last"))
+                runs.append(run)
+                budget -= 1
+        now = time.perf_counter()
+        for run in self._active:
+            if run.prefilling and budget > 0:
+                end = min(run.prompt_len, run.in_cache + budget)
+                chunk = run.tokens[run.in_cache : end]
+                items.append(StepItem(chunk, run.in_cache, run.pages, "last" if end == run.prompt_len else None))
+                runs.append(run)
+                budget -= len(chunk)
+                self.prefilled_tokens += len(chunk)
+                if run.t_started is None:
+                    run.t_started = now
+        logits = run_step(self.model.module, self.cache, items)
+        results = []
+        for run, item, row in zip(runs, items, logits):
+            run.in_cache += len(item.tokens)
+            self._register_full_pages(run)
+            if row is not None:
+                results.append(self._advance(run, row[-1]))
+        return results
+
+    def _register_full_pages(self, run: _Running) -> None:
+        ps = self.cache.page_size
+        full = run.in_cache // ps
+        if full > len(run.keys):
+            run.keys = page_keys(run.tokens[: full * ps], ps)
+            for page, key in zip(run.pages[:full], run.keys):
+                self.cache.pages.register(page, key)
+
+    def _advance(self, run: _Running, logits) -> JobResult:
+        token = run.sampler.sample(logits, run.tokens, run.generated)
+        now = time.perf_counter()
+        if run.t_first is None:
+            run.t_first = now
+        run.tokens.append(token)
+        text, reason = "", None
+        if token in run.stop_ids:
+            reason = "eos"
+        else:
+            piece = run.decoder.add(token) if run.decoder is not None else ""
+            text, hit = run.stops.feed(piece)
+            if hit:
+                reason = "stop_string"
+            elif len(run.tokens) >= run.limit:
+                reason = "max_new_tokens"
+        if reason is not None and reason != "stop_string":
+            tail = run.decoder.flush() if run.decoder is not None else ""
+            more, _ = run.stops.feed(tail)
+            text += more + run.stops.flush()
+        result = JobResult(
+            job=run.job,
+            text=text,
+            token_ids=[token],
+            done=reason is not None,
+            stop_reason=reason,
+            prompt_tokens=run.prompt_len,
+            cached_tokens=run.cached_tokens,
+            new_tokens=len(run.generated),
+            timings=Timings(
+                queued_s=(run.t_started or now) - run.t_enqueued,
+                prefill_s=run.t_first - (run.t_started or run.t_first),
+                decode_s=now - run.t_first,
+            ),
+        )
+        if result.done:
+            self._active.remove(run)
+            self._by_job.pop(run.job, None)
+            self.cache.pages.release(run.pages)
+        return result
+
+    # -- conveniences -----------------------------------------------------------------------
+
+    def stream(self, job: Job) -> Iterator[JobResult]:
+        """Enqueue one job and yield its results as they come (other jobs run alongside)."""
+        self.enqueue(job)
+        while job in self._by_job:
+            for result in self.iterate():
+                if result.job is job:
+                    yield result
+
+    def generate(self, jobs: Sequence[Job]) -> list[JobResult]:
+        """Run jobs to completion together; one merged result (whole text, all ids) per job."""
+        merged = {job: JobResult(job, "", []) for job in jobs}
+        for job in jobs:
+            self.enqueue(job)
+        while self.num_remaining_jobs:
+            for r in self.iterate():
+                m = merged[r.job]
+                m.text += r.text
+                m.token_ids += r.token_ids
+                m.done, m.stop_reason, m.new_tokens, m.timings = r.done, r.stop_reason, r.new_tokens, r.timings
+                m.prompt_tokens, m.cached_tokens = r.prompt_tokens, r.cached_tokens
+        return [merged[job] for job in jobs]

@@ -1,0 +1,99 @@
+"""Turning next-token logits into a token: penalties, temperature, truncation, a seeded draw.
+
+The order follows common practice (and Hugging Face's): penalties on the raw logits, then
+temperature, then top-k, top-p and min-p truncation, then sampling. Temperature 0 is greedy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingSettings:
+    temperature: float = 0.8
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off
+    repetition_penalty: float = 1.0  # >1 discourages every token already in the context
+    presence_penalty: float = 0.0  # subtracted once from tokens already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    seed: int | None = None
+
+    @classmethod
+    def greedy(cls) -> SamplingSettings:
+        return cls(temperature=0.0)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+def apply_penalties(
+    logits: torch.Tensor, s: SamplingSettings, context: Sequence[int], generated: Sequence[int]
+) -> torch.Tensor:
+    """Repetition penalty over the whole context (CTRL-style: divide positive logits, multiply
+    negative ones); presence and frequency penalties over generated tokens (OpenAI-style)."""
+    if s.repetition_penalty != 1.0 and len(context):
+        ids = torch.as_tensor(sorted(set(context)), dtype=torch.long, device=logits.device)
+        picked = logits[ids]
+        logits[ids] = torch.where(picked > 0, picked / s.repetition_penalty, picked * s.repetition_penalty)
+    if (s.presence_penalty or s.frequency_penalty) and len(generated):
+        ids, counts = torch.as_tensor(list(generated), device=logits.device).unique(return_counts=True)
+        logits[ids] -= s.presence_penalty + s.frequency_penalty * counts.to(logits.dtype)
+    return logits
+
+
+def truncate(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
+    """Mask (to -inf) every token top-k, top-p or min-p rules out; the best token always stays."""
+    if s.top_k > 0 and s.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, s.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if s.top_p < 1.0 or s.min_p > 0.0:
+        probs = torch.softmax(logits, dim=-1)
+        if s.min_p > 0.0:
+            logits = logits.masked_fill(probs < s.min_p * probs.max(), float("-inf"))
+        if s.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            # Keep a token if the mass of the tokens strictly before it is below top_p.
+            before = sorted_probs.cumsum(-1) - sorted_probs
+            drop = torch.zeros_like(probs, dtype=torch.bool)
+            drop[order] = before >= s.top_p
+            logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class Sampler:
+    """Sampling state of one job: its settings and its own random generator."""
+
+    def __init__(self, settings: SamplingSettings) -> None:
+        settings.validate()
+        self.settings = settings
+        self.generator = torch.Generator()
+        seed = settings.seed if settings.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        self.generator.manual_seed(seed)
+
+    def sample(self, logits: torch.Tensor, context: Sequence[int], generated: Sequence[int]) -> int:
+        """One token id from the float32 ``[vocab]`` ``logits``."""
+        s = self.settings
+        logits = apply_penalties(logits.float().cpu().clone(), s, context, generated)
+        if s.is_greedy:
+            return int(torch.argmax(logits))
+        logits = truncate(logits / s.temperature, s)
+        probs = torch.softmax(logits, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))

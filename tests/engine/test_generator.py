@@ -1,0 +1,111 @@
+"""The Generator: continuous batching, prefix reuse, cancel, stop conditions (tiny models)."""
+
+import pytest
+import torch
+
+from engine.cache.paged import PagedKVCache
+from engine.errors import ContextOverflowError
+from engine.generation.generator import Generator
+from engine.generation.job import Job
+from engine.generation.sampling import SamplingSettings
+from engine.generation.step import score_tokens
+from engine.model import load_model
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_factory):
+    directory, _ = tiny_model_factory("LlamaForCausalLM")
+    return load_model(directory, device="cpu")
+
+
+def prompts(n, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 320, (length,), generator=g).tolist() for length in lengths[:n]]
+
+
+def greedy_alone(model, prompt, n):
+    """Reference greedy continuation: full recomputation each step, no generator."""
+    seq = list(prompt)
+    for _ in range(n):
+        cache = PagedKVCache.for_model(model.spec, len(seq) + 1, page_size=16)
+        seq.append(int(score_tokens(model.module, cache, seq)[-1].argmax()))
+    return seq[len(prompt) :]
+
+
+def test_continuous_batching_matches_single_runs(llama):
+    gen = Generator(llama, cache_tokens=1024, page_size=16, max_chunk_tokens=24, max_batch_size=3)
+    ps = prompts(4, [40, 7, 65, 20])
+    jobs = [Job(p, max_new_tokens=8, stop_token_ids=()) for p in ps]
+    results = gen.generate(jobs)  # 4 jobs, batch of 3: the fourth joins when one finishes
+    for p, r in zip(ps, results):
+        assert r.token_ids == greedy_alone(llama, p, 8)
+        assert r.stop_reason == "max_new_tokens" and r.new_tokens == 8
+    assert gen.cache.pages.available == gen.cache.num_pages  # every page returned
+
+
+def test_prefix_reuse_prefills_only_new_tokens(llama):
+    gen = Generator(llama, cache_tokens=512, page_size=16)
+    turn1 = prompts(1, [50])[0]
+    (r1,) = gen.generate([Job(turn1, max_new_tokens=6, stop_token_ids=())])
+    # Next turn: the whole first turn (prompt + reply) plus a new user message.
+    turn2 = turn1 + r1.token_ids + prompts(1, [9], seed=5)[0]
+    before = gen.prefilled_tokens
+    (r2,) = gen.generate([Job(turn2, max_new_tokens=6, stop_token_ids=())])
+    full_pages = (len(turn1) + 6 - 1) // 16 * 16  # pages filled during turn 1 (last token not cached)
+    assert r2.cached_tokens == full_pages == 48
+    assert gen.prefilled_tokens - before == len(turn2) - r2.cached_tokens
+    cold = Generator(llama, cache_tokens=512, page_size=16)
+    (r_cold,) = cold.generate([Job(turn2, max_new_tokens=6, stop_token_ids=())])
+    assert r_cold.cached_tokens == 0
+    assert r2.token_ids == r_cold.token_ids
+
+
+def test_prefix_reuse_logits_match_cold_run(llama):
+    """Logits of a job that starts on cached pages equal a cold computation."""
+    cache = PagedKVCache.for_model(llama.spec, 256, page_size=16)
+    gen = Generator(llama, cache=cache)
+    base = prompts(1, [40])[0]
+    gen.generate([Job(base, max_new_tokens=1, stop_token_ids=())])
+    extended = base + [5, 6, 7]
+    job = Job(extended, max_new_tokens=1, stop_token_ids=(), sampling=SamplingSettings.greedy())
+    gen.enqueue(job)
+    gen._admit()
+    run = gen._by_job[job]
+    assert run.cached_tokens == 32
+    from engine.generation.step import StepItem, run_step
+
+    (warm,) = run_step(llama.module, cache, [StepItem(extended[32:], 32, run.pages, "all")])
+    cold = score_tokens(llama.module, PagedKVCache.for_model(llama.spec, 64, page_size=16), extended)[32:]
+    assert torch.allclose(warm, cold, atol=1e-5, rtol=1e-5)
+    gen.cancel(job)
+
+
+def test_cancel_frees_pages(llama):
+    gen = Generator(llama, cache_tokens=256, page_size=16)
+    job = Job(prompts(1, [30])[0], max_new_tokens=100, stop_token_ids=())
+    gen.enqueue(job)
+    gen.iterate()
+    assert gen.cache.pages.available < gen.cache.num_pages
+    gen.cancel(job)
+    assert gen.num_remaining_jobs == 0
+    assert gen.cache.pages.available == gen.cache.num_pages
+
+
+def test_eos_stops(llama):
+    p = prompts(1, [12])[0]
+    first = greedy_alone(llama, p, 1)[0]
+    gen = Generator(llama, cache_tokens=128, page_size=16)
+    (r,) = gen.generate([Job(p, max_new_tokens=10, stop_token_ids=[first])])
+    assert r.stop_reason == "eos" and r.token_ids == [first]
+
+
+def test_prompt_longer_than_cache_is_a_clear_error(llama):
+    gen = Generator(llama, cache_tokens=64, page_size=16)
+    with pytest.raises(ContextOverflowError, match="does not fit the cache of 64 tokens"):
+        gen.enqueue(Job(list(range(3, 100)), max_new_tokens=4))
+
+
+def test_generation_stops_at_cache_capacity(llama):
+    gen = Generator(llama, cache_tokens=64, page_size=16)
+    (r,) = gen.generate([Job(list(range(3, 60)), max_new_tokens=50, stop_token_ids=())])
+    assert r.new_tokens == 64 - 57 and r.stop_reason == "max_new_tokens"
