@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "ppl",
     "bench",
     "import_gguf",
+    "download",
+    "search",
 ]
 
 

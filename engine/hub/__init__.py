@@ -1,0 +1,41 @@
+"""Hugging Face Hub access for the engine: search, model pages, branches, memory estimates and the
+download manager. No Qt here; the GUI wraps it (``app.downloads.qt_manager``, ``app.hub``).
+
+Entry points:
+
+* ``HubClient`` (``engine.hub.client``): ``search(SearchQuery)``, ``model_details(repo, revision)``,
+  ``branches(repo)``, ``model_card(repo, revision)``, ``config(repo, revision)``.
+* ``DownloadManager`` (``engine.hub.downloads``): ``enqueue``, ``pause``, ``resume``, ``cancel``,
+  ``remove``, ``jobs``, ``wait``, ``add_listener``, ``shutdown``. Its docstring lists what
+  ``huggingface_hub`` lacks and this package adds.
+* ``installed_models`` / ``is_complete`` (``engine.hub.library``): complete model directories only.
+* ``estimate_memory`` / ``machine_memory`` (``engine.hub.memory``).
+* ``SUPPORTED_ARCHITECTURES`` (``engine.hub.architectures``).
+* ``engine.hub.testing.FakeHub``: a local Hub-compatible HTTP server for tests and measurements.
+"""
+
+from engine.hub.architectures import SUPPORTED_ARCHITECTURES, is_supported
+from engine.hub.client import Branch, HubClient, ModelDetails, ModelSummary, RepoFile, SearchQuery
+from engine.hub.downloads import DownloadEvent, DownloadManager, JobSnapshot, JobState
+from engine.hub.library import default_models_dir, installed_models, is_complete
+from engine.hub.memory import estimate_memory, machine_memory
+
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "Branch",
+    "DownloadEvent",
+    "DownloadManager",
+    "HubClient",
+    "JobSnapshot",
+    "JobState",
+    "ModelDetails",
+    "ModelSummary",
+    "RepoFile",
+    "SearchQuery",
+    "default_models_dir",
+    "estimate_memory",
+    "installed_models",
+    "is_complete",
+    "is_supported",
+    "machine_memory",
+]
