@@ -15,7 +15,9 @@ What ``huggingface_hub`` (2.4.0, read from its source and checked against the te
   survive anything and are resumed with a ``Range`` request (after re-hashing what is on disk).
 * **Retries.** Inside one ``http_get`` call, ``ConnectError``/``TimeoutException``/
   ``RemoteProtocolError`` are retried 5 times (the count resets when bytes arrive) with a fixed 1 s
-  sleep, resuming with ``Range``; a 200 answer to a ``Range`` request is handled by truncating. The
+  sleep, resuming with ``Range`` from the last *complete* 10 MiB chunk (``DOWNLOAD_CHUNK_SIZE``):
+  bytes of a chunk in flight when the connection drops are discarded, so a link that drops more
+  often than every 10 MiB never progresses. A 200 answer to a ``Range`` request is truncated. The
   file GET retries only HTTP 408/429 (``retry_on_status_codes=(408, 429)``), not 5xx; the metadata
   HEAD is not retried (``retry_on_errors=False``). ``http_backoff`` (used by ``list_models``) retries
   408/429/5xx and network errors 5 times, 1->8 s exponential, honouring ``Retry-After``; its waits are
@@ -32,6 +34,10 @@ What ``huggingface_hub`` (2.4.0, read from its source and checked against the te
 * **Tokens and endpoint.** ``get_token()`` reads ``HF_TOKEN`` then its token file; no keyring.
   ``constants.ENDPOINT`` is fixed from ``HF_ENDPOINT`` at import; functions accept ``endpoint=``.
   -> ``engine.hub.auth`` (keyring, masked ``Secret``) and ``engine.hub.client.current_endpoint``.
+* **Telemetry.** Unless ``HF_HUB_DISABLE_TELEMETRY`` is set, building request headers fetches
+  ``<import-time ENDPOINT>/api/agent-harnesses`` once a day (3 s timeout): a request to
+  huggingface.co even when a mirror is passed with ``endpoint=`` after import. Left as is (a product
+  decision), noted here because it surprises mirror and offline users.
 * **Xet.** With ``hf_xet`` installed and a Xet-backed file, ``hf_hub_download`` uses Xet's chunk
   protocol. We use the plain ``resolve`` URL (the Hub bridges Xet storage to HTTP with ``Range``),
   giving up Xet's deduplication in exchange for resumable, verifiable transfers.

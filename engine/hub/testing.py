@@ -258,6 +258,13 @@ class FakeHub:
         assert self._server is not None, "start() first"
         return f"http://{self.host}:{self._server.server_address[1]}"
 
+    @property
+    def cdn_endpoint(self) -> str:
+        """LFS redirects point here: the same server under another host name, so that clients treat
+        it as a separate origin (as the Hub's CDN is): no Authorization header, metadata from the 302."""
+        assert self._server is not None, "start() first"
+        return f"http://localhost:{self._server.server_address[1]}"
+
     def start(self) -> str:
         hub = self
 
@@ -530,7 +537,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
         if path.endswith(LFS_SUFFIXES):
             location = (
-                f"{self.fake.endpoint}/cdn-lfs/{blob.sha256}?repo={quote(repo.repo_id, safe='')}"
+                f"{self.fake.cdn_endpoint}/cdn-lfs/{blob.sha256}?repo={quote(repo.repo_id, safe='')}"
                 f"&commit={sha}&path={quote(path, safe='')}"
             )
             headers.update(
