@@ -236,6 +236,10 @@ class Store:
             args.append(json.dumps(stats))
         self.db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*args, message_id))
 
+    def delete_message(self, message_id: int) -> None:
+        """Remove a message and everything below it (a failed, empty reply)."""
+        self.db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
     def message(self, message_id: int) -> Message:
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
         if row is None:

@@ -39,3 +39,47 @@ def engine_client(qtbot, fake_engine: FakeEngine):
     )
     yield client
     client.shutdown()
+
+
+@pytest.fixture
+def store(data_dir: Path):
+    from app import paths
+    from app.store import Store
+
+    s = Store(paths.database_path())
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def make_window(qtbot, data_dir: Path, fake_engine: FakeEngine):
+    """Build a MainWindow on the test's data dir with the fake engine; closes them all at the end."""
+    from app import paths
+    from app.main_window import MainWindow
+    from app.store import Store
+    from app.worker import EngineClient
+
+    made = []
+
+    def make(hub: bool = False):
+        store = Store(paths.database_path())
+        engine = EngineClient(
+            session_factory=fake_engine.factory,
+            starter_factory=fake_starter,
+            sampling_factory=fake_engine.sampling,
+        )
+        window = MainWindow(store, engine, paths.models_dir(), hub=hub)
+        qtbot.addWidget(window)
+        window.show()
+        made.append((window, store))
+        return window
+
+    yield make
+    for window, store in made:
+        window.close()
+        store.close()
+
+
+@pytest.fixture
+def window(make_window):
+    return make_window()

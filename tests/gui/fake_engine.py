@@ -7,7 +7,9 @@ with a delay per token, and can be told to fail while loading or mid-reply.
 
 from __future__ import annotations
 
+import json
 import re
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -121,12 +123,28 @@ def _rate(n: int, started: float) -> float:
     return n / elapsed if elapsed > 0 else 0.0
 
 
+def make_model_dir(target: Path, architecture: str = "LlamaForCausalLM") -> Path:
+    """A folder that ``engine.inspect`` accepts as a loadable model (the fake never reads it)."""
+    target.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": [architecture],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "max_position_embeddings": 2048,
+    }
+    (target / "config.json").write_text(json.dumps(config))
+    (target / "tokenizer.json").write_text("{}")
+    header = json.dumps({"w": {"dtype": "F16", "shape": [8, 8], "data_offsets": [0, 128]}}).encode()
+    (target / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(128))
+    return target
+
+
 def fake_starter(models_dir: Path, progress: Callable[[float, str], None] | None = None) -> Path:
     """Stands in for engine.starter.ensure_starter_model: makes a model folder, reports progress."""
-    target = models_dir / "SmolLM2-135M-Instruct"
-    target.mkdir(parents=True, exist_ok=True)
     for i in range(3):
         if progress:
             progress(i / 3, "Importing starter model")
-    (target / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
-    return target
+    return make_model_dir(models_dir / "SmolLM2-135M-Instruct")

@@ -1,0 +1,376 @@
+"""ChatController: the one place that connects the chat view, the store and the engine.
+
+Flow of a reply (all on the GUI thread except the engine itself):
+
+1. ``submit`` commits the user message to the store *before* anything else, appends it to the
+   model, and creates the assistant message in the store marked incomplete.
+2. The worker's ``chunk`` signals only append to a pending buffer. A 30 ms ``QTimer`` moves the
+   buffer into the model (one ``dataChanged`` for the streaming row), so a 200 tokens/s stream
+   causes ~30 re-renders a second, not 200.
+3. Every second the partial text is written to the store (still incomplete), so a crash loses at
+   most a second of a reply and nothing that was complete.
+4. ``generationFinished`` writes the final text, marks it complete, and records stats.
+
+Branches: regenerate adds a sibling of the last reply; editing a user message adds a sibling of
+that message. The store's ``current_leaf_id`` says which branch is shown; switching a branch
+moves it to the newest leaf under the chosen sibling.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.chat.message_model import ChatMessageModel, MessageItem
+from app.chat.presets import effective_sampling, split_generation_limits
+from app.store import Message, Store
+from app.worker import EngineClient
+
+FLUSH_INTERVAL_MS = 30
+SAVE_INTERVAL_MS = 1000
+TITLE_LENGTH = 48
+
+
+@dataclass
+class _Active:
+    """The reply being streamed."""
+
+    request_id: int
+    conversation_id: int
+    message_id: int
+    parts: list[str] = field(default_factory=list)  # everything received
+    pending: list[str] = field(default_factory=list)  # received but not yet in the model
+    chunks: int = 0
+    first_chunk_at: float = 0.0
+    saved_length: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+def title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1].rstrip() + "…"
+
+
+class ChatController(QObject):
+    conversationChanged = Signal(int)  # id of the conversation now shown (0 = none)
+    conversationsChanged = Signal()  # titles / order / set changed: refresh lists
+    busyChanged = Signal(bool)  # a reply is streaming
+    speedChanged = Signal(float)  # tokens per second (live estimate, then the engine's figure)
+    contextChanged = Signal(int, int)  # tokens used, context length (0 = unknown)
+    errorOccurred = Signal(str)
+
+    def __init__(
+        self,
+        store: Store,
+        engine: EngineClient,
+        model: ChatMessageModel | None = None,
+        parent: QObject | None = None,
+        default_preset: str = "balanced",
+        default_system_prompt: str = "",
+    ) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.engine = engine
+        self.model = model or ChatMessageModel(self)
+        self.conversation_id: int | None = None
+        self.default_preset = default_preset
+        self.default_system_prompt = default_system_prompt
+        self._active: _Active | None = None
+        self._count_request = 0
+        self._context_used = 0
+
+        self._flush_timer = QTimer(self)
+        self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
+        self._flush_timer.timeout.connect(self._flush)
+        self._save_timer = QTimer(self)
+        self._save_timer.setInterval(SAVE_INTERVAL_MS)
+        self._save_timer.timeout.connect(self._save_partial)
+
+        engine.chunk.connect(self._on_chunk)
+        engine.generationFinished.connect(self._on_finished)
+        engine.tokensCounted.connect(self._on_tokens_counted)
+        engine.loaded.connect(lambda _info: self.refresh_context())
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self._active is not None
+
+    def context_length(self) -> int:
+        info = self.engine.model_info
+        return int(info.get("context_length", 0)) if info else 0
+
+    # -- conversations ---------------------------------------------------------------------------
+
+    def open_conversation(self, conversation_id: int | None) -> None:
+        """Show ``conversation_id`` (None: nothing). A reply still streaming elsewhere is stopped."""
+        if self._active is not None and self._active.conversation_id != conversation_id:
+            self.stop()
+        self.conversation_id = conversation_id
+        self._reload()
+        self.conversationChanged.emit(conversation_id or 0)
+        self.refresh_context()
+
+    def new_conversation(self) -> int:
+        conv = self.store.create_conversation(
+            "New chat", system_prompt=self.default_system_prompt, preset=self.default_preset
+        )
+        self.conversationsChanged.emit()
+        self.open_conversation(conv.id)
+        return conv.id
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        if self._active is not None and self._active.conversation_id == conversation_id:
+            self.stop()
+            self._finish_locally("cancelled")
+        self.store.delete_conversation(conversation_id)
+        if conversation_id == self.conversation_id:
+            self.open_conversation(None)
+        self.conversationsChanged.emit()
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        title = title.strip()
+        if title:
+            self.store.rename_conversation(conversation_id, title)
+            self.conversationsChanged.emit()
+
+    def set_system_prompt(self, text: str) -> None:
+        if self.conversation_id is not None:
+            self.store.update_conversation(self.conversation_id, system_prompt=text)
+            self.refresh_context()
+
+    def set_sampling(self, preset: str, overrides: dict[str, Any] | None = None) -> None:
+        if self.conversation_id is not None:
+            self.store.update_conversation(self.conversation_id, preset=preset, sampling=overrides or {})
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def submit(self, text: str) -> bool:
+        """Send a user message and start the reply. Returns False when it cannot be sent now."""
+        text = text.strip()
+        if not text or self.busy:
+            return False
+        if self.conversation_id is None:
+            self.new_conversation()
+        conv = self.store.conversation(self.conversation_id)
+        path = self.store.path(conv.current_leaf_id)
+        user = self.store.add_message(conv.id, path[-1].id if path else None, "user", text)
+        if not path and conv.title == "New chat":
+            self.store.rename_conversation(conv.id, title_from(text))
+        self.conversationsChanged.emit()
+        self.model.append(self._item(user))
+        self._start_reply(user.id)
+        return True
+
+    def regenerate(self) -> bool:
+        """A new reply to the last user message, kept as a sibling of the current one."""
+        if self.busy or self.conversation_id is None:
+            return False
+        path = self.store.current_path(self.conversation_id)
+        if not path:
+            return False
+        last = path[-1]
+        parent_id = last.parent_id if last.role == "assistant" else last.id
+        if parent_id is None:
+            return False
+        self.store.set_current_leaf(self.conversation_id, parent_id)
+        self._reload()
+        self._start_reply(parent_id)
+        return True
+
+    def edit_message(self, message_id: int, text: str) -> bool:
+        """Replace a past user message by starting a new branch from its parent."""
+        text = text.strip()
+        if self.busy or self.conversation_id is None or not text:
+            return False
+        original = self.store.message(message_id)
+        if original.role != "user" or original.conversation_id != self.conversation_id:
+            return False
+        edited = self.store.add_message(self.conversation_id, original.parent_id, "user", text)
+        self._reload()
+        self._start_reply(edited.id)
+        return True
+
+    def switch_branch(self, message_id: int, delta: int) -> bool:
+        """Show the previous (-1) or next (+1) alternative of ``message_id`` and its newest leaf."""
+        if self.busy or self.conversation_id is None:
+            return False
+        siblings = self.store.siblings(message_id)
+        ids = [m.id for m in siblings]
+        target = ids.index(message_id) + delta
+        if not 0 <= target < len(ids):
+            return False
+        self.store.set_current_leaf(self.conversation_id, self.store.latest_leaf(ids[target]))
+        self._reload()
+        self.refresh_context()
+        return True
+
+    def stop(self) -> None:
+        if self._active is not None:
+            self.engine.cancel(self._active.request_id)
+
+    # -- context meter ---------------------------------------------------------------------------
+
+    def engine_messages(self, path: list[Message] | None = None) -> list[dict[str, str]]:
+        """What the engine sees: the system prompt, then the visible branch (complete text only)."""
+        if self.conversation_id is None:
+            return []
+        conv = self.store.conversation(self.conversation_id)
+        if path is None:
+            path = self.store.path(conv.current_leaf_id)
+        messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
+        messages += [{"role": m.role, "content": m.content} for m in path if m.content or m.role == "user"]
+        return messages
+
+    def refresh_context(self) -> None:
+        """Ask the engine to count the visible conversation (answer arrives as tokensCounted)."""
+        total = self.context_length()
+        if not self.engine.is_loaded or self.conversation_id is None:
+            self._context_used = 0
+            self.contextChanged.emit(0, total)
+            return
+        self._count_request = self.engine.count_tokens(self.engine_messages())
+
+    def _on_tokens_counted(self, request_id: int, count: int) -> None:
+        if request_id == self._count_request:
+            self._context_used = count
+            self.contextChanged.emit(count, self.context_length())
+
+    # -- streaming ---------------------------------------------------------------------------------
+
+    def _start_reply(self, parent_id: int) -> None:
+        conv = self.store.conversation(self.conversation_id)
+        history = self.store.path(parent_id)
+        model_name = (self.engine.model_info or {}).get("name", "")
+        reply = self.store.add_message(conv.id, parent_id, "assistant", "", complete=False, model=model_name)
+        item = self._item(reply)
+        item.streaming = True
+        self.model.append(item)
+        self._refresh_sibling_counts()
+        sampler, max_new_tokens = split_generation_limits(effective_sampling(conv.preset, conv.sampling))
+        request_id = self.engine.generate(self.engine_messages(history), sampler, max_new_tokens)
+        self._active = _Active(request_id, conv.id, reply.id)
+        self._flush_timer.start()
+        self._save_timer.start()
+        self.busyChanged.emit(True)
+        self.speedChanged.emit(0.0)
+
+    def _on_chunk(self, request_id: int, text: str) -> None:
+        active = self._active
+        if active is None or request_id != active.request_id:
+            return
+        if active.chunks == 0:
+            active.first_chunk_at = time.perf_counter()
+        active.chunks += 1
+        active.parts.append(text)
+        active.pending.append(text)
+
+    def _flush(self) -> None:
+        """Timer tick: move what arrived since the last tick into the model (one re-render)."""
+        active = self._active
+        if active is None or not active.pending:
+            return
+        text = "".join(active.pending)
+        active.pending.clear()
+        if active.conversation_id == self.conversation_id:
+            row = self.model.row_of(active.message_id)
+            if row >= 0:
+                self.model.append_text(row, text)
+        elapsed = time.perf_counter() - active.first_chunk_at
+        if active.chunks > 1 and elapsed > 0:
+            self.speedChanged.emit((active.chunks - 1) / elapsed)
+
+    def _save_partial(self) -> None:
+        active = self._active
+        if active is None:
+            return
+        text = active.text
+        if len(text) != active.saved_length:
+            self.store.update_message(active.message_id, text, complete=False)
+            active.saved_length = len(text)
+
+    def _on_finished(self, request_id: int, stats: dict) -> None:
+        active = self._active
+        if active is None or request_id != active.request_id:
+            return
+        self._flush()
+        self._finish_locally(stats.get("stop_reason") or "eos", stats)
+
+    def _finish_locally(self, stop_reason: str, stats: dict | None = None) -> None:
+        active = self._active
+        if active is None:
+            return
+        self._active = None
+        self._flush_timer.stop()
+        self._save_timer.stop()
+        stats = dict(stats or {}, stop_reason=stop_reason)
+        text = active.text
+        error = stats.get("error", "")
+        current = active.conversation_id == self.conversation_id
+        if stop_reason == "error" and not text:
+            # Nothing was generated: drop the empty reply so the branch ends at the user message,
+            # from where Regenerate can try again.
+            message = self.store.message(active.message_id)
+            self.store.delete_message(active.message_id)
+            self.store.set_current_leaf(active.conversation_id, message.parent_id)
+            if current:
+                self._reload()
+        else:
+            self.store.update_message(active.message_id, text, complete=True, stats=stats)
+            if current:
+                row = self.model.row_of(active.message_id)
+                if row >= 0:
+                    self.model.update(
+                        row, streaming=False, complete=True, stats=stats, error=error, content=text
+                    )
+        if error:
+            self.errorOccurred.emit(error)
+        if stats.get("tokens_per_second"):
+            self.speedChanged.emit(float(stats["tokens_per_second"]))
+        if current and stats.get("prompt_tokens"):
+            self._context_used = int(stats["prompt_tokens"]) + int(stats.get("new_tokens", 0))
+            self.contextChanged.emit(self._context_used, self.context_length())
+        self.conversationsChanged.emit()
+        self.busyChanged.emit(False)
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def _item(self, message: Message) -> MessageItem:
+        return MessageItem(
+            id=message.id,
+            role=message.role,
+            content=message.content,
+            complete=message.complete,
+            stats=message.stats,
+            error=message.stats.get("error", ""),
+        )
+
+    def _reload(self) -> None:
+        """Rebuild the model from the store: the path to the current leaf, with sibling counts."""
+        if self.conversation_id is None:
+            self.model.set_items([])
+            return
+        items = []
+        for message in self.store.current_path(self.conversation_id):
+            item = self._item(message)
+            if self._active is not None and message.id == self._active.message_id:
+                item.streaming = True
+                item.content = self._active.text
+                self._active.pending.clear()
+            items.append(item)
+        self.model.set_items(items)
+        self._refresh_sibling_counts()
+
+    def _refresh_sibling_counts(self) -> None:
+        for row, item in enumerate(self.model.items()):
+            siblings = [m.id for m in self.store.siblings(item.id)]
+            index, count = siblings.index(item.id), len(siblings)
+            if (index, count) != (item.sibling_index, item.sibling_count):
+                self.model.update(row, sibling_index=index, sibling_count=count)

@@ -1,0 +1,332 @@
+"""One message on screen: header (who, status, branch switcher, actions) and its rendered body.
+
+The body is a ``QTextBrowser`` sized to its document so the conversation scrolls as one page
+(the scroll area around all messages does the scrolling, not each message). Assistant messages
+are Markdown; user messages are shown as typed.
+
+A streaming message is re-rendered from its full text when the model says it changed. If a
+render gets slow (a very long reply), renders are spaced out to a few times their own cost, so
+the GUI thread always has time between them for input and painting.
+"""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QFont, QGuiApplication, QKeyEvent, QPalette
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QTextBrowser,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat.markdown import MarkdownRenderer, plain_text_html
+from app.chat.message_model import MessageItem
+
+ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
+STOP_LABELS = {
+    "cancelled": "stopped",
+    "max_new_tokens": "hit the token limit",
+    "stop_string": "",
+    "eos": "",
+    "error": "failed",
+}
+
+
+class MessageBody(QTextBrowser):
+    """A read-only rich-text view whose height follows its content."""
+
+    copyRequested = Signal(int)  # index of the code block whose Copy link was clicked
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.viewport().setAutoFillBackground(False)
+        self.setStyleSheet("QTextBrowser { background: transparent; }")
+        self.document().setDocumentMargin(2)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+        self.anchorClicked.connect(self._on_anchor)
+        self.setFixedHeight(24)
+
+    def _fit(self, *_args) -> None:
+        height = int(self.document().size().height() + 0.999) + 2 * self.frameWidth()
+        if height != self.height():
+            self.setFixedHeight(max(height, 16))
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
+        super().resizeEvent(event)
+        self._fit()
+
+    def sizeHint(self) -> QSize:  # noqa: N802
+        return QSize(super().sizeHint().width(), self.height())
+
+    def wheelEvent(self, event) -> None:  # noqa: N802
+        event.ignore()  # let the conversation's scroll area scroll
+
+    def _on_anchor(self, url: QUrl) -> None:
+        if url.scheme() == "copy":
+            try:
+                self.copyRequested.emit(int(url.path()))
+            except ValueError:
+                pass
+        elif url.scheme() in ("http", "https", "mailto"):
+            QDesktopServices.openUrl(url)
+
+
+class _EditBox(QPlainTextEdit):
+    """Editor for a past user message: Enter sends, Shift+Enter is a new line, Esc cancels."""
+
+    submitted = Signal()
+    cancelled = Signal()
+
+    def event(self, event: QEvent) -> bool:
+        # Claim Esc before the window's "stop reply" shortcut sees it: here it cancels the edit.
+        if event.type() == QEvent.Type.ShortcutOverride and event.key() == Qt.Key.Key_Escape:
+            event.accept()
+            return True
+        return super().event(event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (
+            event.modifiers() & Qt.KeyboardModifier.ShiftModifier
+        ):
+            self.submitted.emit()
+            return
+        if event.key() == Qt.Key.Key_Escape:
+            self.cancelled.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class MessageWidget(QFrame):
+    editSubmitted = Signal(int, str)  # message id, new text
+    branchRequested = Signal(int, int)  # message id, -1 / +1
+    regenerateRequested = Signal()
+    copied = Signal(str)
+
+    def __init__(self, renderer: MarkdownRenderer, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.renderer = renderer
+        self.item: MessageItem | None = None
+        self.code_blocks: list[str] = []
+        self.render_count = 0
+        self._render_cost = 0.0
+        self._last_render = 0.0
+        self._deferred = QTimer(self)
+        self._deferred.setSingleShot(True)
+        self._deferred.timeout.connect(self._render)
+
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setAutoFillBackground(True)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 8, 12, 8)
+        layout.setSpacing(2)
+
+        header = QHBoxLayout()
+        header.setSpacing(6)
+        self.role_label = QLabel()
+        bold = QFont(self.role_label.font())
+        bold.setBold(True)
+        self.role_label.setFont(bold)
+        self.status_label = QLabel()
+        self.status_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        header.addWidget(self.role_label)
+        header.addWidget(self.status_label)
+        header.addStretch(1)
+
+        self.prev_button = self._tool("‹", "Previous version")
+        self.branch_label = QLabel()
+        self.branch_label.setAccessibleName("Version")
+        self.next_button = self._tool("›", "Next version")
+        self.copy_button = self._tool("Copy", "Copy message")
+        self.edit_button = self._tool("Edit", "Edit message")
+        self.regenerate_button = self._tool("Regenerate", "Regenerate reply")
+        for w in (
+            self.prev_button,
+            self.branch_label,
+            self.next_button,
+            self.copy_button,
+            self.edit_button,
+            self.regenerate_button,
+        ):
+            header.addWidget(w)
+        layout.addLayout(header)
+
+        self.body = MessageBody(self)
+        self.body.setAccessibleName("Message text")
+        layout.addWidget(self.body)
+
+        self.editor = _EditBox(self)
+        self.editor.setAccessibleName("Edit message text")
+        self.editor.setFixedHeight(90)
+        self.edit_send = QPushButton("Send edited message", self)
+        self.edit_cancel = QPushButton("Cancel", self)
+        edit_row = QHBoxLayout()
+        edit_row.addStretch(1)
+        edit_row.addWidget(self.edit_cancel)
+        edit_row.addWidget(self.edit_send)
+        self._edit_row_widget = QWidget(self)
+        self._edit_row_widget.setLayout(edit_row)
+        layout.addWidget(self.editor)
+        layout.addWidget(self._edit_row_widget)
+        self._set_editing(False)
+
+        self.stats_label = QLabel()
+        self.stats_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        self.stats_label.setAccessibleName("Reply statistics")
+        layout.addWidget(self.stats_label)
+
+        self.prev_button.clicked.connect(lambda: self._branch(-1))
+        self.next_button.clicked.connect(lambda: self._branch(+1))
+        self.copy_button.clicked.connect(self._copy_message)
+        self.edit_button.clicked.connect(self.start_edit)
+        self.regenerate_button.clicked.connect(self.regenerateRequested)
+        self.edit_send.clicked.connect(self._send_edit)
+        self.edit_cancel.clicked.connect(lambda: self._set_editing(False))
+        self.editor.submitted.connect(self._send_edit)
+        self.editor.cancelled.connect(lambda: self._set_editing(False))
+        self.body.copyRequested.connect(self._copy_block)
+
+    def _tool(self, text: str, accessible: str) -> QToolButton:
+        button = QToolButton(self)
+        button.setText(text)
+        button.setToolTip(accessible)
+        button.setAccessibleName(accessible)
+        button.setAutoRaise(True)
+        return button
+
+    # -- display ---------------------------------------------------------------------------------
+
+    def set_item(self, item: MessageItem, is_last: bool) -> None:
+        previous = self.item
+        self.item = item
+        self.setAccessibleName(f"{ROLE_NAMES.get(item.role, item.role)} message")
+        self.role_label.setText(ROLE_NAMES.get(item.role, item.role))
+        self.setBackgroundRole(
+            QPalette.ColorRole.AlternateBase if item.role == "user" else QPalette.ColorRole.Base
+        )
+        many = item.sibling_count > 1
+        for w in (self.prev_button, self.branch_label, self.next_button):
+            w.setVisible(many)
+        self.branch_label.setText(f"{item.sibling_index + 1}/{item.sibling_count}")
+        self.prev_button.setEnabled(item.sibling_index > 0)
+        self.next_button.setEnabled(item.sibling_index < item.sibling_count - 1)
+        self.edit_button.setVisible(item.role == "user" and not item.streaming)
+        self.regenerate_button.setVisible(item.role == "assistant" and is_last and not item.streaming)
+        self.copy_button.setVisible(not item.streaming)
+        self.status_label.setText(self._status(item))
+        self.stats_label.setText(self._stats(item))
+        self.stats_label.setVisible(bool(self.stats_label.text()))
+        content_changed = previous is None or previous.content != item.content or previous.role != item.role
+        if content_changed or (previous is not None and previous.streaming != item.streaming):
+            self._schedule_render(item.streaming)
+
+    def rerender(self) -> None:
+        """Render again with the current renderer (theme or font change)."""
+        self._render()
+
+    def _schedule_render(self, streaming: bool) -> None:
+        if not streaming:
+            self._deferred.stop()
+            self._render()
+            return
+        # Keep renders of a growing reply at most ~1/3 of the GUI thread's time.
+        wait_ms = (self._last_render + 3 * self._render_cost - time.perf_counter()) * 1000
+        if wait_ms <= 0:
+            self._render()
+        elif not self._deferred.isActive():
+            self._deferred.start(int(wait_ms) + 1)
+
+    def _render(self) -> None:
+        item = self.item
+        if item is None:
+            return
+        started = time.perf_counter()
+        if item.role == "assistant":
+            text = item.content
+            if item.streaming:
+                text += " ▍"  # a caret shows the reply is still coming
+            rendered = self.renderer.render(text)
+            self.code_blocks = rendered.code_blocks
+            html = rendered.html
+        else:
+            self.code_blocks = []
+            html = plain_text_html(item.content)
+        if not item.content and not item.streaming and item.error:
+            html = f"<p><i>{item.error}</i></p>"
+        self.body.setHtml(html)
+        self._last_render = time.perf_counter()
+        self._render_cost = self._last_render - started
+        self.render_count += 1
+
+    @staticmethod
+    def _status(item: MessageItem) -> str:
+        if item.streaming:
+            return "writing…"
+        if not item.complete:
+            return "interrupted"
+        return STOP_LABELS.get(item.stats.get("stop_reason") or "", "")
+
+    @staticmethod
+    def _stats(item: MessageItem) -> str:
+        if item.role != "assistant" or item.streaming:
+            return ""
+        parts = []
+        if item.error:
+            parts.append(item.error)
+        tokens = item.stats.get("new_tokens")
+        if tokens:
+            parts.append(f"{tokens} tokens")
+        tps = item.stats.get("tokens_per_second")
+        if tps:
+            parts.append(f"{tps:.1f} tok/s")
+        return " · ".join(parts)
+
+    # -- actions ---------------------------------------------------------------------------------
+
+    def _branch(self, delta: int) -> None:
+        if self.item is not None:
+            self.branchRequested.emit(self.item.id, delta)
+
+    def _copy_message(self) -> None:
+        if self.item is not None:
+            QGuiApplication.clipboard().setText(self.item.content)
+            self.copied.emit(self.item.content)
+
+    def _copy_block(self, index: int) -> None:
+        if 0 <= index < len(self.code_blocks):
+            QGuiApplication.clipboard().setText(self.code_blocks[index])
+            self.copied.emit(self.code_blocks[index])
+
+    def start_edit(self) -> None:
+        if self.item is None or self.item.role != "user":
+            return
+        self.editor.setPlainText(self.item.content)
+        self._set_editing(True)
+        self.editor.setFocus()
+
+    def _set_editing(self, editing: bool) -> None:
+        self.editor.setVisible(editing)
+        self._edit_row_widget.setVisible(editing)
+        self.body.setVisible(not editing)
+
+    def _send_edit(self) -> None:
+        if self.item is None:
+            return
+        text = self.editor.toPlainText().strip()
+        self._set_editing(False)
+        if text and text != self.item.content:
+            self.editSubmitted.emit(self.item.id, text)

@@ -1,0 +1,220 @@
+"""The chat pane: conversation view, composer, Send/Stop/Regenerate, speed and context meter.
+
+Composes the chat widgets and connects them to a ``ChatController``; holds no conversation state
+of its own.
+"""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QProgressBar,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat.composer import Composer
+from app.chat.controller import ChatController
+from app.chat.conversation_settings import ConversationSettingsDialog
+from app.chat.markdown import MarkdownRenderer
+from app.chat.presets import PRESET_LABELS
+from app.chat.view import ChatView
+
+
+class StarterBanner(QFrame):
+    """First run, empty library: offer the bundled starter model (no network needed)."""
+
+    installRequested = Signal()
+    dismissed = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setAccessibleName("Starter model offer")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        layout = QHBoxLayout(self)
+        self.label = QLabel(
+            "<b>No models yet.</b> Install the built-in starter model, SmolLM2-135M-Instruct: "
+            "small, runs on any CPU, needs no network."
+        )
+        self.label.setWordWrap(True)
+        self.install_button = QPushButton("Install starter model")
+        self.install_button.setAccessibleName("Install starter model")
+        self.dismiss_button = QPushButton("Not now")
+        self.dismiss_button.setAccessibleName("Dismiss starter model offer")
+        layout.addWidget(self.label, 1)
+        layout.addWidget(self.install_button)
+        layout.addWidget(self.dismiss_button)
+        self.install_button.clicked.connect(self.installRequested)
+        self.dismiss_button.clicked.connect(self.dismissed)
+
+
+class ChatPane(QWidget):
+    def __init__(
+        self,
+        controller: ChatController,
+        renderer: MarkdownRenderer,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.setAccessibleName("Chat")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(4)
+
+        # Conversation settings row.
+        top = QHBoxLayout()
+        top.setContentsMargins(8, 4, 8, 0)
+        self.title_label = QLabel()
+        self.title_label.setAccessibleName("Conversation title")
+        self.title_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.preset_combo = QComboBox()
+        self.preset_combo.setAccessibleName("Sampling preset")
+        for key, label in PRESET_LABELS.items():
+            self.preset_combo.addItem(label, key)
+        self.settings_button = QPushButton("System prompt && sampling…")
+        self.settings_button.setAccessibleName("Conversation settings")
+        top.addWidget(self.title_label, 1)
+        top.addWidget(QLabel("Preset:"))
+        top.addWidget(self.preset_combo)
+        top.addWidget(self.settings_button)
+        layout.addLayout(top)
+
+        self.starter_banner = StarterBanner(self)
+        self.starter_banner.hide()
+        layout.addWidget(self.starter_banner)
+
+        self.view = ChatView(controller.model, renderer, self)
+        layout.addWidget(self.view, 1)
+
+        self.error_label = QLabel()
+        self.error_label.setAccessibleName("Error message")
+        self.error_label.setWordWrap(True)
+        self.error_label.setStyleSheet("QLabel { color: #c62828; padding: 4px 8px; }")
+        self.error_label.hide()
+        layout.addWidget(self.error_label)
+
+        # Speed and context meter.
+        status = QHBoxLayout()
+        status.setContentsMargins(8, 0, 8, 0)
+        self.speed_label = QLabel("")
+        self.speed_label.setAccessibleName("Generation speed")
+        self.context_meter = QProgressBar()
+        self.context_meter.setAccessibleName("Context used")
+        self.context_meter.setTextVisible(True)
+        self.context_meter.setMinimumWidth(230)
+        self.context_meter.setMaximumWidth(320)
+        self.context_meter.setRange(0, 1)
+        self.context_meter.setValue(0)
+        self.context_meter.setFormat("context: no model")
+        status.addWidget(self.speed_label)
+        status.addStretch(1)
+        status.addWidget(self.context_meter)
+        layout.addLayout(status)
+
+        # Composer and buttons.
+        bottom = QHBoxLayout()
+        bottom.setContentsMargins(8, 0, 8, 8)
+        self.composer = Composer(self)
+        buttons = QVBoxLayout()
+        self.send_button = QPushButton("Send")
+        self.send_button.setAccessibleName("Send message")
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setAccessibleName("Stop reply")
+        self.stop_button.setToolTip("Stop the reply (Esc)")
+        self.regenerate_button = QPushButton("Regenerate")
+        self.regenerate_button.setAccessibleName("Regenerate last reply")
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.regenerate_button)
+        bottom.addWidget(self.composer, 1)
+        bottom.addLayout(buttons)
+        layout.addLayout(bottom)
+
+        # Wiring: view/composer intents -> controller; controller state -> widgets.
+        self.composer.submitted.connect(self._submit)
+        self.send_button.clicked.connect(self.composer.submit)
+        self.stop_button.clicked.connect(controller.stop)
+        self.regenerate_button.clicked.connect(controller.regenerate)
+        self.view.regenerateRequested.connect(controller.regenerate)
+        self.view.editSubmitted.connect(controller.edit_message)
+        self.view.branchRequested.connect(controller.switch_branch)
+        self.preset_combo.activated.connect(self._preset_chosen)
+        self.settings_button.clicked.connect(self.open_conversation_settings)
+        controller.busyChanged.connect(self._on_busy)
+        controller.speedChanged.connect(self._on_speed)
+        controller.contextChanged.connect(self._on_context)
+        controller.conversationChanged.connect(self._on_conversation)
+        controller.conversationsChanged.connect(self._update_title)
+        controller.errorOccurred.connect(self.show_error)
+        self._on_busy(False)
+        self._on_conversation(0)
+
+    # -- intents -------------------------------------------------------------------------------
+
+    def _submit(self, text: str) -> None:
+        self.error_label.hide()
+        if self.controller.submit(text):
+            self.composer.clear()
+            self.view.scroll_to_bottom()
+
+    def _preset_chosen(self) -> None:
+        self.controller.set_sampling(self.preset_combo.currentData(), {})
+
+    def open_conversation_settings(self) -> None:
+        if self.controller.conversation_id is None:
+            self.controller.new_conversation()
+        conv = self.controller.store.conversation(self.controller.conversation_id)
+        dialog = ConversationSettingsDialog(conv.system_prompt, conv.preset, conv.sampling, self)
+        if dialog.exec():
+            prompt, preset, overrides = dialog.result_values()
+            self.controller.set_system_prompt(prompt)
+            self.controller.set_sampling(preset, overrides)
+            self._on_conversation(conv.id)
+
+    def show_error(self, message: str) -> None:
+        self.error_label.setText(message)
+        self.error_label.show()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def _on_busy(self, busy: bool) -> None:
+        self.send_button.setEnabled(not busy)
+        self.stop_button.setEnabled(busy)
+        self.regenerate_button.setEnabled(not busy and self.controller.model.rowCount() > 0)
+
+    def _on_speed(self, tps: float) -> None:
+        self.speed_label.setText(f"{tps:.1f} tokens/s" if tps > 0 else "")
+
+    def _on_context(self, used: int, total: int) -> None:
+        if total <= 0:
+            self.context_meter.setRange(0, 1)
+            self.context_meter.setValue(0)
+            self.context_meter.setFormat("context: no model")
+            return
+        self.context_meter.setRange(0, total)
+        self.context_meter.setValue(min(used, total))
+        self.context_meter.setFormat(f"context: {used} / {total} tokens")
+
+    def _on_conversation(self, conversation_id: int) -> None:
+        store = self.controller.store
+        enabled = bool(conversation_id)
+        self.preset_combo.setEnabled(enabled)
+        if enabled:
+            conv = store.conversation(conversation_id)
+            self.preset_combo.setCurrentIndex(max(0, self.preset_combo.findData(conv.preset)))
+        self._update_title()
+        self._on_busy(self.controller.busy)
+
+    def _update_title(self) -> None:
+        cid = self.controller.conversation_id
+        title = self.controller.store.conversation(cid).title if cid else "No conversation"
+        self.title_label.setText(f"<b>{html.escape(title)}</b>")
+        self._on_busy(self.controller.busy)

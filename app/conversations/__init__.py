@@ -1,0 +1,1 @@
+"""The conversation list: a Qt model over the store's conversations and the pane showing it."""

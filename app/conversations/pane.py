@@ -1,0 +1,121 @@
+"""The conversation list pane: search box, list, New / Rename / Delete."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QInputDialog,
+    QLineEdit,
+    QListView,
+    QMessageBox,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.conversations.model import ID_ROLE, ConversationListModel
+
+
+class ConversationPane(QWidget):
+    """A view: shows the list model and emits what the user asked for."""
+
+    conversationSelected = Signal(int)
+    newRequested = Signal()
+    renameRequested = Signal(int, str)
+    deleteRequested = Signal(int)
+
+    def __init__(self, model: ConversationListModel, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.model = model
+        self.setAccessibleName("Conversations")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+
+        self.search = QLineEdit()
+        self.search.setAccessibleName("Search conversations")
+        self.search.setPlaceholderText("Search conversations (Ctrl+F)")
+        self.search.setClearButtonEnabled(True)
+        layout.addWidget(self.search)
+
+        self.list = QListView()
+        self.list.setAccessibleName("Conversation list")
+        self.list.setModel(model)
+        self.list.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.list.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.list.setUniformItemSizes(True)
+        layout.addWidget(self.list, 1)
+
+        buttons = QHBoxLayout()
+        self.new_button = QPushButton("New")
+        self.new_button.setAccessibleName("New conversation")
+        self.new_button.setToolTip("New conversation (Ctrl+N)")
+        self.rename_button = QPushButton("Rename")
+        self.rename_button.setAccessibleName("Rename conversation")
+        self.delete_button = QPushButton("Delete")
+        self.delete_button.setAccessibleName("Delete conversation")
+        for b in (self.new_button, self.rename_button, self.delete_button):
+            buttons.addWidget(b)
+        layout.addLayout(buttons)
+
+        self.search.textChanged.connect(model.set_query)
+        self.list.selectionModel().currentChanged.connect(self._on_current_changed)
+        self.new_button.clicked.connect(self.newRequested)
+        self.rename_button.clicked.connect(self.rename_current)
+        self.delete_button.clicked.connect(self.delete_current)
+        self._current_id = 0
+
+    def current_id(self) -> int:
+        index = self.list.currentIndex()
+        return int(index.data(ID_ROLE)) if index.isValid() else 0
+
+    def select(self, conversation_id: int) -> None:
+        """Highlight ``conversation_id`` without emitting a selection request."""
+        self._current_id = conversation_id
+        row = self.model.row_of(conversation_id)
+        selection = self.list.selectionModel()
+        blocked = selection.blockSignals(True)
+        if row >= 0:
+            index = self.model.index(row)
+            selection.setCurrentIndex(index, QItemSelectionModel.SelectionFlag.ClearAndSelect)
+        else:
+            selection.clearSelection()
+            selection.setCurrentIndex(QModelIndex(), QItemSelectionModel.SelectionFlag.Clear)
+        selection.blockSignals(blocked)
+        self.list.viewport().update()
+
+    def refresh(self) -> None:
+        self.model.refresh()
+        self.select(self._current_id)
+
+    def focus_search(self) -> None:
+        self.search.setFocus()
+        self.search.selectAll()
+
+    def _on_current_changed(self, current: QModelIndex, _previous: QModelIndex) -> None:
+        if current.isValid():
+            conversation_id = int(current.data(ID_ROLE))
+            if conversation_id != self._current_id:
+                self._current_id = conversation_id
+                self.conversationSelected.emit(conversation_id)
+
+    def rename_current(self) -> None:
+        cid = self.current_id()
+        if not cid:
+            return
+        title, ok = QInputDialog.getText(
+            self, "Rename conversation", "Title:", text=self.list.currentIndex().data() or ""
+        )
+        if ok and title.strip():
+            self.renameRequested.emit(cid, title.strip())
+
+    def delete_current(self) -> None:
+        cid = self.current_id()
+        if not cid:
+            return
+        answer = QMessageBox.question(
+            self, "Delete conversation", f"Delete “{self.list.currentIndex().data()}” and all its messages?"
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.deleteRequested.emit(cid)

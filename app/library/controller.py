@@ -1,0 +1,60 @@
+"""Which folders the library looks in, and keeping the library model in step with them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from app.library.model import LibraryModel
+from app.library.scanner import scan
+from app.settings.settings import Settings
+from engine.inspect import ModelInfo, inspect_model
+
+
+class LibraryController(QObject):
+    foldersChanged = Signal(list)
+    refreshed = Signal()
+
+    def __init__(
+        self, settings: Settings, models_dir: Path, model: LibraryModel, parent: QObject | None = None
+    ):
+        super().__init__(parent)
+        self.settings = settings
+        self.models_dir = Path(models_dir)
+        self.model = model
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+
+    def folders(self) -> list[Path]:
+        """The app's own models folder first, then the user's."""
+        return [self.models_dir] + [Path(p) for p in self.settings.get("library.folders")]
+
+    def add_folder(self, folder: str | Path) -> ModelInfo | None:
+        """Add a folder; returns the model's info if the folder is itself a model (so the caller
+        can say why it cannot load)."""
+        folder = Path(folder)
+        extra = self.settings.get("library.folders")
+        if str(folder) not in extra and folder != self.models_dir:
+            self.settings.set("library.folders", [*extra, str(folder)])
+            self.foldersChanged.emit([str(p) for p in self.folders()])
+        self.refresh()
+        row = self.model.row_of(str(folder))
+        return self.model.infos()[row] if row >= 0 else None
+
+    def remove_folder(self, folder: str | Path) -> None:
+        extra = [p for p in self.settings.get("library.folders") if p != str(folder)]
+        self.settings.set("library.folders", extra)
+        self.foldersChanged.emit([str(p) for p in self.folders()])
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.model.context_length = int(self.settings.get("library.estimate_context"))
+        self.model.set_models(scan(self.folders()))
+        self.refreshed.emit()
+
+    def is_empty(self) -> bool:
+        return self.model.rowCount() == 0
+
+    def info_for(self, path: str | Path) -> ModelInfo:
+        row = self.model.row_of(str(path))
+        return self.model.infos()[row] if row >= 0 else inspect_model(path)

@@ -1,0 +1,80 @@
+"""The library as a Qt table model: one row per model folder found (GUI thread only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersistentModelIndex, Qt
+
+from engine.inspect import MemoryVerdict, ModelInfo, format_bytes, format_params, memory_verdict
+
+INFO_ROLE = Qt.ItemDataRole.UserRole + 1
+PATH_ROLE = Qt.ItemDataRole.UserRole + 2
+
+COLUMNS = ("Name", "Architecture", "Parameters", "Quantization", "Size", "Memory", "Status")
+
+
+class LibraryModel(QAbstractTableModel):
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._rows: list[tuple[ModelInfo, MemoryVerdict]] = []
+        self.context_length = 4096
+
+    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self._rows)
+
+    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(
+        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> Any:
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return COLUMNS[section]
+        return None
+
+    def data(
+        self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> Any:
+        if not index.isValid():
+            return None
+        info, verdict = self._rows[index.row()]
+        if role == INFO_ROLE:
+            return info
+        if role == PATH_ROLE:
+            return str(info.path)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return "\n".join(info.problems) if info.problems else str(info.path)
+        if role != Qt.ItemDataRole.DisplayRole:
+            return None
+        column = COLUMNS[index.column()]
+        if column == "Name":
+            return info.name
+        if column == "Architecture":
+            return info.architecture or "?"
+        if column == "Parameters":
+            return format_params(info.parameter_count)
+        if column == "Quantization":
+            return info.quantization or "?"
+        if column == "Size":
+            return format_bytes(info.size_bytes)
+        if column == "Memory":
+            return f"{format_bytes(verdict.needed_bytes)} ({verdict.verdict})" if info.ok else "—"
+        return "ready" if info.ok else f"cannot load: {info.problems[0]}"
+
+    def set_models(self, infos: list[ModelInfo]) -> None:
+        self.beginResetModel()
+        self._rows = [(info, memory_verdict(info, self.context_length)) for info in infos]
+        self.endResetModel()
+
+    def infos(self) -> list[ModelInfo]:
+        return [info for info, _ in self._rows]
+
+    def verdict(self, row: int) -> MemoryVerdict:
+        return self._rows[row][1]
+
+    def row_of(self, path: str) -> int:
+        for row, (info, _) in enumerate(self._rows):
+            if str(info.path) == str(path):
+                return row
+        return -1

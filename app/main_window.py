@@ -1,0 +1,384 @@
+"""The main window: composes the panes and connects them; owns no feature logic itself.
+
+Left: the conversation list. Top: the model bar. Centre: tabs for the chat, the model library,
+and (when those packages are present) the Hub browser and the downloads queue.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QFont, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QApplication,
+    QFileDialog,
+    QMainWindow,
+    QSplitter,
+    QTabWidget,
+    QToolBar,
+    QWidget,
+)
+
+from app import paths
+from app.chat.controller import ChatController
+from app.chat.markdown import MarkdownRenderer
+from app.chat.pane import ChatPane
+from app.conversations.model import ConversationListModel
+from app.conversations.pane import ConversationPane
+from app.library.controller import LibraryController
+from app.library.model import LibraryModel
+from app.library.model_bar import ModelBar
+from app.library.pane import LibraryPane
+from app.settings.dialog import SettingsDialog
+from app.settings.settings import Settings
+from app.store import Store
+from app.store.export import from_json, to_json, to_markdown
+from app.theme import apply_theme, render_theme
+from app.worker import EngineClient
+
+log = logging.getLogger(__name__)
+
+
+class _DownloadBridge(QObject):
+    """Carries download-manager events (raised on its worker threads) to the GUI thread."""
+
+    finished = Signal()
+
+
+class MainWindow(QMainWindow):
+    def __init__(
+        self,
+        store: Store,
+        engine: EngineClient,
+        models_dir: Path | None = None,
+        *,
+        hub: bool = True,
+        download_manager: Any = None,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Trellis Chat")
+        self.setAccessibleName("Trellis Chat")
+        self.resize(1200, 800)
+        self.store = store
+        self.engine = engine
+        self.settings = Settings(store, self)
+        self.models_dir = Path(models_dir) if models_dir is not None else paths.models_dir()
+        self.download_manager = download_manager
+        self.optional_panes: dict[str, QWidget] = {}
+
+        app = QApplication.instance()
+        self.dark = apply_theme(app, self.settings.get("appearance.theme")) if app else False
+        self.renderer = MarkdownRenderer(render_theme(self.dark))
+
+        # Models and controllers.
+        self.chat = ChatController(
+            store,
+            engine,
+            parent=self,
+            default_preset=self.settings.get("chat.default_preset"),
+            default_system_prompt=self.settings.get("chat.default_system_prompt"),
+        )
+        self.conversation_model = ConversationListModel(store, self)
+        self.library_model = LibraryModel(self)
+        self.library = LibraryController(self.settings, self.models_dir, self.library_model, self)
+
+        # Views.
+        self.conversations = ConversationPane(self.conversation_model)
+        self.chat_pane = ChatPane(self.chat, self.renderer)
+        self.library_pane = LibraryPane(self.library_model)
+        self.model_bar = ModelBar(self.library_model)
+        self.tabs = QTabWidget()
+        self.tabs.setAccessibleName("Main tabs")
+        self.tabs.addTab(self.chat_pane, "Chat")
+        self.tabs.addTab(self.library_pane, "Library")
+        self._add_optional_panes(hub)
+
+        splitter = QSplitter(Qt.Orientation.Horizontal)
+        splitter.addWidget(self.conversations)
+        splitter.addWidget(self.tabs)
+        splitter.setStretchFactor(0, 0)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([260, 940])
+        self.setCentralWidget(splitter)
+        toolbar = QToolBar("Model")
+        toolbar.setObjectName("model-toolbar")
+        toolbar.setMovable(False)
+        toolbar.addWidget(self.model_bar)
+        self.addToolBar(Qt.ToolBarArea.TopToolBarArea, toolbar)
+
+        self._build_menus()
+        self._connect()
+        self._apply_font_size()
+
+        # Restore state.
+        self.library.refresh()
+        self.library_pane.set_folders([str(p) for p in self.library.folders()])
+        self.conversations.refresh()
+        ids = self.conversation_model.ids()
+        self.chat.open_conversation(ids[0] if ids else None)
+        self._update_starter_banner()
+        self._autoload()
+
+    # -- construction --------------------------------------------------------------------------------
+
+    def _add_optional_panes(self, enabled: bool) -> None:
+        """The Hub browser and downloads queue live in their own packages; the app works without."""
+        if not enabled:
+            return
+        try:
+            from app.downloads import create_downloads_pane
+            from app.hub import create_hub_pane
+        except ImportError as exc:
+            log.info("hub panes not available: %s", exc)
+            return
+        try:
+            if self.download_manager is None:
+                from engine.hub import DownloadManager
+
+                self.download_manager = DownloadManager(
+                    self.models_dir, state_path=paths.data_dir() / "downloads.json", autostart=False
+                )
+            self._download_bridge = _DownloadBridge(self)
+            self._download_bridge.finished.connect(self.library.refresh)
+            add_listener = getattr(self.download_manager, "add_listener", None)
+            if add_listener is not None:
+                add_listener(self._on_download_event)
+            hub_pane = create_hub_pane(self.download_manager, self)
+            downloads_pane = create_downloads_pane(self.download_manager, self)
+            self.tabs.addTab(hub_pane, "Hub")
+            self.tabs.addTab(downloads_pane, "Downloads")
+            self.optional_panes = {"hub": hub_pane, "downloads": downloads_pane}
+            start = getattr(self.download_manager, "start", None)
+            if start is not None:
+                start()
+        except Exception:  # a broken optional pane must not stop the app from starting
+            log.exception("could not create the hub/downloads panes")
+
+    def _on_download_event(self, event: Any) -> None:
+        # Runs on a download thread: only emit (queued to the GUI thread), touch nothing else.
+        state = str(getattr(getattr(event, "job", None), "state", ""))
+        if state.lower().endswith(("done", "completed", "complete", "finished")):
+            self._download_bridge.finished.emit()
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file_menu = bar.addMenu("&File")
+        self.new_action = self._action(
+            file_menu, "&New chat", QKeySequence.StandardKey.New, self.chat.new_conversation
+        )
+        file_menu.addSeparator()
+        self._action(file_menu, "&Import conversation (JSON)…", None, self._import_dialog)
+        self._action(file_menu, "Export as &Markdown…", None, lambda: self._export_dialog("md"))
+        self._action(file_menu, "Export as &JSON…", None, lambda: self._export_dialog("json"))
+        file_menu.addSeparator()
+        self._action(file_menu, "Open model &folder…", None, self.library_pane._choose_folder)
+        self._action(file_menu, "&Settings…", QKeySequence.StandardKey.Preferences, self.open_settings)
+        file_menu.addSeparator()
+        self._action(file_menu, "&Quit", QKeySequence.StandardKey.Quit, self.close)
+
+        edit_menu = bar.addMenu("&Edit")
+        self._action(edit_menu, "&Find conversation", QKeySequence.StandardKey.Find, self.focus_search)
+
+        chat_menu = bar.addMenu("&Chat")
+        self._action(chat_menu, "&Regenerate reply", QKeySequence("Ctrl+R"), self.chat.regenerate)
+        self._action(chat_menu, "Conversation &settings…", None, self.chat_pane.open_conversation_settings)
+        # Esc stops a reply; a window-wide shortcut so it works wherever the focus is.
+        self.stop_shortcut = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
+        self.stop_shortcut.activated.connect(self.chat.stop)
+
+    def _action(self, menu, text: str, shortcut, slot) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(shortcut)
+        action.triggered.connect(slot)
+        menu.addAction(action)
+        return action
+
+    def _connect(self) -> None:
+        conv = self.conversations
+        conv.conversationSelected.connect(self._open_conversation)
+        conv.newRequested.connect(self.chat.new_conversation)
+        conv.renameRequested.connect(self.chat.rename_conversation)
+        conv.deleteRequested.connect(self.chat.delete_conversation)
+        self.chat.conversationsChanged.connect(conv.refresh)
+        self.chat.conversationChanged.connect(conv.select)
+
+        self.library_pane.loadRequested.connect(self.request_load)
+        self.library_pane.addFolderRequested.connect(self.add_model_folder)
+        self.library_pane.removeFolderRequested.connect(self.library.remove_folder)
+        self.library_pane.refreshRequested.connect(self.library.refresh)
+        self.library.foldersChanged.connect(self.library_pane.set_folders)
+        self.library.refreshed.connect(self._update_starter_banner)
+        self.model_bar.loadRequested.connect(self.request_load)
+        self.model_bar.unloadRequested.connect(self.unload_model)
+
+        self.engine.loadProgress.connect(self.model_bar.set_progress)
+        self.engine.loaded.connect(self._on_loaded)
+        self.engine.loadFailed.connect(self._on_load_failed)
+        self.engine.unloaded.connect(lambda: self.model_bar.set_unloaded())
+        self.engine.error.connect(lambda message: self.statusBar().showMessage(message, 20000))
+        self.engine.starterProgress.connect(self.model_bar.set_progress)
+        self.engine.starterReady.connect(self._on_starter_ready)
+        self.engine.starterFailed.connect(self._on_starter_failed)
+        banner = self.chat_pane.starter_banner
+        banner.installRequested.connect(self.install_starter)
+        banner.dismissed.connect(self._dismiss_starter)
+        self.settings.changed.connect(self._on_setting_changed)
+
+    # -- conversations -------------------------------------------------------------------------------
+
+    def _open_conversation(self, conversation_id: int) -> None:
+        self.chat.open_conversation(conversation_id)
+        self.tabs.setCurrentWidget(self.chat_pane)
+
+    def focus_search(self) -> None:
+        self.conversations.focus_search()
+
+    def export_conversation(self, path: str | Path, fmt: str, conversation_id: int | None = None) -> Path:
+        cid = conversation_id or self.chat.conversation_id
+        if cid is None:
+            raise ValueError("no conversation to export")
+        path = Path(path)
+        if fmt == "md":
+            path.write_text(to_markdown(self.store, cid), encoding="utf-8")
+        else:
+            path.write_text(
+                json.dumps(to_json(self.store, cid), indent=2, ensure_ascii=False), encoding="utf-8"
+            )
+        self.statusBar().showMessage(f"Exported to {path}", 8000)
+        return path
+
+    def import_conversation(self, path: str | Path) -> int:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        cid = from_json(self.store, data)
+        self.conversations.refresh()
+        self._open_conversation(cid)
+        return cid
+
+    def _export_dialog(self, fmt: str) -> None:
+        if self.chat.conversation_id is None:
+            return
+        title = self.store.conversation(self.chat.conversation_id).title
+        suffix, filt = (".md", "Markdown (*.md)") if fmt == "md" else (".json", "JSON (*.json)")
+        safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "conversation"
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", safe + suffix, filt)
+        if path:
+            self.export_conversation(path, fmt)
+
+    def _import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "JSON (*.json)")
+        if path:
+            try:
+                self.import_conversation(path)
+            except (ValueError, OSError) as exc:
+                self.chat_pane.show_error(f"Could not import {Path(path).name}: {exc}")
+
+    # -- models ----------------------------------------------------------------------------------------
+
+    def add_model_folder(self, folder: str) -> None:
+        info = self.library.add_folder(folder)
+        self.tabs.setCurrentWidget(self.library_pane)
+        if info is not None:
+            self.library_pane.select_path(str(info.path))
+            if not info.ok:
+                self.statusBar().showMessage(
+                    f"{info.name} cannot be loaded: {'; '.join(info.problems)}", 20000
+                )
+
+    def request_load(self, path: str) -> None:
+        info = self.library.info_for(path)
+        if not info.ok:
+            message = f"{info.name} cannot be loaded: {'; '.join(info.problems)}"
+            self.chat_pane.show_error(message)
+            self.statusBar().showMessage(message, 20000)
+            return
+        if self.chat.busy:
+            self.chat.stop()
+        self.model_bar.set_loading(info.name)
+        self.model_bar.select_path(path)
+        self.engine.load(path, self.settings.get("engine.device"))
+
+    def unload_model(self) -> None:
+        self.chat.stop()
+        self.engine.unload()
+
+    def _on_loaded(self, info: dict) -> None:
+        self.model_bar.set_loaded(info)
+        self.settings.set("library.last_model", info.get("path", ""))
+        self.statusBar().showMessage(f"Loaded {info.get('name')}", 5000)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.model_bar.set_unloaded("Load failed")
+        self.chat_pane.show_error(message)
+
+    def _autoload(self) -> None:
+        last = self.settings.get("library.last_model")
+        if last and self.settings.get("library.autoload") and self.library_model.row_of(last) >= 0:
+            if self.library.info_for(last).ok:
+                self.request_load(last)
+
+    def install_starter(self) -> None:
+        self.chat_pane.starter_banner.hide()
+        self.model_bar.set_progress(0.0, "Installing starter model")
+        self.engine.install_starter(self.models_dir)
+
+    def _on_starter_ready(self, path: str) -> None:
+        self.library.refresh()
+        self.request_load(path)
+
+    def _on_starter_failed(self, message: str) -> None:
+        self.model_bar.set_unloaded("No model loaded")
+        self.chat_pane.show_error(message)
+        self._update_starter_banner()
+
+    def _dismiss_starter(self) -> None:
+        self.settings.set("library.starter_dismissed", True)
+        self._update_starter_banner()
+
+    def _update_starter_banner(self) -> None:
+        show = self.library.is_empty() and not self.settings.get("library.starter_dismissed")
+        self.chat_pane.starter_banner.setVisible(show)
+
+    # -- settings ----------------------------------------------------------------------------------------
+
+    def open_settings(self) -> None:
+        SettingsDialog(self.settings, self).exec()
+
+    def _on_setting_changed(self, key: str, _value: Any) -> None:
+        if key == "appearance.theme":
+            app = QApplication.instance()
+            self.dark = apply_theme(app, self.settings.get(key))
+            self.renderer = MarkdownRenderer(render_theme(self.dark))
+            self.chat_pane.view.set_renderer(self.renderer)
+        elif key == "appearance.font_size":
+            self._apply_font_size()
+        elif key == "chat.default_preset":
+            self.chat.default_preset = self.settings.get(key)
+        elif key == "chat.default_system_prompt":
+            self.chat.default_system_prompt = self.settings.get(key)
+        elif key == "library.estimate_context":
+            self.library.refresh()
+
+    def _apply_font_size(self) -> None:
+        font = QFont(self.chat_pane.view.font())
+        font.setPointSize(int(self.settings.get("appearance.font_size")))
+        self.chat_pane.view.setFont(font)
+        self.chat_pane.composer.setFont(font)
+
+    # -- shutdown ------------------------------------------------------------------------------------------
+
+    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt naming)
+        self.chat.stop()
+        self.engine.shutdown()
+        shutdown = getattr(self.download_manager, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:
+                log.exception("download manager shutdown failed")
+        super().closeEvent(event)

@@ -1,0 +1,1 @@
+"""Preferences: declared in ``schema``, stored through ``settings``, edited in ``dialog``."""

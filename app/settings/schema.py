@@ -1,0 +1,93 @@
+"""Every app setting, declared as data: key, default, what the user sees, allowed values.
+
+The settings dialog is generated from this list and the store validates against it, so adding a
+setting is one entry here. ``hidden`` settings are state the app remembers (folders, last model)
+rather than preferences a user edits in the dialog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.chat.presets import PRESET_LABELS
+
+
+@dataclass(frozen=True)
+class Setting:
+    key: str
+    default: Any
+    label: str
+    description: str = ""
+    choices: tuple[tuple[Any, str], ...] | None = None  # (value, label)
+    minimum: int | None = None
+    maximum: int | None = None
+    hidden: bool = False
+
+    def validate(self, value: Any) -> Any:
+        """The value coerced to the setting's type, or the default if it cannot be."""
+        try:
+            if self.choices is not None:
+                return value if value in {v for v, _ in self.choices} else self.default
+            if isinstance(self.default, bool):
+                return bool(value)
+            if isinstance(self.default, int):
+                v = int(value)
+                if self.minimum is not None:
+                    v = max(self.minimum, v)
+                if self.maximum is not None:
+                    v = min(self.maximum, v)
+                return v
+            if isinstance(self.default, list):
+                return [str(x) for x in value] if isinstance(value, list) else self.default
+            if isinstance(self.default, str):
+                return str(value)
+        except (TypeError, ValueError):
+            return self.default
+        return value
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "appearance.theme",
+        "system",
+        "Theme",
+        "Follow the system's light/dark setting, or force one.",
+        choices=(("system", "Follow system"), ("light", "Light"), ("dark", "Dark")),
+    ),
+    Setting(
+        "appearance.font_size", 11, "Chat font size", "Point size of message text.", minimum=7, maximum=32
+    ),
+    Setting(
+        "engine.device",
+        "auto",
+        "Device",
+        "Where models run: a CUDA GPU when present (auto), or always the CPU.",
+        choices=(("auto", "Automatic"), ("cpu", "CPU"), ("cuda", "CUDA GPU")),
+    ),
+    Setting(
+        "chat.default_preset",
+        "balanced",
+        "Sampling preset for new chats",
+        choices=tuple(PRESET_LABELS.items()),
+    ),
+    Setting(
+        "chat.default_system_prompt",
+        "You are a helpful assistant.",
+        "System prompt for new chats",
+    ),
+    Setting(
+        "library.estimate_context",
+        4096,
+        "Context length for memory estimates",
+        "The library's 'fits in memory' column assumes this many tokens of context.",
+        minimum=256,
+        maximum=1_048_576,
+    ),
+    Setting("library.autoload", True, "Load the last used model at startup"),
+    Setting("library.folders", [], "Extra model folders", hidden=True),
+    Setting("library.last_model", "", "Last loaded model", hidden=True),
+    Setting("library.starter_dismissed", False, "Starter model offer dismissed", hidden=True),
+)
+
+BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}

@@ -1,0 +1,84 @@
+"""Light and dark themes: follow the system's colour scheme unless the user picks one.
+
+We use the Fusion style with an explicit palette in both modes, so the app looks the same on
+every platform and dark mode also works where the platform style has none (offscreen, many Linux
+desktops). The Markdown renderer gets matching colours.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtWidgets import QApplication
+
+from app.chat.markdown import RenderTheme
+
+
+def system_prefers_dark() -> bool:
+    hints = QGuiApplication.styleHints()
+    return hasattr(hints, "colorScheme") and hints.colorScheme() == Qt.ColorScheme.Dark
+
+
+def is_dark(mode: str) -> bool:
+    if mode == "dark":
+        return True
+    if mode == "light":
+        return False
+    return system_prefers_dark()
+
+
+def _palette(dark: bool) -> QPalette:
+    p = QPalette()
+    if dark:
+        colors = {
+            QPalette.ColorRole.Window: "#202124",
+            QPalette.ColorRole.WindowText: "#e8eaed",
+            QPalette.ColorRole.Base: "#17181a",
+            QPalette.ColorRole.AlternateBase: "#2a2c30",
+            QPalette.ColorRole.Text: "#e8eaed",
+            QPalette.ColorRole.Button: "#2d2f33",
+            QPalette.ColorRole.ButtonText: "#e8eaed",
+            QPalette.ColorRole.Highlight: "#3d6fd8",
+            QPalette.ColorRole.HighlightedText: "#ffffff",
+            QPalette.ColorRole.ToolTipBase: "#2d2f33",
+            QPalette.ColorRole.ToolTipText: "#e8eaed",
+            QPalette.ColorRole.PlaceholderText: "#9aa0a6",
+            QPalette.ColorRole.Link: "#8ab4f8",
+            QPalette.ColorRole.Mid: "#3c4043",
+        }
+        disabled = "#6b6f75"
+    else:
+        colors = {
+            QPalette.ColorRole.Window: "#f5f5f7",
+            QPalette.ColorRole.WindowText: "#1d1d1f",
+            QPalette.ColorRole.Base: "#ffffff",
+            QPalette.ColorRole.AlternateBase: "#eef2f8",
+            QPalette.ColorRole.Text: "#1d1d1f",
+            QPalette.ColorRole.Button: "#e9e9ed",
+            QPalette.ColorRole.ButtonText: "#1d1d1f",
+            QPalette.ColorRole.Highlight: "#2f6fde",
+            QPalette.ColorRole.HighlightedText: "#ffffff",
+            QPalette.ColorRole.ToolTipBase: "#ffffe1",
+            QPalette.ColorRole.ToolTipText: "#1d1d1f",
+            QPalette.ColorRole.PlaceholderText: "#6e6e73",
+            QPalette.ColorRole.Link: "#2563eb",
+            QPalette.ColorRole.Mid: "#c7c7cc",
+        }
+        disabled = "#a1a1a6"
+    for role, color in colors.items():
+        p.setColor(role, QColor(color))
+    for role in (QPalette.ColorRole.Text, QPalette.ColorRole.ButtonText, QPalette.ColorRole.WindowText):
+        p.setColor(QPalette.ColorGroup.Disabled, role, QColor(disabled))
+    return p
+
+
+def apply_theme(app: QApplication, mode: str) -> bool:
+    """Style the whole app for ``mode`` ("system", "light", "dark"); returns whether it is dark."""
+    dark = is_dark(mode)
+    app.setStyle("Fusion")
+    app.setPalette(_palette(dark))
+    return dark
+
+
+def render_theme(dark: bool) -> RenderTheme:
+    return RenderTheme.dark() if dark else RenderTheme()
