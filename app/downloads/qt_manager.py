@@ -35,8 +35,9 @@ class QtDownloadManager(QObject):
         super().__init__(parent)
         self.manager = manager
         self._event.connect(self._dispatch, Qt.ConnectionType.QueuedConnection)
-        self._unsubscribe = manager.add_listener(self._event.emit)
-        self.destroyed.connect(lambda *_: None)
+        self._unsubscribe = unsubscribe = manager.add_listener(self._event.emit)
+        # A deleted wrapper must not keep receiving events from download threads.
+        self.destroyed.connect(lambda *_: unsubscribe())
 
     @classmethod
     def wrap(

@@ -1,0 +1,95 @@
+"""Item models of the Hub browser: search hits and the files of a model page (GUI thread only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+
+from engine.hub.client import ModelSummary, RepoFile, format_param_count
+from engine.hub.downloads import human_bytes
+
+SUMMARY_ROLE = Qt.ItemDataRole.UserRole + 1
+
+
+class _Table(QAbstractTableModel):
+    COLUMNS: tuple[str, ...] = ()
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self._rows: list[Any] = []
+
+    def set_rows(self, rows: list[Any]) -> None:
+        self.beginResetModel()
+        self._rows = list(rows)
+        self.endResetModel()
+
+    def row_object(self, row: int) -> Any:
+        return self._rows[row]
+
+    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self._rows)
+
+    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self.COLUMNS)
+
+    def headerData(
+        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> Any:
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return self.COLUMNS[section]
+        return None
+
+
+class SearchResultsModel(_Table):
+    COLUMNS = ("Model", "Params", "Downloads", "Likes", "Updated", "Notes")
+
+    def data(
+        self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> Any:
+        if not index.isValid():
+            return None
+        hit: ModelSummary = self._rows[index.row()]
+        if role == SUMMARY_ROLE:
+            return hit
+        if role == Qt.ItemDataRole.TextAlignmentRole and 1 <= index.column() <= 3:
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        if role != Qt.ItemDataRole.DisplayRole:
+            return None
+        col = self.COLUMNS[index.column()]
+        if col == "Model":
+            return hit.repo_id
+        if col == "Params":
+            return format_param_count(hit.params) if hit.params else ""
+        if col == "Downloads":
+            return f"{hit.downloads:,}"
+        if col == "Likes":
+            return f"{hit.likes:,}"
+        if col == "Updated":
+            return hit.last_modified.date().isoformat() if hit.last_modified else ""
+        notes = [
+            n
+            for n, on in (("EXL3", hit.exl3), ("supported", hit.supported), ("gated", bool(hit.gated)))
+            if on
+        ]
+        return ", ".join(notes)
+
+
+class FilesModel(_Table):
+    COLUMNS = ("File", "Size", "Hash")
+
+    def data(
+        self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole
+    ) -> Any:
+        if not index.isValid():
+            return None
+        f: RepoFile = self._rows[index.row()]
+        if role == Qt.ItemDataRole.ToolTipRole and index.column() == 2:
+            return f.sha256 or f.blob_id
+        if role != Qt.ItemDataRole.DisplayRole:
+            return None
+        if index.column() == 0:
+            return f.path
+        if index.column() == 1:
+            return human_bytes(f.size)
+        return f"sha256 {f.sha256[:12]}…" if f.sha256 else (f"git {f.blob_id[:12]}…" if f.blob_id else "")
