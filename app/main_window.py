@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, Signal
-from PySide6.QtGui import QAction, QCloseEvent, QFont, QKeySequence, QShortcut
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QCloseEvent, QFont, QKeySequence, QShortcut, QTextDocument
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
@@ -123,6 +123,20 @@ class MainWindow(QMainWindow):
         self.chat.open_conversation(ids[0] if ids else None)
         self._update_starter_banner()
         self._autoload()
+        self.warmed_up = False
+        self._warm_up(self.renderer.warm_up_steps())
+
+    def _warm_up(self, steps: list) -> None:
+        """Pay first-use costs (lexer imports, font and layout caches) one step per event-loop
+        turn, so the first streamed code block renders as fast as the later ones."""
+        if steps:
+            steps[0]()
+            QTimer.singleShot(0, lambda: self._warm_up(steps[1:]))
+        else:
+            doc = QTextDocument()
+            doc.setHtml(self.renderer.render("```python\nx = 1\n```\n").html)
+            doc.size()
+            self.warmed_up = True
 
     # -- construction --------------------------------------------------------------------------------
 

@@ -177,10 +177,42 @@ class MarkdownRenderer:
         md.add_render_rule("code_inline", _rule(self._code_inline))
         self._md = md
 
-    def render(self, text: str) -> RenderedMarkdown:
-        env: dict = {"code_blocks": []}
+    def render(self, text: str, code_index_offset: int = 0) -> RenderedMarkdown:
+        """HTML for ``text``; Copy links are numbered from ``code_index_offset`` (a message shown
+        in several pieces numbers its code blocks across all of them)."""
+        env: dict = {"code_blocks": [], "code_offset": code_index_offset}
         body = self._md.render(text, env)
         return RenderedMarkdown(body, env["code_blocks"])
+
+    def warm_up_steps(self) -> list:
+        """Callables that each pay one first-use cost (importing a Pygments lexer module takes
+        10-100 ms) so the first code block of a streaming reply does not stall the GUI. The
+        window runs them one per event-loop turn after it shows."""
+        samples = ["python", "javascript", "bash", "json", "c", "cpp", "rust", "go", "java", "html", "sql"]
+        steps = [
+            lambda lang=lang: _highlighted("x = 1\n", lang, self.theme.pygments_style) for lang in samples
+        ]
+        steps.append(lambda: self.render("# h\n\n*a* `b` $x^2$\n\n| a |\n|---|\n| 1 |\n"))
+        return steps
+
+    def stable_prefix_length(self, text: str) -> int:
+        """Length of the part of ``text`` that more text appended at the end cannot change: all
+        top-level blocks but the last. (The last block can still turn into something else: a
+        paragraph into a setext heading or a table, a list can grow; earlier blocks cannot.)"""
+        starts = [
+            t.map[0]
+            for t in self._md.parse(text)
+            if t.level == 0 and t.map is not None and t.nesting >= 0 and t.type != "inline"
+        ]
+        if len(starts) < 2:
+            return 0
+        last_line = starts[-1]
+        offset = 0
+        for i, line in enumerate(text.splitlines(keepends=True)):
+            if i == last_line:
+                return offset
+            offset += len(line)
+        return 0
 
     # -- render rules (bound methods: markdown-it calls them with tokens, idx, options, env) ----
 
@@ -188,7 +220,7 @@ class MarkdownRenderer:
         token = tokens[idx]
         code = token.content
         lang = (token.info or "").strip().split(" ")[0] if token.type == "fence" else ""
-        index = len(env["code_blocks"])
+        index = env["code_offset"] + len(env["code_blocks"])
         env["code_blocks"].append(code.rstrip("\n"))
         t = self.theme
         body = _highlight_streaming(code, lang, t.pygments_style)

@@ -4,13 +4,19 @@ The body is a ``QTextBrowser`` sized to its document so the conversation scrolls
 (the scroll area around all messages does the scrolling, not each message). Assistant messages
 are Markdown; user messages are shown as typed.
 
-A streaming message is re-rendered from its full text when the model says it changed. If a
-render gets slow (a very long reply), renders are spaced out to a few times their own cost, so
-the GUI thread always has time between them for input and painting.
+Streaming without stalls: re-rendering a whole long reply on every update costs tens of
+milliseconds (Markdown, highlighting, and above all QTextDocument layout), growing with its
+length. So a streaming reply is shown in *pieces*: once the tail has grown past
+``FREEZE_CHARS``, its stable blocks (every top-level Markdown block but the last, which later text
+can no longer change) are rendered one final time into a frozen piece, and updates re-render only
+the short tail piece. The cost of an update is then bounded by the tail, not by the reply. On top
+of that, if renders still get slow they are spaced out to a few times their own cost, so the GUI
+thread always has time for input and painting. A message loaded from disk is one piece.
 """
 
 from __future__ import annotations
 
+import html
 import time
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
@@ -111,6 +117,9 @@ class _EditBox(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+FREEZE_CHARS = 400
+
+
 class MessageWidget(QFrame):
     editSubmitted = Signal(int, str)  # message id, new text
     branchRequested = Signal(int, int)  # message id, -1 / +1
@@ -123,6 +132,7 @@ class MessageWidget(QFrame):
         self.item: MessageItem | None = None
         self.code_blocks: list[str] = []
         self.render_count = 0
+        self._shown: tuple | None = None
         self._render_cost = 0.0
         self._last_render = 0.0
         self._deferred = QTimer(self)
@@ -165,9 +175,16 @@ class MessageWidget(QFrame):
             header.addWidget(w)
         layout.addLayout(header)
 
-        self.body = MessageBody(self)
-        self.body.setAccessibleName("Message text")
-        layout.addWidget(self.body)
+        # The body: one MessageBody per piece (see the module docstring), stacked without gaps.
+        self.body_box = QWidget(self)
+        self._pieces_layout = QVBoxLayout(self.body_box)
+        self._pieces_layout.setContentsMargins(0, 0, 0, 0)
+        self._pieces_layout.setSpacing(0)
+        self.pieces: list[MessageBody] = []
+        self._frozen_chars = 0  # length of the content shown by all pieces but the last
+        self._frozen_code_blocks: list[str] = []
+        self._reset_pieces()
+        layout.addWidget(self.body_box)
 
         self.editor = _EditBox(self)
         self.editor.setAccessibleName("Edit message text")
@@ -198,7 +215,6 @@ class MessageWidget(QFrame):
         self.edit_cancel.clicked.connect(lambda: self._set_editing(False))
         self.editor.submitted.connect(self._send_edit)
         self.editor.cancelled.connect(lambda: self._set_editing(False))
-        self.body.copyRequested.connect(self._copy_block)
 
     def _tool(self, text: str, accessible: str) -> QToolButton:
         button = QToolButton(self)
@@ -211,7 +227,6 @@ class MessageWidget(QFrame):
     # -- display ---------------------------------------------------------------------------------
 
     def set_item(self, item: MessageItem, is_last: bool) -> None:
-        previous = self.item
         self.item = item
         self.setAccessibleName(f"{ROLE_NAMES.get(item.role, item.role)} message")
         self.role_label.setText(ROLE_NAMES.get(item.role, item.role))
@@ -230,13 +245,43 @@ class MessageWidget(QFrame):
         self.status_label.setText(self._status(item))
         self.stats_label.setText(self._stats(item))
         self.stats_label.setVisible(bool(self.stats_label.text()))
-        content_changed = previous is None or previous.content != item.content or previous.role != item.role
-        if content_changed or (previous is not None and previous.streaming != item.streaming):
+        # The model may mutate a streaming item in place, so compare with what was last rendered,
+        # not with the previous item object.
+        shown = (item.role, item.content, item.streaming, item.error)
+        if shown != self._shown:
+            self._shown = shown
             self._schedule_render(item.streaming)
 
     def rerender(self) -> None:
-        """Render again with the current renderer (theme or font change)."""
+        """Render again with the current renderer (theme or font change), as one piece."""
+        self._reset_pieces()
         self._render()
+
+    @property
+    def body(self) -> MessageBody:
+        """The first piece (the whole body unless a long reply was streamed)."""
+        return self.pieces[0]
+
+    def plain_text(self) -> str:
+        return "".join(piece.toPlainText() for piece in self.pieces)
+
+    def _add_piece(self) -> MessageBody:
+        piece = MessageBody(self.body_box)
+        piece.setAccessibleName("Message text")
+        piece.copyRequested.connect(self._copy_block)
+        self._pieces_layout.addWidget(piece)
+        self.pieces.append(piece)
+        return piece
+
+    def _reset_pieces(self) -> None:
+        for piece in self.pieces[1:]:
+            self._pieces_layout.removeWidget(piece)
+            piece.deleteLater()
+        self.pieces = self.pieces[:1]
+        if not self.pieces:
+            self._add_piece()
+        self._frozen_chars = 0
+        self._frozen_code_blocks = []
 
     def _schedule_render(self, streaming: bool) -> None:
         if not streaming:
@@ -255,22 +300,39 @@ class MessageWidget(QFrame):
         if item is None:
             return
         started = time.perf_counter()
-        if item.role == "assistant":
-            text = item.content
-            if item.streaming:
-                text += " ▍"  # a caret shows the reply is still coming
-            rendered = self.renderer.render(text)
-            self.code_blocks = rendered.code_blocks
-            html = rendered.html
-        else:
+        if item.role != "assistant":
+            self._reset_pieces()
             self.code_blocks = []
-            html = plain_text_html(item.content)
-        if not item.content and not item.streaming and item.error:
-            html = f"<p><i>{item.error}</i></p>"
-        self.body.setHtml(html)
+            self.pieces[0].setHtml(plain_text_html(item.content))
+        elif not item.content and not item.streaming and item.error:
+            self._reset_pieces()
+            self.code_blocks = []
+            self.pieces[0].setHtml(f"<p><i>{html.escape(item.error)}</i></p>")
+        else:
+            self._render_markdown(item)
         self._last_render = time.perf_counter()
         self._render_cost = self._last_render - started
         self.render_count += 1
+
+    def _render_markdown(self, item: MessageItem) -> None:
+        content = item.content
+        frozen = content[: self._frozen_chars]
+        if len(frozen) != self._frozen_chars or not content.startswith(frozen):
+            self._reset_pieces()  # the text was replaced, not extended: start over
+        tail = content[self._frozen_chars :]
+        if item.streaming and len(tail) > FREEZE_CHARS:
+            stable = self.renderer.stable_prefix_length(tail)
+            if stable > 0:
+                done = self.renderer.render(tail[:stable], len(self._frozen_code_blocks))
+                self.pieces[-1].setHtml(done.html)
+                self._frozen_code_blocks += done.code_blocks
+                self._frozen_chars += stable
+                tail = tail[stable:]
+                self._add_piece()
+        text = tail + " ▍" if item.streaming else tail  # a caret while the reply is coming
+        rendered = self.renderer.render(text, len(self._frozen_code_blocks))
+        self.pieces[-1].setHtml(rendered.html)
+        self.code_blocks = self._frozen_code_blocks + rendered.code_blocks
 
     @staticmethod
     def _status(item: MessageItem) -> str:
@@ -321,7 +383,7 @@ class MessageWidget(QFrame):
     def _set_editing(self, editing: bool) -> None:
         self.editor.setVisible(editing)
         self._edit_row_widget.setVisible(editing)
-        self.body.setVisible(not editing)
+        self.body_box.setVisible(not editing)
 
     def _send_edit(self) -> None:
         if self.item is None:

@@ -108,7 +108,10 @@ class FakeSession:
             if produced >= max_new_tokens:
                 yield FakeChunk("", True, "max_new_tokens", prompt_tokens, produced, _rate(produced, started))
                 return
-            time.sleep(engine.token_delay)
+            # Paced against the clock (not sleep-per-token), so 1/200 s really gives 200 tokens/s.
+            delay = started + (produced + 1) * engine.token_delay - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
             produced += 1
             engine.streaming.set()
             yield FakeChunk(piece, False, None, prompt_tokens, produced, _rate(produced, started))

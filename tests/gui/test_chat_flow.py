@@ -38,7 +38,7 @@ def test_send_streams_in_order_and_saves(qtbot, window, fake_engine) -> None:
     assert window.store.conversation(cid).title == "hello world"
     # Rendered: the code block has a Copy link that copies exactly the code.
     reply_widget = window.chat_pane.view.message_widget(1)
-    assert "print" in reply_widget.body.toPlainText()
+    assert "print" in reply_widget.plain_text()
     reply_widget.body.copyRequested.emit(0)
     assert QGuiApplication.clipboard().text() == "print('hello world')"
     # The engine saw the system prompt then the user message.
