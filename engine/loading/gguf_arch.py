@@ -1,0 +1,266 @@
+"""How each GGUF architecture maps onto a Hugging Face one: config fields, tensor names and the
+few tensor fix-ups llama.cpp's converter applied that must be undone.
+
+The facts, per family (from llama.cpp's converter and runtime):
+
+* Llama: llama.cpp's RoPE rotates interleaved pairs (x0,x1),(x2,x3)... while HF's rotates the
+  two halves of each head, so the converter permuted the rows of ``q_proj``/``k_proj`` (weights
+  and biases) within every head. We apply the inverse permutation.
+* Qwen2/Qwen3 and Gemma use the "NEOX" (halves) RoPE in llama.cpp too: no permutation.
+* Gemma: HF's RMSNorm computes ``x * (1 + w)`` and stores ``w``; llama.cpp computes ``x * w``, so
+  the converter stored ``w + 1`` for every ``*norm.weight``. We subtract 1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.errors import GGUFImportError
+
+Meta = Mapping[str, Any]
+
+
+def shortest_float(value: float) -> float:
+    """GGUF stores floats as float32: 1e-5 reads back as 9.999999747378752e-06. Take the shortest
+    decimal that is the same float32, which is the value the original config.json had."""
+    return float(str(np.float32(value)))
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    gguf_name: str
+    hf_architecture: str
+    model_type: str
+    block_tensors: Mapping[str, str]  # GGUF per-block name -> HF name under model.layers.N.
+    build_config: Callable[[Meta, ArchContext], dict[str, Any]]
+    unpermute_qk: bool = False
+    norm_offset: float = 0.0  # subtracted from every *norm.weight
+    optional_tensors: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True)
+class ArchContext:
+    """Facts about the file that the config needs beyond metadata."""
+
+    path: str
+    tensor_names: frozenset[str]
+    vocab_rows: int  # rows of token_embd.weight
+
+
+GLOBAL_TENSORS = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+_LLAMA_BLOCK = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+
+_GEMMA3_BLOCK = {
+    **_LLAMA_BLOCK,
+    **_QK_NORM,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+
+class _Reader:
+    """``meta["<arch>.<key>"]`` with a clear error when a required key is absent."""
+
+    def __init__(self, meta: Meta, arch: str, path: str) -> None:
+        self.meta, self.arch, self.path = meta, arch, path
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.meta.get(f"{self.arch}.{key}", default)
+
+    def require(self, key: str) -> Any:
+        value = self.get(key)
+        if value is None:
+            raise GGUFImportError(f"{self.path}: metadata {self.arch}.{key} is missing")
+        return value
+
+
+def _common_config(meta: Meta, ctx: ArchContext, arch: str) -> dict[str, Any]:
+    r = _Reader(meta, arch, ctx.path)
+    heads = int(r.require("attention.head_count"))
+    hidden = int(r.require("embedding_length"))
+    kv_heads = r.get("attention.head_count_kv", heads)
+    if not isinstance(kv_heads, (int, np.integer)):
+        raise GGUFImportError(
+            f"{ctx.path}: per-layer head counts ({arch}.attention.head_count_kv) are not supported"
+        )
+    head_dim = int(r.get("attention.key_length") or hidden // heads)
+    cfg: dict[str, Any] = {
+        "hidden_size": hidden,
+        "intermediate_size": int(r.require("feed_forward_length")),
+        "num_hidden_layers": int(r.require("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(kv_heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": shortest_float(r.require("attention.layer_norm_rms_epsilon")),
+        "max_position_embeddings": int(r.get("context_length", 4096)),
+        "vocab_size": ctx.vocab_rows,
+        "tie_word_embeddings": "output.weight" not in ctx.tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in ctx.tensor_names,
+    }
+    theta = shortest_float(r.get("rope.freq_base", 10000.0))
+    rope = {"rope_type": "default", "rope_theta": theta}
+    scaling = _rope_scaling(r)
+    if scaling:
+        rope.update(scaling)
+    # Both spellings: transformers 5 reads rope_parameters, transformers 4 rope_theta/rope_scaling.
+    cfg["rope_theta"] = theta
+    cfg["rope_scaling"] = scaling or None
+    cfg["rope_parameters"] = rope
+    return cfg
+
+
+def _rope_scaling(r: _Reader) -> dict[str, Any]:
+    kind = r.get("rope.scaling.type")
+    if kind in (None, "none"):
+        return {}
+    if kind not in ("linear", "yarn"):
+        raise GGUFImportError(f"{r.path}: RoPE scaling {kind!r} is not supported")
+    scaling: dict[str, Any] = {"rope_type": kind, "factor": shortest_float(r.require("rope.scaling.factor"))}
+    original = r.get("rope.scaling.original_context_length")
+    if original:
+        scaling["original_max_position_embeddings"] = int(original)
+    return scaling
+
+
+def _llama_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
+    cfg = _common_config(meta, ctx, "llama")
+    cfg.update(hidden_act="silu", mlp_bias=False)
+    return cfg
+
+
+def _qwen2_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
+    cfg = _common_config(meta, ctx, "qwen2")
+    cfg.pop("attention_bias")  # Qwen2 always has q/k/v biases; its config has no such field
+    cfg.update(hidden_act="silu", use_sliding_window=False)
+    return cfg
+
+
+def _qwen3_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
+    cfg = _common_config(meta, ctx, "qwen3")
+    cfg.update(hidden_act="silu", use_sliding_window=False)
+    return cfg
+
+
+GEMMA3_SLIDING_PATTERN = 6  # five sliding-window layers, then one global (llama.cpp hard-codes it)
+GEMMA3_LOCAL_ROPE_THETA = 10000.0  # base of the sliding layers' RoPE, not stored in GGUF
+
+
+def _gemma3_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
+    cfg = _common_config(meta, ctx, "gemma3")
+    r = _Reader(meta, "gemma3", ctx.path)
+    layers = cfg["num_hidden_layers"]
+    pattern = GEMMA3_SLIDING_PATTERN
+    layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    # Queries are scaled by query_pre_attn_scalar**-0.5: head_dim for every Gemma 3 but the 27B
+    # (62 layers), which uses hidden_size / heads -- the same rule llama.cpp applies.
+    scalar = cfg["head_dim"] if layers != 62 else cfg["hidden_size"] // cfg["num_attention_heads"]
+    full = dict(cfg["rope_parameters"])
+    local = {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_THETA}
+    cfg.update(
+        hidden_activation="gelu_pytorch_tanh",
+        query_pre_attn_scalar=scalar,
+        sliding_window=int(r.get("attention.sliding_window", 4096)),
+        sliding_window_pattern=pattern,
+        layer_types=layer_types,
+        rope_local_base_freq=GEMMA3_LOCAL_ROPE_THETA,
+        rope_parameters={"full_attention": full, "sliding_attention": local},
+        attn_logit_softcapping=None,
+        final_logit_softcapping=None,
+    )
+    cfg.pop("attention_bias")
+    return cfg
+
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    spec.gguf_name: spec
+    for spec in (
+        ArchSpec("llama", "LlamaForCausalLM", "llama", _LLAMA_BLOCK, _llama_config, unpermute_qk=True),
+        ArchSpec("qwen2", "Qwen2ForCausalLM", "qwen2", _LLAMA_BLOCK, _qwen2_config),
+        ArchSpec("qwen3", "Qwen3ForCausalLM", "qwen3", {**_LLAMA_BLOCK, **_QK_NORM}, _qwen3_config),
+        ArchSpec(
+            "gemma3", "Gemma3ForCausalLM", "gemma3_text", _GEMMA3_BLOCK, _gemma3_config, norm_offset=1.0
+        ),
+    )
+}
+
+
+def arch_spec(meta: Meta, path: str) -> ArchSpec:
+    arch = meta.get("general.architecture")
+    if arch is None:
+        raise GGUFImportError(f"{path}: metadata general.architecture is missing")
+    spec = ARCHITECTURES.get(str(arch))
+    if spec is None:
+        raise GGUFImportError(
+            f"{path}: architecture {arch!r} is not supported by the GGUF importer "
+            f"(supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
+    return spec
+
+
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(.+)\.(weight|bias)")
+
+
+def hf_tensor_name(spec: ArchSpec, gguf_name: str, path: str) -> str:
+    if gguf_name in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[gguf_name]
+    match = _BLOCK_NAME.fullmatch(gguf_name)
+    if match and match.group(2) in spec.block_tensors:
+        layer, part, kind = match.groups()
+        return f"model.layers.{layer}.{spec.block_tensors[part]}.{kind}"
+    if gguf_name == "rope_freqs.weight":
+        raise GGUFImportError(
+            f"{path}: the file uses per-frequency RoPE factors (rope_freqs, Llama 3.1 style), "
+            "which the importer cannot express as a Hugging Face config yet"
+        )
+    raise GGUFImportError(f"{path}: tensor {gguf_name!r} has no Hugging Face equivalent for {spec.gguf_name}")
+
+
+def unpermute_rows(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation: within each head, GGUF rows alternate between the
+    two halves HF keeps apart (GGUF row 2j is HF row j, row 2j+1 is HF row j + head_dim/2)."""
+    rows = weight.shape[0]
+    if rows % (2 * n_heads):
+        raise GGUFImportError(f"cannot unpermute {rows} rows into {n_heads} heads")
+    half = rows // n_heads // 2
+    rest = weight.shape[1:]
+    return weight.reshape(n_heads, half, 2, *rest).swapaxes(1, 2).reshape(weight.shape)
+
+
+def fix_tensor(spec: ArchSpec, gguf_name: str, weight: np.ndarray, config: Mapping[str, Any]) -> np.ndarray:
+    """Apply the per-family fix-ups to one dequantized tensor (float32)."""
+    if spec.unpermute_qk:
+        if ".attn_q." in gguf_name:
+            weight = unpermute_rows(weight, int(config["num_attention_heads"]))
+        elif ".attn_k." in gguf_name:
+            weight = unpermute_rows(weight, int(config["num_key_value_heads"]))
+    if spec.norm_offset and gguf_name.endswith("norm.weight"):
+        weight = weight - np.float32(spec.norm_offset)
+    return weight
+
+
+def needs_whole_tensor(spec: ArchSpec, gguf_name: str) -> bool:
+    """Fix-ups that mix rows need the whole tensor; everything else can stream in row chunks."""
+    return spec.unpermute_qk and (".attn_q." in gguf_name or ".attn_k." in gguf_name)

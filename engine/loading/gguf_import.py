@@ -1,0 +1,310 @@
+"""Import a GGUF file as a Hugging Face model directory the engine can load.
+
+The engine runs HF-format models (safetensors + config.json + tokenizer.json). A GGUF file holds
+the same model in llama.cpp's layout, quantized with ggml's block formats. Importing means:
+
+1. parse the header (``gguf_reader``) and map the architecture (``gguf_arch``);
+2. rebuild the tokenizer and chat template (``gguf_tokenizer``);
+3. dequantize every tensor with the ``gguf`` package, undo llama.cpp's layout changes, and stream
+   it into safetensors;
+4. write config.json / generation_config.json / tokenizer files.
+
+Weights are written as float32 by default. The dequantized values (``d * q + m`` with fp16
+scales) are not representable in bf16 or fp16, so anything narrower would change the model a
+second time after quantization; for the small models this is used on, the exact values matter
+more than the file size, and the parity tests compare with transformers' float32 dequantization.
+``dtype="bfloat16"`` halves the size when that matters more.
+
+Everything is written into a temporary sibling directory and renamed into place at the end, so
+a failed or interrupted import leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.errors import GGUFImportError
+from engine.loading.gguf_arch import (
+    ArchContext,
+    ArchSpec,
+    arch_spec,
+    fix_tensor,
+    hf_tensor_name,
+    needs_whole_tensor,
+)
+from engine.loading.gguf_reader import GGUFFile, TensorInfo, ggml_type_name, read_gguf
+from engine.loading.gguf_tokenizer import build_tokenizer
+
+__all__ = ["import_gguf", "SUPPORTED_DTYPES"]
+
+Progress = Callable[[float, str], None]
+
+SUPPORTED_DTYPES = {"float32": ("F32", 4), "bfloat16": ("BF16", 2), "float16": ("F16", 2)}
+SHARD_BYTES = 4 * 1024**3  # HF-style shards above this size
+CHUNK_ELEMENTS = 1 << 22  # rows are dequantized ~16 MiB (float32) at a time
+DISK_MARGIN = 64 * 1024**2  # tokenizer files and slack on top of the weights
+
+
+def import_gguf(
+    gguf_path: str | Path,
+    out_dir: str | Path,
+    progress: Progress | None = None,
+    *,
+    dtype: str = "float32",
+) -> Path:
+    """Convert ``gguf_path`` into a new HF model directory ``out_dir`` and return its path.
+
+    ``out_dir`` must not exist yet (or be empty). ``progress(fraction, message)`` is called as
+    the import advances. Raises :class:`GGUFImportError` for a missing, truncated or corrupt file,
+    an unsupported architecture, tensor type or tokenizer, or too little disk space.
+    """
+    report = progress or (lambda fraction, message: None)
+    if dtype not in SUPPORTED_DTYPES:
+        raise GGUFImportError(
+            f"unsupported output dtype {dtype!r} (use one of {', '.join(SUPPORTED_DTYPES)})"
+        )
+    gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if not gguf_path.is_file():
+        raise GGUFImportError(f"{gguf_path}: no such file")
+    _check_destination(out_dir)
+
+    report(0.0, f"reading {gguf_path.name}")
+    gguf = read_gguf(gguf_path)
+    try:
+        plan = _plan(gguf, dtype)
+        _check_disk_space(out_dir.parent, plan.output_bytes + DISK_MARGIN)
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.importing-", dir=out_dir.parent))
+        try:
+            _write_model(gguf, plan, staging, report)
+            _publish(staging, out_dir)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    finally:
+        gguf.close()
+    report(1.0, f"imported {out_dir.name}")
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning: everything that can fail cheaply is checked before a byte is written
+# ---------------------------------------------------------------------------------------------
+
+
+class _Plan:
+    def __init__(
+        self, spec: ArchSpec, config: dict[str, Any], tensors: list[tuple[TensorInfo, str]], dtype: str
+    ):
+        self.spec, self.config, self.tensors, self.dtype = spec, config, tensors, dtype
+        self.itemsize = SUPPORTED_DTYPES[dtype][1]
+        self.output_bytes = sum(int(np.prod(t.shape, dtype=np.int64)) * self.itemsize for t, _ in tensors)
+
+
+def _plan(gguf: GGUFFile, dtype: str) -> _Plan:
+    path = str(gguf.path)
+    spec = arch_spec(gguf.metadata, path)
+    names = {t.name for t in gguf.tensors}
+    embed = next((t for t in gguf.tensors if t.name == "token_embd.weight"), None)
+    if embed is None or len(embed.shape) != 2:
+        raise GGUFImportError(f"{path}: the file has no 2-D token_embd.weight tensor")
+    ctx = ArchContext(path=path, tensor_names=frozenset(names), vocab_rows=int(embed.shape[0]))
+    config = spec.build_config(gguf.metadata, ctx)
+    _check_block_count(gguf, config, path)
+
+    tensors = [(info, hf_tensor_name(spec, info.name, path)) for info in gguf.tensors]
+    _check_dequantizable(gguf, path)
+    return _Plan(spec, config, tensors, dtype)
+
+
+def _check_block_count(gguf: GGUFFile, config: dict[str, Any], path: str) -> None:
+    layers = {int(t.name.split(".")[1]) for t in gguf.tensors if t.name.startswith("blk.")}
+    expected = set(range(int(config["num_hidden_layers"])))
+    if layers != expected:
+        raise GGUFImportError(
+            f"{path}: file is corrupt: metadata says {len(expected)} layers, "
+            f"but tensors exist for {len(layers)}"
+        )
+
+
+def _check_dequantizable(gguf: GGUFFile, path: str) -> None:
+    """Try one block of every tensor type in the file before writing anything."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    for ggml_type in sorted({t.ggml_type for t in gguf.tensors}):
+        qtype = GGMLQuantizationType(ggml_type)
+        _, type_size = GGML_QUANT_SIZES[qtype]
+        try:
+            dequantize(np.zeros((1, type_size), dtype=np.uint8), qtype)
+        except (NotImplementedError, ValueError, TypeError) as exc:
+            raise GGUFImportError(
+                f"{path}: tensor type {ggml_type_name(ggml_type)} cannot be dequantized by the installed "
+                f"gguf package ({exc})"
+            ) from exc
+
+
+def _check_destination(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise GGUFImportError(f"{out_dir}: already exists and is not empty; choose a new directory")
+
+
+def _check_disk_space(parent: Path, needed: int) -> None:
+    probe = parent
+    while not probe.exists():  # the parent may not exist yet: measure the nearest existing one
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise GGUFImportError(
+            f"{parent}: not enough disk space: the import needs about {needed / 1e9:.2f} GB, "
+            f"{free / 1e9:.2f} GB are free"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------------------------
+
+
+def _write_model(gguf: GGUFFile, plan: _Plan, out: Path, report: Progress) -> None:
+    report(0.01, "building the tokenizer")
+    context = plan.config.get("max_position_embeddings")
+    tok = build_tokenizer(gguf.metadata, str(gguf.path), context_length=context)
+    _write_json(out / "tokenizer_config.json", tok.config)
+    tok.backend.save(str(out / "tokenizer.json"))
+
+    config = {
+        "architectures": [plan.spec.hf_architecture],
+        "model_type": plan.spec.model_type,
+        **plan.config,
+        "bos_token_id": tok.bos_token_id,
+        "eos_token_id": tok.eos_token_id,
+        "pad_token_id": tok.pad_token_id,
+        "torch_dtype": plan.dtype,
+        "dtype": plan.dtype,
+    }
+    _write_json(out / "config.json", config)
+    generation = {"bos_token_id": tok.bos_token_id, "pad_token_id": tok.pad_token_id}
+    stops = tok.stop_token_ids
+    generation["eos_token_id"] = stops[0] if len(stops) == 1 else stops
+    _write_json(out / "generation_config.json", generation)
+
+    report(0.1, "converting weights")
+    _write_safetensors(gguf, plan, out, lambda f, m: report(0.1 + 0.89 * f, m))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        out_dir.rmdir()  # checked empty before we started
+    os.replace(staging, out_dir)
+
+
+def _shards(plan: _Plan) -> list[list[tuple[TensorInfo, str]]]:
+    ordered = sorted(plan.tensors, key=lambda item: item[1])
+    shards: list[list[tuple[TensorInfo, str]]] = [[]]
+    size = 0
+    for info, name in ordered:
+        n = int(np.prod(info.shape, dtype=np.int64)) * plan.itemsize
+        if shards[-1] and size + n > SHARD_BYTES:
+            shards.append([])
+            size = 0
+        shards[-1].append((info, name))
+        size += n
+    return shards
+
+
+def _write_safetensors(gguf: GGUFFile, plan: _Plan, out: Path, report: Progress) -> None:
+    shards = _shards(plan)
+    if len(shards) == 1:
+        names = ["model.safetensors"]
+    else:
+        names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    total = max(plan.output_bytes, 1)
+    done = 0
+    weight_map: dict[str, str] = {}
+    for file_name, shard in zip(names, shards):
+        with open(out / file_name, "wb") as handle:
+            _write_header(handle, shard, plan)
+            for info, hf_name in shard:
+                done += _write_tensor(handle, gguf, plan, info)
+                weight_map[hf_name] = file_name
+                report(done / total, f"converting weights ({hf_name})")
+    if len(shards) > 1:
+        index = {
+            "metadata": {"total_size": plan.output_bytes},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
+        _write_json(out / "model.safetensors.index.json", index)
+
+
+def _write_header(handle: Any, shard: list[tuple[TensorInfo, str]], plan: _Plan) -> None:
+    """safetensors layout: u64 header length, JSON header (dtype, shape, byte range relative to
+    the data), then the raw little-endian tensors back to back in header order."""
+    tag = SUPPORTED_DTYPES[plan.dtype][0]
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for info, name in shard:
+        n = int(np.prod(info.shape, dtype=np.int64)) * plan.itemsize
+        header[name] = {"dtype": tag, "shape": list(info.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)  # keeps the data 8-byte aligned, as safetensors writes it
+    handle.write(len(blob).to_bytes(8, "little"))
+    handle.write(blob)
+
+
+def _write_tensor(handle: Any, gguf: GGUFFile, plan: _Plan, info: TensorInfo) -> int:
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(info.ggml_type)
+    raw = gguf.tensor_bytes(info)
+    rows = int(np.prod(info.shape[:-1], dtype=np.int64)) if len(info.shape) > 1 else 1
+    raw = raw.reshape(rows, -1)
+    written = 0
+    if needs_whole_tensor(plan.spec, info.name) or rows == 1:
+        step = rows
+    else:
+        step = max(1, CHUNK_ELEMENTS // max(1, info.shape[-1]))
+    for start in range(0, rows, step):
+        block = dequantize(raw[start : start + step], qtype).astype(np.float32, copy=False)
+        if step == rows:
+            block = block.reshape(info.shape)
+        block = fix_tensor(plan.spec, info.name, block, plan.config)
+        data = _cast(np.ascontiguousarray(block), plan.dtype)
+        handle.write(data.tobytes())
+        written += data.nbytes
+    expected = int(np.prod(info.shape, dtype=np.int64)) * plan.itemsize
+    if written != expected:
+        raise GGUFImportError(
+            f"{gguf.path}: tensor {info.name!r} dequantized to {written} bytes, expected {expected}"
+        )
+    return written
+
+
+def _cast(block: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "float32":
+        return block.astype("<f4", copy=False)
+    if dtype == "float16":
+        return block.astype("<f2")
+    # bfloat16: the top 16 bits of float32, rounded to nearest even; NaN stays a (quiet) NaN.
+    bits = block.astype("<f4", copy=False).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(
+        np.uint16
+    )
+    nan = np.isnan(block)
+    if nan.any():
+        rounded[nan] = np.uint16(0x7FC0)
+    return rounded.astype("<u2", copy=False)

