@@ -1,6 +1,7 @@
 """Key/value storage in pages, one tensor pair per layer.
 
-Storage is ``[num_pages * page_size, kv_heads, head_dim]`` per layer: a cache *slot* is a row,
+Storage is ``[num_pages * page_size, kv_heads, head_dim]`` per layer (dense, or packed codes
+and scales for a quantized cache): a cache *slot* is a row,
 and page ``p`` owns slots ``p * page_size .. (p + 1) * page_size - 1``. A sequence's block table
 (its list of pages) turns positions into slots.
 """
@@ -12,25 +13,44 @@ from collections.abc import Sequence
 import torch
 
 from engine.cache.pages import PageAllocator
+from engine.cache.quantized import SUPPORTED_BITS, DenseStore, QuantizedStore
 
 
 class KVCacheLayer:
-    """One layer's keys and values, stored at the cache's dtype."""
+    """One layer's keys and values; each side dense or quantized (``engine.cache.quantized``)."""
 
-    def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device) -> None:
-        self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+    def __init__(self, keys, values, dtype: torch.dtype) -> None:
+        self.keys, self.values, self.dtype = keys, values, dtype
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k.index_copy_(0, slots, k.to(self.k.dtype))
-        self.v.index_copy_(0, slots, v.to(self.v.dtype))
+        self.keys.write(slots, k)
+        self.values.write(slots, v)
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k.index_select(0, slots), self.v.index_select(0, slots)
+        return self.keys.read(slots, self.dtype), self.values.read(slots, self.dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        return self.keys.nbytes + self.values.nbytes
+
+
+def make_store(num_slots: int, heads: int, head_dim: int, bits: int, dtype: torch.dtype, device):
+    """A dense store for ``bits >= 16``, else a quantized one."""
+    if bits >= 16:
+        return DenseStore(num_slots, heads, head_dim, dtype, device)
+    return QuantizedStore(num_slots, heads, head_dim, bits, device)
+
+
+def parse_cache_bits(text: str | None) -> tuple[int, int]:
+    """``"4"`` -> (4, 4); ``"4,6"`` -> keys 4, values 6; ``None``/``"16"`` -> unquantized."""
+    if not text:
+        return 16, 16
+    parts = [int(p) for p in str(text).split(",")]
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or any(b not in (*SUPPORTED_BITS, 16) for b in parts):
+        raise ValueError(f"--cache-bits takes K or K,V with each in 2..8 or 16, got '{text}'")
+    return parts[0], parts[1]
 
 
 class PagedKVCache:
@@ -43,20 +63,36 @@ class PagedKVCache:
         page_size: int = 64,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        bits: tuple[int, int] = (16, 16),
     ) -> None:
-        self.page_size, self.num_pages = page_size, num_pages
+        self.page_size, self.num_pages, self.bits = page_size, num_pages, bits
         self.device = torch.device(device)
         self.pages = PageAllocator(num_pages, page_size)
+        slots = num_pages * page_size
         self._layers = [
-            KVCacheLayer(num_pages * page_size, kv_heads, head_dim, dtype, self.device) for _ in range(num_layers)
+            KVCacheLayer(
+                make_store(slots, kv_heads, head_dim, bits[0], dtype, self.device),
+                make_store(slots, kv_heads, head_dim, bits[1], dtype, self.device),
+                dtype,
+            )
+            for _ in range(num_layers)
         ]
 
     @classmethod
-    def for_model(cls, spec, max_tokens: int, page_size: int = 64, dtype=None, device="cpu") -> PagedKVCache:
+    def for_model(
+        cls, spec, max_tokens: int, page_size: int = 64, dtype=None, device="cpu", bits: tuple[int, int] = (16, 16)
+    ) -> PagedKVCache:
         """A cache holding ``max_tokens`` positions in total, shaped for the model ``spec``."""
         num_pages = max(1, -(-max_tokens // page_size))
         return cls(
-            spec.num_layers, spec.num_kv_heads, spec.head_dim, num_pages, page_size, dtype or torch.float32, device
+            spec.num_layers,
+            spec.num_kv_heads,
+            spec.head_dim,
+            num_pages,
+            page_size,
+            dtype or torch.float32,
+            device,
+            bits,
         )
 
     @property
