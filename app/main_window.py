@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QFont, QKeySequence, QShortcut, QTextDocument
 from PySide6.QtWidgets import (
     QApplication,
@@ -41,12 +41,6 @@ from app.theme import apply_theme, render_theme
 from app.worker import EngineClient
 
 log = logging.getLogger(__name__)
-
-
-class _DownloadBridge(QObject):
-    """Carries download-manager events (raised on its worker threads) to the GUI thread."""
-
-    finished = Signal()
 
 
 class MainWindow(QMainWindow):
@@ -157,11 +151,12 @@ class MainWindow(QMainWindow):
                 self.download_manager = DownloadManager(
                     self.models_dir, state_path=paths.data_dir() / "downloads.json", autostart=False
                 )
-            self._download_bridge = _DownloadBridge(self)
-            self._download_bridge.finished.connect(self.library.refresh)
-            add_listener = getattr(self.download_manager, "add_listener", None)
-            if add_listener is not None:
-                add_listener(self._on_download_event)
+            # One GUI-thread wrapper is shared by both panes; its modelInstalled signal (queued from
+            # the download threads) tells the library a verified model just landed.
+            from app.downloads.qt_manager import QtDownloadManager
+
+            wrapper = QtDownloadManager.wrap(self.download_manager, self)
+            wrapper.modelInstalled.connect(self._on_model_installed)
             hub_pane = create_hub_pane(self.download_manager, self)
             downloads_pane = create_downloads_pane(self.download_manager, self)
             self.tabs.addTab(hub_pane, "Hub")
@@ -173,11 +168,9 @@ class MainWindow(QMainWindow):
         except Exception:  # a broken optional pane must not stop the app from starting
             log.exception("could not create the hub/downloads panes")
 
-    def _on_download_event(self, event: Any) -> None:
-        # Runs on a download thread: only emit (queued to the GUI thread), touch nothing else.
-        state = str(getattr(getattr(event, "job", None), "state", ""))
-        if state.lower().endswith(("done", "completed", "complete", "finished")):
-            self._download_bridge.finished.emit()
+    def _on_model_installed(self, path: str) -> None:
+        self.library.refresh()
+        self.statusBar().showMessage(f"Downloaded {Path(path).name}: it is in the library", 10000)
 
     def _build_menus(self) -> None:
         bar = self.menuBar()

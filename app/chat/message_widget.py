@@ -60,8 +60,9 @@ class MessageBody(QTextBrowser):
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setOpenLinks(False)
         self.setOpenExternalLinks(False)
+        # Transparent, so the message's background shows through. (Not a style sheet: a widget
+        # with one stops following application palette changes, i.e. light/dark switches.)
         self.viewport().setAutoFillBackground(False)
-        self.setStyleSheet("QTextBrowser { background: transparent; }")
         self.document().setDocumentMargin(2)
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
         self.anchorClicked.connect(self._on_anchor)
@@ -275,7 +276,10 @@ class MessageWidget(QFrame):
 
     def _reset_pieces(self) -> None:
         for piece in self.pieces[1:]:
+            # Hidden at once: deleteLater only runs when control returns to the event loop, and
+            # until then the old piece would still paint over its successors.
             self._pieces_layout.removeWidget(piece)
+            piece.hide()
             piece.deleteLater()
         self.pieces = self.pieces[:1]
         if not self.pieces:

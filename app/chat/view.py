@@ -86,6 +86,7 @@ class ChatView(QScrollArea):
     def _rebuild(self) -> None:
         for w in self._widgets:
             self._layout.removeWidget(w)
+            w.hide()  # deleteLater waits for the event loop; do not let it paint until then
             w.deleteLater()
         self._widgets = []
         self._on_rows_inserted(QModelIndex(), 0, self.model.rowCount() - 1)

@@ -97,7 +97,8 @@ class LibraryPane(QWidget):
         splitter.addWidget(self.table)
         splitter.addWidget(self.details)
         splitter.setStretchFactor(0, 3)
-        splitter.setStretchFactor(1, 2)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([700, 300])
         layout.addWidget(splitter, 1)
 
         bottom = QHBoxLayout()
