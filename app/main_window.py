@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QAction, QCloseEvent, QFont, QKeySequence, QShortcut, QTextDocument
+from PySide6.QtGui import (
+    QAction,
+    QCloseEvent,
+    QFont,
+    QGuiApplication,
+    QKeySequence,
+    QShortcut,
+    QTextDocument,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
@@ -236,6 +244,9 @@ class MainWindow(QMainWindow):
         banner.installRequested.connect(self.install_starter)
         banner.dismissed.connect(self._dismiss_starter)
         self.settings.changed.connect(self._on_setting_changed)
+        hints = QGuiApplication.styleHints()
+        if hasattr(hints, "colorSchemeChanged"):  # Qt 6.5+: follow the system's light/dark switch
+            hints.colorSchemeChanged.connect(self._on_system_scheme_changed)
 
     # -- conversations -------------------------------------------------------------------------------
 
@@ -358,10 +369,7 @@ class MainWindow(QMainWindow):
 
     def _on_setting_changed(self, key: str, _value: Any) -> None:
         if key == "appearance.theme":
-            app = QApplication.instance()
-            self.dark = apply_theme(app, self.settings.get(key))
-            self.renderer = MarkdownRenderer(render_theme(self.dark))
-            self.chat_pane.view.set_renderer(self.renderer)
+            self._apply_theme()
         elif key == "appearance.font_size":
             self._apply_font_size()
         elif key == "chat.default_preset":
@@ -370,6 +378,16 @@ class MainWindow(QMainWindow):
             self.chat.default_system_prompt = self.settings.get(key)
         elif key == "library.estimate_context":
             self.library.refresh()
+
+    def _apply_theme(self) -> None:
+        app = QApplication.instance()
+        self.dark = apply_theme(app, self.settings.get("appearance.theme"))
+        self.renderer = MarkdownRenderer(render_theme(self.dark))
+        self.chat_pane.view.set_renderer(self.renderer)
+
+    def _on_system_scheme_changed(self, *_args) -> None:
+        if self.settings.get("appearance.theme") == "system":
+            self._apply_theme()
 
     def _apply_font_size(self) -> None:
         font = QFont(self.chat_pane.view.font())

@@ -9,6 +9,8 @@ fractions as ``a⁄b`` or ``(a+b)/(c)``, roots as ``√x``. Anything unknown is 
 
 from __future__ import annotations
 
+import unicodedata
+
 SYMBOLS: dict[str, str] = {
     # Greek
     "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "varepsilon": "ε",
@@ -186,4 +188,5 @@ def _script(text: str, superscript: bool) -> str:
 def tex_to_unicode(tex: str) -> str:
     """``\\frac{1}{2} \\alpha^2`` -> ``1⁄2 α²``."""
     text = _Parser(tex.strip()).parse()
-    return " ".join(part for part in text.split(" ") if part) if "\n" not in text else text.strip()
+    text = " ".join(part for part in text.split(" ") if part) if "\n" not in text else text.strip()
+    return unicodedata.normalize("NFC", text)  # y + combining hat -> ŷ where a precomposed one exists
