@@ -398,7 +398,7 @@ class MainWindow(QMainWindow):
     # -- shutdown ------------------------------------------------------------------------------------------
 
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt naming)
-        self.chat.stop()
+        self.chat.shutdown()
         self.engine.shutdown()
         shutdown = getattr(self.download_manager, "shutdown", None)
         if shutdown is not None:

@@ -216,6 +216,14 @@ class ChatController(QObject):
         if self._active is not None:
             self.engine.cancel(self._active.request_id)
 
+    def shutdown(self) -> None:
+        """The app is closing: stop the reply and commit what it has as a finished (stopped)
+        message now, since the engine's final signal would arrive after the event loop ends."""
+        if self._active is not None:
+            self.stop()
+            self._flush()
+            self._finish_locally("cancelled")
+
     # -- context meter ---------------------------------------------------------------------------
 
     def engine_messages(self, path: list[Message] | None = None) -> list[dict[str, str]]:

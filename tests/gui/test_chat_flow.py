@@ -199,3 +199,45 @@ def test_conversation_settings_reach_the_engine(qtbot, window, fake_engine) -> N
     assert call["settings"]["temperature"] == 0.1 and call["settings"]["top_p"] == 0.9
     assert call["max_new_tokens"] == 7
     assert window.chat.model.item(1).stats["stop_reason"] == "max_new_tokens"
+
+
+def test_switching_conversation_mid_reply_stops_it_and_saves_it_where_it_belongs(
+    qtbot, window, fake_engine
+) -> None:
+    fake_engine.reply = lambda m: "long " * 400
+    fake_engine.token_delay = 0.005
+    load_model(qtbot, window)
+    send(qtbot, window, "first chat", wait=False)
+    first = window.chat.conversation_id
+    qtbot.waitUntil(lambda: len(window.chat.model.items()) == 2 and bool(window.chat.model.item(1).content))
+    window.chat.new_conversation()
+    wait_idle(qtbot, window)
+    assert window.chat.model.rowCount() == 0
+    reply = window.store.current_path(first)[-1]
+    assert reply.role == "assistant" and reply.complete and reply.stats["stop_reason"] == "cancelled"
+    assert reply.content.startswith("long")
+    fake_engine.reply = lambda m: "fresh"
+    send(qtbot, window, "second chat")
+    assert visible_texts(window) == [("user", "second chat"), ("assistant", "fresh")]
+
+
+def test_closing_the_window_mid_reply_commits_the_text_so_far(qtbot, make_window, fake_engine) -> None:
+    fake_engine.reply = lambda m: "word " * 400
+    fake_engine.token_delay = 0.005
+    window = make_window()
+    load_model(qtbot, window)
+    send(qtbot, window, "then I quit", wait=False)
+    qtbot.waitUntil(
+        lambda: len(window.chat.model.items()) == 2 and len(window.chat.model.item(1).content) > 20
+    )
+    shown = None
+
+    def remember():
+        nonlocal shown
+        shown = window.chat.model.item(1).content
+
+    window.chat.busyChanged.connect(lambda busy: remember() if not busy else None)
+    window.close()
+    reply = window.store.current_path(window.chat.conversation_id)[-1]
+    assert reply.complete and reply.stats["stop_reason"] == "cancelled"
+    assert reply.content == shown and reply.content.startswith("word")
