@@ -376,7 +376,7 @@ class MainWindow(QMainWindow):
             self.chat.default_preset = self.settings.get(key)
         elif key == "chat.default_system_prompt":
             self.chat.default_system_prompt = self.settings.get(key)
-        elif key == "library.estimate_context":
+        elif key in ("library.estimate_context", "engine.device"):
             self.library.refresh()
 
     def _apply_theme(self) -> None:

@@ -89,10 +89,24 @@ class ModelInfo:
             return 0
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * context_length * bytes_per_element
 
-    def memory_needed(self, context_length: int | None = None) -> int:
-        """Estimated bytes to run the model with ``context_length`` tokens of context."""
+    @property
+    def is_exl3(self) -> bool:
+        return (self.quantization or "").startswith("EXL3")
+
+    def memory_needed(self, context_length: int | None = None, device: str = "cpu") -> int:
+        """Estimated bytes to run the model with ``context_length`` tokens of context on ``device``.
+
+        On the CPU the engine computes dense models in fp32 (its exact reference path), so their
+        weights and KV cache take 4 bytes per value whatever the file stores; on a GPU they stay
+        as stored (bf16/fp16) with an fp16 cache. EXL3 weights stay packed either way.
+        """
         ctx = context_length if context_length is not None else min(self.context_length or 4096, 4096)
-        base = self.weight_bytes + self.kv_cache_bytes(ctx)
+        cpu = device == "cpu"
+        if cpu and not self.is_exl3 and self.parameter_count:
+            weights = self.parameter_count * 4
+        else:
+            weights = self.weight_bytes
+        base = weights + self.kv_cache_bytes(ctx, 4 if cpu else 2)
         return int(base * (1 + _RUNTIME_OVERHEAD_RATIO)) + _RUNTIME_OVERHEAD_BYTES
 
 
@@ -138,10 +152,18 @@ def system_memory() -> tuple[int, int]:
         return 0, 0
 
 
-def memory_verdict(info: ModelInfo, context_length: int | None = None) -> MemoryVerdict:
+def likely_device(setting: str = "auto") -> str:
+    """Where ``setting`` ("auto", "cpu", "cuda") will run a model, guessed without importing
+    torch: "auto" means CUDA when an NVIDIA driver is present."""
+    if setting in ("cpu", "cuda"):
+        return setting
+    return "cuda" if os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia") else "cpu"
+
+
+def memory_verdict(info: ModelInfo, context_length: int | None = None, device: str = "cpu") -> MemoryVerdict:
     """Compare the model's estimated needs at ``context_length`` with this machine's RAM."""
     available, total = system_memory()
-    return MemoryVerdict(info.memory_needed(context_length), available, total)
+    return MemoryVerdict(info.memory_needed(context_length, device), available, total)
 
 
 def read_safetensors_header(path: Path) -> dict:

@@ -253,6 +253,17 @@ class MessageWidget(QFrame):
             self._shown = shown
             self._schedule_render(item.streaming)
 
+    def set_actions_enabled(self, enabled: bool) -> None:
+        """While a reply streams, actions that would start another one (edit, regenerate, switch
+        branch) are disabled; Copy stays available."""
+        for button in (self.edit_button, self.regenerate_button):
+            button.setEnabled(enabled)
+        item = self.item
+        self.prev_button.setEnabled(enabled and item is not None and item.sibling_index > 0)
+        self.next_button.setEnabled(
+            enabled and item is not None and item.sibling_index < item.sibling_count - 1
+        )
+
     def rerender(self) -> None:
         """Render again with the current renderer (theme or font change), as one piece."""
         self._reset_pieces()

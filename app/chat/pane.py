@@ -186,6 +186,7 @@ class ChatPane(QWidget):
     # -- state -----------------------------------------------------------------------------------
 
     def _on_busy(self, busy: bool) -> None:
+        self.view.set_busy(busy)
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(busy)
         self.regenerate_button.setEnabled(not busy and self.controller.model.rowCount() > 0)

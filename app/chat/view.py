@@ -35,6 +35,7 @@ class ChatView(QScrollArea):
         self.renderer = renderer
         self._widgets: list[MessageWidget] = []
         self._stick_to_bottom = True
+        self._busy = False
 
         container = QWidget()
         container.setBackgroundRole(self.backgroundRole())
@@ -67,6 +68,11 @@ class ChatView(QScrollArea):
         for w in self._widgets:
             w.renderer = renderer
             w.rerender()
+
+    def set_busy(self, busy: bool) -> None:
+        self._busy = busy
+        for w in self._widgets:
+            w.set_actions_enabled(not busy)
 
     def scroll_to_bottom(self) -> None:
         self._stick_to_bottom = True
@@ -107,6 +113,7 @@ class ChatView(QScrollArea):
         for row in range(first, min(last, count - 1) + 1):
             item = self.model.data(self.model.index(row), Roles.ITEM)
             self._widgets[row].set_item(item, is_last=row == count - 1)
+            self._widgets[row].set_actions_enabled(not self._busy)
 
     # -- scrolling -----------------------------------------------------------------------------------
 

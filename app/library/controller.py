@@ -9,7 +9,7 @@ from PySide6.QtCore import QObject, Signal
 from app.library.model import LibraryModel
 from app.library.scanner import scan
 from app.settings.settings import Settings
-from engine.inspect import ModelInfo, inspect_model
+from engine.inspect import ModelInfo, inspect_model, likely_device
 
 
 class LibraryController(QObject):
@@ -49,6 +49,7 @@ class LibraryController(QObject):
 
     def refresh(self) -> None:
         self.model.context_length = int(self.settings.get("library.estimate_context"))
+        self.model.device = likely_device(self.settings.get("engine.device"))
         self.model.set_models(scan(self.folders()))
         self.refreshed.emit()
 

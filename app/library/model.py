@@ -19,6 +19,7 @@ class LibraryModel(QAbstractTableModel):
         super().__init__(parent)
         self._rows: list[tuple[ModelInfo, MemoryVerdict]] = []
         self.context_length = 4096
+        self.device = "cpu"  # what the estimate assumes (engine.inspect.likely_device)
 
     def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self._rows)
@@ -64,7 +65,7 @@ class LibraryModel(QAbstractTableModel):
 
     def set_models(self, infos: list[ModelInfo]) -> None:
         self.beginResetModel()
-        self._rows = [(info, memory_verdict(info, self.context_length)) for info in infos]
+        self._rows = [(info, memory_verdict(info, self.context_length, self.device)) for info in infos]
         self.endResetModel()
 
     def infos(self) -> list[ModelInfo]:

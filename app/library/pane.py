@@ -25,7 +25,9 @@ from app.library.model import INFO_ROLE, LibraryModel
 from engine.inspect import MemoryVerdict, ModelInfo, format_bytes, format_params
 
 
-def details_html(info: ModelInfo, verdict: MemoryVerdict | None, context_length: int) -> str:
+def details_html(
+    info: ModelInfo, verdict: MemoryVerdict | None, context_length: int, device: str = "cpu"
+) -> str:
     """What the details panel says about one model."""
     e = html.escape
     rows = [
@@ -39,7 +41,7 @@ def details_html(info: ModelInfo, verdict: MemoryVerdict | None, context_length:
     if verdict is not None and info.ok:
         rows.append(
             (
-                f"Memory at {context_length} tokens",
+                f"Memory at {context_length} tokens ({device.upper()})",
                 f"~{format_bytes(verdict.needed_bytes)} needed, {format_bytes(verdict.available_bytes)} free "
                 f"of {format_bytes(verdict.total_bytes)}: {verdict.verdict}",
             )
@@ -144,7 +146,7 @@ class LibraryPane(QWidget):
             return
         info: ModelInfo = current.data(INFO_ROLE)
         verdict = self.model.verdict(current.row())
-        self.details.setHtml(details_html(info, verdict, self.model.context_length))
+        self.details.setHtml(details_html(info, verdict, self.model.context_length, self.model.device))
         self.load_button.setEnabled(info.ok)
 
     def _choose_folder(self) -> None:

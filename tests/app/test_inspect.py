@@ -14,6 +14,7 @@ from engine.inspect import (
     format_bytes,
     format_params,
     inspect_model,
+    likely_device,
     memory_verdict,
     read_safetensors_header,
     system_memory,
@@ -82,6 +83,9 @@ def test_good_model_is_described(tmp_path: Path) -> None:
     # KV cache: 2 (k, v) x layers x kv heads x head dim x tokens x 2 bytes.
     assert info.kv_cache_bytes(1000) == 2 * 2 * 2 * 16 * 1000 * 2
     assert info.memory_needed(8192) > info.memory_needed(1024) > info.weight_bytes
+    # The CPU path computes in fp32: 4 bytes per parameter and per cached value (bf16 file: 2).
+    extra = (info.parameter_count * 4 - info.weight_bytes) + info.kv_cache_bytes(1000)
+    assert abs(info.memory_needed(1000, "cpu") - info.memory_needed(1000, "cuda") - extra * 1.1) <= 1
 
 
 def test_sharded_model_with_missing_shard_says_which(tmp_path: Path) -> None:
@@ -161,6 +165,7 @@ def test_exl3_fixture_reports_bpw_and_logical_parameter_count() -> None:
     # Trellis shapes decode to the same logical weight matrices as the dense model.
     assert quant.parameter_count == dense.parameter_count
     assert quant.weight_bytes < dense.weight_bytes
+    assert quant.memory_needed(512, "cpu") < dense.memory_needed(512, "cpu")  # EXL3 stays packed
 
 
 def test_memory_verdicts() -> None:
@@ -176,6 +181,11 @@ def test_memory_verdict_for_a_model(tmp_path: Path) -> None:
     v = memory_verdict(info, 1024)
     assert v.needed_bytes == info.memory_needed(1024)
     assert v.verdict in {"fits", "tight", "too big"}
+
+
+def test_likely_device_honours_an_explicit_setting() -> None:
+    assert likely_device("cpu") == "cpu" and likely_device("cuda") == "cuda"
+    assert likely_device("auto") in ("cpu", "cuda")
 
 
 def test_formatting() -> None:

@@ -67,6 +67,7 @@ def test_escape_stops_mid_reply_and_keeps_the_partial_text(qtbot, window, fake_e
         lambda: len(window.chat.model.items()) == 2 and len(window.chat.model.item(1).content) > 30
     )
     assert window.chat_pane.stop_button.isEnabled() and not window.chat_pane.send_button.isEnabled()
+    assert not window.chat_pane.view.message_widget(0).edit_button.isEnabled()  # no second reply now
     qtbot.keyClick(window.chat_pane.composer, Qt.Key.Key_Escape)
     wait_idle(qtbot, window)
 
@@ -76,6 +77,7 @@ def test_escape_stops_mid_reply_and_keeps_the_partial_text(qtbot, window, fake_e
     assert window.chat.model.item(1).content == reply.content  # nothing lost between screen and disk
     assert window.chat_pane.view.message_widget(1).status_label.text() == "stopped"
     assert window.chat_pane.send_button.isEnabled()
+    assert window.chat_pane.view.message_widget(0).edit_button.isEnabled()
 
 
 def test_partial_reply_is_saved_while_streaming(qtbot, window, fake_engine) -> None:
