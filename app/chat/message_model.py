@@ -14,6 +14,8 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QObject, QPersistentModelIndex, Qt
 
+from app.gui_thread import require_gui_thread
+
 
 @dataclass
 class MessageItem:
@@ -78,11 +80,13 @@ class ChatMessageModel(QAbstractListModel):
     # -- write side (controller, GUI thread only) ------------------------------------------------
 
     def set_items(self, items: list[MessageItem]) -> None:
+        require_gui_thread("ChatMessageModel")
         self.beginResetModel()
         self._items = list(items)
         self.endResetModel()
 
     def append(self, item: MessageItem) -> int:
+        require_gui_thread("ChatMessageModel")
         row = len(self._items)
         self.beginInsertRows(QModelIndex(), row, row)
         self._items.append(item)
@@ -90,11 +94,13 @@ class ChatMessageModel(QAbstractListModel):
         return row
 
     def update(self, row: int, **changes: Any) -> None:
+        require_gui_thread("ChatMessageModel")
         self._items[row] = replace(self._items[row], **changes)
         index = self.index(row)
         self.dataChanged.emit(index, index)
 
     def append_text(self, row: int, text: str) -> None:
+        require_gui_thread("ChatMessageModel")
         item = self._items[row]
         item.content += text
         index = self.index(row)

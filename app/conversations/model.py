@@ -8,6 +8,7 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, QObject, QPersistentModelIndex, Qt
 
+from app.gui_thread import require_gui_thread
 from app.store import Store
 
 ID_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -71,6 +72,7 @@ class ConversationListModel(QAbstractListModel):
 
     def refresh(self) -> None:
         """Re-read from the store: all conversations, or the matches of the current search."""
+        require_gui_thread("ConversationListModel")
         if self.query:
             rows = []
             for hit in self.store.search(self.query):

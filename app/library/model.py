@@ -6,6 +6,7 @@ from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersistentModelIndex, Qt
 
+from app.gui_thread import require_gui_thread
 from engine.inspect import MemoryVerdict, ModelInfo, format_bytes, format_params, memory_verdict
 
 INFO_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -64,6 +65,7 @@ class LibraryModel(QAbstractTableModel):
         return "ready" if info.ok else f"cannot load: {info.problems[0]}"
 
     def set_models(self, infos: list[ModelInfo]) -> None:
+        require_gui_thread("LibraryModel")
         self.beginResetModel()
         self._rows = [(info, memory_verdict(info, self.context_length, self.device)) for info in infos]
         self.endResetModel()

@@ -243,3 +243,26 @@ def test_closing_the_window_mid_reply_commits_the_text_so_far(qtbot, make_window
     reply = window.store.current_path(window.chat.conversation_id)[-1]
     assert reply.complete and reply.stats["stop_reason"] == "cancelled"
     assert reply.content == shown and reply.content.startswith("word")
+
+
+def test_models_refuse_changes_from_other_threads(qtbot) -> None:
+    import threading
+
+    from app.chat.message_model import ChatMessageModel, MessageItem
+    from app.gui_thread import WrongThreadError
+
+    model = ChatMessageModel()
+    model.append(MessageItem(1, "user", "hi"))  # GUI thread: fine
+    errors: list[BaseException] = []
+
+    def worker():
+        try:
+            model.append_text(0, " there")
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert len(errors) == 1 and isinstance(errors[0], WrongThreadError)
+    assert model.item(0).content == "hi"
