@@ -236,10 +236,16 @@ def _apply_config(info: ModelInfo, config: dict) -> None:
         if method == "exl3":
             bits = qcfg.get("bits")
             info.bits_per_weight = float(bits) if bits is not None else None
-            info.quantization = f"EXL3 {info.bits_per_weight:g} bpw" if bits is not None else "EXL3"
+            info.quantization = f"EXL3 {_bits_text(info.bits_per_weight)} bpw" if bits is not None else "EXL3"
         else:
             info.quantization = method.upper()
             info.problems.append(f"quantization method {method!r} is not supported (only EXL3 is)")
+
+
+def _bits_text(bits: float) -> str:
+    """4.0 -> '4.0', 2.5 -> '2.5', 3.25 -> '3.25': what bpw figures look like in model names."""
+    text = f"{bits:.2f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
 
 
 def _shard_files(path: Path, info: ModelInfo) -> list[Path]:

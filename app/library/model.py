@@ -62,7 +62,7 @@ class LibraryModel(QAbstractTableModel):
             return format_bytes(info.size_bytes)
         if column == "Memory":
             return f"{format_bytes(verdict.needed_bytes)} ({verdict.verdict})" if info.ok else "—"
-        return "ready" if info.ok else f"cannot load: {info.problems[0]}"
+        return "ready" if info.ok else "cannot load"  # the reasons: tooltip and details panel
 
     def set_models(self, infos: list[ModelInfo]) -> None:
         require_gui_thread("LibraryModel")

@@ -161,7 +161,7 @@ def test_exl3_fixture_reports_bpw_and_logical_parameter_count() -> None:
     dense = inspect_model(FIXTURES / "tiny-llama-hf")
     quant = inspect_model(FIXTURES / "tiny-llama-exl3-4.0bpw-h6-mul1")
     assert quant.ok and dense.ok
-    assert quant.quantization == "EXL3 4 bpw" and quant.bits_per_weight == 4.0
+    assert quant.quantization == "EXL3 4.0 bpw" and quant.bits_per_weight == 4.0
     # Trellis shapes decode to the same logical weight matrices as the dense model.
     assert quant.parameter_count == dense.parameter_count
     assert quant.weight_bytes < dense.weight_bytes

@@ -71,7 +71,11 @@ def main(out: Path) -> None:
         window.chat.new_conversation()
         window.chat.rename_conversation(window.chat.conversation_id, name)
     model = make_model_dir(window.models_dir / "SmolLM2-135M-Instruct")
-    make_model_dir(window.models_dir / "Qwen3-0.6B-exl3-4.0bpw")
+    broken = make_model_dir(window.models_dir / "broken-download", architecture="MambaForCausalLM")
+    (broken / "tokenizer.json").unlink()
+    fixtures = HERE.parents[2] / "shared" / "fixtures" / "exl3"
+    if fixtures.is_dir():  # real EXL3 and dense models, when the shared fixtures are beside the repo
+        window.library.add_folder(fixtures)
     window.library.refresh()
     window.request_load(str(model))
     spin(lambda: engine.is_loaded)
@@ -111,7 +115,7 @@ def main(out: Path) -> None:
         spin(lambda: False, 0.2)
         window.grab().save(str(out / f"main-{theme}-top.png"))
         window.tabs.setCurrentWidget(window.library_pane)
-        window.library_pane.select_path(str(model))
+        window.library_pane.select_path(str(broken))
         spin(lambda: False, 0.2)
         window.grab().save(str(out / f"library-{theme}.png"))
         window.tabs.setCurrentWidget(window.chat_pane)
