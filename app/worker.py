@@ -86,6 +86,35 @@ def _sampling_settings(values: dict[str, Any]) -> Any:
     return SamplingSettings(**{k: v for k, v in values.items() if k in known})
 
 
+def fit_to_context(session: Any, messages: list[dict], max_new_tokens: int) -> tuple[list[dict], int, int]:
+    """Make a conversation fit the model's context: leave out the oldest turns (never the system
+    prompt or the newest message) until prompt + reply fit, then cap the reply at what is left.
+
+    Returns (messages, max_new_tokens, number of messages left out). If even the system prompt and
+    the last message do not fit, they are passed on unchanged and the engine's
+    ContextOverflowError explains it.
+    """
+    limit = int(getattr(session, "context_length", 0) or 0)
+    if limit <= 0 or not hasattr(session, "count_tokens"):
+        return messages, max_new_tokens, 0
+    kept = list(messages)
+    dropped = 0
+    # Reserve room for a reply, but never more than half the context (a huge max_new_tokens
+    # should shorten the reply, not erase the conversation).
+    reserve = min(max_new_tokens, limit // 2)
+    prompt = session.count_tokens(kept)
+    while prompt + reserve > limit:
+        oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
+        if oldest is None:
+            break
+        del kept[oldest]
+        dropped += 1
+        prompt = session.count_tokens(kept)
+    if prompt < limit:
+        max_new_tokens = min(max_new_tokens, limit - prompt)
+    return kept, max_new_tokens, dropped
+
+
 class EngineWorker(QObject):
     """Runs in the engine thread. Construct on the GUI thread, then ``moveToThread``."""
 
@@ -202,6 +231,9 @@ class EngineWorker(QObject):
                 stats["stop_reason"] = "cancelled"
             else:
                 settings = self._sampling_factory(dict(sampling))
+                messages, max_new_tokens, dropped = fit_to_context(self._session, messages, max_new_tokens)
+                if dropped:
+                    stats["trimmed_messages"] = dropped
                 stream = self._session.stream_chat(
                     messages,
                     settings,

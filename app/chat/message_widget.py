@@ -370,6 +370,9 @@ class MessageWidget(QFrame):
         tps = item.stats.get("tokens_per_second")
         if tps:
             parts.append(f"{tps:.1f} tok/s")
+        trimmed = item.stats.get("trimmed_messages")
+        if trimmed:
+            parts.append(f"{trimmed} earliest messages left out to fit the context")
         return " · ".join(parts)
 
     # -- actions ---------------------------------------------------------------------------------

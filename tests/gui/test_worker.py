@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from fake_engine import FakeEngine, default_reply
+from fake_engine import FakeEngine, default_reply, tokens_of
 
 from app.worker import EngineClient, describe_error
 from engine.errors import ModelLoadError
@@ -156,3 +156,30 @@ def test_describe_error_messages() -> None:
     missing = ModuleNotFoundError("No module named 'engine.session'", name="engine.session")
     assert "lacks the engine module engine.session" in describe_error(missing, "loading x")
     assert "unexpected ValueError: nope" in describe_error(ValueError("nope"), "the reply")
+
+
+def test_long_conversations_are_trimmed_to_fit_the_context(qtbot, engine_client, fake_engine) -> None:
+    fake_engine.context_length = 60
+    load(qtbot, engine_client)
+    history = [{"role": "system", "content": "be nice"}]
+    for i in range(8):
+        history.append({"role": "user", "content": f"question {i} " + "word " * 5})
+        history.append({"role": "assistant", "content": f"answer {i} " + "word " * 5})
+    history.append({"role": "user", "content": "last question"})
+    with qtbot.waitSignal(engine_client.generationFinished, timeout=5000) as blocker:
+        engine_client.generate(history, {}, max_new_tokens=20)
+    sent = fake_engine.calls[-1]["messages"]
+    assert sent[0] == history[0] and sent[-1] == history[-1]  # system prompt and newest kept
+    assert sent == [history[0], *history[len(history) - len(sent) + 1 :]]  # oldest turns left out
+    session_tokens = sum(len(tokens_of(m["content"])) + 4 for m in sent)
+    assert session_tokens + 20 <= 60
+    assert blocker.args[1]["trimmed_messages"] == len(history) - len(sent)
+
+
+def test_reply_budget_is_capped_by_what_the_context_has_left(qtbot, engine_client, fake_engine) -> None:
+    fake_engine.context_length = 40
+    load(qtbot, engine_client)
+    with qtbot.waitSignal(engine_client.generationFinished, timeout=5000):
+        engine_client.generate([{"role": "user", "content": "word " * 10}], {}, max_new_tokens=1000)
+    prompt = len(tokens_of("word " * 10)) + 4  # the fake's count_tokens
+    assert fake_engine.calls[-1]["max_new_tokens"] == 40 - prompt
