@@ -187,20 +187,11 @@ class MessageWidget(QFrame):
         self._reset_pieces()
         layout.addWidget(self.body_box)
 
-        self.editor = _EditBox(self)
-        self.editor.setAccessibleName("Edit message text")
-        self.editor.setFixedHeight(90)
-        self.edit_send = QPushButton("Send edited message", self)
-        self.edit_cancel = QPushButton("Cancel", self)
-        edit_row = QHBoxLayout()
-        edit_row.addStretch(1)
-        edit_row.addWidget(self.edit_cancel)
-        edit_row.addWidget(self.edit_send)
-        self._edit_row_widget = QWidget(self)
-        self._edit_row_widget.setLayout(edit_row)
-        layout.addWidget(self.editor)
-        layout.addWidget(self._edit_row_widget)
-        self._set_editing(False)
+        # The editor for "Edit" is built on first use: a long conversation has hundreds of
+        # messages and widget construction is most of the cost of opening it.
+        self.editor: _EditBox | None = None
+        self._edit_box: QWidget | None = None
+        self._layout = layout
 
         self.stats_label = QLabel()
         self.stats_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
@@ -212,10 +203,6 @@ class MessageWidget(QFrame):
         self.copy_button.clicked.connect(self._copy_message)
         self.edit_button.clicked.connect(self.start_edit)
         self.regenerate_button.clicked.connect(self.regenerateRequested)
-        self.edit_send.clicked.connect(self._send_edit)
-        self.edit_cancel.clicked.connect(lambda: self._set_editing(False))
-        self.editor.submitted.connect(self._send_edit)
-        self.editor.cancelled.connect(lambda: self._set_editing(False))
 
     def _tool(self, text: str, accessible: str) -> QToolButton:
         button = QToolButton(self)
@@ -391,20 +378,46 @@ class MessageWidget(QFrame):
             QGuiApplication.clipboard().setText(self.code_blocks[index])
             self.copied.emit(self.code_blocks[index])
 
+    def _build_editor(self) -> _EditBox:
+        box = QWidget(self)
+        column = QVBoxLayout(box)
+        column.setContentsMargins(0, 0, 0, 0)
+        editor = _EditBox(box)
+        editor.setAccessibleName("Edit message text")
+        editor.setFixedHeight(90)
+        send = QPushButton("Send edited message", box)
+        send.setAccessibleName("Send edited message")
+        cancel = QPushButton("Cancel", box)
+        cancel.setAccessibleName("Cancel editing")
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(cancel)
+        row.addWidget(send)
+        column.addWidget(editor)
+        column.addLayout(row)
+        self._layout.insertWidget(self._layout.indexOf(self.body_box) + 1, box)
+        send.clicked.connect(self._send_edit)
+        cancel.clicked.connect(lambda: self._set_editing(False))
+        editor.submitted.connect(self._send_edit)
+        editor.cancelled.connect(lambda: self._set_editing(False))
+        self.editor, self._edit_box = editor, box
+        return editor
+
     def start_edit(self) -> None:
         if self.item is None or self.item.role != "user":
             return
-        self.editor.setPlainText(self.item.content)
+        editor = self.editor or self._build_editor()
+        editor.setPlainText(self.item.content)
         self._set_editing(True)
-        self.editor.setFocus()
+        editor.setFocus()
 
     def _set_editing(self, editing: bool) -> None:
-        self.editor.setVisible(editing)
-        self._edit_row_widget.setVisible(editing)
+        if self._edit_box is not None:
+            self._edit_box.setVisible(editing)
         self.body_box.setVisible(not editing)
 
     def _send_edit(self) -> None:
-        if self.item is None:
+        if self.item is None or self.editor is None:
             return
         text = self.editor.toPlainText().strip()
         self._set_editing(False)

@@ -4,17 +4,22 @@ A view only: it reads the model and follows its signals (reset, inserted, remove
 re-emits what the user asked for; it never writes the model or the store. A ``dataChanged`` for
 one row touches that row's widget only, so a streaming reply re-renders one message, not the
 conversation. Scrolling sticks to the bottom while the user is at the bottom, and stays put when
-they have scrolled up to read.
+they have scrolled up to read. Long conversations are built a page at a time from the end;
+scrolling to the top builds the previous page.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QModelIndex, Qt, Signal
+from PySide6.QtCore import QModelIndex, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
 from app.chat.markdown import MarkdownRenderer
 from app.chat.message_model import ChatMessageModel, Roles
 from app.chat.message_widget import MessageWidget
+
+# Messages get widgets a page at a time, newest first: opening a conversation of hundreds of
+# messages builds ~40 widgets, not hundreds (widget construction and layout dominate its cost).
+PAGE = 40
 
 
 class ChatView(QScrollArea):
@@ -36,6 +41,8 @@ class ChatView(QScrollArea):
         self._widgets: list[MessageWidget] = []
         self._stick_to_bottom = True
         self._busy = False
+        self._first = 0  # model rows before this have no widget yet
+        self._anchor: tuple[int, int] | None = None
 
         container = QWidget()
         container.setBackgroundRole(self.backgroundRole())
@@ -48,6 +55,7 @@ class ChatView(QScrollArea):
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._on_scrolled)
         bar.rangeChanged.connect(self._on_range_changed)
+        bar.actionTriggered.connect(self._on_user_scroll)
 
         model.modelReset.connect(self._rebuild)
         model.rowsInserted.connect(self._on_rows_inserted)
@@ -58,10 +66,17 @@ class ChatView(QScrollArea):
     # -- access for the pane and tests -----------------------------------------------------------
 
     def message_widget(self, row: int) -> MessageWidget:
-        return self._widgets[row]
+        """The widget showing ``row`` (building older pages first if it is not built yet)."""
+        while row < self._first:
+            self._build_older()
+        return self._widgets[row - self._first]
 
     def message_widgets(self) -> list[MessageWidget]:
         return list(self._widgets)
+
+    @property
+    def first_built_row(self) -> int:
+        return self._first
 
     def set_renderer(self, renderer: MarkdownRenderer) -> None:
         self.renderer = renderer
@@ -95,31 +110,71 @@ class ChatView(QScrollArea):
             w.hide()  # deleteLater waits for the event loop; do not let it paint until then
             w.deleteLater()
         self._widgets = []
-        self._on_rows_inserted(QModelIndex(), 0, self.model.rowCount() - 1)
+        count = self.model.rowCount()
+        # Only the newest page gets widgets; older ones are built when scrolled to (see top).
+        self._first = max(0, count - PAGE)
+        self._insert_widgets(self._first, count - 1)
         self.scroll_to_bottom()
 
-    def _on_rows_inserted(self, _parent: QModelIndex, first: int, last: int) -> None:
+    def _insert_widgets(self, first: int, last: int) -> None:
         for row in range(first, last + 1):
             w = self._make_widget()
-            self._widgets.insert(row, w)
-            self._layout.insertWidget(row, w)
-        self._refresh_rows(max(first - 1, 0), self.model.rowCount() - 1)
+            self._widgets.insert(row - self._first, w)
+            self._layout.insertWidget(row - self._first, w)
+        self._refresh_rows(max(first - 1, self._first), self.model.rowCount() - 1)
+
+    def _on_rows_inserted(self, _parent: QModelIndex, first: int, last: int) -> None:
+        if first < self._first:
+            self._rebuild()  # not how the chat grows (it appends); keep it simple and correct
+            return
+        self._insert_widgets(first, last)
 
     def _on_data_changed(self, top_left: QModelIndex, bottom_right: QModelIndex, _roles=()) -> None:
-        self._refresh_rows(top_left.row(), bottom_right.row())
+        self._refresh_rows(max(top_left.row(), self._first), bottom_right.row())
 
     def _refresh_rows(self, first: int, last: int) -> None:
         count = self.model.rowCount()
         for row in range(first, min(last, count - 1) + 1):
             item = self.model.data(self.model.index(row), Roles.ITEM)
-            self._widgets[row].set_item(item, is_last=row == count - 1)
-            self._widgets[row].set_actions_enabled(not self._busy)
+            widget = self._widgets[row - self._first]
+            widget.set_item(item, is_last=row == count - 1)
+            widget.set_actions_enabled(not self._busy)
+
+    def _build_older(self) -> None:
+        """Give the previous page of messages their widgets, keeping the view where it was."""
+        if self._first == 0:
+            return
+        bar = self.verticalScrollBar()
+        self._anchor = (bar.maximum(), bar.value())
+        old_first = self._first
+        self._first = max(0, old_first - PAGE)
+        for _ in range(old_first - self._first):
+            w = self._make_widget()
+            self._widgets.insert(0, w)
+            self._layout.insertWidget(0, w)
+        self._refresh_rows(self._first, old_first - 1)
 
     # -- scrolling -----------------------------------------------------------------------------------
 
     def _on_scrolled(self, value: int) -> None:
         self._stick_to_bottom = value >= self.verticalScrollBar().maximum() - 8
 
+    def _on_user_scroll(self, _action: int) -> None:
+        # actionTriggered comes from the user (wheel, keys, dragging) and before the move is
+        # applied, so look after it; layout changes never trigger it, unlike valueChanged.
+        QTimer.singleShot(0, self._maybe_build_older)
+
+    def _maybe_build_older(self) -> None:
+        bar = self.verticalScrollBar()
+        if bar.value() <= bar.minimum() + 4 and self._first > 0 and self._anchor is None:
+            self._build_older()
+
     def _on_range_changed(self, _minimum: int, maximum: int) -> None:
-        if self._stick_to_bottom:
-            self.verticalScrollBar().setValue(maximum)
+        bar = self.verticalScrollBar()
+        if self._anchor is not None:
+            # Older messages appeared above: keep the ones the user was reading in place.
+            old_maximum, old_value = self._anchor
+            self._anchor = None
+            bar.setValue(old_value + maximum - old_maximum)
+        elif self._stick_to_bottom:
+            bar.setValue(maximum)

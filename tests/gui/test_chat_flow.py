@@ -266,3 +266,26 @@ def test_models_refuse_changes_from_other_threads(qtbot) -> None:
     t.join()
     assert len(errors) == 1 and isinstance(errors[0], WrongThreadError)
     assert model.item(0).content == "hi"
+
+
+def test_long_conversation_opens_a_page_at_a_time(qtbot, window) -> None:
+    from PySide6.QtWidgets import QAbstractSlider
+
+    from app.chat.view import PAGE
+
+    store = window.store
+    conv = store.create_conversation("long one")
+    parent = None
+    for i in range(60):
+        parent = store.add_message(conv.id, parent, "user" if i % 2 == 0 else "assistant", f"message {i}").id
+    window.conversations.refresh()
+    window.chat.open_conversation(conv.id)
+    view = window.chat_pane.view
+    assert window.chat.model.rowCount() == 60
+    assert len(view.message_widgets()) == PAGE and view.first_built_row == 60 - PAGE
+    assert view.message_widgets()[-1].plain_text().strip() == "message 59"
+    # Scrolling to the top (as the user does) builds the older page.
+    view.verticalScrollBar().triggerAction(QAbstractSlider.SliderAction.SliderToMinimum)
+    qtbot.waitUntil(lambda: view.first_built_row == 0)
+    assert len(view.message_widgets()) == 60
+    assert view.message_widget(0).plain_text().strip() == "message 0"
