@@ -162,9 +162,20 @@ def _tojson(
     )
 
 
+class _StrictSandbox(ImmutableSandboxedEnvironment):
+    """Jinja's sandbox answers a forbidden attribute (``x.__class__``) with an Undefined that only
+    fails when used further, so ``{{ f.__globals__ }}`` quietly renders "". A template that
+    reaches for internals is hostile or broken either way: fail at once, loudly."""
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        raise jinja2.sandbox.SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__} object is unsafe"
+        )
+
+
 def _make_environment() -> ImmutableSandboxedEnvironment:
     # trim_blocks/lstrip_blocks: HF renders with both on, and templates are written for that.
-    env = ImmutableSandboxedEnvironment(
+    env = _StrictSandbox(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[_GenerationTag, jinja2.ext.loopcontrols],
@@ -235,7 +246,7 @@ class Tokenizer:
         self._bos_id = self._id_of(self.special_tokens.get("bos_token"))
         self._eos_id = self._id_of(self.special_tokens.get("eos_token"))
         self._pad_id = self._id_of(self.special_tokens.get("pad_token"))
-        self._add_bos, self._add_eos, self._explicit_flags = self._bos_eos_rules()
+        self._add_bos, self._add_eos, self._manual_specials = self._bos_eos_rules()
 
     # -- construction -----------------------------------------------------------------------
 
@@ -272,14 +283,15 @@ class Tokenizer:
         return None if token is None else self._tok.token_to_id(token)
 
     def _bos_eos_rules(self) -> tuple[bool, bool, bool]:
-        """Whether ``encode`` adds BOS / EOS, and whether tokenizer_config said so explicitly.
+        """Whether ``encode`` adds BOS / EOS, and whether tokenizer_config's flags decide it.
 
-        Hugging Face's rule: ``add_bos_token``/``add_eos_token`` in tokenizer_config, when either is
-        present, replace tokenizer.json's post-processor; otherwise the post-processor decides.
-        We learn what the post-processor does by running it once on a probe.
+        tokenizer.json's post-processor, when it has one, decides (as transformers 5 does; Llama
+        and Gemma repositories keep it in step with ``add_bos_token``). Without a post-processor,
+        ``add_bos_token``/``add_eos_token`` from tokenizer_config decide, as transformers' Llama
+        and Gemma tokenizers do. We learn what the post-processor does by running it on a probe.
         """
         cfg = self._config
-        if "add_bos_token" in cfg or "add_eos_token" in cfg:
+        if self._tok.post_processor is None:
             add_bos = bool(cfg.get("add_bos_token")) and self._bos_id is not None
             add_eos = bool(cfg.get("add_eos_token")) and self._eos_id is not None
             return add_bos, add_eos, True
@@ -337,7 +349,7 @@ class Tokenizer:
         that already starts with the BOS token (e.g. a rendered chat) never gets a second one."""
         if not add_special_tokens:
             return self._tok.encode(text, add_special_tokens=False).ids
-        if self._explicit_flags:
+        if self._manual_specials:
             return self._with_specials(self._tok.encode(text, add_special_tokens=False).ids, self._add_eos)
         ids = self._tok.encode(text, add_special_tokens=True).ids
         if self._add_bos and ids[:2] == [self._bos_id, self._bos_id] and self._starts_with_bos(text):
@@ -441,6 +453,11 @@ class IncrementalDecoder:
         self._ids: list[int] = []
         self._prefix = 0  # start of the context: ids already emitted, decoded only for context
         self._read = 0  # start of ids whose text has not been emitted yet
+
+    @property
+    def window_size(self) -> int:
+        """Ids currently kept for decoding (context + pending); stays small, whatever the length."""
+        return len(self._ids) - self._prefix
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from engine.commands.common import stderr_progress
 
@@ -30,7 +31,19 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.loading.gguf_import import import_gguf  # deferred: numpy/gguf only when used
 
-    progress = None if args.quiet else stderr_progress
-    out = import_gguf(args.file, args.out_dir, progress=progress, dtype=args.dtype)
+    shown = []
+
+    def progress(fraction: float, message: str) -> None:
+        shown.append(fraction)
+        stderr_progress(fraction, message)
+
+    try:
+        out = import_gguf(
+            args.file, args.out_dir, progress=None if args.quiet else progress, dtype=args.dtype
+        )
+    except BaseException:
+        if shown and shown[-1] < 1.0:
+            print(file=sys.stderr)  # end the progress line before the error message
+        raise
     print(out)
     return 0

@@ -112,6 +112,7 @@ class _Plan:
 def _plan(gguf: GGUFFile, dtype: str) -> _Plan:
     path = str(gguf.path)
     spec = arch_spec(gguf.metadata, path)
+    _check_dequantizable(gguf, path)
     names = {t.name for t in gguf.tensors}
     embed = next((t for t in gguf.tensors if t.name == "token_embd.weight"), None)
     if embed is None or len(embed.shape) != 2:
@@ -121,7 +122,6 @@ def _plan(gguf: GGUFFile, dtype: str) -> _Plan:
     _check_block_count(gguf, config, path)
 
     tensors = [(info, hf_tensor_name(spec, info.name, path)) for info in gguf.tensors]
-    _check_dequantizable(gguf, path)
     return _Plan(spec, config, tensors, dtype)
 
 
