@@ -21,6 +21,8 @@ COMMAND_MODULES = [
     "import_gguf",
     "download",
     "search",
+    "build_ext",
+    "bench_kernels",
 ]
 
 

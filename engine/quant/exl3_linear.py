@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import ops
 from engine.quant.codebooks import codebook_from_flags
 from engine.quant.errors import MissingTensorError, TensorShapeError
 from engine.quant.hadamard import HADAMARD_SIZE, blockwise_hadamard
@@ -182,7 +183,8 @@ class EXL3Linear(nn.Module):
             w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
             b = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
             return F.linear(x, w, b)
-        return self._forward_streaming(x)
+        y = ops.exl3_gemm(x, self)  # CUDA kernels where they apply, else None
+        return y if y is not None else self._forward_streaming(x)
 
     def _forward_streaming(self, x: torch.Tensor) -> torch.Tensor:
         # Section 4 order: u = (x * suh) H_in; v = u Q; y = (v H_out) * svh. float32 throughout

@@ -1,0 +1,195 @@
+"""``bench-kernels``: EXL3 matrix kernels vs a cuBLAS fp16 matmul of the same shape, in the same run.
+
+For each shape (``in x out``), bits per weight and batch size it reports the median time of the
+EXL3 layer (rotate input, decode + multiply, rotate output: one launch at batch <= 8), the
+bytes it must read (packed weight + scales + activations), the effective bandwidth, the same for
+``x @ W.T`` with an fp16 ``W`` through torch/cuBLAS, and the speed ratio. Timing uses CUDA events
+around CUDA-graph replays of many calls (so launch gaps are not counted), on random tiles and
+random activations, rotating through several weight copies so the L2 (60 MB on an H200) does
+not hold the weight between calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+LLAMA8B_SHAPES = ["4096x4096", "4096x14336", "14336x4096", "4096x1024"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bench-kernels", help="EXL3 GEMV/GEMM kernels vs cuBLAS fp16 (GPU)")
+    p.add_argument(
+        "--shapes", default=",".join(LLAMA8B_SHAPES), help="comma-separated IN x OUT (EXL3 orientation)"
+    )
+    p.add_argument("--bits", default="2,3,4,5,6,8", help="comma-separated K values")
+    p.add_argument("--batch", default="1,8", help="comma-separated row counts")
+    p.add_argument("--codebook", default="mcg", choices=["3inst", "mcg", "mul1"])
+    p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
+    p.add_argument("--iters", type=int, default=50, help="calls per timed graph replay")
+    p.add_argument("--repeats", type=int, default=7, help="timed replays (median reported)")
+    p.add_argument("--json", default=None, help="write the rows as JSON here")
+    p.set_defaults(func=run)
+
+
+def _parse_shape(text: str) -> tuple[int, int]:
+    a, b = text.lower().split("x")
+    return int(a), int(b)
+
+
+def _time_graph(fn, iters: int, repeats: int) -> float:
+    """Median seconds per call of ``fn`` (captured ``iters`` times in one CUDA graph)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()  # warm-up outside the graph (workspaces, cuBLAS handles)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / iters)
+    return statistics.median(times)
+
+
+def bench_one(
+    in_f: int, out_f: int, k: int, m: int, codebook: str, dtype, iters: int, repeats: int, copy_bw: float
+) -> dict:
+    import torch
+
+    from engine import ops
+
+    dev = torch.device("cuda")
+    w_bytes = in_f * out_f * k // 8
+    # Enough copies that one pass over them exceeds the L2 several times.
+    copies = max(2, min(128, (512 << 20) // max(w_bytes, 1)))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    layers = []
+    for _ in range(copies):
+        t = torch.randint(
+            -(2**15), 2**15, (in_f // 16, out_f // 16, 16 * k), dtype=torch.int16, device=dev, generator=gen
+        )
+        suh = (torch.rand(in_f, device=dev, generator=gen) + 0.5).half()
+        svh = (torch.rand(out_f, device=dev, generator=gen) + 0.5).half()
+        layers.append((t, suh, svh))
+    x = torch.randn(m, in_f, device=dev, dtype=dtype, generator=gen)
+    state = {"i": 0}
+
+    def ours():
+        t, suh, svh = layers[state["i"] % copies]
+        state["i"] += 1
+        if m <= ops.GEMV_ROWS:
+            return ops.exl3_gemv(x, t, suh, svh, codebook)
+        u = ops.hadamard128(x, suh, None, torch.float16)
+        q = ops.exl3_decode(t, codebook)
+        return ops.hadamard128(u @ q, None, svh, dtype)
+
+    # The graph bakes in the layer each captured call used: capture cycles through the copies.
+    t_ours = _time_graph(ours, iters, repeats)
+
+    w16 = [
+        torch.randn(out_f, in_f, device=dev, dtype=dtype, generator=gen)
+        for _ in range(max(2, min(8, (256 << 20) // (2 * in_f * out_f))))
+    ]
+    state16 = {"i": 0}
+
+    def cublas():
+        w = w16[state16["i"] % len(w16)]
+        state16["i"] += 1
+        return x @ w.t()
+
+    t_ref = _time_graph(cublas, iters, repeats)
+    act_bytes = m * (in_f + out_f) * x.element_size()
+    ours_bytes = w_bytes + 2 * (in_f + out_f) + act_bytes
+    ref_bytes = 2 * in_f * out_f + act_bytes
+    return {
+        "shape": f"{in_f}x{out_f}",
+        "bits": k,
+        "batch": m,
+        "codebook": codebook,
+        "us": t_ours * 1e6,
+        "GBps": ours_bytes / t_ours / 1e9,
+        "roofline_us": ours_bytes / copy_bw * 1e6,
+        "cublas_us": t_ref * 1e6,
+        "cublas_GBps": ref_bytes / t_ref / 1e9,
+        "speedup": t_ref / t_ours,
+        "weights_per_ns": in_f * out_f / t_ours / 1e9,
+    }
+
+
+def copy_bandwidth() -> float:
+    """Measured device-to-device copy bandwidth (bytes read + written per second)."""
+    import torch
+
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = _time_graph(lambda: b.copy_(a), 5, 5)
+    return 2 * a.numel() / t
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("bench-kernels: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    from engine import ops
+
+    if ops.extension() is None:
+        print(f"bench-kernels: CUDA extension unavailable: {ops.status()['reason']}", file=sys.stderr)
+        return 1
+    dtype = getattr(torch, args.dtype)
+    bw = copy_bandwidth()
+    print(
+        f"device: {torch.cuda.get_device_name()}, copy bandwidth {bw / 1e9:.0f} GB/s, "
+        f"codebook {args.codebook}"
+    )
+    rows = []
+    header = (
+        f"{'shape':>11} {'K':>2} {'m':>3} {'us':>8} {'GB/s':>7} {'roof us':>8} "
+        f"{'cuBLAS us':>9} {'GB/s':>7} {'x cuBLAS':>8}"
+    )
+    print(header)
+    for shape in args.shapes.split(","):
+        in_f, out_f = _parse_shape(shape)
+        for m in (int(b) for b in args.batch.split(",")):
+            for k in (int(b) for b in args.bits.split(",")):
+                r = bench_one(in_f, out_f, k, m, args.codebook, dtype, args.iters, args.repeats, bw)
+                rows.append(r)
+                print(
+                    f"{r['shape']:>11} {k:>2} {m:>3} {r['us']:8.2f} {r['GBps']:7.0f} {r['roofline_us']:8.2f} "
+                    f"{r['cublas_us']:9.2f} {r['cublas_GBps']:7.0f} {r['speedup']:8.2f}",
+                    flush=True,
+                )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"device": torch.cuda.get_device_name(), "copy_GBps": bw / 1e9, "rows": rows}, f, indent=1
+            )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
+    parser = argparse.ArgumentParser(prog="python -m engine.commands.bench_kernels")
+    register(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["bench-kernels", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

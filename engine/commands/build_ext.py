@@ -1,0 +1,59 @@
+"""``build-ext``: compile the CUDA extension ahead of time and say how long it took and where it lives."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def register(sub) -> None:
+    p = sub.add_parser("build-ext", help="compile the CUDA extension (ext/) now instead of on first use")
+    p.add_argument("--force", action="store_true", help="rebuild from scratch (drop the cached build)")
+    p.add_argument(
+        "--arch",
+        default=None,
+        help="compute capability to build for, e.g. 9.0 (default: the GPU present; needed without a GPU)",
+    )
+    p.add_argument(
+        "--export",
+        default=None,
+        metavar="DIR",
+        help="also copy the module + meta.json to DIR (use it elsewhere with TRELLIS_EXT_PREBUILT=DIR)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="show the compiler commands")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine import ext_build
+
+    t0 = time.perf_counter()
+    try:
+        arch = args.arch or ext_build.detect_arch()
+        module = ext_build.load(verbose=args.verbose, arch=arch, force=args.force)
+    except ext_build.ExtensionUnavailable as exc:
+        print(f"build-ext: cannot build the CUDA extension: {exc}", file=sys.stderr)
+        print("build-ext: the engine still runs, on its torch reference path", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - t0
+    info = ext_build.info()
+    print(f"CUDA extension ready in {seconds:.1f} s (sm_{arch.replace('.', '')})")
+    print(f"  module: {module.__file__}")
+    if info is not None:
+        print(f"  build directory: {info.build_dir}{' (prebuilt)' if info.prebuilt else ''}")
+    if args.export:
+        path = ext_build.export(module, args.export, arch)
+        print(f"  exported: {path} (set TRELLIS_EXT_PREBUILT={args.export})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
+    parser = argparse.ArgumentParser(prog="python -m engine.commands.build_ext")
+    register(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["build-ext", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""The one dispatch point between the engine and its CUDA kernels.
+
+Every function here computes the same thing as a torch reference in :mod:`engine.quant`; the
+CUDA extension (``ext/``, built by :mod:`engine.ext_build`) is used when the tensors are on a
+GPU and the extension is available, otherwise the caller keeps its reference path.
+
+Importing this module is free: the extension is built or loaded on the first call that sees a
+CUDA tensor, never on a CPU-only machine. Where it cannot be had (no toolkit, old GPU, build
+error, ``TRELLIS_NO_EXT=1``) the engine says so once on stderr and runs the torch path.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+DISABLE_ENV = "TRELLIS_NO_EXT"
+CODEBOOK_IDS = {"3inst": 0, "mcg": 1, "mul1": 2}
+KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+GEMV_ROWS = 8  # rows per GEMV launch (the MMA's N)
+# Up to this many rows the GEMV runs in 8-row launches (each re-reads the packed weight, which is
+# cheap at K bits/weight); above it, decode Q once and use cuBLAS. Set from the H200 benchmark.
+GEMV_MAX_ROWS = int(os.environ.get("TRELLIS_GEMV_MAX_ROWS", "32"))
+_MAX_CHUNKS_PER_SPLIT = 16  # ext/exl3_gemv.cuh kGemvMaxChunks
+
+_ext: ModuleType | None = None
+_tried = False
+_reason = "not loaded yet"
+_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def extension() -> ModuleType | None:
+    """The CUDA extension (built/loaded on first call), or None where it is not available."""
+    global _ext, _tried, _reason
+    if _tried:
+        return _ext
+    _tried = True
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        _reason = f"disabled by {DISABLE_ENV}"
+        return None
+    if not torch.cuda.is_available():
+        _reason = "no CUDA GPU"  # the normal CPU case: nothing to say
+        return None
+    from engine import ext_build
+
+    try:
+        _ext = ext_build.load()
+        _reason = "loaded"
+    except ext_build.ExtensionUnavailable as exc:
+        _reason = str(exc)
+        print(f"trellis: CUDA extension unavailable ({exc}); using the torch reference path", file=sys.stderr)
+    return _ext
+
+
+def status() -> dict[str, Any]:
+    """Whether the extension is in use and why not (after :func:`extension` was called)."""
+    from engine import ext_build
+
+    info = ext_build.info()
+    return {
+        "available": _ext is not None,
+        "reason": _reason,
+        "module": info.module_path if info else None,
+        "build_seconds": info.seconds if info else None,
+        "prebuilt": info.prebuilt if info else None,
+    }
+
+
+def reset() -> None:
+    """Forget the loaded extension so the next call tries again (tests, ``build-ext``)."""
+    global _ext, _tried, _reason
+    _ext, _tried, _reason = None, False, "not loaded yet"
+    _workspaces.clear()
+
+
+def _kernel_ready(*tensors: torch.Tensor) -> ModuleType | None:
+    if not all(t.is_cuda for t in tensors):
+        return None
+    return extension()
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _workspace(
+    device: torch.device, in_features: int, out_features: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split-K partial sums and the per-column-group tickets of the GEMV (kept zeroed by the kernel).
+
+    Sized for the most splits the kernel can choose: one full wave (at most 8 blocks of 256
+    threads per SM) or the shared-memory bound, whichever is larger.
+    """
+    n_chunks, groups = in_features // 128, out_features // 128
+    sms = _sm_count(device)
+    max_splits = max(math.ceil(n_chunks / _MAX_CHUNKS_PER_SPLIT), min(n_chunks, 8 * sms // max(groups, 1)))
+    floats = max_splits * GEMV_ROWS * out_features
+    ws = _workspaces.get(device)
+    if ws is None or ws[0].numel() < floats or ws[1].numel() < groups:
+        old_f = ws[0].numel() if ws else 0
+        old_g = ws[1].numel() if ws else 0
+        ws = (
+            torch.empty(max(floats, old_f), dtype=torch.float32, device=device),
+            torch.zeros(max(groups, old_g), dtype=torch.int32, device=device),
+        )
+        _workspaces[device] = ws
+    return ws
+
+
+def exl3_gemv(
+    x: torch.Tensor,
+    trellis: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    codebook: str,
+    splits: int = 0,
+) -> torch.Tensor:
+    """``had(had(x * suh) @ Q) * svh`` for ``x`` ``(m <= 8, in)`` on the GPU (the kernel, no fallback).
+
+    ``splits`` forces the split-K count (0: the kernel's choice); for tests and benchmarks.
+    """
+    ext = extension()
+    if ext is None:
+        raise RuntimeError(f"CUDA extension unavailable: {_reason}")
+    in_f, out_f = trellis.shape[0] * 16, trellis.shape[1] * 16
+    partial, counters = _workspace(x.device, in_f, out_f)
+    y = torch.empty(x.shape[0], out_f, dtype=x.dtype, device=x.device)
+    ext.exl3_gemv(x, trellis, suh, svh, y, partial, counters, CODEBOOK_IDS[codebook], splits)
+    return y
+
+
+def exl3_decode(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
+    """Decoded ``Q`` ``(in, out)`` fp16, bit-exact (kernel on the GPU, else the torch reference)."""
+    ext = _kernel_ready(trellis)
+    if ext is None:
+        from engine.quant.reconstruct import decode_trellis
+
+        return decode_trellis(trellis, codebook)
+    return ext.exl3_reconstruct(trellis.contiguous(), CODEBOOK_IDS[codebook])
+
+
+def hadamard128(
+    x: torch.Tensor,
+    pre: torch.Tensor | None = None,
+    post: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``had128(x * pre) * post`` blockwise along the last dim (fp32 inside), in ``out_dtype``."""
+    out_dtype = out_dtype or x.dtype
+    ext = _kernel_ready(x)
+    if ext is None or x.dtype not in KERNEL_DTYPES or out_dtype not in KERNEL_DTYPES:
+        from engine.quant.hadamard import blockwise_hadamard
+
+        v = x.float() if pre is None else x.float() * pre.float()
+        v = blockwise_hadamard(v, dim=-1)
+        return (v if post is None else v * post.float()).to(out_dtype)
+    return ext.hadamard128(x.contiguous(), pre, post, out_dtype)
+
+
+def exl3_gemm(x: torch.Tensor, layer: Any) -> torch.Tensor | None:
+    """``layer(x)`` for a streaming :class:`~engine.quant.EXL3Linear` through the CUDA kernels.
+
+    Returns None when no kernel applies (CPU tensors, dense layers, no extension), so the layer
+    runs its torch reference instead. Up to :data:`GEMV_MAX_ROWS` rows: the on-the-fly GEMV in
+    8-row launches; more rows: rotate the input, decode ``Q`` once, cuBLAS, rotate the output.
+    """
+    if getattr(layer, "mode", None) != "streaming":
+        return None
+    ext = _kernel_ready(x, layer.trellis)
+    if ext is None:
+        return None
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.dtype not in KERNEL_DTYPES:
+        x2 = x2.float()
+    if x2.shape[1] < layer.padded_in:  # zero-extend (EXL3_FORMAT.md section 3.3)
+        x2 = F.pad(x2, (0, layer.padded_in - x2.shape[1]))
+    x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m == 0:
+        y = x2.new_empty(0, layer.padded_out)
+    elif m <= GEMV_MAX_ROWS:
+        parts = [
+            exl3_gemv(x2[i : i + GEMV_ROWS], layer.trellis, layer.suh, layer.svh, layer.codebook)
+            for i in range(0, m, GEMV_ROWS)
+        ]
+        y = parts[0] if len(parts) == 1 else torch.cat(parts)
+    else:
+        # fp16 activations/weights for cuBLAS, as the reference kernels do; an fp32 caller asked
+        # for reference precision, so it gets an fp32 product (Q is exact in fp32).
+        mm_dtype = torch.float32 if x2.dtype == torch.float32 else torch.float16
+        u = ext.hadamard128(x2, layer.suh, None, mm_dtype)
+        q = ext.exl3_reconstruct(layer.trellis, CODEBOOK_IDS[layer.codebook]).to(mm_dtype)
+        y = ext.hadamard128(u @ q, None, layer.svh, x2.dtype)
+    if layer.padded_out != layer.out_features:
+        y = y[:, : layer.out_features]
+    if layer.bias is not None:
+        y = y + layer.bias.to(y.dtype)
+    return y.to(x.dtype).reshape(*lead, layer.out_features)

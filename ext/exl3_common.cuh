@@ -1,0 +1,202 @@
+// EXL3 tile decoding shared by the GEMV and reconstruct kernels.
+//
+// Format facts used here (EXL3_FORMAT.md sections 5, 6):
+//  - a tile is 16*K int16 words; read as little-endian uint32 words d[0..8K) the bitstream is
+//    d[0], d[1], ... each MSB first (the pair swap of the int16 view disappears in this view);
+//  - value i's 16-bit state is stream bits [(i+1)K-16, (i+1)K), circular (tail-biting);
+//  - lane L of a warp owns storage positions p = 8L..8L+7, and those 8 values are exactly the
+//    A fragment of an m16n8k16 MMA for the transposed tile (output features = MMA rows,
+//    input features = MMA k). So a lane decodes its 8 values straight into MMA registers.
+//
+// Why these instruction choices: on Hopper the decode is bound by integer issue, not DRAM
+// (about 2-4 integer instructions per weight are available at 4 bpw before the HBM roofline
+// is reached). Every shift amount and word index below is a compile-time constant except the
+// per-lane bit offset r, which is fixed for the whole kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+namespace trellis {
+
+enum Codebook : int { CB_3INST = 0, CB_MCG = 1, CB_MUL1 = 2 };
+
+// Bit position (possibly negative: tail-biting) of the first bit lane `lane` needs.
+__host__ __device__ constexpr int lane_first_bit(int K, int lane) { return (8 * lane + 1) * K - 16; }
+
+// Raw 32-bit words lane `lane` must load so that its 7K+16 bits are covered.
+__host__ __device__ constexpr int lane_raw_words(int K, int lane) {
+  return (((lane_first_bit(K, lane) % 32) + 32) % 32 + 7 * K + 16 + 31) / 32;
+}
+
+__host__ __device__ constexpr int max_raw_words(int K) {
+  int m = 0;
+  for (int l = 0; l < 32; ++l) m = lane_raw_words(K, l) > m ? lane_raw_words(K, l) : m;
+  return m;
+}
+
+template <int K>
+struct TileGeom {
+  static constexpr int kWords = 8 * K;                      // uint32 words per tile
+  static constexpr int kNorm = (7 * K + 16 + 31) / 32;      // normalised words a lane uses
+  static constexpr int kRaw = max_raw_words(K);             // raw words a lane loads
+};
+
+// Per-lane constants: word offsets inside a tile (wrapped: tail-biting) and the bit offset r.
+template <int K>
+struct LanePlan {
+  int word[TileGeom<K>::kRaw];
+  int r;
+  __device__ __forceinline__ explicit LanePlan(int lane) {
+    const int s0 = lane_first_bit(K, lane);
+    const int w0 = s0 >> 5;  // floor division (s0 >= -15)
+    r = s0 & 31;
+#pragma unroll
+    for (int i = 0; i < TileGeom<K>::kRaw; ++i) {
+      int w = w0 + i;
+      if (w < 0) w += TileGeom<K>::kWords;
+      if (w >= TileGeom<K>::kWords) w -= TileGeom<K>::kWords;
+      word[i] = w;
+    }
+  }
+};
+
+// The 8 states of a lane from its raw words. n[] is the stream re-aligned so that its MSB is
+// the lane's first needed bit; state j is then bits [jK, jK+16) of n (constant shifts).
+template <int K>
+__device__ __forceinline__ void lane_states(const uint32_t (&raw)[TileGeom<K>::kRaw], int r, uint32_t (&st)[8]) {
+  constexpr int NN = TileGeom<K>::kNorm;
+  uint32_t n[NN];
+#pragma unroll
+  for (int i = 0; i < NN; ++i) {
+    const uint32_t lo = (i + 1 < TileGeom<K>::kRaw) ? raw[i + 1] : 0u;
+    n[i] = __funnelshift_l(lo, raw[i], r);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int o = j * K;
+    const int q = o >> 5;
+    const int off = o & 31;
+    if (off <= 16) {
+      st[j] = (n[q] >> (16 - off)) & 0xFFFFu;
+    } else {
+      st[j] = __funnelshift_l(n[q + 1], n[q], off) >> 16;
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t h2_as_u32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 u32_as_h2(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+
+// Two states -> one half2 register (low half = first state), bit-exact with section 6.2.
+template <int CB>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
+  if constexpr (CB == CB_MUL1) {
+    // x = s * 0x83DCD12D; b = byte sum (dp4a); h = fp16 with bits 0x6400 + b (= 1024 + b);
+    // value = fma(h, k_inv, k_bias) in fp16 with ONE rounding (HFMA2 is fused).
+    const uint32_t x0 = s0 * 0x83DCD12Du;
+    const uint32_t x1 = s1 * 0x83DCD12Du;
+    const uint32_t h0 = __dp4a(x0, 0x01010101u, 0x64006400u);  // low: 0x6400+b0, high: 0x6400
+    const uint32_t b1 = __dp4a(x1, 0x01010101u, 0u);
+    const uint32_t h = h0 + (b1 << 16);
+    const __half2 k_inv = __halves2half2(__ushort_as_half(0x1EEE), __ushort_as_half(0x1EEE));
+    const __half2 k_bias = __halves2half2(__ushort_as_half(0xC931), __ushort_as_half(0xC931));
+    return h2_as_u32(__hfma2(u32_as_h2(h), k_inv, k_bias));
+  } else {
+    uint32_t x0, x1;
+    if constexpr (CB == CB_3INST) {
+      x0 = s0 * 89226354u + 64248484u;
+      x1 = s1 * 89226354u + 64248484u;
+    } else {
+      x0 = s0 * 0xCBAC1FEDu;
+      x1 = s1 * 0xCBAC1FEDu;
+    }
+    x0 = (x0 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    x1 = (x1 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    // (lo0, lo1) + (hi0, hi1): one fp16 RN addition per value, as the reference does.
+    const uint32_t lo = __byte_perm(x0, x1, 0x5410);
+    const uint32_t hi = __byte_perm(x0, x1, 0x7632);
+    return h2_as_u32(__hadd2(u32_as_h2(lo), u32_as_h2(hi)));
+  }
+}
+
+// A lane's 8 values as the A fragment of m16n8k16 (rows = output features, k = input features):
+// reg0 = (j0, j1), reg1 = (j4, j5), reg2 = (j2, j3), reg3 = (j6, j7).
+template <int K, int CB>
+__device__ __forceinline__ void decode_fragment(const uint32_t (&raw)[TileGeom<K>::kRaw], int r, uint32_t (&a)[4]) {
+  uint32_t st[8];
+  lane_states<K>(raw, r, st);
+  a[0] = decode_pair<CB>(st[0], st[1]);
+  a[1] = decode_pair<CB>(st[4], st[5]);
+  a[2] = decode_pair<CB>(st[2], st[3]);
+  a[3] = decode_pair<CB>(st[6], st[7]);
+}
+
+// D = A * B + D, fp16 inputs, fp32 accumulation.
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ---- activations of any of the three float dtypes -------------------------------------------
+
+enum DType : int { DT_F16 = 0, DT_BF16 = 1, DT_F32 = 2 };
+
+__device__ __forceinline__ void load4(const void* p, int dtype, size_t idx, float (&v)[4]) {
+  if (dtype == DT_F16) {
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __half*>(p) + idx);
+    const float2 a = __half22float2(u32_as_h2(u.x));
+    const float2 b = __half22float2(u32_as_h2(u.y));
+    v[0] = a.x; v[1] = a.y; v[2] = b.x; v[3] = b.y;
+  } else if (dtype == DT_BF16) {
+    const uint2 u = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(p) + idx);
+    v[0] = __uint_as_float(u.x << 16);
+    v[1] = __uint_as_float(u.x & 0xFFFF0000u);
+    v[2] = __uint_as_float(u.y << 16);
+    v[3] = __uint_as_float(u.y & 0xFFFF0000u);
+  } else {
+    const float4 f = *reinterpret_cast<const float4*>(static_cast<const float*>(p) + idx);
+    v[0] = f.x; v[1] = f.y; v[2] = f.z; v[3] = f.w;
+  }
+}
+
+__device__ __forceinline__ void store4(void* p, int dtype, size_t idx, const float (&v)[4]) {
+  if (dtype == DT_F16) {
+    uint2 u;
+    u.x = h2_as_u32(__floats2half2_rn(v[0], v[1]));
+    u.y = h2_as_u32(__floats2half2_rn(v[2], v[3]));
+    *reinterpret_cast<uint2*>(static_cast<__half*>(p) + idx) = u;
+  } else if (dtype == DT_BF16) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]);
+    __nv_bfloat162 b = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 u;
+    u.x = *reinterpret_cast<uint32_t*>(&a);
+    u.y = *reinterpret_cast<uint32_t*>(&b);
+    *reinterpret_cast<uint2*>(static_cast<__nv_bfloat16*>(p) + idx) = u;
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(p) + idx) = make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
+// 128-point Sylvester Hadamard across one warp, lane holding elements 4*lane .. 4*lane+3.
+// Unnormalised (the caller multiplies by 1/sqrt(128)). For a pair (i, i+h) inside a block of
+// 2h: the lower element becomes x_i + x_{i+h}, the upper x_i - x_{i+h} (H_2n = [[H, H], [H, -H]]).
+__device__ __forceinline__ void warp_hadamard128(float (&v)[4], int lane) {
+  float a0 = v[0] + v[1], a1 = v[0] - v[1], a2 = v[2] + v[3], a3 = v[2] - v[3];
+  v[0] = a0 + a2; v[2] = a0 - a2; v[1] = a1 + a3; v[3] = a1 - a3;
+#pragma unroll
+  for (int mask = 1; mask < 32; mask <<= 1) {
+    const bool upper = lane & mask;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float p = __shfl_xor_sync(0xFFFFFFFFu, v[i], mask);
+      v[i] = upper ? p - v[i] : v[i] + p;
+    }
+  }
+}
+
+constexpr float kRsqrt128 = 0.08838834764831845f;
+
+}  // namespace trellis

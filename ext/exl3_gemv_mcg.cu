@@ -1,0 +1,20 @@
+// Instantiations of the EXL3 GEMV for one codebook (one file per codebook so ninja builds them in parallel).
+#include "exl3_gemv.cuh"
+
+namespace trellis {
+
+void gemv_dispatch_mcg(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm) {
+  switch (K) {
+#define TRELLIS_CASE(k)                                                  \
+  case k:                                                                \
+    if (blocks_per_sm) *blocks_per_sm = gemv_blocks_per_sm<k, CB_MCG>(); \
+    else launch_gemv<k, CB_MCG>(a, stream);                              \
+    break;
+    TRELLIS_CASE(1) TRELLIS_CASE(2) TRELLIS_CASE(3) TRELLIS_CASE(4)
+    TRELLIS_CASE(5) TRELLIS_CASE(6) TRELLIS_CASE(7) TRELLIS_CASE(8)
+#undef TRELLIS_CASE
+    default: break;
+  }
+}
+
+}  // namespace trellis

@@ -1,0 +1,33 @@
+// Host-side entry points of the CUDA kernels (no CUDA syntax: included by the C++ bindings).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace trellis {
+
+struct GemvArgs {
+  const void* x;            // (m, in) contiguous, dtype x_dtype
+  const uint32_t* trellis;  // (in/16, out/16, 16K) int16, read as uint32 words
+  const void* suh;          // (in,) fp16
+  const void* svh;          // (out,) fp16
+  void* y;                  // (m, out) contiguous, dtype x_dtype
+  float* partial;           // (splits, m, out) workspace
+  int* counters;            // (out/128,) zero on entry, zero on exit
+  int m, in, out, splits, x_dtype;
+};
+
+// Launch (blocks_per_sm == nullptr) or query occupancy (*blocks_per_sm set, nothing launched).
+void gemv_dispatch_3inst(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+void gemv_dispatch_mcg(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+void gemv_dispatch_mul1(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+
+// Q (in, out) fp16 from the trellis (in/16, out/16, 16K); out must be a multiple of 128.
+void launch_reconstruct(const uint32_t* trellis, void* q, int in, int out, int K, int codebook, cudaStream_t stream);
+
+// y = had128(x * pre) * post, blockwise along rows of width n (a multiple of 128).
+// pre/post may be null. Dtypes: 0 fp16, 1 bf16, 2 fp32.
+void launch_hadamard(const void* x, int x_dtype, void* y, int y_dtype, const void* pre, const void* post,
+                     long long rows, int n, cudaStream_t stream);
+
+}  // namespace trellis
