@@ -13,6 +13,7 @@ wall-clock gap gets a looser sanity bound and is printed for the record.
 
 from __future__ import annotations
 
+import os
 import time
 
 from fake_engine import tokens_of
@@ -74,4 +75,7 @@ def test_gui_thread_never_stalls_while_streaming(qtbot, window, fake_engine, rec
     assert window.chat.model.item(1).content == reply
     assert renders < tokens / 2, "updates are coalesced, not one render per token"
     assert busiest_ms < 50
-    assert longest_ms < 150, "a stall this long is not scheduler noise"
+    # The wall-clock gap also counts time the OS gave to other processes; only hold it to a bound
+    # when the machine is not oversubscribed (on a shared box it measures the neighbours).
+    if os.getloadavg()[0] <= (os.cpu_count() or 1):
+        assert longest_ms < 100, "a stall this long is not scheduler noise"
