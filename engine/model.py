@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,6 +37,7 @@ class LoadedModel:
     module: CausalLM
     device: torch.device
     dtype: torch.dtype
+    vision: Any = None  # engine.vision.base.VisionModel of a vision-language model, else None
 
     @property
     def directory(self) -> Path:
@@ -68,7 +70,9 @@ def load_model(
     if progress:
         progress(0.0, f"loading {config.architecture} from {config.directory.name}")
     with torch.inference_mode():
-        module = ModelBuilder(spec, arch.names, store, dtype, dev, context or spec.max_position_embeddings).build(
+        names = arch.tensor_names(store.has)
+        module = ModelBuilder(spec, names, store, dtype, dev, context or spec.max_position_embeddings).build(
             progress
         )
-    return LoadedModel(config, spec, module, dev, dtype)
+        vision = arch.vision_model(config, store, dtype, dev)
+    return LoadedModel(config, spec, module, dev, dtype, vision)

@@ -9,6 +9,7 @@ differently, as class attributes or a short override; no maths lives here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
@@ -120,6 +121,16 @@ class Architecture:
             activation=cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu",
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", self.default_tie)),
         )
+
+    def tensor_names(self, has: Callable[[str], bool]) -> TensorNames:
+        """The checkpoint's tensor names; ``has(key)`` lets multimodal families choose among the
+        nestings their checkpoints are saved with."""
+        return self.names
+
+    def vision_model(self, cfg: ModelConfig, store: Any, dtype: Any, device: Any) -> Any:
+        """The image path (``engine.vision.base.VisionModel``) of a vision-language family;
+        None for text-only models."""
+        return None
 
     def layer_types(self, cfg: ModelConfig) -> list[str]:
         """Layer kinds when config.json does not list them: Qwen-style ``use_sliding_window``

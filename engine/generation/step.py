@@ -10,6 +10,8 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.modules.batch import BatchLayout, SequenceSlice
 from engine.modules.decoder import CausalLM
+from engine.modules.splice import InputSplice
+from engine.vision.media import PromptMedia
 
 
 @dataclass
@@ -18,12 +20,14 @@ class StepItem:
 
     ``logits``: ``"last"`` for the next-token distribution after the last token, ``"all"`` for
     one row per token (scoring), ``None`` when the step only fills the cache (a prefill chunk).
+    ``media``: the sequence's images (whole prompt), of which the step uses what it covers.
     """
 
     tokens: Sequence[int]
     past: int
     block_table: Sequence[int]
     logits: str | None = "last"
+    media: PromptMedia | None = None
 
 
 @torch.inference_mode()
@@ -31,6 +35,8 @@ def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) ->
     device = model.device
     ids, positions, write_slots, sequences, logit_rows = [], [], [], [], []
     spans: list[tuple[int, int] | None] = []
+    splices: list[InputSplice] = []
+    rope_positions: list[torch.Tensor] = []  # multimodal RoPE rows, when any item has them
     row = 0
     for item in items:
         n = len(item.tokens)
@@ -39,7 +45,16 @@ def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) ->
         ids.extend(item.tokens)
         positions.append(torch.arange(item.past, end))
         write_slots.append(slots[item.past :])
-        sequences.append(SequenceSlice(row, n, item.past, slots))
+        media = item.media
+        bidirectional = tuple(media.bidirectional_spans()) if media is not None else ()
+        sequences.append(SequenceSlice(row, n, item.past, slots, bidirectional))
+        if media is not None:
+            splices.append(media.splice(item.past, end, row))
+            mrope = media.positions(item.past, end)
+            if mrope is not None:
+                rope_positions.append(mrope)
+        if len(rope_positions) < len(sequences):  # plain positions, in M-RoPE's three rows
+            rope_positions.append(positions[-1].expand(3, -1))
         first = len(logit_rows)
         if item.logits == "last":
             logit_rows.append(row + n - 1)
@@ -47,28 +62,47 @@ def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) ->
             logit_rows.extend(range(row, row + n))
         spans.append((first, len(logit_rows)) if item.logits else None)
         row += n
-    batch = BatchLayout(sequences, torch.cat(positions).to(device), torch.cat(write_slots))
+    has_mrope = any(item.media is not None and item.media.rope_positions is not None for item in items)
+    batch = BatchLayout(
+        sequences,
+        torch.cat(positions).to(device),
+        torch.cat(write_slots),
+        torch.cat(rope_positions, dim=1).to(device) if has_mrope else None,
+    )
     input_ids = torch.tensor(ids, dtype=torch.long, device=device)
     rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
-    logits = model(input_ids, batch, cache, rows)  # always run: a prefill chunk fills the cache
+    splice = InputSplice.merge(splices)
+    if splice is not None:
+        splice = splice.to(device)
+    # Always run, even without logits: a prefill chunk fills the cache.
+    logits = model(input_ids, batch, cache, rows, splice=splice)
     return [None if span is None else logits[span[0] : span[1]] for span in spans]
 
 
 @torch.inference_mode()
 def score_tokens(
-    model: CausalLM, cache: PagedKVCache, token_ids: Sequence[int], chunk: int = 512
+    model: CausalLM,
+    cache: PagedKVCache,
+    token_ids: Sequence[int],
+    chunk: int = 512,
+    media: PromptMedia | None = None,
 ) -> torch.Tensor:
     """Logits ``[len(token_ids), vocab]`` for one sequence, prefilled in chunks.
 
     Uses (and afterwards releases) pages of ``cache``; the result does not depend on ``chunk``.
+    ``media`` holds the images of a multimodal prompt (see ``engine.vision.prompt``).
     """
     pages = cache.pages.allocate(-(-len(token_ids) // cache.page_size))
     try:
         out = []
-        for start in range(0, len(token_ids), chunk):
-            piece = token_ids[start : start + chunk]
-            (logits,) = run_step(model, cache, [StepItem(piece, start, pages, "all")])
+        start = 0
+        while start < len(token_ids):
+            end = min(len(token_ids), start + chunk)
+            if media is not None:
+                end = media.chunk_end(start, end)
+            (logits,) = run_step(model, cache, [StepItem(token_ids[start:end], start, pages, "all", media)])
             out.append(logits)
+            start = end
         return torch.cat(out)
     finally:
         cache.pages.release(pages)

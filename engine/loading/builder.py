@@ -18,6 +18,7 @@ from engine.modules.attention import Attention
 from engine.modules.decoder import CausalLM, DecoderBlock
 from engine.modules.linear import DenseLinear, ProjectionGroup
 from engine.modules.mlp import GatedMLP
+from engine.modules.mrope import MultimodalRotaryEmbedding
 from engine.modules.norms import RMSNorm
 from engine.modules.rope import RotaryEmbedding
 
@@ -128,7 +129,9 @@ class ModelBuilder:
         for kind, rs in s.rope.items():
             key = id(rs)
             if key not in by_spec:
-                by_spec[key] = RotaryEmbedding(rs, s.head_dim, self.context).to(self.device)
+                # Vision-language families rotate by three position axes (see engine.modules.mrope).
+                rotary = MultimodalRotaryEmbedding if "mrope_section" in rs.params else RotaryEmbedding
+                by_spec[key] = rotary(rs, s.head_dim, self.context).to(self.device)
             rope[kind] = by_spec[key]
         embed_w = self.tensor(n.prefix + n.embed + ".weight", [s.vocab_size, s.hidden_size])
         embedding = nn.Embedding.from_pretrained(embed_w, freeze=True)
@@ -154,4 +157,3 @@ class ModelBuilder:
         if progress:
             progress(1.0, "model loaded")
         return model.eval()
-

@@ -7,6 +7,8 @@ Gemma 2/3), logit soft-capping (Gemma 2), layers without positional rotation (Sm
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -25,21 +27,30 @@ def attend(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    bidirectional: Sequence[tuple[int, int]] = (),
 ) -> torch.Tensor:
     """Reference attention for one sequence.
 
     ``q`` is ``[n, heads, d]`` at absolute ``q_positions``; ``k``/``v`` are ``[L, kv_heads, d]`` at
     ``k_positions``. A query sees keys at or before its position and, with a window, fewer than
-    ``window`` positions back. Returns ``[n, heads, d]``.
+    ``window`` positions back. Queries and keys both inside one ``bidirectional`` span see each
+    other whatever their order (the window still applies). Returns ``[n, heads, d]``.
     """
     heads, kv_heads = q.shape[1], k.shape[1]
     allowed = k_positions[None, :] <= q_positions[:, None]
+    for lo, hi in bidirectional:
+        q_in = (q_positions >= lo) & (q_positions < hi)
+        k_in = (k_positions >= lo) & (k_positions < hi)
+        allowed |= q_in[:, None] & k_in[None, :]
     if window is not None:
         allowed &= k_positions[None, :] > q_positions[:, None] - window
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
     if softcap is None:
+        # A single query that sees every key it is given (decode) needs no mask; passing none
+        # lets SDPA take its fastest path.
+        mask = None if q.shape[0] == 1 and bool(allowed.all()) else allowed
         out = F.scaled_dot_product_attention(
-            qh[None], kh[None], vh[None], attn_mask=allowed, scale=scale, enable_gqa=heads != kv_heads
+            qh[None], kh[None], vh[None], attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads
         )[0]
     else:
         group = heads // kv_heads
@@ -98,6 +109,7 @@ class Attention(nn.Module):
                 self.scale,
                 self.sliding_window,
                 self.softcap,
+                seq.bidirectional,
             )
         return self.o_proj(out.view(-1, self.num_heads * self.head_dim))
 

@@ -19,6 +19,9 @@ class SequenceSlice:
     length: int
     past: int
     slots: torch.Tensor
+    # Position ranges [lo, hi) whose tokens attend to each other in both directions (one image's
+    # tokens in Gemma 3); a step never ends inside one.
+    bidirectional: tuple[tuple[int, int], ...] = ()
 
     @property
     def end_position(self) -> int:
@@ -30,6 +33,7 @@ class BatchLayout:
     sequences: list[SequenceSlice]
     positions: torch.Tensor  # [tokens] absolute position of every row
     write_slots: torch.Tensor  # [tokens] cache slot each row's key/value goes to
+    rope_positions: torch.Tensor | None = None  # [3, tokens] multimodal RoPE positions (Qwen-VL)
     _rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @property
@@ -40,5 +44,6 @@ class BatchLayout:
         """cos/sin for this step's positions, computed once per rotary module and shared by layers."""
         key = id(rope)
         if key not in self._rope_tables:
-            self._rope_tables[key] = rope.tables(self.positions, dtype)
+            multimodal = self.rope_positions is not None and getattr(rope, "multimodal", False)
+            self._rope_tables[key] = rope.tables(self.rope_positions if multimodal else self.positions, dtype)
         return self._rope_tables[key]

@@ -8,6 +8,7 @@ from torch import nn
 from engine.modules.attention import Attention
 from engine.modules.batch import BatchLayout
 from engine.modules.mlp import GatedMLP
+from engine.modules.splice import InputSplice
 
 
 class DecoderBlock(nn.Module):
@@ -75,15 +76,21 @@ class CausalLM(nn.Module):
         batch: BatchLayout,
         cache,
         logit_rows: torch.Tensor | None = None,
+        splice: InputSplice | None = None,
     ) -> torch.Tensor:
         """Logits ``[len(logit_rows), vocab]`` (all rows when ``logit_rows`` is None), float32.
 
         ``input_ids`` is the flat ``[tokens]`` batch described by ``batch``; ``cache`` gives each
-        block its cache layer via ``cache.layer(i)``.
+        block its cache layer via ``cache.layer(i)``. ``splice`` gives some rows' input vectors
+        directly (image embeddings at their placeholder tokens).
         """
         h = self.embed(input_ids)
+        if splice is not None:
+            h = splice.apply(h)
         for i, block in enumerate(self.blocks):
             h = block(h, batch, cache.layer(i))
+            if splice is not None:
+                h = splice.after_layer(i, h)
         if logit_rows is not None:
             h = h[logit_rows]
         logits = self.lm_head(self.final_norm(h)).float()
