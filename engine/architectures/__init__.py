@@ -13,11 +13,12 @@ from engine.architectures.phi3 import Phi3
 from engine.architectures.qwen2 import Qwen2
 from engine.architectures.qwen2_5_vl import Qwen2_5_VL
 from engine.architectures.qwen3 import Qwen3
+from engine.architectures.qwen3_vl import Qwen3VL
 from engine.architectures.smollm3 import SmolLM3
 from engine.errors import UnsupportedArchitectureError
 
 _FAMILIES: list[type[Architecture]] = [Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3]
-_FAMILIES += [Gemma3VL, Qwen2_5_VL, Mistral3]  # vision-language
+_FAMILIES += [Gemma3VL, Qwen2_5_VL, Qwen3VL, Mistral3]  # vision-language
 REGISTRY: dict[str, type[Architecture]] = {name: cls for cls in _FAMILIES for name in cls.hf_names}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(REGISTRY)
 
