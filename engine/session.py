@@ -36,9 +36,15 @@ class StreamChunk:
 
 
 class ChatSession:
-    def __init__(self, model: LoadedModel, tokenizer: Tokenizer, cache_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        model: LoadedModel,
+        tokenizer: Tokenizer,
+        cache_tokens: int | None = None,
+        cache_bits: tuple[int, int] = (16, 16),
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self.generator = Generator(model, tokenizer, cache_tokens=cache_tokens)
+        self.generator = Generator(model, tokenizer, cache_tokens=cache_tokens, cache_bits=cache_bits)
 
     @classmethod
     def load(
@@ -48,10 +54,11 @@ class ChatSession:
         progress: Progress | None = None,
         cache_tokens: int | None = None,
         dtype: str | None = None,
+        cache_bits: tuple[int, int] = (16, 16),
     ) -> ChatSession:
         tokenizer = Tokenizer.from_dir(model_dir)  # fail fast, before reading weights
         model = load_model(model_dir, device=device, dtype=dtype, progress=progress, context=cache_tokens)
-        return cls(model, tokenizer, cache_tokens)
+        return cls(model, tokenizer, cache_tokens, cache_bits)
 
     @property
     def model_name(self) -> str:

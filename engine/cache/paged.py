@@ -80,7 +80,13 @@ class PagedKVCache:
 
     @classmethod
     def for_model(
-        cls, spec, max_tokens: int, page_size: int = 64, dtype=None, device="cpu", bits: tuple[int, int] = (16, 16)
+        cls,
+        spec,
+        max_tokens: int,
+        page_size: int = 64,
+        dtype=None,
+        device="cpu",
+        bits: tuple[int, int] = (16, 16),
     ) -> PagedKVCache:
         """A cache holding ``max_tokens`` positions in total, shaped for the model ``spec``."""
         num_pages = max(1, -(-max_tokens // page_size))

@@ -50,7 +50,9 @@ class QuantizedStore:
         self.group = group_size(head_dim)
         self.levels = 2**bits - 1
         self.codes = torch.zeros(num_slots, heads, head_dim // 8, bits, dtype=torch.uint8, device=device)
-        self.scales = torch.zeros(num_slots, heads, head_dim // self.group, dtype=torch.float16, device=device)
+        self.scales = torch.zeros(
+            num_slots, heads, head_dim // self.group, dtype=torch.float16, device=device
+        )
         self.hadamard = hadamard_matrix(self.group, device=device)
         self._shifts = torch.arange(8, dtype=torch.uint8, device=device)
 
@@ -61,7 +63,9 @@ class QuantizedStore:
         half = self.levels / 2
         scales = (groups.abs().amax(-1) / half).clamp_min(1e-8).to(torch.float16)
         q = torch.round(groups / scales.float()[..., None] + half).clamp_(0, self.levels).to(torch.uint8)
-        bits = (q.reshape(n, heads, d // 8, 8, 1) >> torch.arange(self.bits, dtype=torch.uint8, device=x.device)) & 1
+        bits = (
+            q.reshape(n, heads, d // 8, 8, 1) >> torch.arange(self.bits, dtype=torch.uint8, device=x.device)
+        ) & 1
         planes = (bits << self._shifts[:, None]).sum(dim=3, dtype=torch.uint8)  # [n, heads, d/8, bits]
         return planes, scales
 

@@ -15,12 +15,13 @@ import time
 
 import torch
 
-from engine.commands.common import add_model_args
+from engine.commands.common import add_cache_args, add_model_args, cache_bits
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="prefill/decode speed vs transformers in the same run")
     add_model_args(p)
+    add_cache_args(p)
     p.add_argument("--prompt-tokens", type=int, default=512, help="prefill length")
     p.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode run")
     p.add_argument("--batch", type=int, default=1, help="decode batch size")
@@ -54,7 +55,10 @@ def bench_ours(model, prompt: list[int], args) -> dict:
     from engine.generation.step import StepItem, run_step
 
     n = len(prompt)
-    cache = PagedKVCache.for_model(model.spec, n + args.decode_tokens + 64, dtype=model.dtype, device=model.device)
+    bits = cache_bits(args)
+    cache = PagedKVCache.for_model(
+        model.spec, n + args.decode_tokens + 64, dtype=model.dtype, device=model.device, bits=bits
+    )
     pages = cache.pages.allocate(cache.num_pages)
 
     def prefill():
@@ -64,7 +68,7 @@ def bench_ours(model, prompt: list[int], args) -> dict:
     cache.pages.release(pages)
 
     total = args.batch * (16 + args.decode_tokens) + 64
-    gen = Generator(model, None, cache_tokens=total, max_batch_size=args.batch)
+    gen = Generator(model, None, cache_tokens=total, max_batch_size=args.batch, cache_bits=bits)
 
     def decode() -> float:
         jobs = [Job(prompt[:16], args.decode_tokens, stop_token_ids=()) for _ in range(args.batch)]
@@ -79,7 +83,9 @@ def bench_ours(model, prompt: list[int], args) -> dict:
     }
 
 
-def bench_transformers(model_dir: str, device: torch.device, dtype: torch.dtype, prompt: list[int], args) -> dict:
+def bench_transformers(
+    model_dir: str, device: torch.device, dtype: torch.dtype, prompt: list[int], args
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
@@ -118,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
         "prompt_tokens": args.prompt_tokens,
         "decode_tokens": args.decode_tokens,
         "batch": args.batch,
+        "cache_bits": list(cache_bits(args)),
         "ours": bench_ours(model, prompt, args),
     }
     if not args.no_peer:

@@ -12,6 +12,24 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="compute dtype")
 
 
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cache-bits",
+        default=None,
+        metavar="K[,V]",
+        help="KV cache bits for keys[,values]: 2..8, or 16 for unquantized (default)",
+    )
+
+
+def cache_bits(args: argparse.Namespace) -> tuple[int, int]:
+    from engine.cache.paged import parse_cache_bits
+
+    try:
+        return parse_cache_bits(args.cache_bits)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
 def parse_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
@@ -24,4 +42,8 @@ def stderr_progress(fraction: float, message: str) -> None:
     width = 30
     filled = int(fraction * width)
     end = "\n" if fraction >= 1.0 else ""
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {fraction * 100:5.1f}% {message:<40}", end=end, file=sys.stderr)
+    print(
+        f"\r[{'#' * filled}{'.' * (width - filled)}] {fraction * 100:5.1f}% {message:<40}",
+        end=end,
+        file=sys.stderr,
+    )

@@ -7,15 +7,18 @@ import json
 import sys
 import time
 
-from engine.commands.common import add_model_args, stderr_progress
+from engine.commands.common import add_cache_args, add_model_args, cache_bits, stderr_progress
 from engine.generation.sampling import SamplingSettings
 
 
 def register(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt")
     add_model_args(p)
+    add_cache_args(p)
     p.add_argument("-p", "--prompt", required=True)
-    p.add_argument("--chat", action="store_true", help="send the prompt as one user message via the chat template")
+    p.add_argument(
+        "--chat", action="store_true", help="send the prompt as one user message via the chat template"
+    )
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("-n", "--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -34,7 +37,13 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.session import ChatSession
 
-    session = ChatSession.load(args.model, device=args.device, dtype=args.dtype, progress=None if args.json else stderr_progress)
+    session = ChatSession.load(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        progress=None if args.json else stderr_progress,
+        cache_bits=cache_bits(args),
+    )
     settings = SamplingSettings(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -77,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(f"\n[{len(token_ids)} tokens, {last.tokens_per_second if last else 0:.1f} tok/s, "
-              f"stop: {last.stop_reason if last else None}]", file=sys.stderr)
+        print(
+            f"\n[{len(token_ids)} tokens, {last.tokens_per_second if last else 0:.1f} tok/s, "
+            f"stop: {last.stop_reason if last else None}]",
+            file=sys.stderr,
+        )
     return 0
