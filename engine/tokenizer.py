@@ -206,9 +206,7 @@ def _plain(value: Any) -> Any:
     """
     if value is None or type(value) in (str, int, float, bool):
         return value
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, str):
+    if isinstance(value, str):  # subclasses (enums...) may carry methods: keep the plain value
         return str.__str__(value)
     if isinstance(value, int):
         return int(value)
@@ -368,6 +366,8 @@ class Tokenizer:
         return ids
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
+        # No clean_up_tokenization_spaces: it corrupts BPE output (" ." -> "."), and transformers 5
+        # ignores it for BPE models too.
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:

@@ -270,6 +270,12 @@ _HF_TO_GGUF_BLOCK["gemma3"] = {
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
 }
+_HF_TO_GGUF_BLOCK["qwen2"] = _HF_TO_GGUF_BLOCK["llama"]
+_HF_TO_GGUF_BLOCK["qwen3"] = {
+    **_HF_TO_GGUF_BLOCK["llama"],
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+}
 _HF_TO_GGUF_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
@@ -297,6 +303,10 @@ def _tiny_hf_model(arch: str):
     if arch == "llama":
         config = transformers.LlamaConfig(**common, tie_word_embeddings=False, rms_norm_eps=1e-5)
         model = transformers.LlamaForCausalLM(config)
+    elif arch == "qwen2":
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, rms_norm_eps=1e-6))
+    elif arch == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, rms_norm_eps=1e-6))
     else:
         config = transformers.Gemma3TextConfig(
             **common, sliding_window=64, rms_norm_eps=1e-6, query_pre_attn_scalar=common["head_dim"]
@@ -310,7 +320,7 @@ def _tiny_hf_model(arch: str):
     return model
 
 
-def write_tiny_gguf(path: Path, arch: str, quant: int = Q.F32, truncate_vocab: bool = False) -> dict:
+def write_tiny_gguf(path: Path, arch: str, quant: int = Q.F32) -> dict:
     """A GGUF of a tiny random HF model, converted as llama.cpp does; returns the HF state dict."""
     model = _tiny_hf_model(arch)
     cfg = model.config
@@ -334,7 +344,7 @@ def write_tiny_gguf(path: Path, arch: str, quant: int = Q.F32, truncate_vocab: b
         writer.add_float32(f"{arch}.rope.freq_base", cfg.rope_parameters["rope_theta"])
     writer.add_string("tokenizer.ggml.model", "gpt2")
     writer.add_string("tokenizer.ggml.pre", "default")
-    writer.add_array("tokenizer.ggml.tokens", tokens[:100] if truncate_vocab else tokens)
+    writer.add_array("tokenizer.ggml.tokens", tokens)
     writer.add_array("tokenizer.ggml.token_type", [3 if t in ("<unk>", "<s>", "</s>") else 1 for t in tokens])
     writer.add_array("tokenizer.ggml.merges", merges)
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
@@ -388,18 +398,21 @@ def test_tiny_llama_round_trip_restores_hf_layout(tiny_llama_gguf, tmp_path):
     assert ours_tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<user>hi"
 
 
-def test_tiny_gemma3_round_trip(tmp_path):
-    state = write_tiny_gguf(tmp_path / "g.gguf", "gemma3")
-    out = import_gguf(tmp_path / "g.gguf", tmp_path / "g")
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3"])
+def test_tiny_round_trip_gives_transformers_logits(tmp_path, arch):
+    state = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch)
+    out = import_gguf(tmp_path / f"{arch}.gguf", tmp_path / arch)
     ours = _state_dict(out)
-    assert set(ours) == set(state) - {"lm_head.weight"}
+    tied = arch == "gemma3"
+    assert set(ours) == set(state) - ({"lm_head.weight"} if tied else set())
     for name, w in ours.items():
-        # Norms went through (w + 1) - 1 in float32: equal to rounding.
+        # Gemma's norms went through (w + 1) - 1 in float32: equal up to rounding.
         torch.testing.assert_close(w, torch.from_numpy(state[name]), rtol=0, atol=1e-6)
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-    reference = _tiny_hf_model("gemma3").eval()
-    ids = torch.tensor([[5, 17, 300, 42, 9]])
+    assert type(model).__name__ == json.loads((out / "config.json").read_text())["architectures"][0]
+    reference = _tiny_hf_model(arch).eval()
+    ids = torch.tensor([[5, 17, 300, 42, 9, 1000, 77]])
     with torch.no_grad():
         torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
 
