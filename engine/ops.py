@@ -11,7 +11,6 @@ error, ``TRELLIS_NO_EXT=1``) the engine says so once on stderr and runs the torc
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import sys
@@ -30,6 +29,10 @@ GEMV_ROWS = 8  # rows per GEMV launch (the MMA's N)
 # cheap at K bits/weight); above it, decode Q once and use cuBLAS. Set from the H200 benchmark.
 GEMV_MAX_ROWS = int(os.environ.get("TRELLIS_GEMV_MAX_ROWS", "32"))
 _MAX_CHUNKS_PER_SPLIT = 16  # ext/exl3_gemv.cuh kGemvMaxChunks
+# The fast GEMV skips the fp16 rounding of each decoded weight (ext/exl3_gemv.cuh, FAST): fewer
+# integer instructions per weight, results within one fp16 rounding per weight of the exact
+# product. TRELLIS_GEMV_EXACT=1 selects the variant that multiplies the bit-exact fp16 weights.
+GEMV_FAST = os.environ.get("TRELLIS_GEMV_EXACT", "") in ("", "0")
 
 _ext: ModuleType | None = None
 _tried = False
@@ -87,22 +90,16 @@ def _kernel_ready(*tensors: torch.Tensor) -> ModuleType | None:
     return extension()
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _workspace(
     device: torch.device, in_features: int, out_features: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K partial sums and the per-column-group tickets of the GEMV (kept zeroed by the kernel).
 
-    Sized for the most splits the kernel can choose: one full wave (at most 8 blocks of 256
-    threads per SM) or the shared-memory bound, whichever is larger.
+    Sized for the most splits the kernel can choose (ext/trellis_ext.cpp choose_splits): at most
+    16, or the shared-memory bound of 16 input chunks per block, whichever is larger.
     """
     n_chunks, groups = in_features // 128, out_features // 128
-    sms = _sm_count(device)
-    max_splits = max(math.ceil(n_chunks / _MAX_CHUNKS_PER_SPLIT), min(n_chunks, 8 * sms // max(groups, 1)))
+    max_splits = max(math.ceil(n_chunks / _MAX_CHUNKS_PER_SPLIT), min(n_chunks, 16))
     floats = max_splits * GEMV_ROWS * out_features
     ws = _workspaces.get(device)
     if ws is None or ws[0].numel() < floats or ws[1].numel() < groups:
@@ -123,18 +120,23 @@ def exl3_gemv(
     svh: torch.Tensor,
     codebook: str,
     splits: int = 0,
+    fast: bool | None = None,
 ) -> torch.Tensor:
     """``had(had(x * suh) @ Q) * svh`` for ``x`` ``(m <= 8, in)`` on the GPU (the kernel, no fallback).
 
-    ``splits`` forces the split-K count (0: the kernel's choice); for tests and benchmarks.
+    ``splits`` forces the split-K count (0: the kernel's choice); ``fast`` picks the variant
+    (default :data:`GEMV_FAST`); both for tests and benchmarks.
     """
     ext = extension()
     if ext is None:
         raise RuntimeError(f"CUDA extension unavailable: {_reason}")
     in_f, out_f = trellis.shape[0] * 16, trellis.shape[1] * 16
+    if x.ndim != 2 or not 1 <= x.shape[0] <= GEMV_ROWS or x.shape[1] != in_f:
+        raise ValueError(f"exl3_gemv takes (1..{GEMV_ROWS}, {in_f}) activations, got {tuple(x.shape)}")
     partial, counters = _workspace(x.device, in_f, out_f)
     y = torch.empty(x.shape[0], out_f, dtype=x.dtype, device=x.device)
-    ext.exl3_gemv(x, trellis, suh, svh, y, partial, counters, CODEBOOK_IDS[codebook], splits)
+    fast = GEMV_FAST if fast is None else fast
+    ext.exl3_gemv(x, trellis, suh, svh, y, partial, counters, CODEBOOK_IDS[codebook], splits, fast)
     return y
 
 

@@ -22,6 +22,11 @@ namespace trellis {
 
 enum Codebook : int { CB_3INST = 0, CB_MCG = 1, CB_MUL1 = 2 };
 
+// The 3INST/MCG xor constant lives in constant memory on purpose: with both constants as
+// immediates ptxas splits (x & 0x8FFF8FFF) ^ 0x3B603B60 into two LOP3s (one immediate per
+// LOP3); with one of them in the constant bank it is a single LOP3 per weight.
+static __constant__ uint32_t kInstXor = 0x3B603B60u;
+
 // Bit position (possibly negative: tail-biting) of the first bit lane `lane` needs.
 __host__ __device__ constexpr int lane_first_bit(int K, int lane) { return (8 * lane + 1) * K - 16; }
 
@@ -112,8 +117,8 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
       x0 = s0 * 0xCBAC1FEDu;
       x1 = s1 * 0xCBAC1FEDu;
     }
-    x0 = (x0 & 0x8FFF8FFFu) ^ 0x3B603B60u;
-    x1 = (x1 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    x0 = (x0 & 0x8FFF8FFFu) ^ kInstXor;
+    x1 = (x1 & 0x8FFF8FFFu) ^ kInstXor;
     // (lo0, lo1) + (hi0, hi1): one fp16 RN addition per value, as the reference does.
     const uint32_t lo = __byte_perm(x0, x1, 0x5410);
     const uint32_t hi = __byte_perm(x0, x1, 0x7632);
@@ -131,6 +136,29 @@ __device__ __forceinline__ void decode_fragment(const uint32_t (&raw)[TileGeom<K
   a[1] = decode_pair<CB>(st[4], st[5]);
   a[2] = decode_pair<CB>(st[2], st[3]);
   a[3] = decode_pair<CB>(st[6], st[7]);
+}
+
+// 3INST/MCG without the final addition: one register = (lo, hi) fp16 halves of ONE weight.
+template <int CB>
+__device__ __forceinline__ uint32_t inst_halves(uint32_t s) {
+  uint32_t x = (CB == CB_3INST) ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
+  return (x & 0x8FFF8FFFu) ^ kInstXor;
+}
+
+// MUL1 without the affine map: registers of h = 1024 + byte_sum (exact fp16), fragment order.
+template <int K>
+__device__ __forceinline__ void decode_fragment_mul1_raw(const uint32_t (&raw)[TileGeom<K>::kRaw], int r,
+                                                         uint32_t (&a)[4]) {
+  uint32_t st[8];
+  lane_states<K>(raw, r, st);
+  uint32_t h[4];
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const uint32_t h0 = __dp4a(st[2 * p] * 0x83DCD12Du, 0x01010101u, 0x64006400u);
+    const uint32_t b1 = __dp4a(st[2 * p + 1] * 0x83DCD12Du, 0x01010101u, 0u);
+    h[p] = h0 + (b1 << 16);
+  }
+  a[0] = h[0]; a[1] = h[2]; a[2] = h[1]; a[3] = h[3];
 }
 
 // D = A * B + D, fp16 inputs, fp32 accumulation.

@@ -23,13 +23,41 @@ constexpr int kGemvThreads = 256;          // 8 warps
 constexpr int kGemvMaxChunks = 16;         // 128-feature input chunks per block (smem bound)
 constexpr int kGemvMaxRows = 8;            // batch rows (MMA N)
 
+// Each warp streams its tile rows (8 tiles = one 128-column group) through a ring of
+// shared-memory stages with cp.async, so several rows per warp are in flight at once: with one
+// row of register prefetch the kernel was bound by DRAM latency, not by bytes or instructions
+// (H200: same time at 2 and 8 bits per weight).
+template <int K>
+struct GemvPipe {
+  static constexpr int kStages = K <= 4 ? 6 : 4;
+  static constexpr int kRowWords = 8 * TileGeom<K>::kWords;  // uint32 words per row of 8 tiles
+  static constexpr int kSmemBytes = (kGemvThreads / 32) * kStages * kRowWords * 4;
+};
 
-template <int K, int CB>
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(addr), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+
+// FAST = false: every weight is the bit-exact fp16 value of section 6.2, as in the reconstruct
+// kernel. FAST = true skips the final fp16 rounding of each weight (fewer instructions per weight):
+//  - 3INST/MCG: the two fp16 halves of x go to the MMA as they are (each register holds (lo, hi)
+//    of ONE weight, the activation is duplicated in B), so the tile takes two MMAs and no
+//    PRMT/HADD2; the product is (lo + hi) * u exactly instead of RN(lo + hi) * u;
+//  - MUL1: the MMA multiplies h = 1024 + b (exact in fp16) and the block applies the affine
+//    map afterwards: sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u).
+// Either way the deviation from the exact product is below one fp16 rounding per weight.
+template <int K, int CB, bool FAST>
 __global__ void __launch_bounds__(kGemvThreads) exl3_gemv_kernel(const GemvArgs args) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
   __shared__ uint2 u_s[kGemvMaxChunks * 8][kGemvMaxRows][4];  // [tile row][batch][quad] -> 4 halves
   __shared__ float red_s[kGemvMaxRows][128];
+  __shared__ float usum_s[kGemvMaxRows];
   __shared__ int last_s;
 
   const int lane = threadIdx.x & 31;
@@ -43,8 +71,32 @@ __global__ void __launch_bounds__(kGemvThreads) exl3_gemv_kernel(const GemvArgs 
   const int nch = c_end - c_begin;
   const int tiles_out = args.out >> 4;
 
-  // ---- 1. input rotation into shared memory (and clear the reduction buffer) -------------
+  // Start the first rows' copies now, so their DRAM latency overlaps the input rotation.
+  using Pipe = GemvPipe<K>;
+  constexpr int ST = Pipe::kStages;
+  constexpr int RW = Pipe::kRowWords;
+  extern __shared__ uint4 gemv_dyn_smem[];
+  uint32_t* wbuf = reinterpret_cast<uint32_t*>(gemv_dyn_smem) + warp * ST * RW;
+  const LanePlan<K> plan(lane);
+  const uint32_t* base = args.trellis + ((size_t)(c_begin * 8) * tiles_out + (size_t)g * 8) * TW;
+  const size_t row_stride = (size_t)tiles_out * TW;
+  const int my_rows = nch;  // rows warp, warp + 8, ... (rows = 8 * nch)
+  auto issue_row = [&](int i) {
+    if (i < my_rows) {
+      const uint4* src = reinterpret_cast<const uint4*>(base + (size_t)(warp + 8 * i) * row_stride);
+      uint4* dst = reinterpret_cast<uint4*>(wbuf + (i % ST) * RW);
+#pragma unroll
+      for (int c = lane; c < RW / 4; c += 32) cp_async16(dst + c, src + c);
+    }
+    cp_async_commit();  // empty groups keep the group count uniform
+  };
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) issue_row(i);
+
+  // ---- 1. input rotation into shared memory (and clear the reduction buffers) ------------
   for (int i = threadIdx.x; i < kGemvMaxRows * 128; i += kGemvThreads) (&red_s[0][0])[i] = 0.0f;
+  if (threadIdx.x < kGemvMaxRows) usum_s[threadIdx.x] = 0.0f;
+  __syncthreads();
   for (int item = warp; item < nch * kGemvMaxRows; item += kGemvThreads / 32) {
     const int c = item >> 3;
     const int n = item & 7;
@@ -60,56 +112,70 @@ __global__ void __launch_bounds__(kGemvThreads) exl3_gemv_kernel(const GemvArgs 
     }
     // features 4*lane .. 4*lane+3 of chunk c: tile row c*8 + lane/4, k = 4*(lane%4) + {0..3}
     const int row = c * 8 + (lane >> 2);
+    float rsum = 0.f;
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
       const int k = 4 * (lane & 3) + 2 * p;
-      const uint32_t h = h2_as_u32(__floats2half2_rn(v[2 * p] * kRsqrt128, v[2 * p + 1] * kRsqrt128));
+      const __half2 hv = __floats2half2_rn(v[2 * p] * kRsqrt128, v[2 * p + 1] * kRsqrt128);
+      const float2 back = __half22float2(hv);
+      rsum += back.x + back.y;
       uint32_t* dst = reinterpret_cast<uint32_t*>(&u_s[row][n][(k & 7) >> 1]);
-      dst[k >> 3] = h;
+      dst[k >> 3] = h2_as_u32(hv);
+    }
+    if constexpr (FAST && CB == CB_MUL1) {
+      // sum of the fp16 activations the MMA sees, for the k_bias term
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xFFFFFFFFu, rsum, o);
+      if (lane == 0 && n < m) usum_s[n] += rsum;  // item n is always handled by warp n
     }
   }
   __syncthreads();
 
   // ---- 2. decode + MMA over this block's tile rows ---------------------------------------
-  const LanePlan<K> plan(lane);
   float acc[8][4];
 #pragma unroll
   for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
 
-  const int rows = nch * 8;
-  const int a0 = c_begin * 8;
-  const uint32_t* base = args.trellis + ((size_t)a0 * tiles_out + (size_t)g * 8) * TW;
-  const size_t row_stride = (size_t)tiles_out * TW;
-
-  uint32_t cur[8][NR], nxt[8][NR];
-  if (warp < rows) {
-    const uint32_t* p = base + (size_t)warp * row_stride;
+  for (int i = 0; i < my_rows; ++i) {
+    const int r = warp + 8 * i;
+    cp_async_wait<ST - 2>();  // row i has landed (this lane's copies) ...
+    __syncwarp();             // ... and every lane's; stage (i-1) % ST is free again
+    uint32_t cur[8][NR];
+    const uint32_t* stage = wbuf + (i % ST) * RW;
 #pragma unroll
     for (int t = 0; t < 8; ++t)
 #pragma unroll
-      for (int i = 0; i < NR; ++i) cur[t][i] = __ldg(p + t * TW + plan.word[i]);
-  }
-  for (int r = warp; r < rows; r += kGemvThreads / 32) {
-    const int rn = r + kGemvThreads / 32;
-    if (rn < rows) {
-      const uint32_t* p = base + (size_t)rn * row_stride;
-#pragma unroll
-      for (int t = 0; t < 8; ++t)
-#pragma unroll
-        for (int i = 0; i < NR; ++i) nxt[t][i] = __ldg(p + t * TW + plan.word[i]);
-    }
+      for (int w = 0; w < NR; ++w) cur[t][w] = stage[t * TW + plan.word[w]];
+    issue_row(i + ST - 1);
     const uint2 b = u_s[r][lane >> 2][lane & 3];
+    if constexpr (FAST && CB != CB_MUL1) {
+      // B for the even-k MMA: (u[2t], u[2t]) and (u[2t+8], u[2t+8]); odd-k: u[2t+1], u[2t+9].
+      const uint32_t be0 = __byte_perm(b.x, 0, 0x1010), be1 = __byte_perm(b.y, 0, 0x1010);
+      const uint32_t bo0 = __byte_perm(b.x, 0, 0x3232), bo1 = __byte_perm(b.y, 0, 0x3232);
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      uint32_t a[4];
-      decode_fragment<K, CB>(cur[t], plan.r, a);
-      mma_16816(acc[t], a, b.x, b.y);
+      for (int t = 0; t < 8; ++t) {
+        uint32_t st[8];
+        lane_states<K>(cur[t], plan.r, st);
+        uint32_t x[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = inst_halves<CB>(st[j]);
+        const uint32_t ae[4] = {x[0], x[4], x[2], x[6]};
+        const uint32_t ao[4] = {x[1], x[5], x[3], x[7]};
+        mma_16816(acc[t], ae, be0, be1);
+        mma_16816(acc[t], ao, bo0, bo1);
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        uint32_t a[4];
+        if constexpr (FAST) decode_fragment_mul1_raw<K>(cur[t], plan.r, a);
+        else decode_fragment<K, CB>(cur[t], plan.r, a);
+        mma_16816(acc[t], a, b.x, b.y);
+      }
     }
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int i = 0; i < NR; ++i) cur[t][i] = nxt[t][i];
+    __syncwarp();  // all lanes done reading this stage before it is refilled
   }
+  cp_async_wait<0>();
 
   // C fragment: c0 = (out 16t + lane/4, batch 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
   {
@@ -128,6 +194,15 @@ __global__ void __launch_bounds__(kGemvThreads) exl3_gemv_kernel(const GemvArgs 
     }
   }
   __syncthreads();
+  if constexpr (FAST && CB == CB_MUL1) {
+    const float k_inv = __half2float(__ushort_as_half(0x1EEE));
+    const float k_bias = __half2float(__ushort_as_half(0xC931));
+    for (int i = threadIdx.x; i < m * 128; i += kGemvThreads) {
+      const int n = i >> 7, c = i & 127;
+      red_s[n][c] = fmaf(k_inv, red_s[n][c], k_bias * usum_s[n]);
+    }
+    __syncthreads();
+  }
 
   // ---- 3. split-K reduction (last block of the column group) and output rotation ----------
   if (args.splits > 1) {
@@ -141,11 +216,18 @@ __global__ void __launch_bounds__(kGemvThreads) exl3_gemv_kernel(const GemvArgs 
     __syncthreads();
     if (!last_s) return;
     __threadfence();
-    for (int i = threadIdx.x; i < m * 128; i += kGemvThreads) {
-      const int n = i >> 7, c = i & 127;
-      float sum = 0.f;
-      for (int q = 0; q < args.splits; ++q) sum += __ldcg(&args.partial[((size_t)q * m + n) * args.out + (g << 7) + c]);
-      red_s[n][c] = sum;
+    // One thread per (row, column): a sum over the splits with 8 independent loads in flight.
+    const size_t split_stride = (size_t)m * args.out;
+    for (int e = threadIdx.x; e < m * 128; e += kGemvThreads) {
+      const float* p = args.partial + (size_t)(e >> 7) * args.out + (g << 7) + (e & 127);
+      float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      int q = 0;
+      for (; q + 8 <= args.splits; q += 8) {
+#pragma unroll
+        for (int u = 0; u < 8; ++u) a[u] += __ldcg(p + (size_t)(q + u) * split_stride);
+      }
+      for (; q < args.splits; ++q) a[0] += __ldcg(p + (size_t)q * split_stride);
+      red_s[e >> 7][e & 127] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     }
     if (threadIdx.x == 0) args.counters[g] = 0;
     __syncthreads();
@@ -165,18 +247,31 @@ __global__ void __launch_bounds__(kGemvThreads) exl3_gemv_kernel(const GemvArgs 
   }
 }
 
-template <int K, int CB>
-void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
-  dim3 grid(a.out >> 7, a.splits);
-  exl3_gemv_kernel<K, CB><<<grid, kGemvThreads, 0, stream>>>(a);
+template <int K, int CB, bool FAST>
+void gemv_allow_smem() {
+  static bool done = false;  // once per instantiation (per process; one GPU model assumed)
+  if (!done) {
+    cudaFuncSetAttribute(exl3_gemv_kernel<K, CB, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         GemvPipe<K>::kSmemBytes);
+    done = true;
+  }
 }
 
-template <int K, int CB>
+template <int K, int CB, bool FAST>
+void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
+  gemv_allow_smem<K, CB, FAST>();
+  dim3 grid(a.out >> 7, a.splits);
+  exl3_gemv_kernel<K, CB, FAST><<<grid, kGemvThreads, GemvPipe<K>::kSmemBytes, stream>>>(a);
+}
+
+template <int K, int CB, bool FAST>
 int gemv_blocks_per_sm() {
   static int cached = -1;
   if (cached < 0) {
+    gemv_allow_smem<K, CB, FAST>();
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_kernel<K, CB>, kGemvThreads, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_kernel<K, CB, FAST>, kGemvThreads,
+                                                  GemvPipe<K>::kSmemBytes);
     cached = n > 0 ? n : 1;
   }
   return cached;

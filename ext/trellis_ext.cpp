@@ -28,7 +28,7 @@ int bits_of(const at::Tensor& trellis) {
   TORCH_CHECK(trellis.dim() == 3, "trellis must be 3-D (in/16, out/16, 16K)");
   TORCH_CHECK(trellis.scalar_type() == at::kShort, "trellis must be int16");
   TORCH_CHECK(trellis.is_contiguous(), "trellis must be contiguous");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(trellis.data_ptr()) % 4 == 0, "trellis must be 4-byte aligned");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(trellis.data_ptr()) % 16 == 0, "trellis must be 16-byte aligned");
   const int64_t words = trellis.size(2);
   TORCH_CHECK(words % 16 == 0 && words / 16 >= 1 && words / 16 <= 8, "trellis last dim must be 16*K, K in 1..8");
   TORCH_CHECK(trellis.size(1) % 8 == 0, "out must be a multiple of 128");
@@ -41,28 +41,30 @@ void check_vec(const at::Tensor& v, int64_t n, const char* name) {
               name, " must be a contiguous fp16 CUDA vector of length ", n);
 }
 
-int dispatch(int codebook, int K, const trellis::GemvArgs& a, cudaStream_t stream, bool query) {
+int dispatch(int codebook, int K, bool fast, const trellis::GemvArgs& a, cudaStream_t stream, bool query) {
   int bps = 0;
   int* q = query ? &bps : nullptr;
-  if (codebook == 0) trellis::gemv_dispatch_3inst(K, a, stream, q);
-  else if (codebook == 1) trellis::gemv_dispatch_mcg(K, a, stream, q);
-  else trellis::gemv_dispatch_mul1(K, a, stream, q);
+  if (codebook == 0) trellis::gemv_dispatch_3inst(K, fast, a, stream, q);
+  else if (codebook == 1) trellis::gemv_dispatch_mcg(K, fast, a, stream, q);
+  else trellis::gemv_dispatch_mul1(K, fast, a, stream, q);
   return bps;
 }
 
-// Split-K count: one full wave of blocks, at least enough splits for the shared-memory bound.
-int choose_splits(int in, int out, int blocks_per_sm, int sms) {
+// Split-K count: one full wave of blocks, at least enough splits for the shared-memory bound,
+// and few enough that the last block's sum over splits * m partial rows stays short.
+int choose_splits(int in, int out, int m, int blocks_per_sm, int sms) {
   const int n_chunks = in / 128;
   const int groups = out / 128;
   const int min_splits = (n_chunks + kMaxChunks - 1) / kMaxChunks;
   int splits = std::max(1, (blocks_per_sm * sms) / std::max(groups, 1));
-  splits = std::min(splits, n_chunks);
+  splits = std::min({splits, n_chunks, std::max(1, std::min(16, 64 / m))});
   return std::max(splits, min_splits);
 }
 
 // y = had(had(x * suh) @ Q) * svh for m <= 8 rows. Returns the number of splits used.
 int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tensor& suh, const at::Tensor& svh,
-                  at::Tensor& y, at::Tensor& partial, at::Tensor& counters, int64_t codebook, int64_t splits) {
+                  at::Tensor& y, at::Tensor& partial, at::Tensor& counters, int64_t codebook, int64_t splits,
+                  bool fast) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int K = bits_of(trellis);
   const int in = static_cast<int>(trellis.size(0) * 16), out = static_cast<int>(trellis.size(1) * 16);
@@ -92,10 +94,10 @@ int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tens
   const int n_chunks = in / 128;
   const int min_splits = (n_chunks + kMaxChunks - 1) / kMaxChunks;
   if (splits <= 0) {
-    const int bps = dispatch(static_cast<int>(codebook), K, a, stream, true);
+    const int bps = dispatch(static_cast<int>(codebook), K, fast, a, stream, true);
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
-    splits = choose_splits(in, out, bps, sms);
+    splits = choose_splits(in, out, m, bps, sms);
   }
   TORCH_CHECK(splits >= min_splits && splits <= n_chunks, "splits must be in [", min_splits, ", ", n_chunks, "]");
   a.splits = static_cast<int>(splits);
@@ -108,7 +110,7 @@ int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tens
     a.partial = partial.data_ptr<float>();
     a.counters = counters.data_ptr<int>();
   }
-  dispatch(static_cast<int>(codebook), K, a, stream, false);
+  dispatch(static_cast<int>(codebook), K, fast, a, stream, false);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return splits;
 }
@@ -148,7 +150,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Trellis Chat CUDA kernels: EXL3 GEMV/reconstruct, blockwise Hadamard";
   m.def("exl3_gemv", &exl3_gemv, "EXL3 GEMV (1..8 rows) with fused Hadamards; returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("partial"),
-        py::arg("counters"), py::arg("codebook"), py::arg("splits") = 0);
+        py::arg("counters"), py::arg("codebook"), py::arg("splits") = 0, py::arg("fast") = false);
   m.def("exl3_reconstruct", &exl3_reconstruct, "decode Q (in, out) fp16 from a trellis", py::arg("trellis"),
         py::arg("codebook"));
   m.def("hadamard128", &hadamard128, "y = had128(x * pre) * post, blockwise along the last dim", py::arg("x"),

@@ -18,9 +18,10 @@ struct GemvArgs {
 };
 
 // Launch (blocks_per_sm == nullptr) or query occupancy (*blocks_per_sm set, nothing launched).
-void gemv_dispatch_3inst(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
-void gemv_dispatch_mcg(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
-void gemv_dispatch_mul1(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+// fast: skip the per-weight fp16 rounding (see exl3_gemv.cuh).
+void gemv_dispatch_3inst(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+void gemv_dispatch_mcg(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+void gemv_dispatch_mul1(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
 
 // Q (in, out) fp16 from the trellis (in/16, out/16, 16K); out must be a multiple of 128.
 void launch_reconstruct(const uint32_t* trellis, void* q, int in, int out, int K, int codebook, cudaStream_t stream);
