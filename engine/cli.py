@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "logits",
     "ppl",
     "bench",
+    "cache_capacity",
     "import_gguf",
     "download",
     "search",

@@ -65,3 +65,16 @@ def test_model_runs_on_quantized_cache(tiny_model_factory, bits, tolerance):
     err = ((got - exact).norm() / exact.norm()).item()
     assert 0 < err < tolerance
     assert cache.nbytes < PagedKVCache.for_model(model.spec, 64, page_size=16).nbytes
+
+
+def test_capacity_grows_as_bits_shrink(tiny_model_factory, capsys):
+    from engine.cli import main
+
+    directory, _ = tiny_model_factory("LlamaForCausalLM")
+    assert main(["cache-capacity", "-m", str(directory), "--budget-gb", "1", "--json"]) == 0
+    import json
+
+    rows = {(r["k_bits"], r["v_bits"]): r["max_tokens"] for r in json.loads(capsys.readouterr().out)}
+    # head_dim 16: 16 bits -> 32 bytes per head; 4 bits -> 8 bytes + one fp16 scale.
+    assert rows[(4, 4)] / rows[(16, 16)] == pytest.approx(32 / 10, rel=0.01)
+    assert rows[(2, 2)] > rows[(3, 3)] > rows[(4, 4)] > rows[(4, 6)] > rows[(8, 8)] > rows[(16, 16)]
