@@ -25,9 +25,10 @@ CODEBOOK_IDS = {"3inst": 0, "mcg": 1, "mul1": 2}
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 GEMV_ROWS = 8  # rows per GEMV launch (the MMA's N)
-# Up to this many rows the GEMV runs in 8-row launches (each re-reads the packed weight, which is
-# cheap at K bits/weight); above it, decode Q once and use cuBLAS. Set from the H200 benchmark.
-GEMV_MAX_ROWS = int(os.environ.get("TRELLIS_GEMV_MAX_ROWS", "32"))
+# Up to this many rows the GEMV runs in 8-row launches (each re-reads the packed weight); above it,
+# decode Q once and use cuBLAS. H200, 4096x14336 at 4 bpw: 16 rows take 86 us either way, 32 rows
+# 172 us as GEMV launches vs 86 us reconstruct + cuBLAS, so the GEMV stops at 8.
+GEMV_MAX_ROWS = int(os.environ.get("TRELLIS_GEMV_MAX_ROWS", "8"))
 _MAX_CHUNKS_PER_SPLIT = 16  # ext/exl3_gemv.cuh kGemvMaxChunks
 # The fast GEMV skips the fp16 rounding of each decoded weight (ext/exl3_gemv.cuh, FAST): fewer
 # integer instructions per weight, results within one fp16 rounding per weight of the exact

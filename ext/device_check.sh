@@ -24,9 +24,13 @@ else
   timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda tests/quant 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 timeout 200 python3 -m engine.commands.bench_kernels --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
-# Large batches: 8-row GEMV launches vs reconstruct + cuBLAS (sets ops.GEMV_MAX_ROWS).
-timeout 60 python3 -m engine.commands.bench_kernels --shapes 4096x14336 --bits 4 --batch 16,32,64,256 \
-  --json "$OUT/bench_large.json" 2>&1 | tee "$OUT/bench_large.log"
+# Memory checker on a few launches of each codebook (exact and fast): no out-of-bounds access.
+if command -v compute-sanitizer >/dev/null; then
+  for cb in mcg mul1; do
+    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 ext/profile_gemv.py 1024 384 3 5 $cb 2>&1 | tail -2
+    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 ext/profile_gemv.py 2048 256 7 8 $cb exact 2>&1 | tail -2
+  done | tee "$OUT/memcheck.log"
+fi
 # Hardware counters for one launch: where the warps stall.
 if command -v ncu >/dev/null; then
   timeout 90 ncu --clock-control none --kernel-name regex:exl3_gemv --launch-skip 2 --launch-count 1 \

@@ -29,7 +29,8 @@ constexpr int kGemvMaxRows = 8;            // batch rows (MMA N)
 // (H200: same time at 2 and 8 bits per weight).
 template <int K>
 struct GemvPipe {
-  static constexpr int kStages = K <= 4 ? 6 : 4;
+  // Stage count keeps the block at <= ~70 KB of shared memory: 3 blocks (24 warps) per SM.
+  static constexpr int kStages = K <= 4 ? 4 : (K <= 6 ? 3 : 2);
   static constexpr int kRowWords = 8 * TileGeom<K>::kWords;  // uint32 words per row of 8 tiles
   static constexpr int kSmemBytes = (kGemvThreads / 32) * kStages * kRowWords * 4;
 };
@@ -52,7 +53,9 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 //    map afterwards: sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u).
 // Either way the deviation from the exact product is below one fp16 rounding per weight.
 template <int K, int CB, bool FAST>
-__global__ void __launch_bounds__(kGemvThreads) exl3_gemv_kernel(const GemvArgs args) {
+// Three blocks per SM: on the H200 one warp issues only every ~8 cycles (decode dependency
+// chains), so occupancy, not bandwidth, sets the speed (ncu: 0.38 issued/cycle at 12.6 warps/SM).
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_kernel(const GemvArgs args) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
   __shared__ uint2 u_s[kGemvMaxChunks * 8][kGemvMaxRows][4];  // [tile row][batch][quad] -> 4 halves
