@@ -19,6 +19,9 @@ from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
 from engine.model import LoadedModel, load_model
 from engine.tokenizer import Tokenizer
+from engine.vision.images import ImageInputError, ImageSource
+from engine.vision.media import PromptMedia
+from engine.vision.prompt import encode_chat_with_images
 
 Progress = Callable[[float, str], None]
 
@@ -85,9 +88,11 @@ class ChatSession:
         max_new_tokens: int = 512,
         stop_strings: Sequence[str] = (),
         should_stop: Callable[[], bool] | None = None,
+        media: PromptMedia | None = None,
     ) -> Iterator[StreamChunk]:
-        """Stream the continuation of ``input_ids``; ``should_stop`` is polled every step."""
-        job = Job(list(input_ids), max_new_tokens, settings, stop_strings)
+        """Stream the continuation of ``input_ids``; ``should_stop`` is polled every step.
+        ``media``: the prompt's images (see :meth:`encode_chat_with_images`)."""
+        job = Job(list(input_ids), max_new_tokens, settings, stop_strings, media=media)
         started = time.perf_counter()
         self.generator.enqueue(job)
         try:
@@ -125,6 +130,20 @@ class ChatSession:
     ) -> Iterator[StreamChunk]:
         ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
         yield from self.stream_ids(ids, settings, max_new_tokens, stop_strings, should_stop)
+
+    @property
+    def sees_images(self) -> bool:
+        return self.model.vision is not None
+
+    def encode_chat_with_images(
+        self, messages: list[dict], images: Sequence[ImageSource]
+    ) -> tuple[list[int], PromptMedia]:
+        """Token ids and media of a chat whose messages hold ``{"type": "image"}`` parts, one per
+        image of ``images`` in order. Raises ImageInputError for unreadable images, and when the
+        model cannot see images at all."""
+        if self.model.vision is None:
+            raise ImageInputError(f"{self.model_name} cannot see images (it has no vision tower)")
+        return encode_chat_with_images(self.tokenizer, self.model.vision, messages, images)
 
     def unload(self) -> None:
         """Drop the model and cache so their memory can be reclaimed."""

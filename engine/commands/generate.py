@@ -8,7 +8,9 @@ import sys
 import time
 
 from engine.commands.common import add_cache_args, add_model_args, cache_bits, stderr_progress
+from engine.errors import EngineError
 from engine.generation.sampling import SamplingSettings
+from engine.vision.prompt import user_message
 
 
 def register(sub) -> None:
@@ -30,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument(
+        "--image", action="append", default=[], help="image shown before the prompt (repeatable, with --chat)"
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     p.set_defaults(func=run)
 
@@ -37,6 +42,8 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.session import ChatSession
 
+    if args.image and not args.chat:
+        raise SystemExit("error: --image needs --chat (images go into a user message)")
     session = ChatSession.load(
         args.model,
         device=args.device,
@@ -54,16 +61,25 @@ def run(args: argparse.Namespace) -> int:
         frequency_penalty=args.frequency_penalty,
         seed=args.seed,
     )
+    media = None  # the images of the prompt, when --image is given
     if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": args.prompt}
-        ]
-        ids = session.tokenizer.encode_chat(messages, add_generation_prompt=True)
+        # Without images the content stays a plain string, which every chat template accepts.
+        user = {"role": "user", "content": args.prompt}
+        if args.image:
+            user = user_message(args.prompt, len(args.image))
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [user]
+        if args.image:
+            try:
+                ids, media = session.encode_chat_with_images(messages, args.image)
+            except EngineError as exc:
+                raise SystemExit(f"error: {exc}") from None
+        else:
+            ids = session.tokenizer.encode_chat(messages, add_generation_prompt=True)
     else:
         ids = session.tokenizer.encode(args.prompt)
     text, token_ids, last = [], [], None
     start = time.perf_counter()
-    for chunk in session.stream_ids(ids, settings, args.max_new_tokens, args.stop):
+    for chunk in session.stream_ids(ids, settings, args.max_new_tokens, args.stop, media=media):
         text.append(chunk.text)
         token_ids += chunk.token_ids
         last = chunk

@@ -1,4 +1,9 @@
-"""``logits``: the model's logits for one token sequence, saved as safetensors."""
+"""``logits``: the model's logits for one token sequence, saved as safetensors.
+
+The sequence is ``--ids``, or ``--chat -p TEXT [--image PATH ...]``: one user message holding
+the images first, then the text, rendered with the model's chat template and the generation
+prompt; the logits then cover every prompt token after the image placeholders are expanded.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,14 @@ from engine.commands.common import add_model_args, parse_ids
 def register(sub) -> None:
     p = sub.add_parser("logits", help="write logits [T, vocab] for a token sequence")
     add_model_args(p)
-    p.add_argument("--ids", required=True, help="comma-separated token ids")
+    p.add_argument("--ids", help="comma-separated token ids")
+    p.add_argument(
+        "--chat", action="store_true", help="score one user message (-p, --image) via the chat template"
+    )
+    p.add_argument("-p", "--prompt", help="the user message's text (with --chat)")
+    p.add_argument(
+        "--image", action="append", default=[], help="image file shown before the text (repeatable)"
+    )
     p.add_argument("--out", required=True, help="output .safetensors file (tensor 'logits', float32)")
     p.set_defaults(func=run)
 
@@ -22,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from engine.generation.step import score_tokens
     from engine.model import load_model
 
+    if args.chat:
+        return run_chat(args)
+    if args.ids is None:
+        raise SystemExit("error: give --ids, or --chat with -p")
     ids = parse_ids(args.ids)
     if not ids:
         raise SystemExit("error: --ids is empty")
@@ -35,3 +51,46 @@ def run(args: argparse.Namespace) -> int:
     save_file({"logits": logits.float().cpu().contiguous()}, args.out)
     print(f"wrote logits {list(logits.shape)} to {args.out}")
     return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from safetensors.torch import save_file
+
+    from engine.cache.paged import PagedKVCache
+    from engine.errors import EngineError
+    from engine.generation.step import score_tokens
+    from engine.model import load_model
+    from engine.tokenizer import Tokenizer
+    from engine.vision.prompt import encode_chat_with_images, user_message
+
+    if args.prompt is None:
+        raise SystemExit("error: --chat needs -p TEXT")
+    tokenizer = Tokenizer.from_dir(args.model)
+    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    # Without images the content stays a plain string, which every chat template accepts.
+    messages = [
+        user_message(args.prompt, len(args.image)) if args.image else {"role": "user", "content": args.prompt}
+    ]
+    media = None
+    try:
+        if args.image:
+            if model.vision is None:
+                raise SystemExit(
+                    f"error: {model.config.architecture} cannot see images (it has no vision tower)"
+                )
+            ids, media = encode_chat_with_images(tokenizer, model.vision, messages, args.image)
+        else:
+            ids = tokenizer.encode_chat(messages, add_generation_prompt=True)
+    except EngineError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    cache = PagedKVCache.for_model(model.spec, len(ids), dtype=model.dtype, device=model.device)
+    logits = score_tokens(model.module, cache, ids, media=media)
+    save_file({"logits": logits.float().cpu().contiguous(), "input_ids": torch_ids(ids)}, args.out)
+    print(f"wrote logits {list(logits.shape)} to {args.out}")
+    return 0
+
+
+def torch_ids(ids: list[int]):
+    import torch
+
+    return torch.tensor(ids, dtype=torch.long)

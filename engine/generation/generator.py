@@ -136,7 +136,7 @@ class Generator:
                 )
             # Reuse cached pages of the prompt's prefix, but always compute the last prompt
             # token ourselves: its logits give the first new token.
-            reusable = page_keys(run.tokens[: run.prompt_len - 1], ps)
+            reusable = page_keys(self._key_tokens(run, run.prompt_len - 1), ps)
             matched = self.cache.pages.match_prefix(reusable)
             if needed - len(matched) > self.cache.pages.available:
                 self.cache.pages.release(matched)
@@ -158,15 +158,18 @@ class Generator:
         budget = self.max_chunk_tokens
         for run in self._active:  # decode first: one token each, never starved by prefill
             if not run.prefilling:
-                items.append(StepItem([run.tokens[-1]], run.in_cache, run.pages, "last"))
+                items.append(StepItem([run.tokens[-1]], run.in_cache, run.pages, "last", run.job.media))
                 runs.append(run)
                 budget -= 1
         now = time.perf_counter()
         for run in self._active:
             if run.prefilling and budget > 0:
                 end = min(run.prompt_len, run.in_cache + budget)
+                if run.job.media is not None:  # never split an image attended bidirectionally
+                    end = run.job.media.chunk_end(run.in_cache, end)
                 chunk = run.tokens[run.in_cache : end]
-                items.append(StepItem(chunk, run.in_cache, run.pages, "last" if end == run.prompt_len else None))
+                wanted = "last" if end == run.prompt_len else None
+                items.append(StepItem(chunk, run.in_cache, run.pages, wanted, run.job.media))
                 runs.append(run)
                 budget -= len(chunk)
                 self.prefilled_tokens += len(chunk)
@@ -181,11 +184,19 @@ class Generator:
                 results.append(self._advance(run, row[-1]))
         return results
 
+    @staticmethod
+    def _key_tokens(run: _Running, count: int) -> list:
+        """The first ``count`` tokens as page keys see them: image placeholders stand for their
+        image's content hash, so pages holding different images never match."""
+        media = run.job.media
+        tokens = run.tokens[:count]
+        return tokens if media is None else media.key_tokens(tokens)
+
     def _register_full_pages(self, run: _Running) -> None:
         ps = self.cache.page_size
         full = run.in_cache // ps
         if full > len(run.keys):
-            run.keys = page_keys(run.tokens[: full * ps], ps)
+            run.keys = page_keys(self._key_tokens(run, full * ps), ps)
             for page, key in zip(run.pages[:full], run.keys):
                 self.cache.pages.register(page, key)
 

@@ -21,6 +21,8 @@ class Job:
     sampling: SamplingSettings = field(default_factory=SamplingSettings.greedy)
     stop_strings: Sequence[str] = ()
     stop_token_ids: Iterable[int] | None = None  # None: the model's EOS ids
+    # engine.vision.media.PromptMedia: the prompt's images, spliced in at their placeholders
+    media: Any = None
     identifier: Any = None
     serial: int = field(default_factory=lambda: next(_ids))
 
