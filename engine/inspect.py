@@ -14,20 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Architectures the engine maps (engine/architectures/). Kept here as data so the library can
-# say "unsupported" before anyone tries to load the model.
-SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
-    {
-        "LlamaForCausalLM",
-        "MistralForCausalLM",
-        "Qwen2ForCausalLM",
-        "Qwen3ForCausalLM",
-        "Gemma2ForCausalLM",
-        "Gemma3ForCausalLM",
-        "Phi3ForCausalLM",
-        "SmolLM3ForCausalLM",
-    }
-)
+from engine.supported import SUPPORTED_ARCHITECTURES
 
 # Bytes per element of each safetensors dtype.
 _DTYPE_BYTES: dict[str, int] = {

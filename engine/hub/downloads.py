@@ -473,8 +473,11 @@ class DownloadManager:
             job.note = None
             job.error = error
             job.samples.clear()
-            self._set_state(job, final)
+            job.state = final
+        # Persist the final state before anyone is told: a waiter may act (or the app exit) at once.
         self._save_state()
+        with self._lock:
+            self._set_state(job, final)
         self._schedule()
 
     def _download(self, job: _Job) -> None:
