@@ -61,7 +61,9 @@ class ModelConfig:
         raw = read_json(directory / "config.json")
         archs = raw.get("architectures") or []
         if not archs:
-            raise ModelLoadError(f"{directory / 'config.json'} names no architecture ('architectures' is empty)")
+            raise ModelLoadError(
+                f"{directory / 'config.json'} names no architecture ('architectures' is empty)"
+            )
         text = dict(raw.get("text_config") or raw)
         for key, value in raw.items():
             if key != "text_config":

@@ -22,4 +22,3 @@ class Gemma2(Architecture):
     def layer_types(self, cfg: ModelConfig) -> list[str]:
         n = int(cfg.require("num_hidden_layers"))
         return [SLIDING if i % 2 == 0 else FULL for i in range(n)]
-

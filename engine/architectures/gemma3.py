@@ -25,4 +25,3 @@ class Gemma3(Gemma2):
             # transformers 4 configs: the sliding layers' base is a separate field, unscaled.
             specs[SLIDING] = replace(specs[FULL], theta=float(local), kind="default", params={})
         return specs
-

@@ -27,7 +27,10 @@ def shard(directory):
     (directory / "model.safetensors").unlink()
     names = sorted(tensors)
     half = len(names) // 2
-    parts = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    parts = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
     weight_map = {}
     for file, keys in parts.items():
         save_file({k: tensors[k] for k in keys}, directory / file)
@@ -71,7 +74,9 @@ def test_unknown_architecture_is_named(model_copy):
     cfg = json.loads((model_copy / "config.json").read_text())
     cfg["architectures"] = ["FancyNewForCausalLM"]
     (model_copy / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedArchitectureError, match="FancyNewForCausalLM.*supports: .*LlamaForCausalLM"):
+    with pytest.raises(
+        UnsupportedArchitectureError, match="FancyNewForCausalLM.*supports: .*LlamaForCausalLM"
+    ):
         load_model(model_copy, device="cpu")
 
 
@@ -111,6 +116,8 @@ def test_half_precision_checkpoints_load(tiny_model_factory, tmp_path, dtype):
     from engine.cache.paged import PagedKVCache
     from engine.generation.step import score_tokens
 
-    got = score_tokens(model.module, PagedKVCache.for_model(model.spec, 64, page_size=16, dtype=dtype), ids.tolist())
+    got = score_tokens(
+        model.module, PagedKVCache.for_model(model.spec, 64, page_size=16, dtype=dtype), ids.tolist()
+    )
     # Half precision: same maths, different kernels; agreement to a few bf16/fp16 ulps.
     assert ((got - expected).norm() / expected.norm()).item() < 2e-2

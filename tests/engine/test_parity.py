@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from tiny_models import VARIANTS
 
 from engine.cache.paged import PagedKVCache
 from engine.generation.step import StepItem, run_step, score_tokens
 from engine.model import load_model
-from tiny_models import VARIANTS
 
 TOL = 1e-4
 
@@ -28,7 +28,9 @@ def test_logits_match_transformers(variant, tiny_model_factory):
     assert rel_err(got, expected) < TOL
 
 
-@pytest.mark.parametrize("variant", ["LlamaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"])
+@pytest.mark.parametrize(
+    "variant", ["LlamaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"]
+)
 def test_ragged_batch_matches_single_runs(variant, tiny_model_factory):
     """Three sequences of different lengths share the paged cache: chunked prefill together, then
     batched decode steps, give the same logits as each sequence alone."""
@@ -59,7 +61,9 @@ def test_ragged_batch_matches_single_runs(variant, tiny_model_factory):
         for i, logits in zip(owners, run_step(model.module, cache, items)):
             got[i].append(logits)
     for step in range(4):  # batched decode
-        items = [StepItem([decode[i][step]], len(seqs[i]) + step, tables[i], "last") for i in range(len(seqs))]
+        items = [
+            StepItem([decode[i][step]], len(seqs[i]) + step, tables[i], "last") for i in range(len(seqs))
+        ]
         for i, logits in enumerate(run_step(model.module, cache, items)):
             got[i].append(logits)
     for i in range(len(seqs)):

@@ -49,7 +49,11 @@ def _configs():
         "Qwen2ForCausalLM": tf.Qwen2Config(**COMMON),
         "Qwen3ForCausalLM": tf.Qwen3Config(**COMMON, head_dim=32),
         "Gemma2ForCausalLM": tf.Gemma2Config(
-            **COMMON, head_dim=16, sliding_window=16, query_pre_attn_scalar=24, attn_logit_softcapping=50.0,
+            **COMMON,
+            head_dim=16,
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=50.0,
             final_logit_softcapping=30.0,
         ),
         "Gemma3ForCausalLM": tf.Gemma3TextConfig(
