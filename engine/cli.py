@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "search",
     "build_ext",
     "bench_kernels",
+    "convert",
 ]
 
 

@@ -53,6 +53,8 @@ def blockwise_hadamard(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     if n % HADAMARD_SIZE:
         raise ValueError(f"blockwise Hadamard needs a multiple of {HADAMARD_SIZE}, got {n}")
     moved = x.movedim(dim, -1)
-    blocks = moved.reshape(*moved.shape[:-1], n // HADAMARD_SIZE, HADAMARD_SIZE)
-    out = blocks @ hadamard_matrix(HADAMARD_SIZE, x.dtype, x.device)
+    # One 2-D GEMM over all 128-blocks: batched small matmuls (and float64 ones especially) hit
+    # slow paths on CPU.
+    blocks = moved.reshape(-1, HADAMARD_SIZE)
+    out = torch.mm(blocks, hadamard_matrix(HADAMARD_SIZE, x.dtype, x.device))
     return out.reshape(moved.shape).movedim(-1, dim)

@@ -1,0 +1,53 @@
+"""``convert``: quantize an HF model directory to EXL3 (engine.quant.convert)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from engine.quant.codebooks import CODEBOOKS
+
+
+def register(sub) -> None:
+    p = sub.add_parser("convert", help="quantize a Hugging Face model directory to EXL3")
+    p.add_argument("-i", "--input", required=True, help="source HF model directory")
+    p.add_argument("-o", "--output", required=True, help="output directory")
+    p.add_argument("-b", "--bits", type=float, required=True, help="target bits per weight, 1.0..8.0")
+    p.add_argument(
+        "--head-bits", type=int, default=6, help="bits of the output head: 1..8, or 16 (default 6)"
+    )
+    p.add_argument("--codebook", choices=CODEBOOKS, default="mul1", help="codebook (default mul1)")
+    p.add_argument("--cal-rows", type=int, default=250, help="calibration rows (default 250)")
+    p.add_argument("--cal-cols", type=int, default=2048, help="tokens per calibration row (default 2048)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
+    p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-size", type=int, default=8192, help="shard size in MiB (default 8192)")
+    p.add_argument("--report", help="write the per-block error report here (JSON)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from engine.quant.convert import ConvertOptions, convert_model
+
+    options = ConvertOptions(
+        bits=args.bits,
+        head_bits=args.head_bits,
+        codebook=args.codebook,
+        cal_rows=args.cal_rows,
+        cal_cols=args.cal_cols,
+        out_scales=not args.no_out_scales,
+        seed=args.seed,
+        shard_size_mb=args.shard_size,
+        device=args.device,
+    )
+    report = convert_model(
+        args.input, args.output, options, resume=args.resume, log=lambda m: print(m, flush=True)
+    )
+    if args.report:
+        with open(args.report, "w", encoding="utf-8") as f:
+            json.dump(asdict(report), f, indent=1)
+    return 0

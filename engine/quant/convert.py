@@ -1,0 +1,495 @@
+"""Convert an HF model directory to EXL3, block by block (issue 3; EXL3_FORMAT.md sections 1-3, 9).
+
+Pipeline: calibration token rows (shipped text + random-token rows) are embedded once; then for
+each decoder block, the block's linears record their input Hessians ``E[x^T x]`` while the
+*unquantized* block runs, every linear is quantized (:func:`engine.quant.quantize.quantize_weight`)
+and swapped for an :class:`EXL3Linear`, and the *quantized* block produces the next block's input
+(errors propagate as they will at inference). The per-block relative Frobenius error of the
+quantized block output against the unquantized block output is reported. Finally the head is
+quantized at ``head_bits`` and the output directory is written in the reference layout, so that
+ExLlamaV3 and our loader read it alike.
+
+Resume: each finished block's tensors go to ``<out>/.exl3_work/``; a rerun with ``resume`` loads
+them (after checking the job options match) and only re-runs the quantized block forward.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import engine
+from engine.errors import EngineError
+from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES, INST3, MCG, MUL1
+from engine.quant.exl3_linear import EXL3Linear
+from engine.quant.quantize import quantize_weight
+
+WORK_DIR = ".exl3_work"
+CALIBRATION_DIR = Path(__file__).parent / "calibration"
+# Files never copied from the source directory (section 1).
+_SKIP_SUFFIXES = (".safetensors", ".bin", ".ckpt", ".pth", ".pt")
+_SKIP_NAMES = ("config.json", "model.safetensors.index.json", "quantization_config.json")
+# Which projections get the extra bit first when the target is fractional: attention values and
+# outputs and the MLP down projection are the most sensitive in published ablations; the wide
+# gate/up projections are cheapest to keep at the lower K.
+_BIT_PRIORITY = ("v", "o", "down", "k", "q", "gate", "up")
+
+
+class ConvertError(EngineError):
+    """The conversion cannot proceed (unsupported model, mismatched resume, bad options)."""
+
+
+@dataclass
+class ConvertOptions:
+    bits: float
+    head_bits: int = 6
+    codebook: str = MUL1
+    cal_rows: int = 250
+    cal_cols: int = 2048
+    random_rows_fraction: float = 0.1
+    out_scales: bool = True
+    seed: int = 0
+    shard_size_mb: int = 8192
+    device: str = "auto"
+
+    def job_key(self) -> dict:
+        """The options that change the result (a resume must match them)."""
+        d = asdict(self)
+        d.pop("device")
+        d.pop("shard_size_mb")
+        return d
+
+
+@dataclass
+class LinearSlot:
+    """One quantizable linear: where it sits in the module tree and its checkpoint key."""
+
+    key: str
+    kind: str  # q, k, v, o, gate, up, down
+    parent: nn.Module
+    attr: str  # attribute name on parent, or index into parent (a ModuleList) as str
+    in_features: int
+    out_features: int
+    bits: int = 0
+
+    def get(self) -> nn.Module:
+        return self.parent[int(self.attr)] if self.attr.isdigit() else getattr(self.parent, self.attr)
+
+    def set(self, module: nn.Module) -> None:
+        if self.attr.isdigit():
+            self.parent[int(self.attr)] = module
+        else:
+            setattr(self.parent, self.attr, module)
+
+
+@dataclass
+class ConvertReport:
+    bits: float = 0.0
+    blocks: list[dict] = field(default_factory=list)
+    head: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+# -- calibration --------------------------------------------------------------------------
+
+
+def calibration_ids(model_dir: Path, rows: int, cols: int, vocab: int, random_fraction: float, seed: int):
+    """``(rows, cols)`` token ids: the shipped text tokenized and tiled, plus random-token rows."""
+    from tokenizers import Tokenizer
+
+    tok_path = model_dir / "tokenizer.json"
+    if not tok_path.is_file():
+        raise ConvertError(f"{model_dir} has no tokenizer.json (needed for calibration)")
+    tokenizer = Tokenizer.from_file(str(tok_path))
+    text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(CALIBRATION_DIR.glob("*.txt")))
+    ids = [i for i in tokenizer.encode(text).ids if i < vocab]
+    gen = torch.Generator().manual_seed(seed)
+    n_random = min(rows, max(1 if rows > 1 else 0, round(rows * random_fraction)))
+    out = torch.empty(rows, cols, dtype=torch.long)
+    stream = torch.tensor(ids * (cols // max(len(ids), 1) + 2), dtype=torch.long)
+    for r in range(rows - n_random):
+        # Different rows start at different offsets so they are not identical copies.
+        start = (r * 997) % max(len(ids), 1)
+        out[r] = stream[start : start + cols]
+    if n_random:
+        out[rows - n_random :] = torch.randint(0, vocab, (n_random, cols), generator=gen)
+    return out
+
+
+# -- running a block over calibration rows --------------------------------------------------
+
+
+def _run_block(block: nn.Module, hidden: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+    """Run one DecoderBlock over ``hidden`` ``(rows, cols, dim)``, each row its own causal sequence."""
+    from engine.cache.paged import PagedKVCache
+    from engine.modules.batch import BatchLayout, SequenceSlice
+
+    rows, cols, dim = hidden.shape
+    attn = block.attention
+    device = hidden.device
+    out = torch.empty_like(hidden)
+    for r0 in range(0, rows, chunk_rows):
+        r1 = min(rows, r0 + chunk_rows)
+        n = r1 - r0
+        # One page per row: row i owns slots i*cols .. (i+1)*cols - 1.
+        cache = PagedKVCache(1, attn.num_kv_heads, attn.head_dim, n, cols, hidden.dtype, device).layer(0)
+        seqs = [
+            SequenceSlice(i * cols, cols, 0, torch.arange(i * cols, (i + 1) * cols, device=device))
+            for i in range(n)
+        ]
+        positions = torch.arange(cols, device=device).repeat(n)
+        batch = BatchLayout(seqs, positions, torch.arange(n * cols, device=device))
+        out[r0:r1] = block(hidden[r0:r1].reshape(n * cols, dim), batch, cache).view(n, cols, dim)
+    return out
+
+
+class _HessianHook:
+    """Accumulates ``sum x^T x`` and the row count of a linear's inputs (a forward pre-hook)."""
+
+    def __init__(self, in_features: int, device: torch.device) -> None:
+        self.sum = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
+        self.count = 0
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        x = args[0].reshape(-1, args[0].shape[-1]).float()
+        self.sum.addmm_(x.T, x)
+        self.count += x.shape[0]
+
+    def hessian(self) -> torch.Tensor:
+        return self.sum / max(self.count, 1)
+
+
+# -- model structure -----------------------------------------------------------------------
+
+
+def block_linears(block: nn.Module, prefix: str, names) -> list[LinearSlot]:
+    """The quantizable linears of one decoder block with their checkpoint keys."""
+    if names.qkv_fused or names.gate_up_fused:
+        raise ConvertError(
+            "converting architectures with fused qkv/gate_up checkpoints is not supported yet "
+            "(the reference layout stores them split per projection)"
+        )
+    attn, mlp = block.attention, block.mlp
+    slots = []
+    for j, (kind, name) in enumerate((("q", names.q), ("k", names.k), ("v", names.v))):
+        lin = attn.qkv.linears[j]
+        slots.append(
+            LinearSlot(prefix + name, kind, attn.qkv.linears, str(j), lin.in_features, lin.out_features)
+        )
+    slots.append(
+        LinearSlot(prefix + names.o, "o", attn, "o_proj", attn.o_proj.in_features, attn.o_proj.out_features)
+    )
+    for j, (kind, name) in enumerate((("gate", names.gate), ("up", names.up))):
+        lin = mlp.gate_up.linears[j]
+        slots.append(
+            LinearSlot(prefix + name, kind, mlp.gate_up.linears, str(j), lin.in_features, lin.out_features)
+        )
+    slots.append(
+        LinearSlot(prefix + names.down, "down", mlp, "down", mlp.down.in_features, mlp.down.out_features)
+    )
+    return slots
+
+
+def allocate_bits(slots: list[LinearSlot], target: float) -> float:
+    """Integer K per tensor so the weight-averaged bits are as close to ``target`` as possible
+    without exceeding it; extra bits go by :data:`_BIT_PRIORITY`, layer by layer. Returns the
+    achieved average."""
+    if not 1.0 <= target <= 8.0:
+        raise ConvertError(f"target bits per weight must be within 1.0..8.0, got {target}")
+    base = int(math.floor(target))
+    sizes = [s.in_features * s.out_features for s in slots]
+    total = sum(sizes)
+    for s in slots:
+        s.bits = base
+    budget = target * total - base * total
+    if base < 8:
+        order = sorted(range(len(slots)), key=lambda i: _BIT_PRIORITY.index(slots[i].kind))
+        for i in order:
+            if sizes[i] <= budget + 1e-6:
+                slots[i].bits += 1
+                budget -= sizes[i]
+    return sum(s.bits * n for s, n in zip(slots, sizes)) / total
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def _module_entry(tensors: dict[str, torch.Tensor], bits: int | None, codebook: str | None) -> dict:
+    entry: dict = {
+        "stored_tensors": {
+            name: {"shape": list(t.shape), "n_bytes": t.numel() * t.element_size(), "dtype": str(t.dtype)}
+            for name, t in tensors.items()
+        }
+    }
+    if bits is not None:
+        entry["quant_format"] = "exl3"
+        entry["bits_per_weight"] = bits
+        if codebook == MUL1:
+            entry["mul1_multiplier"] = FLAG_VALUES[MUL1] + (1 << 32)
+        elif codebook == MCG:
+            entry["mcg_multiplier"] = FLAG_VALUES[MCG] + (1 << 32)
+    return entry
+
+
+def write_output(
+    src: Path,
+    dst: Path,
+    modules: list[tuple[str, dict[str, torch.Tensor], int | None]],
+    quant_config: dict,
+    codebook: str,
+    shard_size_mb: int,
+) -> None:
+    """Write safetensors shard(s), config.json, quantization_config.json and copied files."""
+    from safetensors.torch import save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    limit = shard_size_mb * 1024 * 1024
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for _, tensors, _ in modules:  # a module's tensors never straddle shards (section 1)
+        n = sum(t.numel() * t.element_size() for t in tensors.values())
+        if shards[-1] and size + n > limit:
+            shards.append({})
+            size = 0
+        shards[-1].update({k: v.contiguous().cpu() for k, v in tensors.items()})
+        size += n
+    if len(shards) == 1:
+        save_file(shards[0], str(dst / "model.safetensors"))
+    else:
+        weight_map, total = {}, 0
+        for i, shard in enumerate(shards, 1):
+            name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(dst / name))
+            for k, t in shard.items():
+                weight_map[k] = name
+                total += t.numel() * t.element_size()
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    original = config.get("quantization_config")
+    qc = dict(quant_config)
+    if original and original.get("quant_method") != "exl3":
+        qc["original_quantization_config"] = original
+    if "tied_word_embeddings" in config:
+        config["tied_word_embeddings"] = True  # section 1, reproduced as the reference does
+    config["quantization_config"] = qc
+    (dst / "config.json").write_text(json.dumps(config, indent=4))
+    storage = {key: _module_entry(t, bits, codebook if bits else None) for key, t, bits in modules}
+    (dst / "quantization_config.json").write_text(json.dumps({**qc, "tensor_storage": storage}, indent=4))
+    for path in src.iterdir():
+        if path.is_file() and path.name not in _SKIP_NAMES and not path.name.endswith(_SKIP_SUFFIXES):
+            shutil.copyfile(path, dst / path.name)
+
+
+# -- the conversion ----------------------------------------------------------------------------
+
+
+def _fp16_copy(t: torch.Tensor) -> torch.Tensor:
+    """Unquantized tensors keep bf16/fp16; fp32 becomes fp16 (section 3.4)."""
+    return t.to(torch.float16) if t.dtype == torch.float32 else t
+
+
+def convert_model(
+    src: str | Path,
+    dst: str | Path,
+    options: ConvertOptions,
+    resume: bool = False,
+    log: Callable[[str], None] = print,
+) -> ConvertReport:
+    """Convert ``src`` (HF directory) to an EXL3 directory ``dst``. See the module docstring."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.architectures import architecture_for
+    from engine.config import ModelConfig
+    from engine.loading.safetensors_store import WeightStore
+    from engine.model import load_model, resolve_device
+
+    t_start = time.perf_counter()
+    src, dst = Path(src), Path(dst)
+    if options.codebook not in CODEBOOKS:
+        raise ConvertError(f"unknown codebook {options.codebook!r}; choose one of {', '.join(CODEBOOKS)}")
+    if not (1 <= options.head_bits <= 8 or options.head_bits == 16):
+        raise ConvertError(f"head bits must be 1..8 or 16, got {options.head_bits}")
+    device = resolve_device(options.device)
+    config = ModelConfig.from_dir(src)
+    if config.quantization:
+        raise ConvertError(f"{src} is already quantized ({config.quantization.get('quant_method')})")
+    arch = architecture_for(config.architecture)
+    names = arch.names
+    work = dst / WORK_DIR
+    job_file = work / "job.json"
+    job = {"source": str(src.resolve()), "options": options.job_key()}
+    if work.exists() and not resume:
+        raise ConvertError(f"{work} exists from an earlier run: pass --resume to continue it, or remove it")
+    if resume and job_file.exists():
+        previous = json.loads(job_file.read_text())
+        if previous != job:
+            raise ConvertError(f"cannot resume: {job_file} was made with different options or source")
+    work.mkdir(parents=True, exist_ok=True)
+    job_file.write_text(json.dumps(job, indent=1))
+
+    log(f" -- loading {config.architecture} from {src} on {device}")
+    loaded = load_model(src, device=str(device), dtype=torch.float32)
+    model, spec = loaded.module, loaded.spec
+    store = WeightStore(src)
+
+    ids = calibration_ids(
+        src, options.cal_rows, options.cal_cols, spec.vocab_size, options.random_rows_fraction, options.seed
+    )
+    log(f" -- calibration: {ids.shape[0]} rows x {ids.shape[1]} tokens")
+    all_slots = []
+    per_block = []
+    for i, block in enumerate(model.blocks):
+        slots = block_linears(block, names.prefix + names.layer.format(i=i), names)
+        per_block.append(slots)
+        all_slots.extend(slots)
+    achieved = allocate_bits(all_slots, options.bits)
+    log(f" -- bit allocation: {achieved:.2f} bits/weight, {len(all_slots)} linears (target {options.bits})")
+
+    # Rows per forward chunk: bound the attention score matrix and activations (~256 MB).
+    chunk_rows = max(1, int(2**26 // (options.cal_cols * max(spec.intermediate_size, options.cal_cols))))
+    report = ConvertReport(bits=round(achieved, 2))
+    with torch.inference_mode():
+        hidden = torch.cat([model.embed(ids[r : r + 1].to(device)) for r in range(ids.shape[0])])
+        hidden = hidden.view(ids.shape[0], ids.shape[1], -1)
+    block_times: list[float] = []
+    outputs: list[tuple[str, dict[str, torch.Tensor], int | None]] = []
+    for i, (block, slots) in enumerate(zip(model.blocks, per_block)):
+        t0 = time.perf_counter()
+        saved = work / f"block_{i:04d}.safetensors"
+        if resume and saved.exists():
+            tensors = load_file(str(saved), device=str(device))
+            for s in slots:
+                sub = {k[len(s.key) + 1 :]: v for k, v in tensors.items() if k.startswith(s.key + ".")}
+                s.set(EXL3Linear.from_tensors(sub, s.in_features, s.out_features, None, name=s.key))
+            with torch.inference_mode():
+                hidden = _run_block(block, hidden, chunk_rows)
+            log(f" -- block {i}: resumed from {saved.name}")
+            report.blocks.append({"block": i, "resumed": True})
+            continue
+        hooks = {}
+        handles = []
+        for s in slots:
+            hooks[s.key] = _HessianHook(s.in_features, device)
+            handles.append(s.get().register_forward_pre_hook(hooks[s.key]))
+        with torch.inference_mode():
+            reference = _run_block(block, hidden, chunk_rows)
+        for h in handles:
+            h.remove()
+        block_tensors: dict[str, torch.Tensor] = {}
+        lines = []
+        for s in slots:
+            dense = s.get()
+            qt = quantize_weight(
+                dense.weight.detach(),
+                hooks[s.key].hessian(),
+                s.bits,
+                options.codebook,
+                seed=options.seed * 100003 + len(block_tensors) + i * 1009,
+                out_scales=options.out_scales,
+                device=device,
+                warn=lambda msg, key=s.key: log(f"    warning: {key}: {msg}"),
+            )
+            bias = getattr(dense, "bias", None)
+            tensors = qt.tensors(s.key, bias.detach() if bias is not None else None)
+            block_tensors.update(tensors)
+            s.set(EXL3Linear.from_tensors(tensors, s.in_features, s.out_features, None, name=s.key))
+            lines.append(f"    {s.key:48s} K={s.bits}  proxy_err={qt.proxy_error:.6f}  scale={qt.scale:.4f}")
+        with torch.inference_mode():
+            hidden = _run_block(block, hidden, chunk_rows)
+        rfn = float((hidden - reference).norm() / reference.norm())
+        save_file({k: v.contiguous().cpu() for k, v in block_tensors.items()}, str(saved))
+        dt = time.perf_counter() - t0
+        block_times.append(dt)
+        remaining = (len(model.blocks) - i - 1) * (sum(block_times) / len(block_times))
+        for line in lines:
+            log(line)
+        log(f" -- block {i + 1}/{len(model.blocks)}: rfn={rfn:.6f}  [{dt:.1f} s]  ETA {remaining:.0f} s")
+        report.blocks.append({"block": i, "rfn": rfn, "seconds": dt, "bits": [s.bits for s in slots]})
+
+    # Head: Hessian of the final-normed hidden state.
+    head_key = names.lm_head
+    dim = spec.hidden_size
+    head_weight = store.get(f"{head_key}.weight") if store.has(f"{head_key}.weight") else None
+    if head_weight is None:  # tied: the converter quantizes a copy of the embedding (section 3.4)
+        head_weight = store.get(names.prefix + names.embed + ".weight")
+    head_tensors: dict[str, torch.Tensor]
+    if options.head_bits == 16:
+        head_tensors = {f"{head_key}.weight": _fp16_copy(head_weight)}
+    else:
+        with torch.inference_mode():
+            x = model.final_norm(hidden.reshape(-1, dim)).float()
+            head_h = x.T @ x / x.shape[0]
+        qt = quantize_weight(
+            head_weight.float(),
+            head_h,
+            options.head_bits,
+            options.codebook,
+            seed=options.seed + 7,
+            out_scales=options.out_scales,
+            device=device,
+            warn=lambda msg: log(f"    warning: {head_key}: {msg}"),
+        )
+        head_tensors = qt.tensors(head_key)
+        report.head = {"bits": options.head_bits, "proxy_err": qt.proxy_error}
+        log(f"    {head_key:48s} K={options.head_bits}  proxy_err={qt.proxy_error:.6f}")
+
+    # Assemble the output in module order: embed, per layer (norms and linears), final norm, head.
+    done = {}
+    for i in range(len(model.blocks)):
+        done.update(load_file(str(work / f"block_{i:04d}.safetensors")))
+    quantized_keys = {s.key for s in all_slots}
+    copied: set[str] = set()
+
+    def plain(key: str) -> None:
+        if store.has(key) and key not in copied:
+            copied.add(key)
+            outputs.append((key.rsplit(".", 1)[0], {key: _fp16_copy(store.get(key))}, None))
+
+    plain(names.prefix + names.embed + ".weight")
+    for i, slots in enumerate(per_block):
+        p = names.prefix + names.layer.format(i=i)
+        plain(p + names.attn_in_norm + ".weight")
+        for s in slots:
+            if s.kind == "gate":  # attention side done: its norms, then the MLP
+                for extra in (names.attn_out_norm, names.mlp_in_norm):
+                    if extra:
+                        plain(p + extra + ".weight")
+            outputs.append((s.key, {k: v for k, v in done.items() if k.startswith(s.key + ".")}, s.bits))
+        for extra in (names.q_norm, names.k_norm, names.mlp_out_norm):
+            if extra:
+                plain(p + extra + ".weight")
+    plain(names.prefix + names.final_norm + ".weight")
+    outputs.append((head_key, head_tensors, None if options.head_bits == 16 else options.head_bits))
+    # Anything else the source holds that belongs to no quantized linear (e.g. extra norms).
+    claimed = {f"{k}.{suffix}" for k in quantized_keys | {head_key} for suffix in ("weight", "bias")}
+    for key in sorted(store.keys()):
+        if key not in claimed and key not in copied and not key.endswith("rotary_emb.inv_freq"):
+            plain(key)
+
+    quant_config = {
+        "quant_method": "exl3",
+        "version": engine.__version__,
+        "bits": report.bits,
+        "head_bits": options.head_bits,
+        "calibration": {"rows": options.cal_rows, "cols": options.cal_cols},
+        "out_scales": "always" if options.out_scales else "never",
+        "codebook": options.codebook,
+        "converter": "trellis-chat",
+    }
+    write_output(src, dst, outputs, quant_config, options.codebook, options.shard_size_mb)
+    shutil.rmtree(work)
+    report.seconds = time.perf_counter() - t_start
+    log(f" -- wrote {dst} ({report.bits:.2f} bits/weight, {report.seconds:.1f} s)")
+    return report
+
+
+__all__ = ["ConvertError", "ConvertOptions", "ConvertReport", "convert_model", "INST3"]

@@ -1,0 +1,195 @@
+"""Quantize one linear layer to EXL3: incoherence processing, LDLQ, trellis encoding, packing.
+
+Follows EXL3_FORMAT.md section 9 (the reference converter's recipe), in the format's
+orientation: ``W`` is ``(in, out)`` (the HF weight transposed) and the stored tensors satisfy
+``W ~= diag(suh) . H_in . Q . H_out . diag(svh)`` (section 4).
+
+1. Output side: per-column RMS scales (mean 1; zero columns -> 0.1 while scaling, ``svh = 0``
+   at the end) times random signs -> ``sv``; ``W <- (W / sv) . H_out``.
+2. Input side: per-row RMS of that times random signs -> ``su``; ``W <- H_in . diag(1/su) . W``
+   leaves rows of unit RMS: incoherent, close to iid Gaussian.
+3. Global scale ``a``: the target is ``a . W`` (``su <- su / a``), ``a`` chosen by test-quantizing
+   sample tiles around the best scale for Gaussian data at this K (:data:`GAUSSIAN_SCALE`).
+4. LDLQ: 16-row strips from last to first, each strip's target corrected by the already
+   quantized strips' error through the block-LDL factor of the rotated Hessian, then encoded
+   tile by tile with the tail-biting Viterbi (:mod:`engine.quant.viterbi`).
+5. Pack the states (:func:`engine.quant.trellis.pack_states`).
+
+``suh``/``svh`` are rounded to fp16 *before* the target is formed, so the decoder sees exactly
+the scales the target was computed with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.quant.codebooks import FLAG_VALUES, INST3, codebook_table
+from engine.quant.hadamard import HADAMARD_SIZE, blockwise_hadamard
+from engine.quant.ldl import block_ldl
+from engine.quant.reconstruct import matrix_to_tiles, tiles_to_matrix
+from engine.quant.trellis import TILE, check_bits, pack_states
+from engine.quant.viterbi import encode_tiles
+
+# Best input scale for unit-variance Gaussian data, in units of the codebook's standard
+# deviation, per K (1..8); measured with ``python -m engine.quant.mse`` (all three codebooks are
+# within a few per cent of each other).
+GAUSSIAN_SCALE = {1: 1.05, 2: 1.0, 3: 0.95, 4: 0.9, 5: 0.85, 6: 0.8, 7: 0.75, 8: 0.7}
+
+
+@dataclass
+class QuantizedTensors:
+    """The stored tensors of one EXL3 linear plus what the converter reports about it."""
+
+    trellis: torch.Tensor  # (in/16, out/16, 16K) int16
+    suh: torch.Tensor  # (in,) fp16
+    svh: torch.Tensor  # (out,) fp16
+    codebook: str
+    bits: int
+    proxy_error: float  # tr(E^T H E) / tr(W^T H W) in the rotated basis
+    scale: float  # the global scale a
+    damping: float  # Hessian damping used (inf: no error feedback)
+
+    def tensors(self, prefix: str, bias: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Named tensors in the reference layout (section 3.1): suh, svh, flag, trellis, bias."""
+        out = {f"{prefix}.suh": self.suh, f"{prefix}.svh": self.svh}
+        if self.codebook != INST3:
+            out[f"{prefix}.{self.codebook}"] = torch.tensor(FLAG_VALUES[self.codebook], dtype=torch.int32)
+        out[f"{prefix}.trellis"] = self.trellis
+        if bias is not None:
+            out[f"{prefix}.bias"] = bias.to(torch.float16)
+        return out
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def _fp16_nonzero(v: torch.Tensor) -> torch.Tensor:
+    """Round a scale vector to fp16, keeping magnitudes inside fp16's normal range."""
+    mag = v.abs().clamp(min=6.2e-5, max=6.0e4)
+    return (torch.sign(v) * mag).to(torch.float16)
+
+
+def _random_signs(n: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    return (torch.randint(0, 2, (n,), generator=gen) * 2 - 1).to(device=device, dtype=torch.float32)
+
+
+def _strip_encode(target: torch.Tensor, k: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode one 16-row strip ``(16, out)``: returns (states ``(out/16, 256)``, decoded strip)."""
+    tiles = matrix_to_tiles(target)[0]  # (out/16, 256) in storage order
+    states = encode_tiles(tiles, k, table)
+    decoded = tiles_to_matrix(table[states.long()].float().unsqueeze(0))
+    return states, decoded
+
+
+def choose_scale(
+    w: torch.Tensor, k: int, table: torch.Tensor, sample_tiles: int = 16, gen: torch.Generator | None = None
+) -> float:
+    """Pick the global scale for rotated weights ``w`` (rows ~unit RMS) by test-quantizing tiles."""
+    std = float(table.float().std())
+    prior = GAUSSIAN_SCALE[k] * std
+    tiles = matrix_to_tiles(w).reshape(-1, 256)
+    if tiles.shape[0] > sample_tiles:
+        idx = torch.randperm(tiles.shape[0], generator=gen)[:sample_tiles].to(tiles.device)
+        tiles = tiles[idx]
+    best, best_err = prior, float("inf")
+    for factor in (0.9, 1.0, 1.1):
+        a = prior * factor
+        states = encode_tiles(tiles * a, k, table)
+        err = float(((table[states.long()].float() / a - tiles) ** 2).mean())
+        if err < best_err:
+            best, best_err = a, err
+    return best
+
+
+def quantize_weight(
+    weight: torch.Tensor,
+    hessian: torch.Tensor | None,
+    bits: int,
+    codebook: str = "mul1",
+    *,
+    seed: int = 0,
+    out_scales: bool = True,
+    damping: float = 0.01,
+    search_scale: bool = True,
+    device: torch.device | str | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> QuantizedTensors:
+    """Quantize an HF-orientation weight ``(out, in)`` to EXL3 tensors at ``bits`` per weight.
+
+    ``hessian`` ``(in, in)`` is the layer's input second moment ``E[x^T x]`` (None: plain
+    rounding with no error feedback). Stored dims are padded to multiples of 128 (section 3.3).
+    """
+    check_bits(bits)
+    device = torch.device(device) if device is not None else weight.device
+    gen = torch.Generator().manual_seed(seed)
+    table = codebook_table(codebook, device)
+    out_f, in_f = weight.shape
+    n_in, n_out = _round_up(in_f, HADAMARD_SIZE), _round_up(out_f, HADAMARD_SIZE)
+    w = torch.zeros(n_in, n_out, dtype=torch.float32, device=device)
+    w[:in_f, :out_f] = weight.to(device=device, dtype=torch.float32).t()
+
+    # 1. Output side.
+    col_rms = w.pow(2).mean(dim=0).sqrt()
+    dead = col_rms == 0
+    if out_scales and (~dead).any():
+        col_scale = col_rms / col_rms[~dead].mean()
+        col_scale[dead] = 0.1
+    else:
+        col_scale = torch.ones_like(col_rms)
+    sv = _fp16_nonzero(_random_signs(n_out, gen, device) * col_scale)
+    w = blockwise_hadamard(w / sv.float().unsqueeze(0), dim=1)
+
+    # 2. Input side (before the global scale).
+    row_rms = w.pow(2).mean(dim=1).sqrt()
+    row_rms = torch.where(row_rms > 0, row_rms, torch.ones_like(row_rms))
+    su = _random_signs(n_in, gen, device) * row_rms
+    unit = blockwise_hadamard(w / su.unsqueeze(1), dim=0)
+
+    # 3. Global scale, then fix su in fp16 and form the exact target for it.
+    a = (
+        choose_scale(unit, bits, table, gen=gen)
+        if search_scale
+        else GAUSSIAN_SCALE[bits] * float(table.std())
+    )
+    suh = _fp16_nonzero(su / a)
+    target = blockwise_hadamard(w / suh.float().unsqueeze(1), dim=0)
+
+    # Hessian of Q's input: x' = (x * su) H_in, so H' = H_in diag(su) H diag(su) H_in.
+    if hessian is not None:
+        h = torch.zeros(n_in, n_in, dtype=torch.float64, device=device)
+        h[:in_f, :in_f] = hessian.to(device=device, dtype=torch.float64)
+        s = suh.double()
+        h = blockwise_hadamard(blockwise_hadamard(s.unsqueeze(1) * h * s.unsqueeze(0), dim=0), dim=1)
+        lower, damp = block_ldl(h, damping, TILE, warn)
+        h_rot = h
+    else:
+        lower, damp, h_rot = None, float("inf"), None
+
+    # 4. LDLQ, last strip first: strip b's target is T_b + sum_{j>b} L_jb^T (T_j - Q_j).
+    n_strips = n_in // TILE
+    q = torch.zeros_like(target)
+    states = torch.zeros(n_strips, n_out // TILE, 256, dtype=torch.int32, device=device)
+    lower_f = lower.float() if lower is not None else None
+    for b in range(n_strips - 1, -1, -1):
+        r0, r1 = b * TILE, (b + 1) * TILE
+        strip = target[r0:r1]
+        if lower_f is not None and r1 < n_in:
+            err = target[r1:] - q[r1:]
+            strip = strip + lower_f[r1:, r0:r1].t() @ err
+        states[b], q[r0:r1] = _strip_encode(strip, bits, table)
+
+    # Proxy error in the rotated basis (the loss LDLQ minimises), relative to the target's.
+    e = (target - q).double()
+    if h_rot is not None and damp != float("inf"):
+        proxy = float(torch.trace(e.T @ h_rot @ e) / torch.trace(target.double().T @ h_rot @ target.double()))
+    else:
+        proxy = float(e.pow(2).sum() / target.double().pow(2).sum())
+
+    svh = sv.clone()
+    svh[dead] = 0  # padded / all-zero output columns give exactly zero outputs
+    trellis = pack_states(states, bits)
+    return QuantizedTensors(trellis, suh, svh, codebook, bits, proxy, a, damp)
