@@ -15,13 +15,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models-dir", help="the app's models folder (default: <data dir>/models)")
     parser.add_argument("--no-hub", action="store_true", help="hide the Hub and Downloads tabs")
+    parser.add_argument(
+        "--ask",
+        metavar="QUESTION",
+        help="smoke check: start the app, load the built-in starter model (offline), ask QUESTION, "
+        "print the reply on stdout and exit (0 = answered)",
+    )
+    parser.add_argument(
+        "--about", action="store_true", help="print versions, folders and the GPU check, then exit"
+    )
+    parser.add_argument(
+        "--install-desktop-entry",
+        action="store_true",
+        help="add Trellis Chat to this user's desktop menu (Linux; --uninstall-desktop-entry removes it)",
+    )
+    parser.add_argument("--uninstall-desktop-entry", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.data_dir:
         os.environ["TRELLIS_DATA_DIR"] = args.data_dir
     if args.models_dir:
         os.environ["TRELLIS_MODELS_DIR"] = args.models_dir
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.install_desktop_entry or args.uninstall_desktop_entry:
+        return _desktop_entry(uninstall=args.uninstall_desktop_entry)
+    if args.about:
+        from app.about import print_about
 
+        return print_about()
+
+    # Before anything else can fail: uncaught errors, Qt warnings and native faults get a log file.
+    from app import crash
+
+    reporter = crash.install()
+
+    from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication, QMessageBox
 
     from app import paths
@@ -33,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Trellis Chat")
     app.setDesktopFileName("trellis-chat")
+    from app.about import app_icon
+
+    app.setWindowIcon(app_icon())
+    reporter.attach_gui()
     try:
         store = Store(paths.database_path())
     except SchemaTooNewError as exc:
@@ -41,9 +72,39 @@ def main(argv: list[str] | None = None) -> int:
     engine = EngineClient()
     window = MainWindow(store, engine, paths.models_dir(), hub=not args.no_hub)
     window.show()
+    # The GPU report imports torch (seconds), so it runs on a thread, once the window is up.
+    from app.gpu_check import GpuCheck
+
+    gpu = GpuCheck(window)
+    gpu.finished.connect(window.show_gpu_report)
+    QTimer.singleShot(500, lambda: gpu.start(window.settings.get("engine.device")))
+    ask = None
+    if args.ask:
+        from app.ask import AskRun
+
+        ask = AskRun(window, args.ask)
+        QTimer.singleShot(0, ask.start)
     code = app.exec()
     store.close()
-    return code
+    return ask.exit_code if ask is not None else code
+
+
+def _desktop_entry(uninstall: bool) -> int:
+    """Run packaging/install_desktop_entry.py for this installation (a checkout or a bundle)."""
+    import runpy
+
+    from app.about import resources_dir
+
+    script = resources_dir().parent / "packaging" / "install_desktop_entry.py"
+    if not script.is_file():
+        print(f"{script} is missing: install from a source checkout or a bundle", file=sys.stderr)
+        return 1
+    sys.argv = [str(script), *(["--uninstall"] if uninstall else [])]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0
 
 
 if __name__ == "__main__":

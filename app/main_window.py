@@ -24,6 +24,7 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
+    QLabel,
     QMainWindow,
     QSplitter,
     QTabWidget,
@@ -202,6 +203,9 @@ class MainWindow(QMainWindow):
         chat_menu = bar.addMenu("&Chat")
         self._action(chat_menu, "&Regenerate reply", QKeySequence("Ctrl+R"), self.chat.regenerate)
         self._action(chat_menu, "Conversation &settings…", None, self.chat_pane.open_conversation_settings)
+        help_menu = bar.addMenu("&Help")
+        self._action(help_menu, "&About Trellis Chat", None, self.open_about)
+        self._action(help_menu, "Open &logs folder", None, self.open_logs_folder)
         # Esc stops a reply; a window-wide shortcut so it works wherever the focus is.
         self.stop_shortcut = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
         self.stop_shortcut.activated.connect(self.chat.stop)
@@ -394,6 +398,32 @@ class MainWindow(QMainWindow):
         font.setPointSize(int(self.settings.get("appearance.font_size")))
         self.chat_pane.view.setFont(font)
         self.chat_pane.composer.setFont(font)
+
+    # -- help: about, GPU report, logs ----------------------------------------------------------------
+
+    def open_about(self) -> None:
+        from app.about import AboutDialog
+
+        self.about_dialog = AboutDialog(self)
+        self.about_dialog.open()
+
+    def open_logs_folder(self) -> None:
+        from app.crash import log_dir, open_folder
+
+        log_dir().mkdir(parents=True, exist_ok=True)
+        open_folder(log_dir())
+
+    def show_gpu_report(self, report: Any) -> None:
+        """The startup GPU check (app.gpu_check): where models run, in the status bar; why, in its
+        tooltip and, for a while, as the status message."""
+        label = getattr(self, "gpu_label", None)
+        if label is None:
+            label = self.gpu_label = QLabel()
+            label.setAccessibleName("Where models run")
+            self.statusBar().addPermanentWidget(label)
+        label.setText(report.short)
+        label.setToolTip(report.text())
+        self.statusBar().showMessage(report.headline, 20000)
 
     # -- shutdown ------------------------------------------------------------------------------------------
 

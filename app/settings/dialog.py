@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.settings.folders import FoldersBox
 from app.settings.schema import SETTINGS, Setting
 from app.settings.settings import Settings
 
@@ -68,6 +69,8 @@ class SettingsDialog(QDialog):
             editor.setToolTip(setting.description)
             self.editors[setting.key] = editor
             form.addRow(setting.label, editor)
+        self.folders = FoldersBox(self)  # where data, models and logs live, with "Open" buttons
+        layout.addWidget(self.folders)
         buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
         )
