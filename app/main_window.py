@@ -95,6 +95,7 @@ class MainWindow(QMainWindow):
         self.chat_pane = ChatPane(self.chat, self.renderer)
         self.library_pane = LibraryPane(self.library_model)
         self.model_bar = ModelBar(self.library_model)
+        self.model_bar.set_cache_bits(*self.library.cache_bits())
         self.tabs = QTabWidget()
         self.tabs.setAccessibleName("Main tabs")
         self.tabs.addTab(self.chat_pane, "Chat")
@@ -235,6 +236,7 @@ class MainWindow(QMainWindow):
         self.library.refreshed.connect(self._update_starter_banner)
         self.model_bar.loadRequested.connect(self.request_load)
         self.model_bar.unloadRequested.connect(self.unload_model)
+        self.model_bar.cacheBitsChosen.connect(self.library.set_cache_bits)
 
         self.engine.loadProgress.connect(self.model_bar.set_progress)
         self.engine.loaded.connect(self._on_loaded)
@@ -323,7 +325,7 @@ class MainWindow(QMainWindow):
             self.chat.stop()
         self.model_bar.set_loading(info.name)
         self.model_bar.select_path(path)
-        self.engine.load(path, self.settings.get("engine.device"))
+        self.engine.load(path, self.settings.get("engine.device"), self.library.cache_bits())
 
     def unload_model(self) -> None:
         self.chat.stop()
@@ -382,6 +384,9 @@ class MainWindow(QMainWindow):
             self.chat.default_system_prompt = self.settings.get(key)
         elif key in ("library.estimate_context", "engine.device"):
             self.library.refresh()
+        elif key in ("engine.cache_bits_k", "engine.cache_bits_v"):
+            self.library.refresh_estimates()
+            self.model_bar.set_cache_bits(*self.library.cache_bits())
 
     def _apply_theme(self) -> None:
         app = QApplication.instance()

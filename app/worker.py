@@ -10,6 +10,12 @@ fake through ``session_factory``/``starter_factory``.
 signal emissions, and re-exposes the worker's signals. Everything it emits arrives on the GUI
 thread, which is the only thread allowed to touch Qt item models.
 
+Images: a message dict may carry ``"images"``, the encoded bytes of its attached images in order
+(bytes are immutable, so they cross the thread boundary safely; the store stays on the GUI
+thread). The worker turns such messages into the engine's content parts (``{"type": "image"}``
+parts first, then the text) for a model that sees images, and leaves the images out, saying how
+many, for one that does not; a *new* message with images for such a model is refused instead.
+
 Cancellation is not a queued call (it would wait behind the generation it wants to stop): the GUI
 thread adds the request id to a set the generation loop checks on every chunk, and the engine's
 ``should_stop`` callback reads the same set.
@@ -34,14 +40,18 @@ from engine.errors import EngineError
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[float, str], None]
-SessionFactory = Callable[[str, str, ProgressFn], Any]
+# (model_dir, device, progress, cache_bits=(key bits, value bits)) -> a ChatSession-like object
+SessionFactory = Callable[..., Any]
 StarterFactory = Callable[[Path, ProgressFn], Path]
+CacheBits = tuple[int, int]
 
 
-def _default_session_factory(model_dir: str, device: str, progress: ProgressFn) -> Any:
+def _default_session_factory(
+    model_dir: str, device: str, progress: ProgressFn, cache_bits: CacheBits = (16, 16)
+) -> Any:
     from engine.session import ChatSession  # lazy: pulls in torch
 
-    return ChatSession.load(model_dir, device=device, progress=progress)
+    return ChatSession.load(model_dir, device=device, progress=progress, cache_bits=cache_bits)
 
 
 def _default_starter_factory(models_dir: Path, progress: ProgressFn) -> Path:
@@ -86,40 +96,79 @@ def _sampling_settings(values: dict[str, Any]) -> Any:
     return SamplingSettings(**{k: v for k, v in values.items() if k in known})
 
 
-def fit_to_context(session: Any, messages: list[dict], max_new_tokens: int) -> tuple[list[dict], int, int]:
+def fit_to_context(
+    session: Any,
+    messages: list[dict],
+    max_new_tokens: int,
+    count: Callable[[list[dict]], int] | None = None,
+) -> tuple[list[dict], int, int]:
     """Make a conversation fit the model's context: leave out the oldest turns (never the system
     prompt or the newest message) until prompt + reply fit, then cap the reply at what is left.
+    ``count`` gives a prompt's length in tokens (default: the session's ``count_tokens``).
 
     Returns (messages, max_new_tokens, number of messages left out). If even the system prompt and
     the last message do not fit, they are passed on unchanged and the engine's
     ContextOverflowError explains it.
     """
     limit = int(getattr(session, "context_length", 0) or 0)
-    if limit <= 0 or not hasattr(session, "count_tokens"):
+    if count is None:
+        if not hasattr(session, "count_tokens"):
+            return messages, max_new_tokens, 0
+        count = session.count_tokens
+    if limit <= 0:
         return messages, max_new_tokens, 0
     kept = list(messages)
     dropped = 0
     # Reserve room for a reply, but never more than half the context (a huge max_new_tokens
     # should shorten the reply, not erase the conversation).
     reserve = min(max_new_tokens, limit // 2)
-    prompt = session.count_tokens(kept)
+    prompt = count(kept)
     while prompt + reserve > limit:
         oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
         if oldest is None:
             break
         del kept[oldest]
         dropped += 1
-        prompt = session.count_tokens(kept)
+        prompt = count(kept)
     if prompt < limit:
         max_new_tokens = min(max_new_tokens, limit - prompt)
     return kept, max_new_tokens, dropped
+
+
+def with_image_parts(messages: list[dict]) -> tuple[list[dict], list[bytes]]:
+    """The engine's form of a chat with images: a message with images gets content parts (one
+    ``{"type": "image"}`` per image, then the text, the order the engine's prompt builder and the
+    chat templates expect), and the images come back as one list in prompt order."""
+    out: list[dict] = []
+    images: list[bytes] = []
+    for message in messages:
+        attached = list(message.get("images") or ())
+        if attached:
+            parts: list[dict] = [{"type": "image"} for _ in attached]
+            parts.append({"type": "text", "text": message["content"]})
+            out.append({"role": message["role"], "content": parts})
+            images.extend(attached)
+        else:
+            out.append({"role": message["role"], "content": message["content"]})
+    return out, images
+
+
+def without_images(messages: list[dict]) -> tuple[list[dict], int]:
+    """Plain text messages, and how many images were left out."""
+    left_out = sum(len(m.get("images") or ()) for m in messages)
+    return [{"role": m["role"], "content": m["content"]} for m in messages], left_out
+
+
+def has_images(messages: list[dict]) -> bool:
+    return any(m.get("images") for m in messages)
 
 
 class EngineWorker(QObject):
     """Runs in the engine thread. Construct on the GUI thread, then ``moveToThread``."""
 
     loadProgress = Signal(float, str)
-    loaded = Signal(object)  # dict: name, path, context_length, memory_bytes, device
+    # dict: name, path, context_length, memory_bytes, device, sees_images, cache_bits
+    loaded = Signal(object)
     loadFailed = Signal(str)
     unloaded = Signal()
     chunk = Signal(int, str)  # request id, new text
@@ -157,13 +206,14 @@ class EngineWorker(QObject):
 
     # -- slots (engine thread) -------------------------------------------------------------------
 
-    @Slot(str, str)
-    def load(self, model_dir: str, device: str) -> None:
+    @Slot(str, str, object)
+    def load(self, model_dir: str, device: str, cache_bits: Sequence[int] = (16, 16)) -> None:
         if self._session is not None:
             self._unload_session()
+        bits = (int(cache_bits[0]), int(cache_bits[1]))
         try:
             self.loadProgress.emit(0.0, "Loading model")
-            session = self._session_factory(model_dir, device, self.loadProgress.emit)
+            session = self._session_factory(model_dir, device, self.loadProgress.emit, cache_bits=bits)
             self._session = session
             info = {
                 "name": getattr(session, "model_name", Path(model_dir).name),
@@ -171,6 +221,8 @@ class EngineWorker(QObject):
                 "context_length": int(getattr(session, "context_length", 0) or 0),
                 "memory_bytes": int(session.memory_bytes()) if hasattr(session, "memory_bytes") else 0,
                 "device": str(getattr(session, "device", device)),
+                "sees_images": bool(getattr(session, "sees_images", False)),
+                "cache_bits": bits,
             }
         except Exception as exc:
             log.warning("load failed: %s", traceback.format_exc())
@@ -201,10 +253,18 @@ class EngineWorker(QObject):
 
     @Slot(int, object)
     def count_tokens(self, request_id: int, messages: list[dict]) -> None:
-        if self._session is None:
+        session = self._session
+        if session is None:
             return
         try:
-            self.tokensCounted.emit(request_id, int(self._session.count_tokens(messages)))
+            if has_images(messages) and getattr(session, "sees_images", False):
+                # Images expand to hundreds of tokens each; only the engine knows how many. The
+                # vision tower's own cache keeps this from encoding the same picture twice.
+                ids, _media = session.encode_chat_with_images(*with_image_parts(messages))
+                count = len(ids)
+            else:
+                count = int(session.count_tokens(without_images(messages)[0]))
+            self.tokensCounted.emit(request_id, count)
         except Exception as exc:
             log.info("count_tokens failed: %s", exc)  # the meter just keeps its old value
 
@@ -231,15 +291,8 @@ class EngineWorker(QObject):
                 stats["stop_reason"] = "cancelled"
             else:
                 settings = self._sampling_factory(dict(sampling))
-                messages, max_new_tokens, dropped = fit_to_context(self._session, messages, max_new_tokens)
-                if dropped:
-                    stats["trimmed_messages"] = dropped
-                stream = self._session.stream_chat(
-                    messages,
-                    settings,
-                    max_new_tokens=max_new_tokens,
-                    stop_strings=tuple(stop_strings),
-                    should_stop=lambda: self._is_cancelled(request_id),
+                stream = self._start_stream(
+                    request_id, messages, settings, max_new_tokens, tuple(stop_strings), stats
                 )
                 for chunk in stream:
                     if chunk.text:
@@ -272,6 +325,62 @@ class EngineWorker(QObject):
         stats["seconds"] = time.perf_counter() - started
         self.generationFinished.emit(request_id, stats)
 
+    def _start_stream(
+        self,
+        request_id: int,
+        messages: list[dict],
+        settings: Any,
+        max_new_tokens: int,
+        stop_strings: tuple[str, ...],
+        stats: dict[str, Any],
+    ) -> Any:
+        """Fit the conversation to the context and start the engine's stream: text only through
+        ``stream_chat``; with images through ``encode_chat_with_images`` and ``stream_ids``."""
+        session = self._session
+        should_stop = lambda: self._is_cancelled(request_id)  # noqa: E731
+        if not getattr(session, "sees_images", False) and has_images(messages):
+            if messages[-1].get("images"):
+                # The GUI refuses this before sending; a model swapped in meanwhile lands here.
+                raise EngineError(
+                    f"{getattr(session, 'model_name', 'this model')} cannot see images; load a "
+                    "vision model or send the message without its images"
+                )
+            messages, left_out = without_images(messages)
+            stats["images_left_out"] = left_out
+        if not has_images(messages):
+            messages, max_new_tokens, dropped = fit_to_context(
+                session, without_images(messages)[0], max_new_tokens
+            )
+            if dropped:
+                stats["trimmed_messages"] = dropped
+            return session.stream_chat(
+                messages,
+                settings,
+                max_new_tokens=max_new_tokens,
+                stop_strings=stop_strings,
+                should_stop=should_stop,
+            )
+        # Counting a prompt with images means encoding it (the images' token counts depend on
+        # their sizes), so remember the last encoding: the one that fits is the one we send.
+        encoded: dict[tuple[int, ...], tuple[list[int], Any]] = {}
+
+        def encode(msgs: list[dict]) -> tuple[list[int], Any]:
+            key = tuple(map(id, msgs))
+            if key not in encoded:
+                encoded.clear()
+                encoded[key] = session.encode_chat_with_images(*with_image_parts(msgs))
+            return encoded[key]
+
+        messages, max_new_tokens, dropped = fit_to_context(
+            session, messages, max_new_tokens, count=lambda msgs: len(encode(msgs)[0])
+        )
+        if dropped:
+            stats["trimmed_messages"] = dropped
+        ids, media = encode(messages)
+        return session.stream_ids(
+            ids, settings, max_new_tokens, stop_strings, should_stop=should_stop, media=media
+        )
+
     @Slot(str)
     def install_starter(self, models_dir: str) -> None:
         try:
@@ -301,7 +410,7 @@ class EngineClient(QObject):
     """GUI-thread facade over an ``EngineWorker`` in its own ``QThread``."""
 
     # Requests: queued across the thread boundary because the worker lives in the other thread.
-    _requestLoad = Signal(str, str)
+    _requestLoad = Signal(str, str, object)
     _requestUnload = Signal()
     _requestGenerate = Signal(int, object, object, int, object)
     _requestCount = Signal(int, object)
@@ -386,10 +495,11 @@ class EngineClient(QObject):
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def load(self, model_dir: str | Path, device: str = "auto") -> None:
+    def load(self, model_dir: str | Path, device: str = "auto", cache_bits: Sequence[int] = (16, 16)) -> None:
+        """Load a model; ``cache_bits`` are the KV cache's key and value widths (16: unquantized)."""
         self.loading = True
         self.model_info = None
-        self._requestLoad.emit(str(model_dir), device)
+        self._requestLoad.emit(str(model_dir), device, (int(cache_bits[0]), int(cache_bits[1])))
 
     def unload(self) -> None:
         for request_id in list(self.active_requests):

@@ -45,6 +45,29 @@ _RUNTIME_OVERHEAD_BYTES = 256 * 1024 * 1024
 _RUNTIME_OVERHEAD_RATIO = 0.10
 
 
+# KV-cache widths a user can choose (bits per key or value number); 16 means unquantized.
+CACHE_BITS_CHOICES: tuple[int, ...] = (16, 8, 6, 5, 4, 3, 2)
+
+
+def _kv_group_size(head_dim: int) -> int:
+    for group in (32, 16, 8):
+        if head_dim % group == 0:
+            return group
+    raise ValueError(f"quantized cache needs a head size divisible by 8, got {head_dim}")
+
+
+def kv_bytes_per_token(heads: int, head_dim: int, bits: int, dense_bytes: int = 2) -> int:
+    """Cache bytes one token of one layer's keys (or values) takes at ``bits`` (16: dense).
+
+    A torch-free copy of ``engine.cache.quantized.bytes_per_token`` (which imports torch, and the
+    GUI thread must not): ``bits`` bit planes per number plus one fp16 scale per group of 32 (or
+    16, or 8) numbers. tests/app/test_inspect.py holds the two equal.
+    """
+    if bits >= 16:
+        return heads * head_dim * dense_bytes
+    return heads * (head_dim * bits // 8 + head_dim // _kv_group_size(head_dim) * 2)
+
+
 @dataclass
 class ModelInfo:
     """What the library knows about one model directory."""
@@ -70,22 +93,35 @@ class ModelInfo:
         """True when nothing found so far would stop the engine from loading the model."""
         return not self.problems
 
-    def kv_cache_bytes(self, context_length: int, bytes_per_element: int = 2) -> int:
-        """Bytes of an fp16 KV cache holding ``context_length`` tokens (0 if the config lacks shapes)."""
+    def kv_cache_bytes(
+        self, context_length: int, bytes_per_element: int = 2, cache_bits: tuple[int, int] = (16, 16)
+    ) -> int:
+        """Bytes of a KV cache holding ``context_length`` tokens (0 if the config lacks shapes).
+
+        ``cache_bits`` are the key and value widths (16: unquantized, ``bytes_per_element`` each);
+        quantized widths follow the engine's packed layout (:func:`kv_bytes_per_token`)."""
         if not (self.num_layers and self.num_kv_heads and self.head_dim):
             return 0
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * context_length * bytes_per_element
+        heads, dim = self.num_kv_heads, self.head_dim
+        try:
+            per_token = sum(kv_bytes_per_token(heads, dim, bits, bytes_per_element) for bits in cache_bits)
+        except ValueError:  # a head size the quantized cache cannot pack (loading will say so)
+            per_token = 2 * heads * dim * bytes_per_element
+        return self.num_layers * per_token * context_length
 
     @property
     def is_exl3(self) -> bool:
         return (self.quantization or "").startswith("EXL3")
 
-    def memory_needed(self, context_length: int | None = None, device: str = "cpu") -> int:
-        """Estimated bytes to run the model with ``context_length`` tokens of context on ``device``.
+    def memory_needed(
+        self, context_length: int | None = None, device: str = "cpu", cache_bits: tuple[int, int] = (16, 16)
+    ) -> int:
+        """Estimated bytes to run the model with ``context_length`` tokens of context on ``device``
+        and a KV cache of ``cache_bits`` (key bits, value bits; 16 = unquantized).
 
         On the CPU the engine computes dense models in fp32 (its exact reference path), so their
-        weights and KV cache take 4 bytes per value whatever the file stores; on a GPU they stay
-        as stored (bf16/fp16) with an fp16 cache. EXL3 weights stay packed either way.
+        weights and an unquantized KV cache take 4 bytes per value whatever the file stores; on a
+        GPU they stay as stored (bf16/fp16) with an fp16 cache. EXL3 weights stay packed either way.
         """
         ctx = context_length if context_length is not None else min(self.context_length or 4096, 4096)
         cpu = device == "cpu"
@@ -93,7 +129,7 @@ class ModelInfo:
             weights = self.parameter_count * 4
         else:
             weights = self.weight_bytes
-        base = weights + self.kv_cache_bytes(ctx, 4 if cpu else 2)
+        base = weights + self.kv_cache_bytes(ctx, 4 if cpu else 2, cache_bits)
         return int(base * (1 + _RUNTIME_OVERHEAD_RATIO)) + _RUNTIME_OVERHEAD_BYTES
 
 
@@ -147,10 +183,15 @@ def likely_device(setting: str = "auto") -> str:
     return "cuda" if os.path.exists("/dev/nvidiactl") or os.path.exists("/proc/driver/nvidia") else "cpu"
 
 
-def memory_verdict(info: ModelInfo, context_length: int | None = None, device: str = "cpu") -> MemoryVerdict:
+def memory_verdict(
+    info: ModelInfo,
+    context_length: int | None = None,
+    device: str = "cpu",
+    cache_bits: tuple[int, int] = (16, 16),
+) -> MemoryVerdict:
     """Compare the model's estimated needs at ``context_length`` with this machine's RAM."""
     available, total = system_memory()
-    return MemoryVerdict(info.memory_needed(context_length, device), available, total)
+    return MemoryVerdict(info.memory_needed(context_length, device, cache_bits), available, total)
 
 
 def read_safetensors_header(path: Path) -> dict:

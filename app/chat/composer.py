@@ -1,21 +1,39 @@
-"""Where the user types: Enter sends, Shift+Enter starts a new line."""
+"""Where the user types: Enter sends, Shift+Enter starts a new line; images can be dropped or
+pasted in.
+
+Drops and pastes both arrive through ``insertFromMimeData`` (that is how ``QPlainTextEdit``
+implements them), so one override catches both: mime data that holds files or image data is
+offered as attachments (``attachmentsOffered``) instead of being inserted as text; anything
+else is text as before. The composer does not read or keep images itself: the chat pane owns
+the list of pending attachments.
+"""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QMimeData, Qt, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import QPlainTextEdit, QWidget
+
+from app.chat.attachments import sources_from_mime
 
 
 class Composer(QPlainTextEdit):
     submitted = Signal(str)
+    attachmentsOffered = Signal(list)  # file paths and QImages (see attachments.sources_from_mime)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setAccessibleName("Message input")
-        self.setPlaceholderText("Message the model (Enter to send, Shift+Enter for a new line)")
+        self.setPlaceholderText(
+            "Message the model (Enter to send, Shift+Enter for a new line; drop or paste images)"
+        )
         self.setTabChangesFocus(True)
         self.setFixedHeight(84)
+        self._has_attachments = False
+
+    def set_has_attachments(self, has: bool) -> None:
+        """With images attached, a message may be sent without text ("what is this?" is implied)."""
+        self._has_attachments = has
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt naming)
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
@@ -26,5 +44,17 @@ class Composer(QPlainTextEdit):
 
     def submit(self) -> None:
         text = self.toPlainText()
-        if text.strip():
+        if text.strip() or self._has_attachments:
             self.submitted.emit(text)
+
+    # -- drops and pastes ----------------------------------------------------------------------
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # noqa: N802 (Qt naming)
+        return bool(sources_from_mime(source)) or super().canInsertFromMimeData(source)
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # noqa: N802 (Qt naming)
+        sources = sources_from_mime(source)
+        if sources:
+            self.attachmentsOffered.emit(sources)
+        else:
+            super().insertFromMimeData(source)

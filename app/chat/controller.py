@@ -11,6 +11,14 @@ Flow of a reply (all on the GUI thread except the engine itself):
    most a second of a reply and nothing that was complete.
 4. ``generationFinished`` writes the final text, marks it complete, and records stats.
 
+Images: a user message may carry images (``ImageBlob``s from the composer). They are stored with
+the message (content-addressed, see ``app.store``) and their bytes go to the engine with the
+conversation. When the loaded model cannot see images, a message with images is *refused*
+(``errorOccurred`` says why, and the text and images stay in the composer), rather than sent with
+the images silently dropped: the user asked about the picture, and an answer given without it
+would look like an answer about it. Images already in the history are left out for such a model,
+and the reply's stats say so (the conversation can go on as text).
+
 Branches: regenerate adds a sibling of the last reply; editing a user message adds a sibling of
 that message. The store's ``current_leaf_id`` says which branch is shown; switching a branch
 moves it to the newest leaf under the chosen sibling.
@@ -26,7 +34,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.chat.message_model import ChatMessageModel, MessageItem
 from app.chat.presets import effective_sampling, split_generation_limits
-from app.store import Message, Store
+from app.store import ImageBlob, Message, Store
 from app.worker import EngineClient
 
 FLUSH_INTERVAL_MS = 30
@@ -107,6 +115,17 @@ class ChatController(QObject):
         info = self.engine.model_info
         return int(info.get("context_length", 0)) if info else 0
 
+    def cannot_see_images_reason(self) -> str:
+        """Why images cannot be sent to the loaded model now ("" when they can, or when no model is
+        loaded: that has its own message when sending)."""
+        info = self.engine.model_info
+        if not info or info.get("sees_images", False):
+            return ""
+        return (
+            f"{info.get('name', 'The loaded model')} cannot see images: it is a text-only model. "
+            "Load a vision model (Gemma 3, Qwen2.5-VL, Qwen3-VL or Mistral 3) or remove the images."
+        )
+
     # -- conversations ---------------------------------------------------------------------------
 
     def open_conversation(self, conversation_id: int | None) -> None:
@@ -152,18 +171,25 @@ class ChatController(QObject):
 
     # -- messages ----------------------------------------------------------------------------------
 
-    def submit(self, text: str) -> bool:
-        """Send a user message and start the reply. Returns False when it cannot be sent now."""
+    def submit(self, text: str, images: list[ImageBlob] | tuple[ImageBlob, ...] = ()) -> bool:
+        """Send a user message (with ``images`` attached) and start the reply. Returns False when it
+        cannot be sent now (nothing to send, a reply is streaming, or the model cannot see
+        images: then ``errorOccurred`` explains)."""
         text = text.strip()
-        if not text or self.busy:
+        if (not text and not images) or self.busy:
             return False
+        if images:
+            reason = self.cannot_see_images_reason()
+            if reason:
+                self.errorOccurred.emit(reason)
+                return False
         if self.conversation_id is None:
             self.new_conversation()
         conv = self.store.conversation(self.conversation_id)
         path = self.store.path(conv.current_leaf_id)
-        user = self.store.add_message(conv.id, path[-1].id if path else None, "user", text)
+        user = self.store.add_message(conv.id, path[-1].id if path else None, "user", text, images=images)
         if not path and conv.title == "New chat":
-            self.store.rename_conversation(conv.id, title_from(text))
+            self.store.rename_conversation(conv.id, title_from(text) if text else "Image")
         self.conversationsChanged.emit()
         self.model.append(self._item(user))
         self._start_reply(user.id)
@@ -193,7 +219,9 @@ class ChatController(QObject):
         original = self.store.message(message_id)
         if original.role != "user" or original.conversation_id != self.conversation_id:
             return False
-        edited = self.store.add_message(self.conversation_id, original.parent_id, "user", text)
+        edited = self.store.add_message(
+            self.conversation_id, original.parent_id, "user", text, images=original.images
+        )
         self._reload()
         self._start_reply(edited.id)
         return True
@@ -226,15 +254,23 @@ class ChatController(QObject):
 
     # -- context meter ---------------------------------------------------------------------------
 
-    def engine_messages(self, path: list[Message] | None = None) -> list[dict[str, str]]:
-        """What the engine sees: the system prompt, then the visible branch (complete text only)."""
+    def engine_messages(self, path: list[Message] | None = None) -> list[dict[str, Any]]:
+        """What the engine sees: the system prompt, then the visible branch (complete text only).
+        A message with images also has ``"images"``: their bytes, in order (see app.worker)."""
         if self.conversation_id is None:
             return []
         conv = self.store.conversation(self.conversation_id)
         if path is None:
             path = self.store.path(conv.current_leaf_id)
-        messages = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else []
-        messages += [{"role": m.role, "content": m.content} for m in path if m.content or m.role == "user"]
+        messages: list[dict[str, Any]] = []
+        if conv.system_prompt.strip():
+            messages.append({"role": "system", "content": conv.system_prompt})
+        for m in path:
+            if m.content or m.role == "user":
+                message: dict[str, Any] = {"role": m.role, "content": m.content}
+                if m.images:
+                    message["images"] = [self.store.image_data(sha) for sha in m.images]
+                messages.append(message)
         return messages
 
     def refresh_context(self) -> None:
@@ -358,6 +394,7 @@ class ChatController(QObject):
             complete=message.complete,
             stats=message.stats,
             error=message.stats.get("error", ""),
+            images=list(message.images),
         )
 
     def _reload(self) -> None:

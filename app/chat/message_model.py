@@ -28,6 +28,7 @@ class MessageItem:
     stats: dict[str, Any] = field(default_factory=dict)
     streaming: bool = False
     error: str = ""
+    images: list[str] = field(default_factory=list)  # sha256 of attached images (the store has them)
 
 
 class Roles(IntEnum):

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.images import ImageLibrary, ThumbnailRow
 from app.chat.markdown import MarkdownRenderer, plain_text_html
 from app.chat.message_model import MessageItem
 
@@ -126,10 +127,16 @@ class MessageWidget(QFrame):
     branchRequested = Signal(int, int)  # message id, -1 / +1
     regenerateRequested = Signal()
     copied = Signal(str)
+    imageOpened = Signal(str)  # sha256 of the thumbnail clicked
 
-    def __init__(self, renderer: MarkdownRenderer, parent: QWidget | None = None) -> None:
+    def __init__(
+        self, renderer: MarkdownRenderer, parent: QWidget | None = None, images: ImageLibrary | None = None
+    ) -> None:
         super().__init__(parent)
         self.renderer = renderer
+        self.images = images
+        self.thumbnails: ThumbnailRow | None = None  # built for the first message with images
+        self._shown_images: list[str] = []
         self.item: MessageItem | None = None
         self.code_blocks: list[str] = []
         self.render_count = 0
@@ -231,6 +238,8 @@ class MessageWidget(QFrame):
         self.regenerate_button.setVisible(item.role == "assistant" and is_last and not item.streaming)
         self.copy_button.setVisible(not item.streaming)
         self.status_label.setText(self._status(item))
+        if item.images != self._shown_images:
+            self._show_images(item.images)
         self.stats_label.setText(self._stats(item))
         self.stats_label.setVisible(bool(self.stats_label.text()))
         # The model may mutate a streaming item in place, so compare with what was last rendered,
@@ -239,6 +248,21 @@ class MessageWidget(QFrame):
         if shown != self._shown:
             self._shown = shown
             self._schedule_render(item.streaming)
+
+    def _show_images(self, shas: list[str]) -> None:
+        self._shown_images = list(shas)
+        if self.thumbnails is None:
+            if not shas or self.images is None:
+                return
+            self.thumbnails = ThumbnailRow(parent=self)
+            self.thumbnails.setAccessibleName("Attached images")
+            self.thumbnails.opened.connect(lambda i: self.imageOpened.emit(self._shown_images[i]))
+            # Above the text: the images come first in the prompt too.
+            self._layout.insertWidget(self._layout.indexOf(self.body_box), self.thumbnails)
+        library = self.images
+        self.thumbnails.set_thumbnails(
+            [(library.thumbnail(sha), "Attached image") for sha in shas] if library is not None else []
+        )
 
     def set_actions_enabled(self, enabled: bool) -> None:
         """While a reply streams, actions that would start another one (edit, regenerate, switch
@@ -360,6 +384,11 @@ class MessageWidget(QFrame):
         trimmed = item.stats.get("trimmed_messages")
         if trimmed:
             parts.append(f"{trimmed} earliest messages left out to fit the context")
+        left_out = item.stats.get("images_left_out")
+        if left_out:
+            parts.append(
+                f"{left_out} image{'s' if left_out > 1 else ''} left out: this model cannot see images"
+            )
         return " · ".join(parts)
 
     # -- actions ---------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""The chat pane: conversation view, composer, Send/Stop/Regenerate, speed and context meter.
+"""The chat pane: conversation view, composer, Send/Stop/Regenerate, speed and context meter,
+and the images attached to the message being written.
 
 Composes the chat widgets and connects them to a ``ChatController``; holds no conversation state
-of its own.
+of its own. The pending attachments (an ``AttachmentListModel``) are the pane's: like the text in
+the composer, they belong to the message being written, not to a conversation.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QImage
 from PySide6.QtWidgets import (
     QComboBox,
+    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -20,9 +24,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.attachment_strip import AttachmentStrip
+from app.chat.attachments import FILE_FILTER, AttachmentError, AttachmentListModel, ImageSource, read_image
 from app.chat.composer import Composer
 from app.chat.controller import ChatController
 from app.chat.conversation_settings import ConversationSettingsDialog
+from app.chat.images import ImageLibrary, ImageViewer, decode_image
 from app.chat.markdown import MarkdownRenderer
 from app.chat.presets import PRESET_LABELS
 from app.chat.view import ChatView
@@ -91,7 +98,8 @@ class ChatPane(QWidget):
         self.starter_banner.hide()
         layout.addWidget(self.starter_banner)
 
-        self.view = ChatView(controller.model, renderer, self)
+        self.images = ImageLibrary(controller.store.image_data)
+        self.view = ChatView(controller.model, renderer, self, images=self.images)
         layout.addWidget(self.view, 1)
 
         self.error_label = QLabel()
@@ -119,11 +127,17 @@ class ChatPane(QWidget):
         status.addWidget(self.context_meter)
         layout.addLayout(status)
 
-        # Composer and buttons.
+        # Attached images, then the composer and buttons.
+        self.attachments = AttachmentListModel(self)
+        self.attachment_strip = AttachmentStrip(self.attachments, self)
+        layout.addWidget(self.attachment_strip)
         bottom = QHBoxLayout()
         bottom.setContentsMargins(8, 0, 8, 8)
         self.composer = Composer(self)
         buttons = QVBoxLayout()
+        self.attach_button = QPushButton("Attach image…")
+        self.attach_button.setAccessibleName("Attach image")
+        self.attach_button.setToolTip("Attach images (or drop them on the message box, or paste)")
         self.send_button = QPushButton("Send")
         self.send_button.setAccessibleName("Send message")
         self.stop_button = QPushButton("Stop")
@@ -134,12 +148,23 @@ class ChatPane(QWidget):
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
         buttons.addWidget(self.regenerate_button)
+        buttons.addWidget(self.attach_button)
         bottom.addWidget(self.composer, 1)
         bottom.addLayout(buttons)
         layout.addLayout(bottom)
 
         # Wiring: view/composer intents -> controller; controller state -> widgets.
         self.composer.submitted.connect(self._submit)
+        self.composer.attachmentsOffered.connect(self.attach)
+        self.attach_button.clicked.connect(self.choose_images)
+        self.attachment_strip.removeRequested.connect(self.attachments.remove)
+        self.attachment_strip.opened.connect(self._open_pending_image)
+        self.attachments.rowsInserted.connect(self._on_attachments_changed)
+        self.attachments.rowsRemoved.connect(self._on_attachments_changed)
+        self.attachments.modelReset.connect(self._on_attachments_changed)
+        self.view.imageOpened.connect(self.open_stored_image)
+        controller.engine.loaded.connect(self._on_attachments_changed)
+        controller.engine.unloaded.connect(self._on_attachments_changed)
         self.send_button.clicked.connect(self.composer.submit)
         self.stop_button.clicked.connect(controller.stop)
         self.regenerate_button.clicked.connect(controller.regenerate)
@@ -161,9 +186,65 @@ class ChatPane(QWidget):
 
     def _submit(self, text: str) -> None:
         self.error_label.hide()
-        if self.controller.submit(text):
+        images = self.attachments.blobs()
+        if images and self.controller.cannot_see_images_reason():
+            # The notice beside the images already says why; mark it as the reason nothing was
+            # sent rather than repeating it in the error line.
+            self.attachment_strip.set_notice(self.controller.cannot_see_images_reason(), refused=True)
+            return
+        if self.controller.submit(text, images):
             self.composer.clear()
+            self.attachments.clear()
             self.view.scroll_to_bottom()
+
+    # -- images ----------------------------------------------------------------------------------
+
+    def choose_images(self) -> None:
+        """The Attach button: pick image files."""
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", FILE_FILTER)
+        if paths:
+            self.attach(paths)
+
+    def attach(self, sources: list[ImageSource]) -> int:
+        """Attach files or images (the button, drops and pastes all end here); returns how many
+        were attached. Those that cannot be are named in the error line, the rest still attach."""
+        problems = []
+        added = 0
+        for source in sources:
+            try:
+                blob = read_image(source)
+            except AttachmentError as exc:
+                problems.append(str(exc))
+                continue
+            self.attachments.add(blob)
+            added += 1
+        if problems:
+            self.show_error("Not attached: " + "; ".join(problems))
+        elif added:
+            self.error_label.hide()
+        return added
+
+    def _on_attachments_changed(self, *_args) -> None:
+        self.composer.set_has_attachments(self.attachments.rowCount() > 0)
+        self.attachment_strip.set_notice(self.controller.cannot_see_images_reason())
+
+    def _open_pending_image(self, row: int) -> None:
+        blob = self.attachments.blobs()[row]
+        self._show_image(decode_image(blob.data), f"Attached image — {blob.width}×{blob.height}")
+
+    def open_stored_image(self, sha256: str) -> None:
+        try:
+            meta = self.controller.store.image(sha256)
+        except KeyError:
+            return
+        title = f"Image — {meta.width}×{meta.height}"
+        self._show_image(self.images.image(sha256), title)
+
+    def _show_image(self, image: QImage, title: str) -> None:
+        # Non-modal and kept on the pane, so several can be open and tests can find the last one.
+        self.image_viewer = ImageViewer(image, title, self)
+        self.image_viewer.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        self.image_viewer.show()
 
     def _preset_chosen(self) -> None:
         self.controller.set_sampling(self.preset_combo.currentData(), {})

@@ -13,6 +13,7 @@ from __future__ import annotations
 from PySide6.QtCore import QModelIndex, Qt, QTimer, Signal
 from PySide6.QtWidgets import QFrame, QScrollArea, QVBoxLayout, QWidget
 
+from app.chat.images import ImageLibrary
 from app.chat.markdown import MarkdownRenderer
 from app.chat.message_model import ChatMessageModel, Roles
 from app.chat.message_widget import MessageWidget
@@ -27,9 +28,14 @@ class ChatView(QScrollArea):
     branchRequested = Signal(int, int)
     regenerateRequested = Signal()
     copied = Signal(str)
+    imageOpened = Signal(str)  # sha256
 
     def __init__(
-        self, model: ChatMessageModel, renderer: MarkdownRenderer, parent: QWidget | None = None
+        self,
+        model: ChatMessageModel,
+        renderer: MarkdownRenderer,
+        parent: QWidget | None = None,
+        images: ImageLibrary | None = None,
     ) -> None:
         super().__init__(parent)
         self.setAccessibleName("Conversation")
@@ -38,6 +44,7 @@ class ChatView(QScrollArea):
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.model = model
         self.renderer = renderer
+        self.images = images
         self._widgets: list[MessageWidget] = []
         self._stick_to_bottom = True
         self._busy = False
@@ -97,11 +104,12 @@ class ChatView(QScrollArea):
     # -- model signals -----------------------------------------------------------------------------
 
     def _make_widget(self) -> MessageWidget:
-        w = MessageWidget(self.renderer, self.widget())
+        w = MessageWidget(self.renderer, self.widget(), images=self.images)
         w.editSubmitted.connect(self.editSubmitted)
         w.branchRequested.connect(self.branchRequested)
         w.regenerateRequested.connect(self.regenerateRequested)
         w.copied.connect(self.copied)
+        w.imageOpened.connect(self.imageOpened)
         return w
 
     def _rebuild(self) -> None:

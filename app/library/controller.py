@@ -48,10 +48,27 @@ class LibraryController(QObject):
         self.refresh()
 
     def refresh(self) -> None:
-        self.model.context_length = int(self.settings.get("library.estimate_context"))
-        self.model.device = likely_device(self.settings.get("engine.device"))
+        self._estimate_assumptions()
         self.model.set_models(scan(self.folders()))
         self.refreshed.emit()
+
+    def refresh_estimates(self) -> None:
+        """The settings an estimate depends on changed: recompute, without rescanning folders."""
+        self._estimate_assumptions()
+        self.model.refresh_estimates()
+
+    def cache_bits(self) -> tuple[int, int]:
+        """The KV cache's (key bits, value bits) the user chose; 16 means unquantized."""
+        return int(self.settings.get("engine.cache_bits_k")), int(self.settings.get("engine.cache_bits_v"))
+
+    def set_cache_bits(self, key_bits: int, value_bits: int) -> None:
+        self.settings.set("engine.cache_bits_k", key_bits)
+        self.settings.set("engine.cache_bits_v", value_bits)
+
+    def _estimate_assumptions(self) -> None:
+        self.model.context_length = int(self.settings.get("library.estimate_context"))
+        self.model.device = likely_device(self.settings.get("engine.device"))
+        self.model.cache_bits = self.cache_bits()
 
     def is_empty(self) -> bool:
         return self.model.rowCount() == 0

@@ -21,6 +21,7 @@ class LibraryModel(QAbstractTableModel):
         self._rows: list[tuple[ModelInfo, MemoryVerdict]] = []
         self.context_length = 4096
         self.device = "cpu"  # what the estimate assumes (engine.inspect.likely_device)
+        self.cache_bits: tuple[int, int] = (16, 16)  # KV cache key/value bits the estimate assumes
 
     def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self._rows)
@@ -67,8 +68,20 @@ class LibraryModel(QAbstractTableModel):
     def set_models(self, infos: list[ModelInfo]) -> None:
         require_gui_thread("LibraryModel")
         self.beginResetModel()
-        self._rows = [(info, memory_verdict(info, self.context_length, self.device)) for info in infos]
+        self._rows = [(info, self._verdict(info)) for info in infos]
         self.endResetModel()
+
+    def refresh_estimates(self) -> None:
+        """Recompute the memory column for the current context, device and cache bits (no rescan:
+        the model folders have not changed, only what the estimate assumes)."""
+        require_gui_thread("LibraryModel")
+        self._rows = [(info, self._verdict(info)) for info, _ in self._rows]
+        if self._rows:
+            column = COLUMNS.index("Memory")
+            self.dataChanged.emit(self.index(0, column), self.index(len(self._rows) - 1, column))
+
+    def _verdict(self, info: ModelInfo) -> MemoryVerdict:
+        return memory_verdict(info, self.context_length, self.device, self.cache_bits)
 
     def infos(self) -> list[ModelInfo]:
         return [info for info, _ in self._rows]

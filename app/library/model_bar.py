@@ -1,4 +1,9 @@
-"""The model bar: which model is loaded, load/unload, load progress, memory used."""
+"""The model bar: which model is loaded, load/unload, load progress, memory used, and the KV
+cache's bit widths with the memory estimate they give for the model picked.
+
+The cache widths take effect when a model is loaded (the cache is allocated then); the estimate
+next to them follows every change at once, so the user sees what a width buys before loading.
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,19 @@ import html
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
-from app.library.model import PATH_ROLE, LibraryModel
-from engine.inspect import format_bytes
+from app.library.model import INFO_ROLE, PATH_ROLE, LibraryModel
+from engine.inspect import CACHE_BITS_CHOICES, format_bytes
 
 
 class ModelBar(QWidget):
     loadRequested = Signal(str)
     unloadRequested = Signal()
+    cacheBitsChosen = Signal(int, int)  # key bits, value bits (16 = unquantized)
 
     def __init__(self, library: LibraryModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setAccessibleName("Model bar")
+        self.library = library
         layout = QHBoxLayout(self)
         layout.setContentsMargins(6, 2, 6, 2)
         self.status = QLabel("No model loaded")
@@ -37,8 +44,18 @@ class ModelBar(QWidget):
         self.progress.setRange(0, 1000)
         self.progress.setMaximumWidth(220)
         self.progress.hide()
+        self.key_bits = self._bits_combo("Key cache bits", "keys")
+        self.value_bits = self._bits_combo("Value cache bits", "values")
+        self.estimate = QLabel()
+        self.estimate.setAccessibleName("Memory estimate")
+        self.estimate.setMinimumWidth(150)
         layout.addWidget(self.status, 1)
         layout.addWidget(self.progress)
+        layout.addWidget(QLabel("KV cache K"))
+        layout.addWidget(self.key_bits)
+        layout.addWidget(QLabel("V"))
+        layout.addWidget(self.value_bits)
+        layout.addWidget(self.estimate)
         layout.addWidget(self.picker)
         layout.addWidget(self.load_button)
         layout.addWidget(self.unload_button)
@@ -47,6 +64,60 @@ class ModelBar(QWidget):
         self.unload_button.clicked.connect(self.unloadRequested)
         library.modelReset.connect(lambda: self.load_button.setEnabled(self.picker.count() > 0))
         self.load_button.setEnabled(self.picker.count() > 0)
+        for combo in (self.key_bits, self.value_bits):
+            combo.activated.connect(self._bits_chosen)
+        self.picker.currentIndexChanged.connect(self.update_estimate)
+        library.modelReset.connect(self.update_estimate)
+        library.dataChanged.connect(self.update_estimate)
+        self.update_estimate()
+
+    def _bits_combo(self, name: str, what: str) -> QComboBox:
+        combo = QComboBox()
+        combo.setAccessibleName(name)
+        combo.setToolTip(
+            f"Bits per number for the cached {what}. 16 is exact; fewer hold more context in the "
+            "same memory at a small cost in accuracy. Applies when a model is loaded."
+        )
+        for bits in CACHE_BITS_CHOICES:
+            combo.addItem("16 (full)" if bits >= 16 else str(bits), bits)
+        return combo
+
+    def _bits_chosen(self) -> None:
+        self.cacheBitsChosen.emit(int(self.key_bits.currentData()), int(self.value_bits.currentData()))
+
+    def cache_bits(self) -> tuple[int, int]:
+        return int(self.key_bits.currentData()), int(self.value_bits.currentData())
+
+    def set_cache_bits(self, key_bits: int, value_bits: int) -> None:
+        """Show the widths in effect (from the settings); emits nothing."""
+        for combo, bits in ((self.key_bits, key_bits), (self.value_bits, value_bits)):
+            index = combo.findData(int(bits))
+            if index >= 0:
+                combo.setCurrentIndex(index)
+
+    def update_estimate(self, *_args) -> None:
+        """The picked model's memory estimate, as the library computed it for the current widths."""
+        row = self.picker.currentIndex()
+        if row < 0 or row >= self.library.rowCount():
+            self.estimate.setText("")
+            self.estimate.setToolTip("")
+            return
+        info = self.library.index(row, 0).data(INFO_ROLE)
+        if info is None or not info.ok:
+            self.estimate.setText("")
+            self.estimate.setToolTip("")
+            return
+        verdict = self.library.verdict(row)
+        k, v = self.library.cache_bits
+        cache = info.kv_cache_bytes(
+            self.library.context_length, 4 if self.library.device == "cpu" else 2, (k, v)
+        )
+        self.estimate.setText(f"≈ {format_bytes(verdict.needed_bytes)} ({verdict.verdict})")
+        self.estimate.setToolTip(
+            f"Estimated memory for {info.name} on {self.library.device} with "
+            f"{self.library.context_length} tokens of context: {format_bytes(verdict.needed_bytes)}, "
+            f"of which the KV cache ({k}/{v} bits) is {format_bytes(cache)}."
+        )
 
     def _load_clicked(self) -> None:
         path = self.picker.currentData(PATH_ROLE)
@@ -66,9 +137,12 @@ class ModelBar(QWidget):
     def set_loaded(self, info: dict) -> None:
         self.progress.hide()
         memory = format_bytes(int(info.get("memory_bytes", 0)))
+        k, v = info.get("cache_bits") or (16, 16)
+        cache = f" · KV cache {k}/{v} bit" if (k, v) != (16, 16) else ""
+        images = " · sees images" if info.get("sees_images") else ""
         self.status.setText(
             f"<b>{html.escape(str(info.get('name', '?')))}</b> · {html.escape(str(info.get('device', '?')))}"
-            f" · {memory} · context {info.get('context_length', '?')}"
+            f" · {memory} · context {info.get('context_length', '?')}{cache}{images}"
         )
         self.load_button.setEnabled(True)
         self.unload_button.setEnabled(True)

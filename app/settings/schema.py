@@ -11,6 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.chat.presets import PRESET_LABELS
+from engine.inspect import CACHE_BITS_CHOICES
+
+# Key and value widths of the KV cache. 16 (unquantized) by default: it is exact, and the small
+# models most people start with need little cache; lower widths trade a little accuracy for
+# 2-6x the context in the same memory. Chosen in the model bar, next to the memory estimate they
+# change, so they are hidden from the settings dialog.
+_CACHE_BITS = tuple((bits, "16 (full)" if bits >= 16 else str(bits)) for bits in CACHE_BITS_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,22 @@ SETTINGS: tuple[Setting, ...] = (
         "The library's 'fits in memory' column assumes this many tokens of context.",
         minimum=256,
         maximum=1_048_576,
+    ),
+    Setting(
+        "engine.cache_bits_k",
+        16,
+        "KV cache key bits",
+        "Bits per cached key number.",
+        _CACHE_BITS,
+        hidden=True,
+    ),
+    Setting(
+        "engine.cache_bits_v",
+        16,
+        "KV cache value bits",
+        "Bits per cached value number.",
+        _CACHE_BITS,
+        hidden=True,
     ),
     Setting("library.autoload", True, "Load the last used model at startup"),
     Setting("library.folders", [], "Extra model folders", hidden=True),

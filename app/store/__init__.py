@@ -4,6 +4,6 @@
 and back.
 """
 
-from app.store.store import Conversation, Message, SearchHit, Store
+from app.store.store import Conversation, ImageBlob, Message, SearchHit, Store, StoredImage
 
-__all__ = ["Conversation", "Message", "SearchHit", "Store"]
+__all__ = ["Conversation", "ImageBlob", "Message", "SearchHit", "Store", "StoredImage"]

@@ -1,19 +1,23 @@
 """Conversations out of and into files.
 
 Markdown export is for reading: the branch on screen, as a document. JSON export is for moving a
-conversation between machines: the whole tree, every branch, so an import loses nothing.
+conversation between machines: the whole tree, every branch, so an import loses nothing. Its
+images are embedded (base64, once each however many messages show them) so the file is complete
+on its own; version 1 files (before images) still import.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 from typing import Any
 
-from app.store.store import Store
+from app.store.store import ImageBlob, Store, insert_images
 
 JSON_FORMAT = "trellis-chat-conversation"
-JSON_VERSION = 1
+JSON_VERSION = 2
 
 _ROLE_TITLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
@@ -32,13 +36,29 @@ def to_markdown(store: Store, conversation_id: int) -> str:
         heading = _ROLE_TITLES.get(msg.role, msg.role.title())
         if not msg.complete:
             heading += " (interrupted)"
-        parts.append(f"## {heading}\n\n{msg.content.strip()}\n")
+        body = msg.content.strip()
+        if msg.images:
+            count = len(msg.images)
+            note = f"*[{count} image{'s' if count > 1 else ''} attached]*"
+            body = f"{note}\n\n{body}" if body else note
+        parts.append(f"## {heading}\n\n{body}\n")
     return "\n".join(parts)
 
 
 def to_json(store: Store, conversation_id: int) -> dict[str, Any]:
     """The whole conversation tree as a JSON-serialisable dict."""
     conv = store.conversation(conversation_id)
+    messages = store.messages(conversation_id)
+    images: dict[str, dict[str, Any]] = {}
+    for sha in (sha for m in messages for sha in m.images):
+        if sha not in images:
+            meta = store.image(sha)
+            images[sha] = {
+                "mime": meta.mime,
+                "width": meta.width,
+                "height": meta.height,
+                "data": base64.b64encode(store.image_data(sha)).decode("ascii"),
+            }
     return {
         "format": JSON_FORMAT,
         "version": JSON_VERSION,
@@ -58,10 +78,34 @@ def to_json(store: Store, conversation_id: int) -> dict[str, Any]:
                 "complete": m.complete,
                 "stats": m.stats,
                 "model": m.model,
+                "images": m.images,
             }
-            for m in store.messages(conversation_id)
+            for m in messages
         ],
+        "images": images,
     }
+
+
+def _read_images(data: dict[str, Any]) -> dict[str, ImageBlob]:
+    """The export's embedded images, each checked against the hash it is filed under."""
+    raw = data.get("images") or {}
+    if not isinstance(raw, dict):
+        raise ImportFormatError("the export's image table is malformed")
+    images: dict[str, ImageBlob] = {}
+    for sha, entry in raw.items():
+        try:
+            blob = ImageBlob(
+                base64.b64decode(entry["data"], validate=True),
+                str(entry.get("mime") or "application/octet-stream"),
+                int(entry.get("width") or 0),
+                int(entry.get("height") or 0),
+            )
+        except (TypeError, KeyError, ValueError, binascii.Error) as exc:
+            raise ImportFormatError(f"image {sha} is malformed ({exc})") from None
+        if blob.sha256 != sha:
+            raise ImportFormatError(f"image {sha} is damaged (its bytes do not match its hash)")
+        images[sha] = blob
+    return images
 
 
 def from_json(store: Store, data: Any) -> int:
@@ -78,6 +122,7 @@ def from_json(store: Store, data: Any) -> int:
     messages = data.get("messages")
     if not isinstance(messages, list):
         raise ImportFormatError("the export has no message list")
+    images = _read_images(data)
     db = store.db
     with store.transaction():
         created = float(data.get("created_at") or 0) or None
@@ -106,6 +151,9 @@ def from_json(store: Store, data: Any) -> int:
                 raise ImportFormatError(f"message {m.get('id')} has an invalid role or content")
             if parent is not None and parent not in id_map:
                 raise ImportFormatError(f"message {m.get('id')} refers to unknown parent {parent}")
+            refs = m.get("images") or []
+            if not isinstance(refs, list) or any(ref not in images for ref in refs):
+                raise ImportFormatError(f"message {m.get('id')} refers to an image the export lacks")
             cur = db.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, complete,"
                 " stats, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -121,6 +169,7 @@ def from_json(store: Store, data: Any) -> int:
                 ),
             )
             id_map[m.get("id")] = cur.lastrowid
+            insert_images(db, cur.lastrowid, [images[ref] for ref in refs])
         leaf = id_map.get(data.get("current_leaf_id"))
         if leaf is None and id_map:
             leaf = max(id_map.values())

@@ -62,7 +62,35 @@ _V3_GENERATION_STATE = """
 """
 
 
-MIGRATIONS: list[str] = [_V1_BASE, _V2_FTS, _V3_GENERATION_STATE]
+# v4: images attached to messages. Content-addressed: an image is stored once under the sha256 of
+# its bytes however many messages (or conversations) show it, and a trigger drops it when the
+# last message that shows it is deleted (cascades from a deleted conversation fire it too). Kept
+# in the database rather than as files so a conversation and its images are written, backed up
+# and deleted together, in one transaction.
+_V4_IMAGES = """
+        CREATE TABLE images (
+            sha256 TEXT PRIMARY KEY,
+            data BLOB NOT NULL,
+            mime TEXT NOT NULL,
+            width INTEGER NOT NULL,
+            height INTEGER NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE message_images (
+            message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            sha256 TEXT NOT NULL REFERENCES images(sha256),
+            PRIMARY KEY (message_id, position)
+        );
+        CREATE INDEX message_images_by_image ON message_images(sha256);
+        CREATE TRIGGER message_images_release AFTER DELETE ON message_images BEGIN
+            DELETE FROM images WHERE sha256 = old.sha256
+                AND NOT EXISTS (SELECT 1 FROM message_images WHERE sha256 = old.sha256);
+        END;
+"""
+
+
+MIGRATIONS: list[str] = [_V1_BASE, _V2_FTS, _V3_GENERATION_STATE, _V4_IMAGES]
 LATEST_VERSION = len(MIGRATIONS)
 
 

@@ -12,11 +12,12 @@ only: each write is a few hundred microseconds.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,32 @@ class Message:
     complete: bool = True
     stats: dict[str, Any] = field(default_factory=dict)
     model: str = ""
+    images: list[str] = field(default_factory=list)  # sha256 of each attached image, in order
+
+
+@dataclass(frozen=True)
+class ImageBlob:
+    """An image's encoded bytes (as the user gave them: PNG, JPEG...) and what we know of it."""
+
+    data: bytes
+    mime: str
+    width: int
+    height: int
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass(frozen=True)
+class StoredImage:
+    """An image in the store, without its bytes (``Store.image_data`` reads those)."""
+
+    sha256: str
+    mime: str
+    width: int
+    height: int
+    size: int
 
 
 @dataclass
@@ -83,6 +110,26 @@ def _message(row: sqlite3.Row) -> Message:
         stats=json.loads(row["stats"] or "{}"),
         model=row["model"],
     )
+
+
+def insert_images(db: sqlite3.Connection, message_id: int, images: Sequence[ImageBlob | str]) -> None:
+    """Attach ``images`` to a message, inside the caller's transaction. An ``ImageBlob`` is stored
+    unless an image with its hash already is (so a duplicate costs one row of references); a
+    ``str`` is the hash of an image already stored (an edited message keeps its images)."""
+    for position, image in enumerate(images):
+        if isinstance(image, ImageBlob):
+            sha = image.sha256
+            db.execute(
+                "INSERT OR IGNORE INTO images (sha256, data, mime, width, height, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (sha, image.data, image.mime, image.width, image.height, time.time()),
+            )
+        else:
+            sha = image
+        db.execute(
+            "INSERT INTO message_images (message_id, position, sha256) VALUES (?, ?, ?)",
+            (message_id, position, sha),
+        )
 
 
 def fts_query(text: str) -> str:
@@ -194,8 +241,10 @@ class Store:
         stats: dict[str, Any] | None = None,
         model: str = "",
         created_at: float | None = None,
+        images: Sequence[ImageBlob | str] = (),
     ) -> Message:
-        """Append a message under ``parent_id`` and make it the conversation's current leaf."""
+        """Append a message under ``parent_id`` and make it the conversation's current leaf.
+        ``images`` are stored with it in the same transaction (see :func:`insert_images`)."""
         now = created_at if created_at is not None else time.time()
         with self.transaction() as db:
             cur = db.execute(
@@ -212,6 +261,7 @@ class Store:
                     model,
                 ),
             )
+            insert_images(db, cur.lastrowid, images)
             db.execute(
                 "UPDATE conversations SET updated_at = ?, current_leaf_id = ? WHERE id = ?",
                 (now, cur.lastrowid, conversation_id),
@@ -244,14 +294,14 @@ class Store:
         row = self.db.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
         if row is None:
             raise KeyError(f"no message {message_id}")
-        return _message(row)
+        return self._with_images([_message(row)])[0]
 
     def messages(self, conversation_id: int) -> list[Message]:
         """Every message of the conversation, all branches, in creation order."""
         rows = self.db.execute(
             "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
         )
-        return [_message(r) for r in rows]
+        return self._with_images([_message(r) for r in rows])
 
     def children(self, conversation_id: int, parent_id: int | None) -> list[Message]:
         rows = self.db.execute(
@@ -281,7 +331,7 @@ class Store:
             """,
             (leaf_id,),
         )
-        return [_message(r) for r in rows]
+        return self._with_images([_message(r) for r in rows])
 
     def current_path(self, conversation_id: int) -> list[Message]:
         return self.path(self.conversation(conversation_id).current_leaf_id)
@@ -310,6 +360,41 @@ class Store:
                 (conversation_id,),
             )
         return [_message(r) for r in rows]
+
+    # -- images --------------------------------------------------------------------------------------
+
+    def _with_images(self, messages: list[Message]) -> list[Message]:
+        """Fill in each message's image hashes (one query for the lot, ids passed as one JSON
+        array so a long conversation never hits SQLite's limit on bound parameters)."""
+        if not messages:
+            return messages
+        by_id = {m.id: m for m in messages}
+        rows = self.db.execute(
+            "SELECT message_id, sha256 FROM message_images"
+            " WHERE message_id IN (SELECT value FROM json_each(?)) ORDER BY message_id, position",
+            (json.dumps(list(by_id)),),
+        )
+        for r in rows:
+            by_id[r["message_id"]].images.append(r["sha256"])
+        return messages
+
+    def image(self, sha256: str) -> StoredImage:
+        row = self.db.execute(
+            "SELECT sha256, mime, width, height, length(data) AS size FROM images WHERE sha256 = ?",
+            (sha256,),
+        ).fetchone()
+        if row is None:
+            raise KeyError(f"no image {sha256}")
+        return StoredImage(row["sha256"], row["mime"], row["width"], row["height"], row["size"])
+
+    def image_data(self, sha256: str) -> bytes:
+        row = self.db.execute("SELECT data FROM images WHERE sha256 = ?", (sha256,)).fetchone()
+        if row is None:
+            raise KeyError(f"no image {sha256}")
+        return bytes(row["data"])
+
+    def image_count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM images").fetchone()[0])
 
     # -- search ----------------------------------------------------------------------------------
 

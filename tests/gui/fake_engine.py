@@ -2,7 +2,10 @@
 
 It speaks the same facade as the real engine (``load``-style factory, ``stream_chat`` yielding
 chunks with ``text``/``done``/``stop_reason``/token counts, ``should_stop``), streams canned text
-with a delay per token, and can be told to fail while loading or mid-reply.
+with a delay per token, and can be told to fail while loading or mid-reply. With ``sees_images``
+it is a vision model: ``encode_chat_with_images`` checks the content parts against the images
+(reading each with the engine's own Pillow loader, so bad images fail as they would for real)
+and ``stream_ids`` replies to what it encoded.
 """
 
 from __future__ import annotations
@@ -33,9 +36,32 @@ def tokens_of(text: str) -> list[str]:
     return re.findall(r"\s*\S+|\s+", text)
 
 
+def text_of(content: str | list[dict]) -> str:
+    """A message's text, whether plain or content parts."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
+
+
+def images_in(content: str | list[dict]) -> int:
+    return 0 if isinstance(content, str) else sum(1 for part in content if part.get("type") == "image")
+
+
 def default_reply(messages: list[dict]) -> str:
-    last = messages[-1]["content"] if messages else ""
+    last = text_of(messages[-1]["content"]) if messages else ""
     return f"You said: {last}. Here is some code:\n\n```python\nprint({last!r})\n```\n\nDone."
+
+
+# Tokens one image stands for in the fake's prompts (real models: 64 to thousands, by size).
+IMAGE_TOKENS = 16
+
+
+@dataclass
+class FakeMedia:
+    """Stands in for engine.vision.media.PromptMedia: what the fake encoded."""
+
+    messages: list[dict]
+    image_sizes: list[tuple[int, int]]
 
 
 @dataclass
@@ -50,19 +76,29 @@ class FakeEngine:
     generate_error: BaseException | None = None
     fail_after_tokens: int = 0
     context_length: int = 2048
+    sees_images: bool = False
     calls: list[dict[str, Any]] = field(default_factory=list)
+    image_calls: list[dict[str, Any]] = field(default_factory=list)  # encode_chat_with_images
     loads: list[str] = field(default_factory=list)
+    load_options: list[dict[str, Any]] = field(default_factory=list)
     unloads: int = 0
     # Set when a token has been produced; tests wait on it to stop "mid-reply".
     streaming: threading.Event = field(default_factory=threading.Event)
 
-    def factory(self, model_dir: str, device: str, progress: Callable[[float, str], None]) -> FakeSession:
+    def factory(
+        self,
+        model_dir: str,
+        device: str,
+        progress: Callable[[float, str], None],
+        cache_bits: tuple[int, int] = (16, 16),
+    ) -> FakeSession:
         for i in range(5):
             progress(i / 5, f"Loading layer {i + 1}/5")
             time.sleep(self.load_delay / 5)
         if self.load_error is not None:
             raise self.load_error
         self.loads.append(model_dir)
+        self.load_options.append({"device": device, "cache_bits": cache_bits})
         return FakeSession(self, Path(model_dir).name)
 
     def sampling(self, values: dict[str, Any]) -> dict[str, Any]:
@@ -76,12 +112,43 @@ class FakeSession:
         self.model_name = name
         self.context_length = engine.context_length
         self.device = "cpu"
+        self.sees_images = engine.sees_images
 
     def memory_bytes(self) -> int:
         return 123 * 1024 * 1024
 
     def count_tokens(self, messages: list[dict]) -> int:
-        return sum(len(tokens_of(m["content"])) + 4 for m in messages)
+        return sum(
+            len(tokens_of(text_of(m["content"]))) + 4 + IMAGE_TOKENS * images_in(m["content"])
+            for m in messages
+        )
+
+    def encode_chat_with_images(
+        self, messages: list[dict], images: Sequence[Any]
+    ) -> tuple[list[int], FakeMedia]:
+        from engine.vision.images import ImageInputError, load_image
+
+        if not self.sees_images:
+            raise ImageInputError(f"{self.model_name} cannot see images (it has no vision tower)")
+        parts = sum(images_in(m["content"]) for m in messages)
+        if parts != len(images):
+            raise ImageInputError(f"the prompt has {parts} image placeholders but {len(images)} images")
+        sizes = [load_image(image).size for image in images]
+        self.engine.image_calls.append({"messages": list(messages), "images": list(images)})
+        return list(range(self.count_tokens(messages))), FakeMedia(list(messages), sizes)
+
+    def stream_ids(
+        self,
+        input_ids: Sequence[int],
+        settings: Any,
+        max_new_tokens: int = 512,
+        stop_strings: Sequence[str] = (),
+        should_stop: Callable[[], bool] | None = None,
+        media: FakeMedia | None = None,
+    ) -> Iterator[FakeChunk]:
+        messages = media.messages if media is not None else []
+        call = {"messages": messages, "settings": settings, "max_new_tokens": max_new_tokens, "media": media}
+        yield from self._stream(call, len(input_ids), should_stop)
 
     def stream_chat(
         self,
@@ -91,11 +158,16 @@ class FakeSession:
         stop_strings: Sequence[str] = (),
         should_stop: Callable[[], bool] | None = None,
     ) -> Iterator[FakeChunk]:
+        call = {"messages": list(messages), "settings": settings, "max_new_tokens": max_new_tokens}
+        yield from self._stream(call, self.count_tokens(messages), should_stop)
+
+    def _stream(
+        self, call: dict[str, Any], prompt_tokens: int, should_stop: Callable[[], bool] | None
+    ) -> Iterator[FakeChunk]:
         engine = self.engine
-        engine.calls.append(
-            {"messages": list(messages), "settings": settings, "max_new_tokens": max_new_tokens}
-        )
-        prompt_tokens = self.count_tokens(messages)
+        call["prompt_tokens"] = prompt_tokens
+        engine.calls.append(call)
+        messages, max_new_tokens = call["messages"], call["max_new_tokens"]
         pieces = tokens_of(engine.reply(messages))
         started = time.perf_counter()
         produced = 0
