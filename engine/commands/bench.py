@@ -26,6 +26,9 @@ def register(sub) -> None:
     p.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode run")
     p.add_argument("--batch", type=int, default=1, help="decode batch size")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument(
+        "--threads", type=int, default=None, help="CPU threads for both sides (default: torch's choice)"
+    )
     p.add_argument("--no-peer", action="store_true", help="skip the transformers comparison")
     p.add_argument("--json-out", default=None, help="write the results as JSON to this file")
     p.set_defaults(func=run)
@@ -113,6 +116,8 @@ def bench_transformers(
 def run(args: argparse.Namespace) -> int:
     from engine.model import load_model
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.spec.vocab_size, (args.prompt_tokens,), generator=gen).tolist()

@@ -52,14 +52,29 @@ class ModelBuilder:
         if self.store.has(f"{key}.trellis"):
             from engine.quant import load_exl3_linear
 
-            # Dense mode (the default): reconstructed once, in the model's dtype, on its device.
             layer = load_exl3_linear(
-                self.store.get, key, in_features, out_features, dtype=self.dtype, device=self.device
+                self.store.get,
+                key,
+                in_features,
+                out_features,
+                mode=self.exl3_mode(),
+                dtype=self.dtype,
+                device=self.device,
             )
             if bias_t is not None:
                 layer.bias = bias_t
             return layer.to(self.device)
         return DenseLinear(self.tensor(f"{key}.weight", [out_features, in_features]), bias_t)
+
+    def exl3_mode(self) -> str:
+        """EXL3 linears stay packed ("streaming") where the CUDA kernels decode them on the fly;
+        elsewhere (CPU, or no extension) they are reconstructed once into dense weights."""
+        if self.device.type == "cuda":
+            from engine import ops
+
+            if ops.extension() is not None:
+                return "streaming"
+        return "dense"
 
     def norm(self, key: str, dim: int) -> RMSNorm:
         return RMSNorm(self.tensor(f"{key}.weight", [dim]), self.spec.norm_eps, self.spec.norm_offset)

@@ -18,6 +18,23 @@ from engine.modules.linear import ProjectionGroup
 from engine.modules.rope import RotaryEmbedding
 
 
+def visibility(
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    window: int | None,
+    bidirectional: Sequence[tuple[int, int]] = (),
+) -> torch.Tensor:
+    """``[n, L]`` bool: which keys each query may attend to."""
+    allowed = k_positions[None, :] <= q_positions[:, None]
+    for lo, hi in bidirectional:
+        q_in = (q_positions >= lo) & (q_positions < hi)
+        k_in = (k_positions >= lo) & (k_positions < hi)
+        allowed |= q_in[:, None] & k_in[None, :]
+    if window is not None:
+        allowed &= k_positions[None, :] > q_positions[:, None] - window
+    return allowed
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -37,27 +54,22 @@ def attend(
     other whatever their order (the window still applies). Returns ``[n, heads, d]``.
     """
     heads, kv_heads = q.shape[1], k.shape[1]
-    allowed = k_positions[None, :] <= q_positions[:, None]
-    for lo, hi in bidirectional:
-        q_in = (q_positions >= lo) & (q_positions < hi)
-        k_in = (k_positions >= lo) & (k_positions < hi)
-        allowed |= q_in[:, None] & k_in[None, :]
-    if window is not None:
-        allowed &= k_positions[None, :] > q_positions[:, None] - window
+    # One query (a decode step) is handed exactly the keys it may see - the caller starts the
+    # keys inside the window and nothing lies after the query - so it needs no mask at all, and
+    # SDPA takes its fastest path.
+    allowed = None if q.shape[0] == 1 else visibility(q_positions, k_positions, window, bidirectional)
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
     if softcap is None:
-        # A single query that sees every key it is given (decode) needs no mask; passing none
-        # lets SDPA take its fastest path.
-        mask = None if q.shape[0] == 1 and bool(allowed.all()) else allowed
         out = F.scaled_dot_product_attention(
-            qh[None], kh[None], vh[None], attn_mask=mask, scale=scale, enable_gqa=heads != kv_heads
+            qh[None], kh[None], vh[None], attn_mask=allowed, scale=scale, enable_gqa=heads != kv_heads
         )[0]
     else:
         group = heads // kv_heads
         kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
         scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
         scores = torch.tanh(scores / softcap) * softcap
-        scores = scores.masked_fill(~allowed, float("-inf"))
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
         out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(vh.dtype), vh)
     return out.transpose(0, 1)
 
