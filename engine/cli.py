@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "import_gguf",
     "download",
     "search",
+    "constrain_eval",
     "build_ext",
     "bench_kernels",
     "convert",

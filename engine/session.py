@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine.generation.constraints import Constraint
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
@@ -36,6 +37,7 @@ class StreamChunk:
     cached_tokens: int = 0
     new_tokens: int = 0
     tokens_per_second: float = 0.0
+    error: str | None = None  # a constrained output that is invalid or incomplete says why
 
 
 class ChatSession:
@@ -89,10 +91,12 @@ class ChatSession:
         stop_strings: Sequence[str] = (),
         should_stop: Callable[[], bool] | None = None,
         media: PromptMedia | None = None,
+        constraint: Constraint | None = None,
     ) -> Iterator[StreamChunk]:
         """Stream the continuation of ``input_ids``; ``should_stop`` is polled every step.
-        ``media``: the prompt's images (see :meth:`encode_chat_with_images`)."""
-        job = Job(list(input_ids), max_new_tokens, settings, stop_strings, media=media)
+        ``media``: the prompt's images (see :meth:`encode_chat_with_images`). ``constraint``
+        (see ``engine.generation.constraints``) shapes the output, e.g. as JSON."""
+        job = Job(list(input_ids), max_new_tokens, settings, stop_strings, media=media, constraint=constraint)
         started = time.perf_counter()
         self.generator.enqueue(job)
         try:
@@ -114,6 +118,7 @@ class ChatSession:
                         r.new_tokens,
                         r.timings.tokens_per_second(r.new_tokens)
                         or r.new_tokens / max(time.perf_counter() - started, 1e-9),
+                        r.error,
                     )
                     if r.done:
                         return
@@ -127,9 +132,12 @@ class ChatSession:
         max_new_tokens: int = 512,
         stop_strings: Sequence[str] = (),
         should_stop: Callable[[], bool] | None = None,
+        constraint: Constraint | None = None,
     ) -> Iterator[StreamChunk]:
         ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
-        yield from self.stream_ids(ids, settings, max_new_tokens, stop_strings, should_stop)
+        yield from self.stream_ids(
+            ids, settings, max_new_tokens, stop_strings, should_stop, constraint=constraint
+        )
 
     @property
     def sees_images(self) -> bool:

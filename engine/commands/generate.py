@@ -36,7 +36,38 @@ def register(sub) -> None:
         "--image", action="append", default=[], help="image shown before the prompt (repeatable, with --chat)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument(
+        "--json-schema", metavar="FILE", help="output one JSON document valid under this schema"
+    )
+    shape.add_argument(
+        "--regex", metavar="PATTERN", help="output text matching this regular expression in full"
+    )
+    shape.add_argument(
+        "--grammar", metavar="FILE", help="output text from this KBNF grammar (start symbol: start)"
+    )
     p.set_defaults(func=run)
+
+
+def constraint_from_args(args: argparse.Namespace):
+    """The constraint the options ask for, or None; compiled before the model loads (fail fast)."""
+    from pathlib import Path
+
+    from engine.generation import constraints
+
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise constraints.ConstraintError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+    if getattr(args, "json_schema", None):
+        return constraints.json_schema(read(args.json_schema))
+    if getattr(args, "regex", None) is not None:
+        return constraints.regex(args.regex)
+    if getattr(args, "grammar", None):
+        return constraints.grammar(read(args.grammar))
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.image and not args.chat:
         raise SystemExit("error: --image needs --chat (images go into a user message)")
+    constraint = constraint_from_args(args)
     session = ChatSession.load(
         args.model,
         device=args.device,
@@ -79,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
         ids = session.tokenizer.encode(args.prompt)
     text, token_ids, last = [], [], None
     start = time.perf_counter()
-    for chunk in session.stream_ids(ids, settings, args.max_new_tokens, args.stop, media=media):
+    for chunk in session.stream_ids(
+        ids, settings, args.max_new_tokens, args.stop, constraint=constraint, media=media
+    ):
         text.append(chunk.text)
         token_ids += chunk.token_ids
         last = chunk
@@ -97,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
                     "new_tokens": len(token_ids),
                     "tokens_per_second": last.tokens_per_second if last else 0.0,
                     "stop_reason": last.stop_reason if last else None,
+                    "error": last.error if last else None,
                     "elapsed_s": elapsed,
                 }
             )
@@ -107,4 +142,7 @@ def run(args: argparse.Namespace) -> int:
             f"stop: {last.stop_reason if last else None}]",
             file=sys.stderr,
         )
+    if last is not None and last.error:
+        print(f"error: {last.error}", file=sys.stderr)
+        return 3  # the output does not satisfy the constraint
     return 0

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from engine.cache.pages import page_keys
 from engine.cache.paged import PagedKVCache
 from engine.errors import ContextOverflowError
+from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.job import Job, JobResult, Timings
 from engine.generation.sampling import Sampler
 from engine.generation.step import StepItem, run_step
@@ -35,6 +36,7 @@ class _Running:
     stops: StopStringMatcher
     stop_ids: set[int]
     decoder: object | None
+    constraint: ConstraintState | None = None  # masks the logits, advances with each token
     pages: list[int] = field(default_factory=list)
     in_cache: int = 0  # positions 0 .. in_cache - 1 are in the cache
     keys: list[bytes] = field(default_factory=list)  # keys of the full pages registered so far
@@ -88,6 +90,12 @@ class Generator:
                 "(leave room for at least one new token)"
             )
         stop_ids = set(job.stop_token_ids) if job.stop_token_ids is not None else self._default_stop_ids()
+        constraint = None
+        if job.constraint is not None:
+            if self.tokenizer is None:
+                raise ConstraintError("a constrained job needs a generator with a tokenizer")
+            # Starts computing the first mask on a worker thread, overlapping the prefill.
+            constraint = job.constraint.start(self.tokenizer)
         run = _Running(
             job=job,
             tokens=prompt,
@@ -97,6 +105,7 @@ class Generator:
             stops=StopStringMatcher(job.stop_strings),
             stop_ids=stop_ids,
             decoder=self.tokenizer.incremental_decoder() if self.tokenizer is not None else None,
+            constraint=constraint,
             t_enqueued=time.perf_counter(),
         )
         self._queue.append(run)
@@ -201,12 +210,20 @@ class Generator:
                 self.cache.pages.register(page, key)
 
     def _advance(self, run: _Running, logits) -> JobResult:
-        token = run.sampler.sample(logits, run.tokens, run.generated)
+        mask = None
+        if run.constraint is not None:
+            try:
+                mask = run.constraint.allowed(logits.shape[-1], run.stop_ids)
+            except ConstraintError as exc:  # the constraint engine failed: end this job only
+                return self._constraint_dead_end(run, str(exc))
+            if mask is None:  # no token can continue the constrained output
+                return self._constraint_dead_end(run)
+        token = run.sampler.sample(logits, run.tokens, run.generated, mask)
         now = time.perf_counter()
         if run.t_first is None:
             run.t_first = now
         run.tokens.append(token)
-        text, reason = "", None
+        text, reason, error = "", None, None
         if token in run.stop_ids:
             reason = "eos"
         else:
@@ -216,6 +233,8 @@ class Generator:
                 reason = "stop_string"
             elif len(run.tokens) >= run.limit:
                 reason = "max_new_tokens"
+        if run.constraint is not None:
+            reason, error = self._advance_constraint(run, token, reason)
         if reason is not None and reason != "stop_string":
             tail = run.decoder.flush() if run.decoder is not None else ""
             more, _ = run.stops.feed(tail)
@@ -234,12 +253,63 @@ class Generator:
                 prefill_s=run.t_first - (run.t_started or run.t_first),
                 decode_s=now - run.t_first,
             ),
+            error=error,
         )
         if result.done:
             self._active.remove(run)
             self._by_job.pop(run.job, None)
             self.cache.pages.release(run.pages)
         return result
+
+    def _advance_constraint(
+        self, run: _Running, token: int, reason: str | None
+    ) -> tuple[str | None, str | None]:
+        """Feed the sampled token to the job's constraint; the stop reason and error that follow."""
+        state = run.constraint
+        try:
+            state.advance(token, is_stop=token in run.stop_ids)
+        except ConstraintError as exc:  # the mask should prevent this; report it, don't hang
+            return "constraint_error", str(exc)
+        if state.complete:
+            # A JSON document is over at its last bracket: stop there (no need to sample EOS).
+            return ("constraint_complete" if reason in (None, "max_new_tokens") else reason), None
+        if reason in ("max_new_tokens", "stop_string"):
+            return reason, (
+                f"the {state.constraint.kind} output is incomplete: generation stopped ({reason}) "
+                f"after {len(run.generated)} tokens, before the constraint was satisfied"
+            )
+        return reason, None
+
+    def _constraint_dead_end(self, run: _Running, error: str | None = None) -> JobResult:
+        """End a job whose constraint allows no next token (e.g. it needs a character no token
+        of this vocabulary can produce), or whose constraint engine failed (``error``)."""
+        now = time.perf_counter()
+        run.t_first = run.t_first or now
+        text = run.decoder.flush() if run.decoder is not None else ""
+        more, _ = run.stops.feed(text)
+        self._active.remove(run)
+        self._by_job.pop(run.job, None)
+        self.cache.pages.release(run.pages)
+        return JobResult(
+            job=run.job,
+            text=more + run.stops.flush(),
+            token_ids=[],
+            done=True,
+            stop_reason="constraint_error",
+            prompt_tokens=run.prompt_len,
+            cached_tokens=run.cached_tokens,
+            new_tokens=len(run.generated),
+            timings=Timings(
+                queued_s=(run.t_started or now) - run.t_enqueued,
+                prefill_s=run.t_first - (run.t_started or run.t_first),
+                decode_s=now - run.t_first,
+            ),
+            error=error
+            or (
+                f"the {run.constraint.constraint.kind} constraint cannot be satisfied: no token of "
+                f"the vocabulary can follow the {len(run.generated)} tokens generated so far"
+            ),
+        )
 
     # -- conveniences -----------------------------------------------------------------------
 
@@ -262,5 +332,6 @@ class Generator:
                 m.text += r.text
                 m.token_ids += r.token_ids
                 m.done, m.stop_reason, m.new_tokens, m.timings = r.done, r.stop_reason, r.new_tokens, r.timings
+                m.error = r.error
                 m.prompt_tokens, m.cached_tokens = r.prompt_tokens, r.cached_tokens
         return [merged[job] for job in jobs]

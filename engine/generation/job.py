@@ -5,9 +5,12 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.generation.sampling import SamplingSettings
+
+if TYPE_CHECKING:
+    from engine.generation.constraints import Constraint
 
 _ids = itertools.count()
 
@@ -25,6 +28,8 @@ class Job:
     media: Any = None
     identifier: Any = None
     serial: int = field(default_factory=lambda: next(_ids))
+    # Output must follow this (JSON schema, regex, grammar: engine.generation.constraints).
+    constraint: Constraint | None = None
 
 
 @dataclass
@@ -46,8 +51,11 @@ class JobResult:
     text: str
     token_ids: list[int]
     done: bool = False
-    stop_reason: str | None = None  # "eos" | "stop_string" | "max_new_tokens" | "cancelled"
+    # "eos" | "stop_string" | "max_new_tokens" | "cancelled"; with a constraint also
+    # "constraint_complete" (the output is finished) and "constraint_error" (it cannot be)
+    stop_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from cached pages, not prefilled
     new_tokens: int = 0
     timings: Timings = field(default_factory=Timings)
+    error: str | None = None  # why a constrained output is invalid or incomplete; None when fine

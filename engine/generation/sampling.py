@@ -88,10 +88,20 @@ class Sampler:
         seed = settings.seed if settings.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         self.generator.manual_seed(seed)
 
-    def sample(self, logits: torch.Tensor, context: Sequence[int], generated: Sequence[int]) -> int:
-        """One token id from the float32 ``[vocab]`` ``logits``."""
+    def sample(
+        self,
+        logits: torch.Tensor,
+        context: Sequence[int],
+        generated: Sequence[int],
+        mask: torch.Tensor | None = None,
+    ) -> int:
+        """One token id from the float32 ``[vocab]`` ``logits``; ``mask`` (bool ``[vocab]``, True =
+        allowed, at least one True) restricts the choice, e.g. to what a constraint permits. It
+        applies before truncation, so top-k/top-p/min-p choose among the allowed tokens."""
         s = self.settings
         logits = apply_penalties(logits.float().cpu().clone(), s, context, generated)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf"))
         if s.is_greedy:
             return int(torch.argmax(logits))
         logits = truncate(logits / s.temperature, s)
