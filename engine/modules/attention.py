@@ -57,11 +57,24 @@ def attend(
     # One query (a decode step) is handed exactly the keys it may see - the caller starts the
     # keys inside the window and nothing lies after the query - so it needs no mask at all, and
     # SDPA takes its fastest path.
-    allowed = None if q.shape[0] == 1 else visibility(q_positions, k_positions, window, bidirectional)
+    n, length = q.shape[0], k.shape[0]
+    # A whole prompt from position 0 with no window is plain causal attention: SDPA's own causal
+    # path is faster than an explicit mask.
+    plain_causal = n == length and not bidirectional and (window is None or window >= length)
+    if n == 1 or (plain_causal and softcap is None):
+        allowed = None
+    else:
+        allowed = visibility(q_positions, k_positions, window, bidirectional)
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
     if softcap is None:
         out = F.scaled_dot_product_attention(
-            qh[None], kh[None], vh[None], attn_mask=allowed, scale=scale, enable_gqa=heads != kv_heads
+            qh[None],
+            kh[None],
+            vh[None],
+            attn_mask=allowed,
+            is_causal=allowed is None and n > 1,
+            scale=scale,
+            enable_gqa=heads != kv_heads,
         )[0]
     else:
         group = heads // kv_heads
