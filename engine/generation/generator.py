@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from engine.cache.pages import page_keys
 from engine.cache.paged import PagedKVCache
+from engine.cache.pages import page_keys
 from engine.errors import ContextOverflowError
 from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.job import Job, JobResult, Timings
@@ -64,11 +64,14 @@ class Generator:
         max_chunk_tokens: int = 512,
         cache_tokens: int | None = None,
         page_size: int = 64,
+        cache_bits: tuple[int, int] = (16, 16),
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         if cache is None:
             tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
-            cache = PagedKVCache.for_model(model.spec, tokens, page_size, model.dtype, model.device)
+            cache = PagedKVCache.for_model(
+                model.spec, tokens, page_size, model.dtype, model.device, cache_bits
+            )
         self.cache = cache
         self.max_batch_size, self.max_chunk_tokens = max_batch_size, max_chunk_tokens
         self._queue: deque[_Running] = deque()
@@ -84,7 +87,11 @@ class Generator:
             raise ValueError("a job needs at least one input token")
         context = min(self.model.spec.max_position_embeddings, self.cache.capacity)
         if len(prompt) >= context:
-            where = "cache" if self.cache.capacity < self.model.spec.max_position_embeddings else "model's context"
+            where = (
+                "cache"
+                if self.cache.capacity < self.model.spec.max_position_embeddings
+                else "model's context"
+            )
             raise ContextOverflowError(
                 f"prompt of {len(prompt)} tokens does not fit the {where} of {context} tokens "
                 "(leave room for at least one new token)"
@@ -119,14 +126,14 @@ class Generator:
 
     def cancel(self, job: Job) -> None:
         """Stop a job now and free its pages (full ones stay cached for reuse)."""
-        run = self._by_job.pop(job, None)
+        run = self._by_job.get(job)
         if run is None:
             return
-        if run in self._queue:
-            self._queue.remove(run)
         if run in self._active:
-            self._active.remove(run)
-            self.cache.pages.release(run.pages)
+            self._finish(run)
+        else:
+            self._queue.remove(run)
+            del self._by_job[job]
 
     @property
     def num_remaining_jobs(self) -> int:
@@ -239,10 +246,24 @@ class Generator:
             tail = run.decoder.flush() if run.decoder is not None else ""
             more, _ = run.stops.feed(tail)
             text += more + run.stops.flush()
-        result = JobResult(
+        result = self._result(run, text, [token], reason, error, now)
+        if result.done:
+            self._finish(run)
+        return result
+
+    def _result(
+        self,
+        run: _Running,
+        text: str,
+        token_ids: list[int],
+        reason: str | None,
+        error: str | None,
+        now: float,
+    ) -> JobResult:
+        return JobResult(
             job=run.job,
             text=text,
-            token_ids=[token],
+            token_ids=token_ids,
             done=reason is not None,
             stop_reason=reason,
             prompt_tokens=run.prompt_len,
@@ -255,11 +276,12 @@ class Generator:
             ),
             error=error,
         )
-        if result.done:
-            self._active.remove(run)
-            self._by_job.pop(run.job, None)
-            self.cache.pages.release(run.pages)
-        return result
+
+    def _finish(self, run: _Running) -> None:
+        """A job is over: it leaves the batch and its pages go back (full ones stay cached)."""
+        self._active.remove(run)
+        self._by_job.pop(run.job, None)
+        self.cache.pages.release(run.pages)
 
     def _advance_constraint(
         self, run: _Running, token: int, reason: str | None
@@ -287,29 +309,12 @@ class Generator:
         run.t_first = run.t_first or now
         text = run.decoder.flush() if run.decoder is not None else ""
         more, _ = run.stops.feed(text)
-        self._active.remove(run)
-        self._by_job.pop(run.job, None)
-        self.cache.pages.release(run.pages)
-        return JobResult(
-            job=run.job,
-            text=more + run.stops.flush(),
-            token_ids=[],
-            done=True,
-            stop_reason="constraint_error",
-            prompt_tokens=run.prompt_len,
-            cached_tokens=run.cached_tokens,
-            new_tokens=len(run.generated),
-            timings=Timings(
-                queued_s=(run.t_started or now) - run.t_enqueued,
-                prefill_s=run.t_first - (run.t_started or run.t_first),
-                decode_s=now - run.t_first,
-            ),
-            error=error
-            or (
-                f"the {run.constraint.constraint.kind} constraint cannot be satisfied: no token of "
-                f"the vocabulary can follow the {len(run.generated)} tokens generated so far"
-            ),
+        self._finish(run)
+        error = error or (
+            f"the {run.constraint.constraint.kind} constraint cannot be satisfied: no token of "
+            f"the vocabulary can follow the {len(run.generated)} tokens generated so far"
         )
+        return self._result(run, more + run.stops.flush(), [], "constraint_error", error, now)
 
     # -- conveniences -----------------------------------------------------------------------
 
@@ -331,7 +336,12 @@ class Generator:
                 m = merged[r.job]
                 m.text += r.text
                 m.token_ids += r.token_ids
-                m.done, m.stop_reason, m.new_tokens, m.timings = r.done, r.stop_reason, r.new_tokens, r.timings
+                m.done, m.stop_reason, m.new_tokens, m.timings = (
+                    r.done,
+                    r.stop_reason,
+                    r.new_tokens,
+                    r.timings,
+                )
                 m.error = r.error
                 m.prompt_tokens, m.cached_tokens = r.prompt_tokens, r.cached_tokens
         return [merged[job] for job in jobs]
