@@ -5,6 +5,7 @@ Importing is a few seconds (SmolLM2) to ~20 s (Gemma 3), so each is done once pe
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,54 @@ def gemma3_dir(tmp_path_factory, gemma3_gguf) -> Path:
     from engine.loading.gguf_import import import_gguf
 
     return import_gguf(gemma3_gguf, tmp_path_factory.mktemp("gemma3") / "gemma-3-270m")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """``cuda``-marked tests need an NVIDIA GPU: skip them (with the reason) where none is visible."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
+def exl3_fixture_dir() -> Path | None:
+    """``shared/fixtures/exl3`` beside the repository, else under ``$TRELLIS_SHARED``."""
+    candidates = [Path(__file__).parents[1] / ".." / "shared"]
+    if os.environ.get("TRELLIS_SHARED"):
+        candidates.insert(0, Path(os.environ["TRELLIS_SHARED"]))
+    for shared in candidates:
+        d = shared / "fixtures" / "exl3"
+        if (d / "reference" / "codebook_tables.safetensors").is_file():
+            return d.resolve()
+    return None
+
+
+@pytest.fixture(scope="session")
+def exl3_dir() -> Path:
+    """The EXL3 reference fixtures (never downloaded); tests that need them skip without them."""
+    d = exl3_fixture_dir()
+    if d is None:
+        pytest.skip(
+            "EXL3 reference fixtures not found (looked for shared/fixtures/exl3 beside the repository "
+            "and under $TRELLIS_SHARED)"
+        )
+    return d
+
+
+@pytest.fixture(scope="session")
+def ref(exl3_dir: Path):
+    """``ref(name)`` -> dict of tensors of ``reference/<name>.safetensors`` (cached)."""
+    from safetensors.torch import load_file
+
+    cache: dict = {}
+
+    def load(name: str) -> dict:
+        if name not in cache:
+            cache[name] = load_file(str(exl3_dir / "reference" / f"{name}.safetensors"))
+        return cache[name]
+
+    return load
