@@ -53,6 +53,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     context: int | None = None,
     progress: Callable[[float, str], None] | None = None,
+    exl3_mode: str | None = None,
 ) -> LoadedModel:
     """Load a Hugging Face model directory onto ``device``.
 
@@ -71,8 +72,9 @@ def load_model(
         progress(0.0, f"loading {config.architecture} from {config.directory.name}")
     with torch.inference_mode():
         names = arch.tensor_names(store.has)
-        module = ModelBuilder(spec, names, store, dtype, dev, context or spec.max_position_embeddings).build(
-            progress
+        builder = ModelBuilder(
+            spec, names, store, dtype, dev, context or spec.max_position_embeddings, exl3_mode
         )
+        module = builder.build(progress)
         vision = arch.vision_model(config, store, dtype, dev)
     return LoadedModel(config, spec, module, dev, dtype, vision)

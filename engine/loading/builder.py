@@ -34,9 +34,11 @@ class ModelBuilder:
         dtype: torch.dtype,
         device: torch.device | str,
         context: int,
+        exl3_mode: str | None = None,
     ) -> None:
         self.spec, self.names, self.store = spec, names, store
         self.dtype, self.device, self.context = dtype, torch.device(device), context
+        self._exl3_mode = exl3_mode
 
     # -- leaves ---------------------------------------------------------------------------
 
@@ -68,7 +70,10 @@ class ModelBuilder:
 
     def exl3_mode(self) -> str:
         """EXL3 linears stay packed ("streaming") where the CUDA kernels decode them on the fly;
-        elsewhere (CPU, or no extension) they are reconstructed once into dense weights."""
+        elsewhere (CPU, or no extension) they are reconstructed once into dense weights.
+        An explicit mode given to the builder wins (streaming saves memory on the CPU too)."""
+        if self._exl3_mode is not None:
+            return self._exl3_mode
         if self.device.type == "cuda":
             from engine import ops
 

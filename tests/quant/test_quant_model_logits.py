@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import VARIANTS
 
-import engine.quant
 from engine.cache.paged import PagedKVCache
 from engine.generation.step import score_tokens
 from engine.model import load_model
@@ -21,8 +19,8 @@ RMS = 0.003
 KL = 1e-5
 
 
-def _logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
-    model = load_model(model_dir, device="cpu", dtype=torch.float32)
+def _logits(model_dir: Path, ids: list[int], exl3_mode: str | None = None) -> torch.Tensor:
+    model = load_model(model_dir, device="cpu", dtype=torch.float32, exl3_mode=exl3_mode)
     cache = PagedKVCache.for_model(model.spec, len(ids), page_size=16)
     return score_tokens(model.module, cache, ids, chunk=13), model
 
@@ -54,13 +52,13 @@ def test_quantized_model_logits(exl3_dir: Path, ref, variant: str) -> None:
     assert (got - logits[f"spec_fp32.{variant}"][0]).abs().max().item() < 1e-3
 
 
-def test_quantized_model_logits_streaming(exl3_dir: Path, ref, monkeypatch) -> None:
+def test_quantized_model_logits_streaming(exl3_dir: Path, ref) -> None:
     # The same model with every EXL3 linear in streaming mode (decode per call).
-    streaming = functools.partial(engine.quant.load_exl3_linear, mode="streaming")
-    monkeypatch.setattr(engine.quant, "load_exl3_linear", streaming)
     logits = ref("logits")
     variant = "2.5bpw-h4-mcg"
-    got, model = _logits(exl3_dir / f"tiny-llama-exl3-{variant}", logits["input_ids"][0].tolist())
+    got, model = _logits(
+        exl3_dir / f"tiny-llama-exl3-{variant}", logits["input_ids"][0].tolist(), "streaming"
+    )
     assert all(m.mode == "streaming" for m in model.module.modules() if isinstance(m, EXL3Linear))
     _check(got, logits[f"exl3.{variant}"][0])
 
