@@ -32,6 +32,8 @@ class FoldersBox(QGroupBox):
             field.setReadOnly(True)  # selectable and copyable, not editable: overrides are CLI flags
             field.setAccessibleName(label)
             field.setCursorPosition(0)
+            # Wide enough for a typical full path (they are the point of this box), within reason.
+            field.setMinimumWidth(min(520, field.fontMetrics().horizontalAdvance(str(path)) + 24))
             button = QPushButton("Open")
             button.setAccessibleName(f"Open {label.lower()}")
             button.clicked.connect(lambda _checked=False, p=path: opener(p))
