@@ -43,6 +43,8 @@ ProgressFn = Callable[[float, str], None]
 # (model_dir, device, progress, cache_bits=(key bits, value bits)) -> a ChatSession-like object
 SessionFactory = Callable[..., Any]
 StarterFactory = Callable[[Path, ProgressFn], Path]
+# JSON schema text -> the engine's Constraint (raises ConstraintError for a schema it refuses)
+ConstraintFactory = Callable[[str], Any]
 CacheBits = tuple[int, int]
 
 
@@ -58,6 +60,12 @@ def _default_starter_factory(models_dir: Path, progress: ProgressFn) -> Path:
     from engine.starter import ensure_starter_model  # lazy: pulls in the GGUF importer
 
     return ensure_starter_model(models_dir, progress=progress)
+
+
+def _default_constraint_factory(schema_text: str) -> Any:
+    from engine.generation.constraints import json_schema  # lazy: pulls in torch and formatron
+
+    return json_schema(schema_text)
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -184,11 +192,13 @@ class EngineWorker(QObject):
         session_factory: SessionFactory | None = None,
         starter_factory: StarterFactory | None = None,
         sampling_factory: Callable[[dict[str, Any]], Any] | None = None,
+        constraint_factory: ConstraintFactory | None = None,
     ) -> None:
         super().__init__()
         self._session_factory = session_factory or _default_session_factory
         self._starter_factory = starter_factory or _default_starter_factory
         self._sampling_factory = sampling_factory or _sampling_settings
+        self._constraint_factory = constraint_factory or _default_constraint_factory
         self._session: Any = None
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
@@ -268,7 +278,7 @@ class EngineWorker(QObject):
         except Exception as exc:
             log.info("count_tokens failed: %s", exc)  # the meter just keeps its old value
 
-    @Slot(int, object, object, int, object)
+    @Slot(int, object, object, int, object, str)
     def generate(
         self,
         request_id: int,
@@ -276,7 +286,9 @@ class EngineWorker(QObject):
         sampling: dict[str, Any],
         max_new_tokens: int,
         stop_strings: Sequence[str],
+        json_schema: str = "",
     ) -> None:
+        """``json_schema`` (text; "" = none): the reply must be one JSON document valid under it."""
         stats: dict[str, Any] = {
             "stop_reason": None,
             "prompt_tokens": 0,
@@ -291,8 +303,11 @@ class EngineWorker(QObject):
                 stats["stop_reason"] = "cancelled"
             else:
                 settings = self._sampling_factory(dict(sampling))
+                # Built before any model work, so an invalid schema fails at once (ConstraintError,
+                # an EngineError: describe_error turns it into a readable message).
+                constraint = self._constraint_factory(json_schema) if json_schema.strip() else None
                 stream = self._start_stream(
-                    request_id, messages, settings, max_new_tokens, tuple(stop_strings), stats
+                    request_id, messages, settings, max_new_tokens, tuple(stop_strings), stats, constraint
                 )
                 for chunk in stream:
                     if chunk.text:
@@ -304,6 +319,11 @@ class EngineWorker(QObject):
                     )
                     if chunk.done:
                         stats["stop_reason"] = chunk.stop_reason
+                        # A constrained reply that cannot be finished validly says why; its text so
+                        # far is kept (stop reason "constraint_error"), the message goes with it.
+                        if getattr(chunk, "error", None):
+                            stats["error"] = f"The reply does not fit the JSON schema: {chunk.error}"
+                            self.error.emit(stats["error"])
                         break
                     if self._is_cancelled(request_id):
                         # The engine should have stopped through should_stop; do not rely on it.
@@ -333,11 +353,14 @@ class EngineWorker(QObject):
         max_new_tokens: int,
         stop_strings: tuple[str, ...],
         stats: dict[str, Any],
+        constraint: Any = None,
     ) -> Any:
         """Fit the conversation to the context and start the engine's stream: text only through
         ``stream_chat``; with images through ``encode_chat_with_images`` and ``stream_ids``."""
         session = self._session
         should_stop = lambda: self._is_cancelled(request_id)  # noqa: E731
+        # Passed only when set, so sessions without constrained output keep working unchanged.
+        extra: dict[str, Any] = {"constraint": constraint} if constraint is not None else {}
         if not getattr(session, "sees_images", False) and has_images(messages):
             if messages[-1].get("images"):
                 # The GUI refuses this before sending; a model swapped in meanwhile lands here.
@@ -359,6 +382,7 @@ class EngineWorker(QObject):
                 max_new_tokens=max_new_tokens,
                 stop_strings=stop_strings,
                 should_stop=should_stop,
+                **extra,
             )
         # Counting a prompt with images means encoding it (the images' token counts depend on
         # their sizes), so remember the last encoding: the one that fits is the one we send.
@@ -378,7 +402,7 @@ class EngineWorker(QObject):
             stats["trimmed_messages"] = dropped
         ids, media = encode(messages)
         return session.stream_ids(
-            ids, settings, max_new_tokens, stop_strings, should_stop=should_stop, media=media
+            ids, settings, max_new_tokens, stop_strings, should_stop=should_stop, media=media, **extra
         )
 
     @Slot(str)
@@ -412,7 +436,7 @@ class EngineClient(QObject):
     # Requests: queued across the thread boundary because the worker lives in the other thread.
     _requestLoad = Signal(str, str, object)
     _requestUnload = Signal()
-    _requestGenerate = Signal(int, object, object, int, object)
+    _requestGenerate = Signal(int, object, object, int, object, str)
     _requestCount = Signal(int, object)
     _requestStarter = Signal(str)
     _requestShutdown = Signal()
@@ -436,11 +460,12 @@ class EngineClient(QObject):
         starter_factory: StarterFactory | None = None,
         sampling_factory: Callable[[dict[str, Any]], Any] | None = None,
         parent: QObject | None = None,
+        constraint_factory: ConstraintFactory | None = None,
     ) -> None:
         super().__init__(parent)
         self._thread = QThread()
         self._thread.setObjectName("engine")
-        self.worker = EngineWorker(session_factory, starter_factory, sampling_factory)
+        self.worker = EngineWorker(session_factory, starter_factory, sampling_factory, constraint_factory)
         self.worker.moveToThread(self._thread)
         self._next_id = 0
         self.model_info: dict[str, Any] | None = None
@@ -512,13 +537,20 @@ class EngineClient(QObject):
         sampling: Any,
         max_new_tokens: int = 512,
         stop_strings: Sequence[str] = (),
+        json_schema: str = "",
     ) -> int:
-        """Queue a generation; returns its request id (chunks and the finish carry it)."""
+        """Queue a generation; returns its request id (chunks and the finish carry it).
+        ``json_schema``: JSON schema text the reply must follow ("" = free text)."""
         self._next_id += 1
         request_id = self._next_id
         self.active_requests.add(request_id)
         self._requestGenerate.emit(
-            request_id, list(messages), _to_dict(sampling), int(max_new_tokens), list(stop_strings)
+            request_id,
+            list(messages),
+            _to_dict(sampling),
+            int(max_new_tokens),
+            list(stop_strings),
+            json_schema,
         )
         return request_id
 

@@ -169,6 +169,12 @@ class ChatController(QObject):
         if self.conversation_id is not None:
             self.store.update_conversation(self.conversation_id, preset=preset, sampling=overrides or {})
 
+    def set_json_schema(self, text: str) -> None:
+        """Structured output for this conversation's next replies: JSON valid under the schema
+        ``text`` ("" = free text). The settings dialog has already checked it (app.chat.structured)."""
+        if self.conversation_id is not None:
+            self.store.update_conversation(self.conversation_id, json_schema=text.strip())
+
     # -- messages ----------------------------------------------------------------------------------
 
     def submit(self, text: str, images: list[ImageBlob] | tuple[ImageBlob, ...] = ()) -> bool:
@@ -299,7 +305,9 @@ class ChatController(QObject):
         self.model.append(item)
         self._refresh_sibling_counts()
         sampler, max_new_tokens = split_generation_limits(effective_sampling(conv.preset, conv.sampling))
-        request_id = self.engine.generate(self.engine_messages(history), sampler, max_new_tokens)
+        request_id = self.engine.generate(
+            self.engine_messages(history), sampler, max_new_tokens, json_schema=conv.json_schema
+        )
         self._active = _Active(request_id, conv.id, reply.id)
         self._flush_timer.start()
         self._save_timer.start()

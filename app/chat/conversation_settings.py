@@ -1,4 +1,5 @@
-"""Per-conversation settings: the system prompt and the sampling preset with overrides."""
+"""Per-conversation settings: the system prompt, the structured-output JSON schema, and the
+sampling preset with overrides."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
+    QLabel,
     QPlainTextEdit,
     QSpinBox,
     QVBoxLayout,
@@ -17,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.presets import FIELDS, PRESET_LABELS, effective_sampling
+from app.chat.structured import schema_problem
 
 
 class ConversationSettingsDialog(QDialog):
@@ -28,6 +31,7 @@ class ConversationSettingsDialog(QDialog):
         preset: str,
         overrides: dict[str, Any],
         parent: QWidget | None = None,
+        json_schema: str = "",
     ) -> None:
         super().__init__(parent)
         self.setWindowTitle("Conversation settings")
@@ -40,6 +44,23 @@ class ConversationSettingsDialog(QDialog):
         self.system_prompt.setAccessibleName("System prompt")
         self.system_prompt.setMinimumHeight(100)
         form.addRow("System prompt", self.system_prompt)
+
+        self.json_schema = QPlainTextEdit(json_schema)
+        self.json_schema.setAccessibleName("Structured output (JSON schema)")
+        self.json_schema.setPlaceholderText(
+            'Empty: free text. Paste a JSON schema, e.g. {"type": "object", "properties": '
+            '{"answer": {"type": "string"}}, "required": ["answer"]}, and every reply will be '
+            "JSON valid under it."
+        )
+        self.json_schema.setMinimumHeight(80)
+        form.addRow("Structured output (JSON schema)", self.json_schema)
+        # Shown in the dialog (not a message box) so the user can fix the schema where it is.
+        self.schema_error = QLabel()
+        self.schema_error.setAccessibleName("JSON schema error")
+        self.schema_error.setWordWrap(True)
+        self.schema_error.setStyleSheet("color: #c0392b;")
+        self.schema_error.hide()
+        form.addRow("", self.schema_error)
 
         self.preset = QComboBox()
         self.preset.setAccessibleName("Sampling preset")
@@ -73,6 +94,21 @@ class ConversationSettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
+
+    def accept(self) -> None:
+        """Save only a schema the engine will accept; otherwise say why and stay open."""
+        problem = schema_problem(self.json_schema.toPlainText())
+        if problem:
+            self.schema_error.setText(problem)
+            self.schema_error.show()
+            self.json_schema.setFocus()
+            return
+        self.schema_error.hide()
+        super().accept()
+
+    def json_schema_text(self) -> str:
+        """The structured-output schema as typed ("" = free text)."""
+        return self.json_schema.toPlainText().strip()
 
     def _on_preset_changed(self) -> None:
         self._overrides = {}  # a new preset starts from its own values

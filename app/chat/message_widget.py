@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 from app.chat.images import ImageLibrary, ThumbnailRow
 from app.chat.markdown import MarkdownRenderer, plain_text_html
 from app.chat.message_model import MessageItem
+from app.chat.structured import display_text
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STOP_LABELS = {
@@ -45,6 +46,8 @@ STOP_LABELS = {
     "stop_string": "",
     "eos": "",
     "error": "failed",
+    "constraint_complete": "",
+    "constraint_error": "does not fit the JSON schema",
 }
 
 
@@ -244,7 +247,7 @@ class MessageWidget(QFrame):
         self.stats_label.setVisible(bool(self.stats_label.text()))
         # The model may mutate a streaming item in place, so compare with what was last rendered,
         # not with the previous item object.
-        shown = (item.role, item.content, item.streaming, item.error)
+        shown = (item.role, item.content, item.streaming, item.error, item.stats.get("stop_reason"))
         if shown != self._shown:
             self._shown = shown
             self._schedule_render(item.streaming)
@@ -341,7 +344,8 @@ class MessageWidget(QFrame):
         self.render_count += 1
 
     def _render_markdown(self, item: MessageItem) -> None:
-        content = item.content
+        # A finished structured reply is shown as formatted JSON (the stored text stays raw).
+        content = item.content if item.streaming else display_text(item.content, item.stats)
         frozen = content[: self._frozen_chars]
         if len(frozen) != self._frozen_chars or not content.startswith(frozen):
             self._reset_pieces()  # the text was replaced, not extended: start over

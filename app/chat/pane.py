@@ -253,11 +253,14 @@ class ChatPane(QWidget):
         if self.controller.conversation_id is None:
             self.controller.new_conversation()
         conv = self.controller.store.conversation(self.controller.conversation_id)
-        dialog = ConversationSettingsDialog(conv.system_prompt, conv.preset, conv.sampling, self)
+        dialog = ConversationSettingsDialog(
+            conv.system_prompt, conv.preset, conv.sampling, self, json_schema=conv.json_schema
+        )
         if dialog.exec():
             prompt, preset, overrides = dialog.result_values()
             self.controller.set_system_prompt(prompt)
             self.controller.set_sampling(preset, overrides)
+            self.controller.set_json_schema(dialog.json_schema_text())
             self._on_conversation(conv.id)
 
     def show_error(self, message: str) -> None:

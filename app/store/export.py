@@ -67,6 +67,7 @@ def to_json(store: Store, conversation_id: int) -> dict[str, Any]:
         "system_prompt": conv.system_prompt,
         "preset": conv.preset,
         "sampling": conv.sampling,
+        "json_schema": conv.json_schema,
         "current_leaf_id": conv.current_leaf_id,
         "messages": [
             {
@@ -127,8 +128,9 @@ def from_json(store: Store, data: Any) -> int:
     with store.transaction():
         created = float(data.get("created_at") or 0) or None
         cur = db.execute(
-            "INSERT INTO conversations (title, created_at, updated_at, system_prompt, preset, sampling)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO conversations"
+            " (title, created_at, updated_at, system_prompt, preset, sampling, json_schema)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 str(data.get("title") or "Imported chat"),
                 created or time.time(),
@@ -136,6 +138,7 @@ def from_json(store: Store, data: Any) -> int:
                 str(data.get("system_prompt") or ""),
                 str(data.get("preset") or "balanced"),
                 _json_text(data.get("sampling") or {}),
+                str(data.get("json_schema") or ""),  # absent from exports made before v5
             ),
         )
         conversation_id = cur.lastrowid

@@ -90,7 +90,14 @@ _V4_IMAGES = """
 """
 
 
-MIGRATIONS: list[str] = [_V1_BASE, _V2_FTS, _V3_GENERATION_STATE, _V4_IMAGES]
+# v5: a per-conversation JSON schema for structured output ('' = free text). Stored as the text
+# the user pasted (not re-serialized), so the editor shows it back exactly as written.
+_V5_JSON_SCHEMA = """
+        ALTER TABLE conversations ADD COLUMN json_schema TEXT NOT NULL DEFAULT '';
+"""
+
+
+MIGRATIONS: list[str] = [_V1_BASE, _V2_FTS, _V3_GENERATION_STATE, _V4_IMAGES, _V5_JSON_SCHEMA]
 LATEST_VERSION = len(MIGRATIONS)
 
 

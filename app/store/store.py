@@ -36,6 +36,7 @@ class Conversation:
     preset: str = "balanced"
     sampling: dict[str, Any] = field(default_factory=dict)
     current_leaf_id: int | None = None
+    json_schema: str = ""  # structured output: replies must be JSON valid under it ('' = off)
 
 
 @dataclass
@@ -95,6 +96,7 @@ def _conversation(row: sqlite3.Row) -> Conversation:
         preset=row["preset"],
         sampling=json.loads(row["sampling"] or "{}"),
         current_leaf_id=row["current_leaf_id"],
+        json_schema=row["json_schema"],
     )
 
 
@@ -173,12 +175,14 @@ class Store:
         preset: str = "balanced",
         sampling: dict[str, Any] | None = None,
         created_at: float | None = None,
+        json_schema: str = "",
     ) -> Conversation:
         now = created_at if created_at is not None else time.time()
         cur = self.db.execute(
-            "INSERT INTO conversations (title, created_at, updated_at, system_prompt, preset, sampling)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (title, now, now, system_prompt, preset, json.dumps(sampling or {})),
+            "INSERT INTO conversations"
+            " (title, created_at, updated_at, system_prompt, preset, sampling, json_schema)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (title, now, now, system_prompt, preset, json.dumps(sampling or {}), json_schema),
         )
         return self.conversation(cur.lastrowid)
 
@@ -207,6 +211,7 @@ class Store:
         system_prompt: str | None = None,
         preset: str | None = None,
         sampling: dict[str, Any] | None = None,
+        json_schema: str | None = None,
     ) -> None:
         sets, args = [], []
         if system_prompt is not None:
@@ -218,6 +223,9 @@ class Store:
         if sampling is not None:
             sets.append("sampling = ?")
             args.append(json.dumps(sampling))
+        if json_schema is not None:
+            sets.append("json_schema = ?")
+            args.append(json_schema)
         if sets:
             self.db.execute(
                 f"UPDATE conversations SET {', '.join(sets)} WHERE id = ?", (*args, conversation_id)

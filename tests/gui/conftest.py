@@ -36,6 +36,7 @@ def engine_client(qtbot, fake_engine: FakeEngine):
         session_factory=fake_engine.factory,
         starter_factory=fake_starter,
         sampling_factory=fake_engine.sampling,
+        constraint_factory=fake_engine.constraint,
     )
     yield client
     client.shutdown()
@@ -67,6 +68,7 @@ def make_window(qtbot, data_dir: Path, fake_engine: FakeEngine):
             session_factory=fake_engine.factory,
             starter_factory=fake_starter,
             sampling_factory=fake_engine.sampling,
+            constraint_factory=fake_engine.constraint,
         )
         window = MainWindow(store, engine, paths.models_dir(), hub=hub)
         qtbot.addWidget(window)

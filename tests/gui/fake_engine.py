@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.errors import EngineError
+
 
 @dataclass
 class FakeChunk:
@@ -29,6 +31,19 @@ class FakeChunk:
     prompt_tokens: int = 0
     new_tokens: int = 0
     tokens_per_second: float = 0.0
+    error: str | None = None
+
+
+class FakeConstraintError(EngineError):
+    """Stands in for engine.generation.constraints.ConstraintError (an EngineError too)."""
+
+
+@dataclass(frozen=True)
+class FakeConstraint:
+    """Stands in for engine.generation.constraints' JSON-schema Constraint: the schema it was
+    built from (the fake does not enforce it: ``FakeEngine.reply`` decides the text)."""
+
+    schema_text: str
 
 
 def tokens_of(text: str) -> list[str]:
@@ -77,6 +92,8 @@ class FakeEngine:
     fail_after_tokens: int = 0
     context_length: int = 2048
     sees_images: bool = False
+    # A constrained reply ends with "constraint_error" and this message instead of completing.
+    constraint_error: str | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
     image_calls: list[dict[str, Any]] = field(default_factory=list)  # encode_chat_with_images
     loads: list[str] = field(default_factory=list)
@@ -104,6 +121,15 @@ class FakeEngine:
     def sampling(self, values: dict[str, Any]) -> dict[str, Any]:
         """Stands in for engine.generation.sampling.SamplingSettings construction."""
         return dict(values)
+
+    def constraint(self, schema_text: str) -> FakeConstraint:
+        """Stands in for engine.generation.constraints.json_schema (which would import torch):
+        refuses what is not JSON, as the real one does, with an EngineError like ConstraintError."""
+        try:
+            json.loads(schema_text)
+        except ValueError as exc:
+            raise FakeConstraintError(f"the JSON schema is not valid JSON: {exc}") from None
+        return FakeConstraint(schema_text)
 
 
 class FakeSession:
@@ -145,9 +171,16 @@ class FakeSession:
         stop_strings: Sequence[str] = (),
         should_stop: Callable[[], bool] | None = None,
         media: FakeMedia | None = None,
+        constraint: FakeConstraint | None = None,
     ) -> Iterator[FakeChunk]:
         messages = media.messages if media is not None else []
-        call = {"messages": messages, "settings": settings, "max_new_tokens": max_new_tokens, "media": media}
+        call = {
+            "messages": messages,
+            "settings": settings,
+            "max_new_tokens": max_new_tokens,
+            "media": media,
+            "constraint": constraint,
+        }
         yield from self._stream(call, len(input_ids), should_stop)
 
     def stream_chat(
@@ -157,8 +190,14 @@ class FakeSession:
         max_new_tokens: int = 512,
         stop_strings: Sequence[str] = (),
         should_stop: Callable[[], bool] | None = None,
+        constraint: FakeConstraint | None = None,
     ) -> Iterator[FakeChunk]:
-        call = {"messages": list(messages), "settings": settings, "max_new_tokens": max_new_tokens}
+        call = {
+            "messages": list(messages),
+            "settings": settings,
+            "max_new_tokens": max_new_tokens,
+            "constraint": constraint,
+        }
         yield from self._stream(call, self.count_tokens(messages), should_stop)
 
     def _stream(
@@ -187,7 +226,16 @@ class FakeSession:
             produced += 1
             engine.streaming.set()
             yield FakeChunk(piece, False, None, prompt_tokens, produced, _rate(produced, started))
-        yield FakeChunk("", True, "eos", prompt_tokens, produced, _rate(produced, started))
+        rate = _rate(produced, started)
+        if call.get("constraint") is None:
+            yield FakeChunk("", True, "eos", prompt_tokens, produced, rate)
+        elif engine.constraint_error is not None:
+            yield FakeChunk(
+                "", True, "constraint_error", prompt_tokens, produced, rate, engine.constraint_error
+            )
+        else:
+            # The real engine ends a JSON constraint at the document's last bracket.
+            yield FakeChunk("", True, "constraint_complete", prompt_tokens, produced, rate)
 
     def unload(self) -> None:
         self.engine.unloads += 1
