@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from engine.hub.library import PARTIAL_DIR, is_complete
 from engine.inspect import ModelInfo, inspect_model, looks_like_model_dir
+
+
+def is_usable_model_dir(path: Path) -> bool:
+    """A model folder, and not one a download is still writing into (nothing half-downloaded is
+    shown as usable: a download in progress keeps its parts under ``PARTIAL_DIR``)."""
+    if not looks_like_model_dir(path):
+        return False
+    return not (path / PARTIAL_DIR).exists() or is_complete(path)
 
 
 def model_dirs(folder: Path) -> list[Path]:
@@ -13,12 +22,12 @@ def model_dirs(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     if looks_like_model_dir(folder):
-        return [folder]
+        return [folder] if is_usable_model_dir(folder) else []
     try:
         children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     except OSError:
         return []
-    return [p for p in children if looks_like_model_dir(p)]
+    return [p for p in children if is_usable_model_dir(p)]
 
 
 def scan(folders: Iterable[Path]) -> list[ModelInfo]:

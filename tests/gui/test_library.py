@@ -20,6 +20,20 @@ def test_scanner_finds_models_and_broken_models(tmp_path) -> None:
     assert infos["good"].ok and not infos["broken"].ok
 
 
+def test_scanner_hides_downloads_in_progress(tmp_path) -> None:
+    import json
+
+    from engine.hub.library import COMPLETE_MARKER, PARTIAL_DIR
+
+    downloading = make_model_dir(tmp_path / "downloading")
+    (downloading / PARTIAL_DIR).mkdir()
+    finished = make_model_dir(tmp_path / "finished")
+    (finished / PARTIAL_DIR).mkdir()  # leftovers, but the download was verified complete
+    (finished / COMPLETE_MARKER).write_text(json.dumps({"complete": True}))
+    assert model_dirs(tmp_path) == [finished]
+    assert model_dirs(downloading) == []
+
+
 def test_library_lists_app_models_with_their_facts(qtbot, window) -> None:
     make_model_dir(window.models_dir / "llama-tiny")
     qtbot.mouseClick(window.library_pane.refresh_button, Qt.MouseButton.LeftButton)
