@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt
 
+from app.table_model import ColumnTableModel
 from engine.hub.downloads import JobSnapshot, JobState, human_bytes
 
 JOB_ROLE = Qt.ItemDataRole.UserRole + 1  # the JobSnapshot of the row
@@ -40,7 +41,9 @@ def status_text(job: JobSnapshot) -> str:
     return text
 
 
-class DownloadsModel(QAbstractTableModel):
+class DownloadsModel(ColumnTableModel):
+    COLUMNS = COLUMNS
+
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self._rows: list[JobSnapshot] = []
@@ -76,19 +79,6 @@ class DownloadsModel(QAbstractTableModel):
         return self._rows[row]
 
     # -- QAbstractTableModel -----------------------------------------------------------------------
-
-    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(self._rows)
-
-    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(
-        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
-    ) -> Any:
-        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
-            return COLUMNS[section]
-        return None
 
     def data(
         self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole

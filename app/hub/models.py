@@ -4,21 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt
 
+from app.table_model import ColumnTableModel
 from engine.hub.client import ModelSummary, RepoFile, format_param_count
 from engine.hub.downloads import human_bytes
 
 SUMMARY_ROLE = Qt.ItemDataRole.UserRole + 1
 
 
-class _Table(QAbstractTableModel):
-    COLUMNS: tuple[str, ...] = ()
-
-    def __init__(self, parent=None) -> None:
-        super().__init__(parent)
-        self._rows: list[Any] = []
-
+class _Table(ColumnTableModel):
     def set_rows(self, rows: list[Any]) -> None:
         self.beginResetModel()
         self._rows = list(rows)
@@ -26,19 +21,6 @@ class _Table(QAbstractTableModel):
 
     def row_object(self, row: int) -> Any:
         return self._rows[row]
-
-    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(self._rows)
-
-    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(self.COLUMNS)
-
-    def headerData(
-        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
-    ) -> Any:
-        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
-            return self.COLUMNS[section]
-        return None
 
 
 class SearchResultsModel(_Table):

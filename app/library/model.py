@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersistentModelIndex, Qt
+from PySide6.QtCore import QModelIndex, QObject, QPersistentModelIndex, Qt
 
 from app.gui_thread import require_gui_thread
+from app.table_model import ColumnTableModel
 from engine.inspect import MemoryVerdict, ModelInfo, format_bytes, format_params, memory_verdict
 
 INFO_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -15,26 +16,15 @@ PATH_ROLE = Qt.ItemDataRole.UserRole + 2
 COLUMNS = ("Name", "Architecture", "Parameters", "Quantization", "Size", "Memory", "Status")
 
 
-class LibraryModel(QAbstractTableModel):
+class LibraryModel(ColumnTableModel):
+    COLUMNS = COLUMNS
+
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._rows: list[tuple[ModelInfo, MemoryVerdict]] = []
         self.context_length = 4096
         self.device = "cpu"  # what the estimate assumes (engine.inspect.likely_device)
         self.cache_bits: tuple[int, int] = (16, 16)  # KV cache key/value bits the estimate assumes
-
-    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(self._rows)
-
-    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: B008
-        return 0 if parent.isValid() else len(COLUMNS)
-
-    def headerData(
-        self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole
-    ) -> Any:
-        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
-            return COLUMNS[section]
-        return None
 
     def data(
         self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole
