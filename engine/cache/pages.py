@@ -21,10 +21,14 @@ from engine.errors import ContextOverflowError
 _ROOT = b"trellis-page-root"
 
 
-def page_keys(tokens: Sequence[int], page_size: int) -> list[bytes]:
-    """Chained keys of the full pages of ``tokens`` (a trailing partial page has none)."""
+def page_keys(tokens: Sequence[int], page_size: int, previous: bytes | None = None) -> list[bytes]:
+    """Chained keys of the full pages of ``tokens`` (a trailing partial page has none).
+
+    ``previous``: the key of the page just before ``tokens`` when they continue a sequence whose
+    earlier pages are already keyed (None: ``tokens`` start the sequence).
+    """
     keys: list[bytes] = []
-    previous = _ROOT
+    previous = _ROOT if previous is None else previous
     for start in range(0, len(tokens) - page_size + 1, page_size):
         h = hashlib.blake2b(previous, digest_size=16)
         h.update(b",".join(str(t).encode() for t in tokens[start : start + page_size]))

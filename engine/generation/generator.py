@@ -211,9 +211,13 @@ class Generator:
     def _register_full_pages(self, run: _Running) -> None:
         ps = self.cache.page_size
         full = run.in_cache // ps
-        if full > len(run.keys):
-            run.keys = page_keys(self._key_tokens(run, full * ps), ps)
-            for page, key in zip(run.pages[:full], run.keys):
+        known = len(run.keys)
+        if full > known:
+            # Hash only the pages filled since the last call, chained on the last known key.
+            fresh = self._key_tokens(run, full * ps)[known * ps :]
+            new = page_keys(fresh, ps, run.keys[-1] if run.keys else None)
+            run.keys += new
+            for page, key in zip(run.pages[known:full], new):
                 self.cache.pages.register(page, key)
 
     def _advance(self, run: _Running, logits) -> JobResult:

@@ -43,3 +43,9 @@ def test_allocation_beyond_capacity_is_a_clear_error():
     alloc.allocate(1)
     with pytest.raises(ContextOverflowError, match="1 free pages"):
         alloc.allocate(2)
+
+
+def test_page_keys_continue_from_a_known_key():
+    tokens = list(range(40))
+    whole = page_keys(tokens, 8)
+    assert page_keys(tokens[16:], 8, previous=whole[1]) == whole[2:]
