@@ -26,7 +26,15 @@ from types import ModuleType
 EXT_DIR = Path(__file__).resolve().parents[1] / "ext"
 MODULE_NAME = "trellis_ext"
 # Sources compiled into the module; headers are hashed too (they change the build).
-SOURCES = ("trellis_ext.cpp", "exl3_gemv_3inst.cu", "exl3_gemv_mcg.cu", "exl3_gemv_mul1.cu", "exl3_misc.cu")
+SOURCES = (
+    "trellis_ext.cpp",
+    "exl3_gemv_3inst.cu",
+    "exl3_gemv_mcg.cu",
+    "exl3_gemv_mul1.cu",
+    "exl3_misc.cu",
+    "paged_attention.cu",
+    "viterbi.cu",
+)
 HEADERS = ("trellis_ext.h", "exl3_common.cuh", "exl3_gemv.cuh")
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulation, cp.async-era GPUs
 CUDA_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]

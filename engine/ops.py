@@ -209,3 +209,30 @@ def exl3_gemm(x: torch.Tensor, layer: Any) -> torch.Tensor | None:
     if layer.bias is not None:
         y = y + layer.bias.to(y.dtype)
     return y.to(x.dtype).reshape(*lead, layer.out_features)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    layer,
+    block_tables: torch.Tensor,
+    lengths: torch.Tensor,
+    page_size: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor | None:
+    """Decode attention over the paged cache on the GPU (``ext/paged_attention.cu``).
+
+    Returns None where the kernel does not apply (CPU tensors, no extension, a case it does not
+    cover); the caller then runs :func:`engine.cache.decode_attention.paged_decode_attention_reference`.
+    """
+    return None
+
+
+def viterbi_encode(x: torch.Tensor, k: int, table: torch.Tensor) -> torch.Tensor | None:
+    """Tail-biting Viterbi for tiles ``x`` ``(N, 256)`` on the GPU (``ext/viterbi.cu``).
+
+    Returns None where the kernel does not apply; the caller then runs
+    :func:`engine.quant.viterbi.encode_tiles`.
+    """
+    return None

@@ -155,5 +155,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("codebook"));
   m.def("hadamard128", &hadamard128, "y = had128(x * pre) * post, blockwise along the last dim", py::arg("x"),
         py::arg("pre") = py::none(), py::arg("post") = py::none(), py::arg("out_dtype"));
-  m.attr("ABI_VERSION") = 1;
+  // Each further kernel family registers its own bindings (one file each, see trellis_ext.h).
+  trellis::bind_paged_attention(m);
+  trellis::bind_viterbi(m);
+  m.attr("ABI_VERSION") = 2;
 }

@@ -32,3 +32,10 @@ void launch_hadamard(const void* x, int x_dtype, void* y, int y_dtype, const voi
                      long long rows, int n, cudaStream_t stream);
 
 }  // namespace trellis
+
+// Kernel families that bind their own entry points (their .cu files include torch/extension.h).
+#include <pybind11/pybind11.h>
+namespace trellis {
+void bind_paged_attention(pybind11::module_& m);  // ext/paged_attention.cu
+void bind_viterbi(pybind11::module_& m);          // ext/viterbi.cu
+}  // namespace trellis
