@@ -19,6 +19,7 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.pages import page_keys
 from engine.errors import ContextOverflowError
 from engine.generation.constraints import ConstraintError, ConstraintState
+from engine.generation.cuda_graph import DecodeGraphs, graphs_enabled
 from engine.generation.job import Job, JobResult, Timings
 from engine.generation.sampling import Sampler
 from engine.generation.step import StepItem, run_step
@@ -65,7 +66,10 @@ class Generator:
         cache_tokens: int | None = None,
         page_size: int = 64,
         cache_bits: tuple[int, int] = (16, 16),
+        cuda_graphs: bool | None = None,
     ) -> None:
+        """``cuda_graphs``: replay decode steps from CUDA graphs on a CUDA model (default: yes,
+        unless ``TRELLIS_NO_GRAPHS=1``)."""
         self.model, self.tokenizer = model, tokenizer
         if cache is None:
             tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
@@ -78,6 +82,9 @@ class Generator:
         self._active: list[_Running] = []
         self._by_job: dict[Job, _Running] = {}
         self.prefilled_tokens = 0  # statistics: prompt tokens actually computed
+        use_graphs = graphs_enabled() if cuda_graphs is None else cuda_graphs
+        self._use_graphs = use_graphs and model.device.type == "cuda"
+        self._graphs: DecodeGraphs | None = None
 
     # -- queue ------------------------------------------------------------------------------
 
@@ -191,7 +198,9 @@ class Generator:
                 self.prefilled_tokens += len(chunk)
                 if run.t_started is None:
                     run.t_started = now
-        logits = run_step(self.model.module, self.cache, items)
+        logits = self._decode_with_graphs(items)
+        if logits is None:
+            logits = run_step(self.model.module, self.cache, items)
         results = []
         for run, item, row in zip(runs, items, logits):
             run.in_cache += len(item.tokens)
@@ -199,6 +208,15 @@ class Generator:
             if row is not None:
                 results.append(self._advance(run, row[-1]))
         return results
+
+    def _decode_with_graphs(self, items: list[StepItem]):
+        """The step's logits from a CUDA graph when it is all single-token decodes that fit one
+        (see ``engine.generation.cuda_graph``); None: run it eagerly."""
+        if not self._use_graphs:
+            return None
+        if self._graphs is None or self._graphs.cache is not self.cache:  # new cache: new graphs
+            self._graphs = DecodeGraphs(self.model.module, self.cache, max_batch=8)
+        return self._graphs.run(items)
 
     @staticmethod
     def _key_tokens(run: _Running, count: int) -> list:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.cache.decode_attention import paged_decode_attention
 from engine.modules.batch import BatchLayout, SequenceSlice
 from engine.modules.linear import ProjectionGroup
 from engine.modules.rope import RotaryEmbedding
@@ -120,6 +121,8 @@ class Attention(nn.Module):
             tables = batch.rope_tables(self.rope, q.dtype)
             q, k = self.rope.apply(q, tables), self.rope.apply(k, tables)
         cache.write(batch.write_slots, k, v)
+        if batch.decode is not None:
+            return self.o_proj(self._decode(q, batch, cache).reshape(-1, self.num_heads * self.head_dim))
         out = torch.empty_like(q)
         for seq in batch.sequences:
             rows = slice(seq.start, seq.start + seq.length)
@@ -137,6 +140,20 @@ class Attention(nn.Module):
                 seq.bidirectional,
             )
         return self.o_proj(out.view(-1, self.num_heads * self.head_dim))
+
+    def _decode(self, q: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
+        """Every sequence's one query at once, from the padded block tables (no host sync)."""
+        d = batch.decode
+        return paged_decode_attention(
+            q,
+            cache,
+            d.block_tables,
+            d.lengths,
+            d.page_size,
+            self.scale,
+            window=self.sliding_window,
+            softcap=self.softcap,
+        )
 
     def _first_visible(self, seq: SequenceSlice) -> int:
         """Earliest position any of this step's queries can see: skip reading older keys."""

@@ -29,11 +29,29 @@ class SequenceSlice:
 
 
 @dataclass
+class DecodeTables:
+    """A decode step in fixed shapes: row ``b`` is the one new token of sequence ``b``.
+
+    ``block_tables`` ``[batch, max_pages]`` int32 lists each sequence's pages (padded with any
+    valid page), ``lengths`` ``[batch]`` int32 counts its cached positions including the new one.
+    Both live on the model's device, so attention needs no per-sequence host work and the step
+    can be captured in a CUDA graph (``engine.generation.cuda_graph``).
+    """
+
+    block_tables: torch.Tensor
+    lengths: torch.Tensor
+    page_size: int
+
+
+@dataclass
 class BatchLayout:
     sequences: list[SequenceSlice]
     positions: torch.Tensor  # [tokens] absolute position of every row
     write_slots: torch.Tensor  # [tokens] cache slot each row's key/value goes to
     rope_positions: torch.Tensor | None = None  # [3, tokens] multimodal RoPE positions (Qwen-VL)
+    # Set when every row is a single-token decode: attention then runs on these tables at once
+    # instead of looping over ``sequences`` (which may then be empty).
+    decode: DecodeTables | None = None
     _rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @property

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -9,6 +11,12 @@ from engine.modules.attention import Attention
 from engine.modules.batch import BatchLayout
 from engine.modules.mlp import GatedMLP
 from engine.modules.splice import InputSplice
+
+
+@functools.cache
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    """``value`` as ``dtype`` would store it."""
+    return float(torch.tensor(value, dtype=dtype))
 
 
 class DecoderBlock(nn.Module):
@@ -66,8 +74,10 @@ class CausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embedding(input_ids)
         if self.embed_scale != 1.0:
-            # Gemma scales embeddings by sqrt(hidden), rounded to the activation dtype first.
-            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+            # Gemma scales embeddings by sqrt(hidden), rounded to the activation dtype first. A
+            # Python number (not a tensor made per call) keeps the step free of host tensors, so a
+            # CUDA graph can capture it.
+            h = h * _rounded(self.embed_scale, h.dtype)
         return h
 
     def forward(

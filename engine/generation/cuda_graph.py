@@ -1,0 +1,140 @@
+"""CUDA graphs for the decode step: captured once per shape, replayed every step.
+
+For a small model a decode step is hundreds of tiny kernels, and launching them from Python
+costs more than running them. A CUDA graph records the launches once and replays them with one
+call. It needs fixed shapes and fixed addresses, which the fixed-shape decode path gives
+(``engine.generation.decode_inputs``): per (batch bucket, page bucket) one :class:`DecodeInputs`
+buffer and one graph over it. A step writes its inputs to the buffer (one host-to-device copy)
+and replays.
+
+Batch buckets are 1, 2, 4, 8 (up to ``max_batch``): a batch of 3 runs the 4-row graph with one
+padding row. Page buckets are powers of two up to ``max_pages``, so a short sequence does not pay
+for reading a whole padded table in attention. Graphs are captured lazily, on first use, and
+share one memory pool (only one replays at a time). Anything that does not fit (more sequences
+or pages than the largest bucket, no page free for padding) returns None: the caller runs the
+eager step instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from engine.cache.paged import PagedKVCache
+from engine.generation.decode_inputs import DecodeInputs, decode_forward, is_decode_item, pages_needed
+from engine.generation.step import StepItem
+from engine.modules.decoder import CausalLM
+
+DISABLE_ENV = "TRELLIS_NO_GRAPHS"
+WARMUP_STEPS = 2
+
+
+def graphs_enabled() -> bool:
+    """False when ``TRELLIS_NO_GRAPHS`` is set (to anything but ``0``)."""
+    return os.environ.get(DISABLE_ENV, "") in ("", "0")
+
+
+def _bucket(n: int, limit: int) -> int:
+    """The smallest power of two >= ``n``, capped at ``limit`` (callers check ``n <= limit``)."""
+    b = 1
+    while b < n:
+        b *= 2
+    return min(b, limit)
+
+
+class _Graph:
+    """One captured decode shape: its input buffer, the graph and its static output."""
+
+    def __init__(self, inputs: DecodeInputs) -> None:
+        self.inputs = inputs
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+
+class DecodeGraphs:
+    """Replays decode steps of ``model`` over ``cache`` from CUDA graphs (a CUDA model only).
+
+    :meth:`run` returns the same as ``run_step(model, cache, items)`` for decode-only items, or
+    None when they do not fit a graph. Bound to one cache: make a new instance for a new cache.
+    """
+
+    def __init__(
+        self, model: CausalLM, cache: PagedKVCache, max_batch: int = 8, max_pages: int | None = None
+    ) -> None:
+        self.model, self.cache = model, cache
+        self.max_batch = max_batch
+        self.max_pages = min(max_pages or cache.num_pages, cache.num_pages)
+        self.device = model.device
+        self.failed: str | None = None  # why capture failed; then run() always returns None
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool = None
+
+    def fits(self, items: Sequence[StepItem]) -> bool:
+        return (
+            self.failed is None
+            and 0 < len(items) <= self.max_batch
+            and all(is_decode_item(item) for item in items)
+            and pages_needed(items, self.cache.page_size) <= self.max_pages
+        )
+
+    @torch.inference_mode()
+    def run(self, items: Sequence[StepItem]) -> list[torch.Tensor] | None:
+        """One decode step through a graph: ``[1, vocab]`` float32 logits per item, or None."""
+        if not self.fits(items):
+            return None
+        batch = _bucket(len(items), self.max_batch)
+        pages = _bucket(pages_needed(items, self.cache.page_size), self.max_pages)
+        # Padding rows write their keys/values into a page held only for this step. It is freed
+        # right after: nothing reads it, and a job that gets it later writes before it reads.
+        scratch = None
+        if batch > len(items):
+            if self.cache.pages.available == 0:
+                return None
+            (scratch,) = self.cache.pages.allocate(1)
+        try:
+            entry = self._graphs.get((batch, pages))
+            if entry is None:
+                entry = self._graphs[(batch, pages)] = _Graph(
+                    DecodeInputs(batch, pages, self.cache.page_size, self.device)
+                )
+            entry.inputs.fill(items, scratch)
+            if entry.graph is None and not self._capture(entry):
+                return None
+            entry.graph.replay()
+            # The static output is overwritten by the next replay: hand out a copy.
+            return list(entry.logits[: len(items)].clone().split(1))
+        finally:
+            if scratch is not None:
+                self.cache.pages.release([scratch])
+
+    def _capture(self, entry: _Graph) -> bool:
+        """Warm up on a side stream, then capture (torch's documented recipe). The inputs
+        already hold a real step: the warm-up computes it, writing the same keys and values the
+        replay then writes again."""
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(WARMUP_STEPS):
+                    decode_forward(self.model, self.cache, entry.inputs)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                logits = decode_forward(self.model, self.cache, entry.inputs)
+        except Exception as exc:  # an op that cannot be captured: stay eager from now on
+            self.failed = f"{type(exc).__name__}: {exc}"
+            print(f"trellis: CUDA graph capture failed ({self.failed}); decoding eagerly", file=sys.stderr)
+            self._graphs.clear()
+            return False
+        entry.graph, entry.logits = graph, logits
+        return True
+
+    @property
+    def captured(self) -> list[tuple[int, int]]:
+        """(batch, pages) shapes captured so far."""
+        return sorted(key for key, g in self._graphs.items() if g.graph is not None)

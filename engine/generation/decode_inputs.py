@@ -1,0 +1,128 @@
+"""A decode step's inputs in fixed shapes: one buffer the host fills and copies in one go.
+
+A decode step gives each sequence exactly one new token. :class:`DecodeInputs` holds, for a
+fixed ``batch`` and ``max_pages``, everything such a step needs as one flat int64 tensor:
+
+    [ ids (batch) | positions (batch) | write slots (batch) | lengths (batch) | tables (batch * max_pages) ]
+
+The host writes it through a numpy view (cheap per element), rewrites a block-table row only
+when that row's pages changed, and copies the whole buffer to the device with one transfer.
+The device tensors the model reads are views of (or derived inside the step from) that one
+device buffer, so their addresses never change: a CUDA graph captured over them replays with
+whatever the host wrote last (``engine.generation.cuda_graph``).
+
+Rows past the real batch are padding: one token at position 0 of a scratch page, which the
+caller has reserved from the cache's allocator, so padding never writes a page a sequence uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.cache.paged import PagedKVCache
+from engine.generation.step import StepItem
+from engine.modules.batch import BatchLayout, DecodeTables
+from engine.modules.decoder import CausalLM
+
+
+def is_decode_item(item: StepItem) -> bool:
+    """One new token, next-token logits wanted, no images: what the fixed-shape path handles."""
+    return len(item.tokens) == 1 and item.logits == "last" and item.media is None
+
+
+def pages_needed(items: Sequence[StepItem], page_size: int) -> int:
+    """Block-table columns this step reads: the pages holding each sequence's positions so far."""
+    return max(item.past // page_size + 1 for item in items)
+
+
+class DecodeInputs:
+    """Host staging and device buffer of one (``batch``, ``max_pages``) decode shape."""
+
+    def __init__(self, batch: int, max_pages: int, page_size: int, device: torch.device) -> None:
+        self.batch, self.max_pages, self.page_size = batch, max_pages, page_size
+        self.device = torch.device(device)
+        size = batch * (4 + max_pages)
+        pin = self.device.type == "cuda"
+        self.host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
+        self._np = self.host.numpy()
+        self.buffer = torch.zeros(size, dtype=torch.int64, device=self.device)
+        self._rows: list[list[int] | None] = [None] * batch  # block-table row last written, per row
+        # The host buffer may still be read by the last asynchronous copy: wait for it to finish
+        # before writing again (in practice it has: sampling read the logits in between).
+        self._copied = torch.cuda.Event() if pin else None
+
+    def fill(self, items: Sequence[StepItem], scratch_page: int | None) -> None:
+        """Write ``items`` (``is_decode_item`` each, at most ``batch``) and copy them to the device.
+
+        ``scratch_page`` takes the padding rows; it may be None only when there are none.
+        """
+        b, p, ps, a = self.batch, self.max_pages, self.page_size, self._np
+        if len(items) < b and scratch_page is None:
+            raise ValueError("padding rows need a scratch page")
+        if self._copied is not None:
+            self._copied.synchronize()
+        for i, item in enumerate(items):
+            pos = item.past
+            table = item.block_table
+            a[i] = item.tokens[0]
+            a[b + i] = pos
+            a[2 * b + i] = table[pos // ps] * ps + pos % ps
+            a[3 * b + i] = pos + 1
+            row = list(table[:p])
+            if self._rows[i] != row:
+                start = 4 * b + i * p
+                a[start : start + len(row)] = row
+                a[start + len(row) : start + p] = row[0]  # any valid page: masked by the length
+                self._rows[i] = row
+        for i in range(len(items), b):
+            a[i] = 0
+            a[b + i] = 0
+            a[2 * b + i] = scratch_page * ps
+            a[3 * b + i] = 1
+            row = [scratch_page]
+            if self._rows[i] != row:
+                start = 4 * b + i * p
+                a[start : start + p] = scratch_page
+                self._rows[i] = row
+        self.buffer.copy_(self.host, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+
+    def views(self) -> tuple[torch.Tensor, BatchLayout]:
+        """``(input_ids, layout)`` read from the device buffer (the int32 tables are computed from
+        it by the step itself, so they too follow whatever was copied in last)."""
+        b, p = self.batch, self.max_pages
+        buf = self.buffer
+        ids, positions, slots = buf[:b], buf[b : 2 * b], buf[2 * b : 3 * b]
+        lengths = buf[3 * b : 4 * b].to(torch.int32)
+        tables = buf[4 * b :].view(b, p).to(torch.int32)
+        return ids, BatchLayout([], positions, slots, decode=DecodeTables(tables, lengths, self.page_size))
+
+
+def decode_forward(model: CausalLM, cache: PagedKVCache, inputs: DecodeInputs) -> torch.Tensor:
+    """Logits ``[batch, vocab]`` (float32) of the step in ``inputs``' device buffer; capture-safe."""
+    ids, layout = inputs.views()
+    return model(ids, layout, cache, None)
+
+
+@torch.inference_mode()
+def run_decode_step(
+    model: CausalLM,
+    cache: PagedKVCache,
+    items: Sequence[StepItem],
+    max_pages: int | None = None,
+    batch: int | None = None,
+    scratch_page: int | None = None,
+) -> list[torch.Tensor]:
+    """``run_step(model, cache, items)`` for decode-only ``items``, through the fixed-shape path
+    without a graph (any device). ``batch`` > ``len(items)`` adds padding rows on ``scratch_page``;
+    ``max_pages`` (default: just enough) pads the block tables."""
+    if not all(is_decode_item(item) for item in items):
+        raise ValueError("the fixed-shape decode path takes single-token decode items only")
+    pages = max_pages or pages_needed(items, cache.page_size)
+    inputs = DecodeInputs(batch or len(items), pages, cache.page_size, model.device)
+    inputs.fill(items, scratch_page)
+    logits = decode_forward(model, cache, inputs)
+    return list(logits[: len(items)].split(1))
