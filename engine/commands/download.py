@@ -12,12 +12,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from engine.hub.client import HubClient
-from engine.hub.downloads import DownloadManager, JobSnapshot, JobState, human_bytes
-from engine.hub.errors import DownloadError
-from engine.hub.library import default_models_dir
-from engine.hub.retry import RetryPolicy
+# The Hub stack (huggingface_hub, httpx2) is imported when a download runs, not when the CLI
+# starts: `python -m engine generate` must work where only the inference dependencies exist.
+if TYPE_CHECKING:
+    from engine.hub.downloads import JobSnapshot
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _line(s: JobSnapshot) -> str:
+    from engine.hub.downloads import human_bytes
+
     pct = 100.0 * s.fraction
     text = f"{s.state.value:<11} {pct:5.1f}%  {human_bytes(s.done_bytes)} / {human_bytes(s.total_bytes)}"
     if s.speed:
@@ -59,6 +61,12 @@ def _line(s: JobSnapshot) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.hub.client import HubClient
+    from engine.hub.downloads import DownloadManager, JobState, human_bytes
+    from engine.hub.errors import DownloadError
+    from engine.hub.library import default_models_dir
+    from engine.hub.retry import RetryPolicy
+
     dest = args.dir if args.dir is not None else None
     manager = DownloadManager(
         default_models_dir(),

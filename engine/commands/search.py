@@ -9,9 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine.hub.client import HubClient, SearchQuery, format_param_count, parse_param_count
-from engine.hub.errors import HubError
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("search", help="search models on the Hugging Face Hub", description=__doc__)
@@ -29,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here so the CLI starts without the Hub stack (see commands/download.py).
+    from engine.hub.client import HubClient, SearchQuery, format_param_count, parse_param_count
+    from engine.hub.errors import HubError
+
     try:
         lo = parse_param_count(args.min_params) if args.min_params else None
         hi = parse_param_count(args.max_params) if args.max_params else None
