@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine import ops
 from engine.cache.paged import PagedKVCache
 from engine.generation.decode_inputs import DecodeInputs, decode_forward, is_decode_item, pages_needed
 from engine.generation.step import StepItem
@@ -52,6 +53,7 @@ class _Graph:
         self.inputs = inputs
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        self.keepalive: tuple = ()  # buffers outside the pool the graph writes to
 
 
 class DecodeGraphs:
@@ -72,21 +74,30 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
 
+    def _pages(self, items: Sequence[StepItem]) -> int | None:
+        """Block-table columns the step needs, or None when it does not fit a graph."""
+        if self.failed is not None or not 0 < len(items) <= self.max_batch:
+            return None
+        if not all(is_decode_item(item) for item in items):
+            return None
+        pages = pages_needed(items, self.cache.page_size)
+        return pages if pages <= self.max_pages else None
+
     def fits(self, items: Sequence[StepItem]) -> bool:
-        return (
-            self.failed is None
-            and 0 < len(items) <= self.max_batch
-            and all(is_decode_item(item) for item in items)
-            and pages_needed(items, self.cache.page_size) <= self.max_pages
-        )
+        return self._pages(items) is not None
 
     @torch.inference_mode()
-    def run(self, items: Sequence[StepItem]) -> list[torch.Tensor] | None:
-        """One decode step through a graph: ``[1, vocab]`` float32 logits per item, or None."""
-        if not self.fits(items):
+    def run(self, items: Sequence[StepItem], to_cpu: bool = False) -> list[torch.Tensor] | None:
+        """One decode step through a graph: ``[1, vocab]`` float32 logits per item, or None.
+
+        ``to_cpu``: return them on the CPU, all rows in one transfer (the sampler reads them
+        there anyway; one copy instead of one per sequence).
+        """
+        needed = self._pages(items)
+        if needed is None:
             return None
         batch = _bucket(len(items), self.max_batch)
-        pages = _bucket(pages_needed(items, self.cache.page_size), self.max_pages)
+        pages = _bucket(needed, self.max_pages)
         # Padding rows write their keys/values into a page held only for this step. It is freed
         # right after: nothing reads it, and a job that gets it later writes before it reads.
         scratch = None
@@ -105,7 +116,9 @@ class DecodeGraphs:
                 return None
             entry.graph.replay()
             # The static output is overwritten by the next replay: hand out a copy.
-            return list(entry.logits[: len(items)].clone().split(1))
+            n = len(items)
+            rows = entry.logits[:n].cpu() if to_cpu else entry.logits[:n].clone()
+            return [rows[i : i + 1] for i in range(n)]
         finally:
             if scratch is not None:
                 self.cache.pages.release([scratch])
@@ -132,6 +145,9 @@ class DecodeGraphs:
             self._graphs.clear()
             return False
         entry.graph, entry.logits = graph, logits
+        # The EXL3 GEMV's shared workspace is baked into the graph by address; ops may replace it
+        # with a larger one later (another model): keep the captured one alive with the graph.
+        entry.keepalive = tuple(ops._workspaces.values())
         return True
 
     @property

@@ -216,7 +216,7 @@ class Generator:
             return None
         if self._graphs is None or self._graphs.cache is not self.cache:  # new cache: new graphs
             self._graphs = DecodeGraphs(self.model.module, self.cache, max_batch=8)
-        return self._graphs.run(items)
+        return self._graphs.run(items, to_cpu=True)
 
     @staticmethod
     def _key_tokens(run: _Running, count: int) -> list:
