@@ -8,8 +8,9 @@ buffer and one graph over it. A step writes its inputs to the buffer (one host-t
 and replays.
 
 Batch buckets are 1, 2, 4, 8 (up to ``max_batch``): a batch of 3 runs the 4-row graph with one
-padding row. Page buckets are powers of two up to ``max_pages``, so a short sequence does not pay
-for reading a whole padded table in attention. Graphs are captured lazily, on first use, and
+padding row. Page buckets are powers of two from ``min_pages`` up to ``max_pages``, so a short
+sequence does not pay for reading a whole padded table in attention, and a sequence growing from
+empty to the whole cache causes only a handful of captures. Graphs are captured lazily, on first use, and
 share one memory pool (only one replays at a time). Anything that does not fit (more sequences
 or pages than the largest bucket, no page free for padding) returns None: the caller runs the
 eager step instead.
@@ -38,9 +39,10 @@ def graphs_enabled() -> bool:
     return os.environ.get(DISABLE_ENV, "") in ("", "0")
 
 
-def _bucket(n: int, limit: int) -> int:
-    """The smallest power of two >= ``n``, capped at ``limit`` (callers check ``n <= limit``)."""
-    b = 1
+def _bucket(n: int, limit: int, smallest: int = 1) -> int:
+    """The smallest power of two >= ``n`` and >= ``smallest``, capped at ``limit`` (callers check
+    ``n <= limit``)."""
+    b = smallest
     while b < n:
         b *= 2
     return min(b, limit)
@@ -64,11 +66,17 @@ class DecodeGraphs:
     """
 
     def __init__(
-        self, model: CausalLM, cache: PagedKVCache, max_batch: int = 8, max_pages: int | None = None
+        self,
+        model: CausalLM,
+        cache: PagedKVCache,
+        max_batch: int = 8,
+        max_pages: int | None = None,
+        min_pages: int = 8,
     ) -> None:
         self.model, self.cache = model, cache
         self.max_batch = max_batch
         self.max_pages = min(max_pages or cache.num_pages, cache.num_pages)
+        self.min_pages = min_pages
         self.device = model.device
         self.failed: str | None = None  # why capture failed; then run() always returns None
         self._graphs: dict[tuple[int, int], _Graph] = {}
@@ -97,7 +105,7 @@ class DecodeGraphs:
         if needed is None:
             return None
         batch = _bucket(len(items), self.max_batch)
-        pages = _bucket(needed, self.max_pages)
+        pages = _bucket(needed, self.max_pages, self.min_pages)
         # Padding rows write their keys/values into a page held only for this step. It is freed
         # right after: nothing reads it, and a job that gets it later writes before it reads.
         scratch = None
@@ -137,7 +145,9 @@ class DecodeGraphs:
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # thread_local: only this thread's calls are checked while capturing (the app decodes
+            # on a worker thread; another thread's unrelated CUDA call must not fail the capture).
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 logits = decode_forward(self.model, self.cache, entry.inputs)
         except Exception as exc:  # an op that cannot be captured: stay eager from now on
             self.failed = f"{type(exc).__name__}: {exc}"

@@ -92,7 +92,7 @@ def test_replayed_logits_follow_the_eager_step_across_page_boundaries(tmp_path, 
         for c in (ref_cache, cache):
             run_step(model.module, c, [StepItem(prompt[:-1], 0, table, None)])
         items.append(StepItem([prompt[-1]], n - 1, table))
-    graphs = DecodeGraphs(model.module, cache, max_batch=8)
+    graphs = DecodeGraphs(model.module, cache, max_batch=8, min_pages=1)
     for _ in range(40):
         expected = run_step(model.module, ref_cache, items)
         got = graphs.run(items)

@@ -139,6 +139,7 @@ def test_decode_graphs_bucket_pad_and_free_the_scratch_page(tiny_model_factory, 
 def test_buckets():
     assert [_bucket(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
     assert _bucket(5, 6) == 6
+    assert [_bucket(n, 128, 8) for n in (1, 8, 9, 100, 128)] == [8, 8, 16, 128, 128]
 
 
 def test_generator_uses_graphs_only_on_cuda_and_not_when_disabled(tiny_model_factory, monkeypatch):
