@@ -61,15 +61,29 @@ def load_model(
     that depend on it); it defaults to the model's own maximum.
     """
     config = ModelConfig.from_dir(directory)
-    arch = architecture_for(config.architecture)
-    spec = arch.spec(config)
-    dev = resolve_device(device)
-    if isinstance(dtype, str):
-        dtype = _DTYPES[dtype]
-    dtype = dtype or default_dtype(dev)
     store = WeightStore(config.directory)
     if progress:
         progress(0.0, f"loading {config.architecture} from {config.directory.name}")
+    return build_model(config, store, device, dtype, context, progress, exl3_mode)
+
+
+def build_model(
+    config: ModelConfig,
+    store: Any,
+    device: str | torch.device | None = "auto",
+    dtype: str | torch.dtype | None = None,
+    context: int | None = None,
+    progress: Callable[[float, str], None] | None = None,
+    exl3_mode: str | None = None,
+) -> LoadedModel:
+    """Build a model from its config and a weight store (a :class:`WeightStore`, or anything that
+    answers ``has``/``get`` the same way, e.g. ``engine.loading.synthetic_store``)."""
+    arch = architecture_for(config.architecture)
+    spec = arch.spec(config)
+    dev = device if isinstance(device, torch.device) else resolve_device(device)
+    if isinstance(dtype, str):
+        dtype = _DTYPES[dtype]
+    dtype = dtype or default_dtype(dev)
     with torch.inference_mode():
         names = arch.tensor_names(store.has)
         builder = ModelBuilder(

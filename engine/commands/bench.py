@@ -1,159 +1,345 @@
 """``bench``: prefill and decode speed of our engine, side by side with a peer in the same run.
 
-The peer is Hugging Face ``transformers`` running the same checkpoint at the same dtype on the
-same device (``--no-peer`` skips it). Both sides get a warm-up run first; each figure is the
-median of ``--repeats`` runs. Decode speed is measured as (N - 1) tokens over the time between
-the first and the last new token, so prompt processing is excluded on both sides.
+Two sources of a model:
+
+- ``-m DIR``: a real checkpoint;
+- ``--synthetic SHAPE --bpw 2,4``: random-weight models of a published shape (``engine.shapes``,
+  or a JSON config file), built directly in EXL3 form on the device, one row per bit rate
+  (whole bits 1..8; ``--fp16`` adds a dense row). See ``engine.loading.synthetic_store``.
+
+Per row: decode tokens/s at batch ``--batch`` from a near-empty context (1 prompt token) and at
+``--context`` tokens, prefill tokens/s of a ``--prompt``-token prompt, peak device memory, and
+the decode roofline (``engine.commands.roofline``) against a copy bandwidth measured in the same
+run. Everything runs through the Generator, as a user's request would: decode speed is (N - 1)
+tokens over the time from the first to the last new token (the Generator's own timings), prefill
+speed the prompt over the time to the first token. The decode-at-context runs reuse the cached
+prompt pages after the warm-up, so they time decoding, not the prompt.
+
+The peer (``engine.commands.bench_peer``) is Hugging Face ``transformers`` at the compute dtype
+on the same shape or checkpoint; ``--no-peer`` skips it, ``--no-peer-compile`` skips its
+``torch.compile``. Every figure is the median of ``--repeats`` runs after a warm-up.
+
+``--no-cuda-graphs`` times our eager decode steps. Run it without the rest of the CLI as
+``python3 -m engine.commands.bench ...``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import statistics
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from engine.commands.common import add_cache_args, add_model_args, cache_bits
+from engine.commands.roofline import DecodeBytes, module_decode_bytes
+from engine.commands.timing import copy_bandwidth, median_of
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="prefill/decode speed vs transformers in the same run")
-    add_model_args(p)
+    add_model_args(p, required=False)
     add_cache_args(p)
-    p.add_argument("--prompt-tokens", type=int, default=512, help="prefill length")
-    p.add_argument("--decode-tokens", type=int, default=64, help="new tokens per decode run")
+    p.add_argument(
+        "--synthetic",
+        metavar="SHAPE",
+        default=None,
+        help="random-weight model of this shape (a name from engine.shapes, or a config.json path)",
+    )
+    p.add_argument("--bpw", default="4", help="synthetic: comma-separated whole bits per weight 1..8")
+    p.add_argument("--fp16", action="store_true", help="synthetic: add a row with dense weights")
+    p.add_argument("--head-bits", type=int, default=6, help="synthetic: bits of an untied head")
+    p.add_argument("--codebook", default="mul1", choices=["3inst", "mcg", "mul1"], help="synthetic codebook")
+    p.add_argument("--prompt-tokens", "--prompt", dest="prompt_tokens", type=int, default=4096)
+    p.add_argument("--context", type=int, default=4096, help="context of the second decode figure")
+    p.add_argument("--decode-tokens", type=int, default=128, help="new tokens per decode run")
     p.add_argument("--batch", type=int, default=1, help="decode batch size")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--threads", type=int, default=None, help="CPU threads for both sides (default: torch's choice)"
     )
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="our decode steps from CUDA graphs (default: the Generator's default)",
+    )
     p.add_argument("--no-peer", action="store_true", help="skip the transformers comparison")
-    p.add_argument("--json-out", default=None, help="write the results as JSON to this file")
+    p.add_argument(
+        "--peer-compile",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch.compile the peer's decode step (static cache); --no-peer-compile to skip",
+    )
+    p.add_argument("--json", "--json-out", dest="json_out", default=None, help="write results as JSON here")
     p.set_defaults(func=run)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
-def _median_time(fn, repeats: int, device: torch.device) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+# -- our engine ----------------------------------------------------------------------------------
 
 
-def bench_ours(model, prompt: list[int], args) -> dict:
-    from engine.cache.paged import PagedKVCache
+def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
+    """Decode (near-empty and at ``--context``) and prefill figures of ``model``, plus roofline."""
     from engine.generation.generator import Generator
     from engine.generation.job import Job
-    from engine.generation.step import StepItem, run_step
 
-    n = len(prompt)
+    n, b = args.decode_tokens, args.batch
     bits = cache_bits(args)
-    cache = PagedKVCache.for_model(
-        model.spec, n + args.decode_tokens + 64, dtype=model.dtype, device=model.device, bits=bits
+    tokens = max(b * (args.context + n + 64), args.prompt_tokens + 64)
+    gen = Generator(
+        model, None, cache_tokens=tokens, max_batch_size=b, cache_bits=bits, cuda_graphs=args.cuda_graphs
     )
-    pages = cache.pages.allocate(cache.num_pages)
+    rng = torch.Generator().manual_seed(0)
+    vocab = model.spec.vocab_size
 
-    def prefill():
-        run_step(model.module, cache, [StepItem(prompt, 0, pages, "last")])
+    def decode(prompt: list[int]) -> float:
+        results = gen.generate([Job(prompt, n, stop_token_ids=()) for _ in range(b)])
+        return b * (n - 1) / max(max(r.timings.decode_s for r in results), 1e-9)
 
-    prefill_s = _median_time(prefill, args.repeats, model.device)
-    cache.pages.release(pages)
+    def prefill() -> float:
+        prompt = torch.randint(0, vocab, (args.prompt_tokens,), generator=rng).tolist()
+        (result,) = gen.generate([Job(prompt, 1, stop_token_ids=())])
+        return args.prompt_tokens / max(result.timings.prefill_s, 1e-9)
 
-    total = args.batch * (16 + args.decode_tokens) + 64
-    gen = Generator(model, None, cache_tokens=total, max_batch_size=args.batch, cache_bits=bits)
-
-    def decode() -> float:
-        jobs = [Job(prompt[:16], args.decode_tokens, stop_token_ids=()) for _ in range(args.batch)]
-        results = gen.generate(jobs)
-        return max(r.timings.decode_s for r in results)
-
-    decode()  # warm-up
-    decode_s = statistics.median(decode() for _ in range(args.repeats))
-    return {
-        "prefill_tokens_per_s": n / prefill_s,
-        "decode_tokens_per_s": args.batch * (args.decode_tokens - 1) / decode_s,
+    ctx_prompt = torch.randint(0, vocab, (args.context,), generator=rng).tolist()
+    row: dict[str, Any] = {
+        "decode_tokens_per_s": median_of(lambda: decode(ctx_prompt[:1]), args.repeats),
+        "decode_ctx_tokens_per_s": median_of(lambda: decode(ctx_prompt), args.repeats),
+        "prefill_tokens_per_s": median_of(prefill, args.repeats),
     }
+    kvb = gen.cache.nbytes / gen.cache.capacity
+    decode_bytes = module_decode_bytes(model.module, model.module.embedding.weight, kvb)
+    row.update(roofline_fields(decode_bytes, bandwidth, row, args))
+    return row
 
 
-def bench_transformers(
-    model_dir: str, device: torch.device, dtype: torch.dtype, prompt: list[int], args
-) -> dict:
-    from transformers import AutoModelForCausalLM
+def roofline_fields(db: DecodeBytes, bandwidth: float, figures: dict, args) -> dict[str, Any]:
+    """Bytes per step and roofline tok/s at the mean context of each decode run, and our % of it.
 
-    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-    ids = torch.tensor([prompt], device=device)
-
-    @torch.inference_mode()
-    def prefill():
-        ref(ids, use_cache=False)
-
-    prefill_s = _median_time(prefill, args.repeats, device)
-    short = ids[:, :16].repeat(args.batch, 1)
-
-    @torch.inference_mode()
-    def gen(n: int):
-        ref.generate(short, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-
-    t1 = _median_time(lambda: gen(1), args.repeats, device)
-    tn = _median_time(lambda: gen(args.decode_tokens), args.repeats, device)
-    return {
-        "prefill_tokens_per_s": len(prompt) / prefill_s,
-        "decode_tokens_per_s": args.batch * (args.decode_tokens - 1) / (tn - t1),
+    The measured tokens of a run sit at positions ``start + 1 .. start + N - 1``, so the mean
+    context a step reads is about ``start + N / 2`` (start = 1 or ``--context``).
+    """
+    out: dict[str, Any] = {
+        "weight_bytes": db.weight_bytes,
+        "embed_row_bytes": db.embed_row_bytes,
+        "kv_bytes_per_token": db.kv_bytes_per_token,
     }
+    for key, start in (("decode", 1), ("decode_ctx", args.context)):
+        ctx = start + args.decode_tokens / 2
+        roof = db.roofline_tokens_per_s(bandwidth, ctx, args.batch)
+        out[f"{key}_bytes_per_step"] = db.per_step(ctx, args.batch)
+        out[f"{key}_roofline_tokens_per_s"] = roof
+        out[f"{key}_roofline_pct"] = 100 * figures[f"{key}_tokens_per_s"] / roof
+    return out
 
 
-def run(args: argparse.Namespace) -> int:
-    from engine.model import load_model
+# -- rows ------------------------------------------------------------------------------------------
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
-    gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, model.spec.vocab_size, (args.prompt_tokens,), generator=gen).tolist()
-    results = {
-        "model": str(model.directory),
-        "device": str(model.device),
-        "dtype": str(model.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads(),
-        "prompt_tokens": args.prompt_tokens,
-        "decode_tokens": args.decode_tokens,
-        "batch": args.batch,
-        "cache_bits": list(cache_bits(args)),
-        "ours": bench_ours(model, prompt, args),
-    }
-    if not args.no_peer:
-        results["transformers"] = bench_transformers(args.model, model.device, model.dtype, prompt, args)
-    print(format_table(results))
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":  # free the previous row's model before the next one is measured
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: torch.device) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+
+def _graphs_on(args, device: torch.device) -> bool:
+    from engine.generation.cuda_graph import graphs_enabled
+
+    wanted = graphs_enabled() if args.cuda_graphs is None else args.cuda_graphs
+    return wanted and device.type == "cuda"
+
+
+def _exl3_mode(model) -> str | None:
+    """ "streaming" (packed, decoded by the kernels) or "dense" (reconstructed at load: no CUDA
+    extension, or the CPU): a dense EXL3 row measures dense weights, whatever its bits."""
+    from engine.quant import EXL3Linear
+
+    modes = {m.mode for m in model.module.modules() if isinstance(m, EXL3Linear)}
+    return ",".join(sorted(modes)) or None
+
+
+def synthetic_shape(text: str) -> tuple[str, dict[str, Any]]:
+    """``--synthetic``: a config.json path, or a shape name from ``engine.shapes``."""
+    path = Path(text)
+    if path.suffix == ".json" or path.is_file():
+        try:
+            return path.stem, json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SystemExit(f"error: cannot read shape config {path}: {exc}") from None
+    from engine.shapes import shape_config
+
+    try:
+        return text, shape_config(text)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def parse_bpw(text: str) -> list[int]:
+    from engine.loading.synthetic_store import check_bits
+
+    try:
+        return check_bits(float(t) for t in text.split(",") if t.strip())
+    except ValueError as exc:
+        raise SystemExit(f"error: --bpw: {exc}") from None
+
+
+def synthetic_rows(args, device: torch.device, dtype: torch.dtype, bandwidth: float, results: dict) -> None:
+    """One row per ``--bpw`` value (and ``--fp16``), each model built, measured and freed in turn."""
+    from engine.loading.synthetic_store import synthetic_model
+
+    name, hf_config = synthetic_shape(args.synthetic)
+    variants: list[int | None] = list(parse_bpw(args.bpw))
+    if args.fp16:
+        variants.append(None)
+    for bits in variants:
+        label = f"{bits} bpw" if bits is not None else str(dtype).replace("torch.", "")
+        _log(f"building {name} at {label} ...")
+        _reset_peak(device)
+        t = time.perf_counter()
+        model = synthetic_model(hf_config, bits, device, dtype, args.head_bits, args.codebook, name=name)
+        build_s = time.perf_counter() - t
+        _log(f"  built in {build_s:.1f} s; measuring")
+        row = {"label": label, "bits": bits, "exl3_mode": _exl3_mode(model), "build_s": build_s}
+        row.update(bench_ours(model, args, bandwidth))
+        row["peak_memory_bytes"] = _peak(device)
+        results["rows"].append(row)
+        del model
+        _write(args, results)
+
+
+def peer_row(args, device: torch.device, dtype: torch.dtype, bandwidth: float, results: dict) -> None:
+    from engine.commands import bench_peer
+
+    _log("building the transformers peer ...")
+    _reset_peak(device)
+    if args.synthetic:
+        ref = bench_peer.build_from_config(synthetic_shape(args.synthetic)[1], device, dtype)
+    else:
+        ref = bench_peer.build_from_dir(args.model, device, dtype)
+    _log("  measuring the transformers peer")
+    row = bench_peer.bench_transformers(ref, device, args, compile=args.peer_compile)
+    row.update(roofline_fields(bench_peer.peer_decode_bytes(ref, dtype), bandwidth, row, args))
+    row["peak_memory_bytes"] = _peak(device)
+    results["transformers"] = row
+    for r in results["rows"]:
+        r["vs_transformers"] = {k: r[k] / row[k] for k in _FIGURES if row.get(k)}
+    del ref
+
+
+_FIGURES = ("decode_tokens_per_s", "decode_ctx_tokens_per_s", "prefill_tokens_per_s")
+
+
+def _write(args, results: dict) -> None:
+    """Written after every row, so a run cut short still leaves what it measured."""
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.model import default_dtype, resolve_device
+
+    if bool(args.model) == bool(args.synthetic):
+        raise SystemExit("error: give either -m/--model DIR or --synthetic SHAPE")
+    if args.decode_tokens < 2:
+        raise SystemExit("error: --decode-tokens must be at least 2")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(device)
+    bandwidth = copy_bandwidth(device)
+    results: dict[str, Any] = {
+        "model": args.model or f"synthetic {args.synthetic}",
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": str(dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "copy_bandwidth_GBps": bandwidth / 1e9,
+        "prompt_tokens": args.prompt_tokens,
+        "context": args.context,
+        "decode_tokens": args.decode_tokens,
+        "batch": args.batch,
+        "cache_bits": list(cache_bits(args)),
+        "cuda_graphs": _graphs_on(args, device),
+        "rows": [],
+    }
+    _log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
+    with torch.inference_mode():
+        if args.synthetic:
+            synthetic_rows(args, device, dtype, bandwidth, results)
+        else:
+            from engine.model import load_model
+
+            model = load_model(args.model, device=device, dtype=dtype)
+            row = {"label": "model", **bench_ours(model, args, bandwidth)}
+            row["peak_memory_bytes"] = _peak(device)
+            results["rows"].append(row)
+            del model
+    if not args.no_peer:
+        peer_row(args, device, dtype, bandwidth, results)
+    print(format_table(results))
+    _write(args, results)
     return 0
 
 
 def format_table(r: dict) -> str:
+    b = r["batch"]
     lines = [
-        f"model {r['model']} on {r['device']} ({r['dtype']}, {r['threads']} threads)",
-        f"{'metric':<34}{'ours':>12}{'transformers':>14}{'ratio':>8}",
+        f"{r['model']} on {r['device']} ({r['dtype']}, {r['threads']} threads), "
+        f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s, batch {b}, {r['decode_tokens']} new tokens, "
+        f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}",
+        f"{'':<14}{'GB/step':>8}{'decode':>9}{'roof':>8}{'%':>5}"
+        f"{'@' + str(r['context']):>9}{'roof':>8}{'%':>5}{'prefill':>10}{'peak GB':>9}",
+        f"{'':<14}{'':>8}{'tok/s':>9}{'tok/s':>8}{'':>5}{'tok/s':>9}{'tok/s':>8}{'':>5}"
+        f"{'tok/s@' + str(r['prompt_tokens']):>10}",
     ]
-    rows = [
-        (f"prefill tok/s ({r['prompt_tokens']} tokens)", "prefill_tokens_per_s"),
-        (f"decode tok/s (batch {r['batch']})", "decode_tokens_per_s"),
-    ]
-    for label, key in rows:
-        ours = r["ours"][key]
-        peer = r.get("transformers", {}).get(key)
-        peer_s = f"{peer:14.1f}" if peer else f"{'-':>14}"
-        ratio = f"{ours / peer:8.2f}" if peer else f"{'-':>8}"
-        lines.append(f"{label:<34}{ours:12.1f}{peer_s}{ratio}")
+    rows = list(r["rows"])
+    if "transformers" in r:
+        peer = r["transformers"]
+        tag = "hf" + ("+compile" if peer.get("compiled") else "")
+        rows.append({"label": tag, **peer})
+    for row in rows:
+        peak = row.get("peak_memory_bytes")
+        lines.append(
+            f"{row['label']:<14}{row['decode_bytes_per_step'] / 1e9:8.3f}"
+            f"{row['decode_tokens_per_s']:9.1f}{row['decode_roofline_tokens_per_s']:8.0f}"
+            f"{row['decode_roofline_pct']:5.0f}"
+            f"{row['decode_ctx_tokens_per_s']:9.1f}{row['decode_ctx_roofline_tokens_per_s']:8.0f}"
+            f"{row['decode_ctx_roofline_pct']:5.0f}"
+            f"{row['prefill_tokens_per_s']:10.0f}"
+            f"{(f'{peak / 1e9:9.2f}' if peak else f'{chr(45):>9}')}"
+        )
+    for row in r["rows"]:
+        vs = row.get("vs_transformers")
+        if vs:
+            lines.append(
+                f"{row['label']} / transformers: decode {vs.get('decode_tokens_per_s', 0):.2f}x, "
+                f"at context {vs.get('decode_ctx_tokens_per_s', 0):.2f}x, "
+                f"prefill {vs.get('prefill_tokens_per_s', 0):.2f}x"
+            )
+    if r.get("transformers", {}).get("note"):
+        lines.append(f"note: {r['transformers']['note']}")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
+    parser = argparse.ArgumentParser(prog="python -m engine.commands.bench")
+    register(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

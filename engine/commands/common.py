@@ -6,8 +6,8 @@ import argparse
 import sys
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", required=True, help="model directory (Hugging Face layout)")
+def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("-m", "--model", required=required, help="model directory (Hugging Face layout)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="compute dtype")
 

@@ -1,0 +1,225 @@
+"""Random weights of a given model shape, already in EXL3 form, made on the target device.
+
+For benchmarks: :func:`synthetic_model` builds a model of any shape (a Hugging Face config
+dict, e.g. from ``engine.shapes``) through the real :class:`ModelBuilder` and architecture code,
+but its :class:`SyntheticWeightStore` answers each request with a random tensor instead of
+reading a file. Speed does not depend on the values, only on shapes and dtypes, so no
+calibration and no download are needed, and an 8B model at 4 bits builds in seconds on a GPU.
+
+What the store holds, per EXL3_FORMAT.md section 3:
+
+- every decoder linear: ``trellis`` int16 ``(in/16, out/16, 16*K)`` with uniformly random
+  codes, ``suh``/``svh`` fp16 random signs (``suh`` also carries ``1/sqrt(in)`` so activations
+  keep their size from layer to layer, like the folded channel scales of a real model), and the
+  codebook flag tensor;
+- the head: EXL3 at ``head_bits`` when the config does not tie it to the embedding, else the
+  embedding matrix itself (as a real tied checkpoint with ``head_bits = 16``);
+- embedding, norms: random floating point.
+
+``bits=None`` gives dense weights instead (``P.weight``), for the unquantized baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.architectures import architecture_for
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError
+from engine.quant.trellis import MAX_BITS, TILE
+
+HADAMARD = 128  # stored EXL3 dims are padded to multiples of this (section 3.3)
+_FLAG_VALUES = {"mcg": -877912083, "mul1": -2082680531}  # section 3.1
+CODEBOOKS = ("3inst", "mcg", "mul1")
+
+
+def _pad(n: int) -> int:
+    return -(-n // HADAMARD) * HADAMARD
+
+
+def check_bits(bits: Iterable[float]) -> list[int]:
+    """Whole bits per weight 1..8; a fractional value is refused (a real converter mixes K per
+    tensor to reach it, which a random model would only imitate)."""
+    out = []
+    for b in bits:
+        if float(b) != int(b) or not 1 <= int(b) <= MAX_BITS:
+            raise ValueError(
+                f"bits per weight must be a whole number 1..{MAX_BITS} for a synthetic model, got {b} "
+                "(fractional rates mix K per tensor in a real conversion; pick the neighbouring integers)"
+            )
+        out.append(int(b))
+    return out
+
+
+class SyntheticWeightStore:
+    """Answers :class:`WeightStore`'s ``has``/``get`` with random tensors of the right shape."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        bits: int | None,
+        head_bits: int | None = 6,
+        codebook: str = "mul1",
+        dtype: torch.dtype = torch.float16,
+        device: torch.device | str = "cpu",
+        seed: int = 0,
+    ) -> None:
+        if codebook not in CODEBOOKS:
+            raise ValueError(f"codebook must be one of {CODEBOOKS}, got {codebook!r}")
+        if bits is not None:
+            check_bits([bits])
+        self.directory = config.directory
+        self.device, self.dtype, self.codebook = torch.device(device), dtype, codebook
+        self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        arch = architecture_for(config.architecture)
+        spec, names = arch.spec(config), arch.names
+        # key -> what to make: ("dense", shape) | ("trellis", in, out, K) | ("suh", in) |
+        # ("svh", out) | ("flag",) | ("norm", dim) | ("embed", shape)
+        self._plan: dict[str, tuple] = {}
+
+        def linear(key: str, n_in: int, n_out: int, bias: bool, k: int | None) -> None:
+            if bias:
+                self._plan[f"{key}.bias"] = ("norm", n_out)
+            if k is None:
+                self._plan[f"{key}.weight"] = ("dense", (n_out, n_in))
+                return
+            self._plan[f"{key}.trellis"] = ("trellis", n_in, n_out, k)
+            self._plan[f"{key}.suh"] = ("suh", n_in)
+            self._plan[f"{key}.svh"] = ("svh", n_out)
+            if codebook != "3inst":
+                self._plan[f"{key}.{codebook}"] = ("flag",)
+
+        s, n = spec, names
+        h, f = s.hidden_size, s.intermediate_size
+        q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        self._plan[n.prefix + n.embed + ".weight"] = ("embed", (s.vocab_size, h))
+        for i in range(s.num_layers):
+            p = n.prefix + n.layer.format(i=i)
+            for norm in (n.attn_in_norm, n.mlp_in_norm, n.attn_out_norm, n.mlp_out_norm):
+                if norm:
+                    self._plan[f"{p}{norm}.weight"] = ("norm", h)
+            if s.qk_norm:
+                self._plan[f"{p}{n.q_norm}.weight"] = ("norm", s.head_dim)
+                self._plan[f"{p}{n.k_norm}.weight"] = ("norm", s.head_dim)
+            if n.qkv_fused:
+                linear(p + n.qkv_fused, h, q_out + 2 * kv_out, s.qkv_bias, bits)
+            else:
+                linear(p + n.q, h, q_out, s.qkv_bias, bits)
+                linear(p + n.k, h, kv_out, s.qkv_bias, bits)
+                linear(p + n.v, h, kv_out, s.qkv_bias, bits)
+            linear(p + n.o, q_out, h, s.o_bias, bits)
+            if n.gate_up_fused:
+                linear(p + n.gate_up_fused, h, 2 * f, s.mlp_bias, bits)
+            else:
+                linear(p + n.gate, h, f, s.mlp_bias, bits)
+                linear(p + n.up, h, f, s.mlp_bias, bits)
+            linear(p + n.down, f, h, s.mlp_bias, bits)
+        self._plan[n.prefix + n.final_norm + ".weight"] = ("norm", h)
+        if not s.tie_word_embeddings:
+            head_k = head_bits if bits is not None and head_bits is not None and head_bits < 16 else None
+            linear(n.lm_head, h, s.vocab_size, False, head_k)
+
+    def keys(self) -> set[str]:
+        return set(self._plan)
+
+    def has(self, key: str) -> bool:
+        return key in self._plan
+
+    def has_prefix(self, prefix: str) -> bool:
+        return any(k.startswith(prefix) for k in self._plan)
+
+    def total_bytes(self) -> int:
+        return 0  # nothing on disk
+
+    def _make(self, key: str) -> torch.Tensor:
+        kind, *a = self._plan[key]
+        dev, g = self.device, self._gen
+        if kind == "trellis":
+            n_in, n_out, k = a
+            shape = (_pad(n_in) // TILE, _pad(n_out) // TILE, TILE * k)
+            return torch.randint(-(1 << 15), 1 << 15, shape, dtype=torch.int16, device=dev, generator=g)
+        if kind in ("suh", "svh"):
+            size = _pad(a[0])
+            signs = torch.randint(0, 2, (size,), device=dev, generator=g).to(torch.float16) * 2 - 1
+            if kind == "suh":
+                signs *= 1.0 / math.sqrt(a[0])
+            signs[a[0] :] = 0  # padded channels carry no weight (section 3.3)
+            return signs
+        if kind == "flag":
+            return torch.tensor(_FLAG_VALUES[self.codebook], dtype=torch.int32, device=dev)
+        if kind == "norm":
+            return 1 + 0.1 * torch.rand(a[0], device=dev, dtype=self.dtype, generator=g)
+        if kind == "dense":
+            t = torch.empty(a[0], device=dev, dtype=self.dtype)
+            return t.normal_(0.0, 1.0 / math.sqrt(a[0][1]), generator=g)
+        t = torch.empty(a[0], device=dev, dtype=self.dtype)  # embed
+        return t.normal_(0.0, 1.0, generator=g)
+
+    def get(
+        self,
+        key: str,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        shape: Iterable[int] | None = None,
+    ) -> torch.Tensor:
+        if key not in self._plan:
+            raise ModelLoadError(f"tensor '{key}' is not part of the synthetic model")
+        tensor = self._make(key)
+        if shape is not None and list(tensor.shape) != list(shape):
+            raise ModelLoadError(
+                f"synthetic tensor '{key}' has shape {list(tensor.shape)}, expected {list(shape)}"
+            )
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        return tensor if device is None else tensor.to(device)
+
+
+def synthetic_config(
+    hf_config: dict[str, Any], name: str, bits: int | None, head_bits: int | None, codebook: str
+) -> ModelConfig:
+    """A :class:`ModelConfig` for ``hf_config`` with the ``quantization_config`` a converter would
+    write (section 2); ``bits=None``: an unquantized model."""
+    raw = dict(hf_config)
+    archs = raw.get("architectures") or []
+    if not archs:
+        raise ValueError(f"synthetic shape '{name}' names no architecture ('architectures')")
+    quant = None
+    if bits is not None:
+        tied = bool(raw.get("tie_word_embeddings", False))
+        quant = {
+            "quant_method": "exl3",
+            "version": "1.0.0",
+            "bits": float(bits),
+            "head_bits": 16 if tied or head_bits is None else head_bits,
+            "codebook": codebook,
+        }
+        raw["quantization_config"] = quant
+    return ModelConfig(Path(f"<synthetic {name}>"), archs[0], raw, dict(raw), {}, quant)
+
+
+def synthetic_model(
+    hf_config: dict[str, Any],
+    bits: int | None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    head_bits: int | None = 6,
+    codebook: str = "mul1",
+    context: int | None = None,
+    exl3_mode: str | None = None,
+    name: str = "custom",
+    seed: int = 0,
+):
+    """A :class:`LoadedModel` of shape ``hf_config`` with random EXL3 weights at ``bits`` (dense
+    weights of ``dtype`` when ``bits`` is None), built by the normal builder on ``device``."""
+    from engine.model import build_model, default_dtype
+
+    dev = torch.device(device)
+    dtype = dtype or default_dtype(dev)
+    config = synthetic_config(hf_config, name, bits, head_bits, codebook)
+    store = SyntheticWeightStore(config, bits, head_bits, codebook, dtype, dev, seed)
+    return build_model(config, store, dev, dtype, context, exl3_mode=exl3_mode)
