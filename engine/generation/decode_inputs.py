@@ -11,8 +11,9 @@ The device tensors the model reads are views of (or derived inside the step from
 device buffer, so their addresses never change: a CUDA graph captured over them replays with
 whatever the host wrote last (``engine.generation.cuda_graph``).
 
-Rows past the real batch are padding: one token at position 0 of a scratch page, which the
-caller has reserved from the cache's allocator, so padding never writes a page a sequence uses.
+Rows past the real batch are padding: one token each at the first positions of a scratch page,
+which the caller has reserved from the cache's allocator, so padding never writes a page a
+sequence uses.
 """
 
 from __future__ import annotations
@@ -77,10 +78,12 @@ class DecodeInputs:
                 a[start + len(row) : start + p] = row[0]  # any valid page: masked by the length
                 self._rows[i] = row
         for i in range(len(items), b):
+            # Each padding row its own slot of the scratch page (no two rows write one slot).
+            pos = (i - len(items)) % ps
             a[i] = 0
-            a[b + i] = 0
-            a[2 * b + i] = scratch_page * ps
-            a[3 * b + i] = 1
+            a[b + i] = pos
+            a[2 * b + i] = scratch_page * ps + pos
+            a[3 * b + i] = pos + 1
             row = [scratch_page]
             if self._rows[i] != row:
                 start = 4 * b + i * p

@@ -82,9 +82,9 @@ def test_inputs_rewrite_only_changed_table_rows_and_pad_on_the_scratch_page():
     a = inputs.buffer.view(-1)
     b = 4
     assert a[:b].tolist() == [11, 12, 0, 0]  # ids
-    assert a[b : 2 * b].tolist() == [9, 0, 0, 0]  # positions
-    assert a[2 * b : 3 * b].tolist() == [6 * PAGE + 1, 7 * PAGE, 2 * PAGE, 2 * PAGE]  # write slots
-    assert a[3 * b : 4 * b].tolist() == [10, 1, 1, 1]  # lengths
+    assert a[b : 2 * b].tolist() == [9, 0, 0, 1]  # positions
+    assert a[2 * b : 3 * b].tolist() == [6 * PAGE + 1, 7 * PAGE, 2 * PAGE, 2 * PAGE + 1]  # write slots
+    assert a[3 * b : 4 * b].tolist() == [10, 1, 1, 2]  # lengths
     assert a[4 * b :].view(4, 3).tolist() == [[5, 6, 5], [7, 7, 7], [2, 2, 2], [2, 2, 2]]
     inputs.host[4 * b] = 99  # a row not rewritten when its table is unchanged ...
     inputs.fill(items, scratch_page=2)
