@@ -225,8 +225,62 @@ def paged_decode_attention(
 
     Returns None where the kernel does not apply (CPU tensors, no extension, a case it does not
     cover); the caller then runs :func:`engine.cache.decode_attention.paged_decode_attention_reference`.
+    Graph-safe: no host sync; the split count depends only on the shapes (``block_tables``' width).
     """
-    return None
+    ext = _kernel_ready(q, block_tables, lengths)
+    if ext is None or not hasattr(ext, "paged_decode_attention"):
+        return None
+    if q.ndim != 3 or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[2] not in PAGED_HEAD_DIMS:
+        return None
+    k_side, v_side = _cache_side(layer.keys, q), _cache_side(layer.values, q)
+    if k_side is None or v_side is None or q.shape[1] % k_side[0] != 0:
+        return None
+    return ext.paged_decode_attention(
+        q.contiguous(),
+        *k_side[1:],
+        *v_side[1:],
+        block_tables.to(torch.int32).contiguous(),
+        lengths.to(torch.int32).contiguous(),
+        int(page_size),
+        float(scale),
+        int(window or 0),
+        float(softcap or 0.0),
+    )
+
+
+PAGED_HEAD_DIMS = (64, 128, 256)  # ext/paged_attention.cu instantiations
+
+
+def _cache_side(store, q: torch.Tensor) -> tuple | None:
+    """``(kv_heads, dense, codes, scales, bits)`` of a cache store for the kernel, or None if it can't."""
+    data = getattr(store, "data", None)
+    if data is not None:  # DenseStore: must already be in q's dtype (no conversion per step)
+        if data.dtype != q.dtype or not data.is_cuda or not data.is_contiguous():
+            return None
+        return data.shape[1], data, None, None, 16
+    codes = getattr(store, "codes", None)
+    if codes is None or getattr(store, "group", None) != 32 or not codes.is_cuda:
+        return None
+    return codes.shape[1], None, codes, store.scales, store.bits
+
+
+def quantized_cache_write(store, slots: torch.Tensor, x: torch.Tensor) -> bool:
+    """Quantize ``x`` ``[n, kv_heads, head_dim]`` into a :class:`~engine.cache.quantized.QuantizedStore`
+    at ``slots`` with one fused kernel (``ext/paged_attention.cu``). Returns False where it does not
+    apply (CPU, no extension, groups other than 32); the store then runs its torch path.
+
+    Codes equal :meth:`QuantizedStore.quantize`'s except where a rotated number lands within
+    float32 rounding of a level boundary (the kernel rotates with a butterfly, torch with a
+    matmul, so the rotated numbers may differ in the last bit).
+    """
+    ext = _kernel_ready(x, store.codes, slots)
+    if ext is None or not hasattr(ext, "quantized_cache_write") or store.group != 32:
+        return False
+    if x.dtype not in KERNEL_DTYPES or x.ndim != 3 or x.shape[2] != store.head_dim:
+        return False
+    slots = slots.to(torch.int64).contiguous()
+    ext.quantized_cache_write(x.contiguous(), slots, store.codes, store.scales, store.bits)
+    return True
 
 
 def viterbi_encode(x: torch.Tensor, k: int, table: torch.Tensor) -> torch.Tensor | None:

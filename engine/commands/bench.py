@@ -211,8 +211,11 @@ def synthetic_rows(args, device: torch.device, dtype: torch.dtype, bandwidth: fl
         t = time.perf_counter()
         model = synthetic_model(hf_config, bits, device, dtype, args.head_bits, args.codebook, name=name)
         build_s = time.perf_counter() - t
+        mode = _exl3_mode(model)
         _log(f"  built in {build_s:.1f} s; measuring")
-        row = {"label": label, "bits": bits, "exl3_mode": _exl3_mode(model), "build_s": build_s}
+        if mode == "dense" and device.type == "cuda":
+            _log("  warning: no CUDA extension, so this EXL3 row runs reconstructed dense weights")
+        row = {"label": label, "bits": bits, "exl3_mode": mode, "build_s": build_s}
         row.update(bench_ours(model, args, bandwidth))
         row["peak_memory_bytes"] = _peak(device)
         results["rows"].append(row)
@@ -287,6 +290,10 @@ def run(args: argparse.Namespace) -> int:
             row["peak_memory_bytes"] = _peak(device)
             results["rows"].append(row)
             del model
+    if device.type == "cuda":
+        from engine import ops
+
+        results["extension"] = ops.status()
     if not args.no_peer:
         peer_row(args, device, dtype, bandwidth, results)
     print(format_table(results))

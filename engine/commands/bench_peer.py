@@ -55,10 +55,19 @@ def _generate(model, ids: torch.Tensor, cache, new: int, use_compile: bool) -> N
     )
 
 
-def _static_cache(model, length: int):
+def _static_cache(model, length: int, batch: int):
     from transformers import StaticCache
 
-    return StaticCache(config=model.config, max_cache_len=length)
+    try:
+        return StaticCache(config=model.config, max_cache_len=length)  # transformers 5
+    except TypeError:  # 4.x wanted the batch, device and dtype up front
+        return StaticCache(
+            config=model.config,
+            max_batch_size=batch,
+            max_cache_len=length,
+            device=model.device,
+            dtype=model.dtype,
+        )
 
 
 def bench_transformers(model, device: torch.device, args, compile: bool = True) -> dict[str, Any]:
@@ -77,7 +86,7 @@ def bench_transformers(model, device: torch.device, args, compile: bool = True) 
 
     def decode(context: int, use_compile: bool) -> float:
         ids = torch.randint(0, vocab, (1, context), generator=gen).repeat(b, 1).to(device)
-        cache = _static_cache(model, context + n)
+        cache = _static_cache(model, context + n, b)
 
         @torch.inference_mode()
         def run(new: int) -> None:
