@@ -1,8 +1,613 @@
-// Placeholder: the kernels of this file are being written (see engine/ops.py).
+// Decode attention read straight from the paged KV cache, and the fused quantize-and-write of a
+// 2-8 bit cache (engine/cache/quantized.py describes the layout; engine/ops.py dispatches here).
+//
+// Attention (flash decoding): one query per sequence. The grid is splits x (kv heads x head
+// chunks) x batch; a block takes every query head of one kv head (up to kMaxHeads, more heads
+// take more chunks), so each key and value is read from memory once per chunk. The split count
+// depends only on the padded page table's width, never on the lengths, so a captured CUDA graph
+// stays valid when the lengths change; blocks past a sequence's end only mark their split empty.
+//
+// Inside a block, lane u of a key's L = D/8 lanes owns numbers 8u..8u+7 of that key: one 16-byte
+// vector of a dense cache, or one bit-plane unit (``bits`` bytes) of a quantized one, so a key's
+// lanes read one contiguous row. Quantized keys stay rotated: the query is rotated once (its
+// 32-number groups by the same Hadamard matrix) and dotted with the codes directly. Quantized
+// values are accumulated rotated and the output is rotated back once, in the combine kernel.
+// Everything accumulates in fp32; the softmax runs in base 2 with the scale folded into q.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
 
 #include "trellis_ext.h"
 
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kGroup = 32;     // quantization group = Hadamard size (the kernels need head_dim % 32 == 0)
+constexpr int kMaxHeads = 8;   // query heads per block
+constexpr int kSteps = 4;      // keys per lane per loop iteration (loads in flight before use)
+constexpr int kMinSplitKeys = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kInvSqrtGroup = 0.17677669529663687f;
+constexpr unsigned kFull = 0xffffffffu;
+
+struct Side {              // one of keys / values
+  const void* dense;       // [slots, kv_heads, D] in q's dtype (bits == 16)
+  const uint8_t* codes;    // [slots, kv_heads, D/8, bits] bit planes
+  const __half* scales;    // [slots, kv_heads, D/32]
+  int bits;                // 2..8, or 16 for dense
+};
+
+struct Params {
+  const void* q;           // [B, H, D]
+  float* part_acc;         // [B, H, splits, D]
+  float* part_m;           // [B, H, splits] running max (base 2), -inf: empty split
+  float* part_l;           // [B, H, splits]
+  const int* block_tables; // [B, max_pages]
+  const int* lengths;      // [B]
+  Side k, v;
+  int heads, kv_heads, group, head_chunks, max_pages, page_size, splits, pages_per_split, window;
+  float scale, softcap;
+};
+
+__device__ __forceinline__ void load8(const __half* p, float (&x)[8]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float (&x)[8]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ float load1(const __half* p) { return __half2float(p[0]); }
+__device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat162float(p[0]); }
+__device__ __forceinline__ float load1(const float* p) { return p[0]; }
+__device__ __forceinline__ void store1(__half* p, float v) { p[0] = __float2half_rn(v); }
+__device__ __forceinline__ void store1(__nv_bfloat16* p, float v) { p[0] = __float2bfloat16_rn(v); }
+
+// The `bits` plane bytes of one 8-number unit, plane j in byte j. Widths 2, 4, 8 and 6 are read
+// with aligned 2/4/8-byte loads (a unit starts at a multiple of `bits` bytes), the odd ones by byte.
+__device__ __forceinline__ unsigned long long load_planes(const uint8_t* p, int bits) {
+  switch (bits) {
+    case 2: return __ldg(reinterpret_cast<const unsigned short*>(p));
+    case 4: return __ldg(reinterpret_cast<const unsigned int*>(p));
+    case 8: return __ldg(reinterpret_cast<const unsigned long long*>(p));
+    case 6: {
+      const unsigned short* s = reinterpret_cast<const unsigned short*>(p);
+      return static_cast<unsigned long long>(__ldg(s)) | static_cast<unsigned long long>(__ldg(s + 1)) << 16 |
+             static_cast<unsigned long long>(__ldg(s + 2)) << 32;
+    }
+    default: {
+      unsigned long long x = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < bits) x |= static_cast<unsigned long long>(__ldg(p + j)) << (8 * j);
+      return x;
+    }
+  }
+}
+
+// Codes of one unit as floats 0..2^bits-1. Byte j of `planes` holds bit j of all 8 numbers; an
+// 8x8 bit-matrix transpose makes byte i the code of number i, and OR-ing a byte under the
+// exponent of 2^23 turns it into a float with one PRMT and one FADD (no int-to-float unit).
+__device__ __forceinline__ void unpack_codes(unsigned long long x, float (&c)[8]) {
+  unsigned long long t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAull;
+  x ^= t ^ (t << 7);
+  t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCull;
+  x ^= t ^ (t << 14);
+  t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ull;
+  x ^= t ^ (t << 28);
+  const unsigned lo = static_cast<unsigned>(x), hi = static_cast<unsigned>(x >> 32);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    c[i] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
+    c[4 + i] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
+  }
+}
+
+// Unnormalised Walsh-Hadamard transform of a 32-number group held as 8 numbers per lane by 4
+// consecutive lanes (lane bits 0-1 are bits 3-4 of the index in the group): Sylvester order.
+__device__ __forceinline__ void hadamard32_lanes(float (&x)[8], int lane) {
+#pragma unroll
+  for (int s = 1; s < 8; s <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      if (i & s) continue;
+      const float a = x[i], b = x[i + s];
+      x[i] = a + b;
+      x[i + s] = a - b;
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < 4; m <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float o = __shfl_xor_sync(kFull, x[i], m);
+      x[i] = (lane & m) ? o - x[i] : x[i] + o;
+    }
+  }
+}
+
+// The same transform when lane l of a warp holds number l of the group.
+__device__ __forceinline__ float hadamard32_warp(float x, int lane) {
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1) {
+    const float o = __shfl_xor_sync(kFull, x, m);
+    x = (lane & m) ? o - x : x + o;
+  }
+  return x;
+}
+
+// One 8-number unit of one side at cache row `row` (= slot * kv_heads + kv_head): dense values,
+// or codes minus the grid's midpoint; *scale gets the group's scale (1 for dense).
+template <int D, typename T>
+__device__ __forceinline__ void load_unit(const Side& s, size_t row, int u, float (&x)[8], float* scale,
+                                          bool centre) {
+  if (s.bits >= 16) {
+    load8(static_cast<const T*>(s.dense) + row * D + u * 8, x);
+    *scale = 1.0f;
+    return;
+  }
+  unpack_codes(load_planes(s.codes + (row * (D / 8) + u) * s.bits, s.bits), x);
+  *scale = __half2float(s.scales[row * (D / kGroup) + u / 4]);
+  if (centre) {
+    const float half = 0.5f * static_cast<float>((1 << s.bits) - 1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] -= half;
+  }
+}
+
+template <int D, typename T, int MAXH>
+__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const Params p) {
+  constexpr int L = D / 8;        // lanes per key
+  constexpr int KPW = 32 / L;     // keys side by side in a warp
+  constexpr int KPI = KPW * kSteps;
+  static_assert(D % kGroup == 0 && L <= 32, "head_dim must be 64, 128 or 256");
+  __shared__ float s_m[kWarps][MAXH], s_l[kWarps][MAXH];
+  __shared__ float s_acc[kWarps][MAXH][D];
+
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int kvh = blockIdx.y / p.head_chunks, chunk = blockIdx.y % p.head_chunks;
+  const int h0 = kvh * p.group + chunk * MAXH;
+  const int nh = min(MAXH, p.group - chunk * MAXH);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int u = lane % L, sub = lane / L;
+  const int len = p.lengths[b];
+  const int lo = p.window > 0 ? max(0, len - p.window) : 0;
+  const int span = p.pages_per_split * p.page_size;
+  const int start = max(lo, split * span), end = min(len, (split + 1) * span);
+  const size_t part = (static_cast<size_t>(b) * p.heads + h0) * p.splits + split;  // head stride: splits
+  if (start >= end) {
+    if (threadIdx.x < nh) {
+      p.part_m[part + threadIdx.x * p.splits] = -INFINITY;
+      p.part_l[part + threadIdx.x * p.splits] = 0.0f;
+    }
+    return;
+  }
+
+  // The query, rotated like the keys where they are quantized, with the scale (and log2 e when
+  // there is no softcap to apply first) folded in.
+  const bool krot = p.k.bits < 16;
+  const float qmul = p.scale * (p.softcap > 0.0f ? 1.0f : kLog2e) * (krot ? kInvSqrtGroup : 1.0f);
+  float qr[MAXH][8], qsum[MAXH];
+#pragma unroll
+  for (int h = 0; h < MAXH; ++h) {
+    qsum[h] = 0.0f;
+    if (h < nh) {
+      load8(static_cast<const T*>(p.q) + (static_cast<size_t>(b) * p.heads + h0 + h) * D + u * 8, qr[h]);
+      if (krot) hadamard32_lanes(qr[h], lane);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        qr[h][i] *= qmul;
+        qsum[h] += qr[h][i];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qr[h][i] = 0.0f;
+    }
+  }
+  const float khalf = krot ? 0.5f * static_cast<float>((1 << p.k.bits) - 1) : 0.0f;
+  const float cap = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
+  const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+
+  float m[MAXH], l[MAXH], acc[MAXH][8];
+#pragma unroll
+  for (int h = 0; h < MAXH; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
+  }
+
+  const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
+  for (int base = start + warp * KPI; base < end; base += kWarps * KPI) {
+    float s[kSteps][MAXH], vx[kSteps][8];
+    bool valid[kSteps];
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      const int pos = base + k * KPW + sub;
+      valid[k] = pos < end;
+      float kx[8], ks = 0.0f, vs = 0.0f;
+      if (valid[k]) {
+        const int page = __ldg(table + pos / p.page_size);
+        const size_t row = (static_cast<size_t>(page) * p.page_size + pos % p.page_size) * p.kv_heads + kvh;
+        load_unit<D, T>(p.k, row, u, kx, &ks, false);
+        load_unit<D, T>(p.v, row, u, vx[k], &vs, true);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) kx[i] = vx[k][i] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) vx[k][i] *= vs;
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h) {
+        float d = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) d = fmaf(qr[h][i], kx[i], d);
+        s[k][h] = (d - khalf * qsum[h]) * ks;  // dense: khalf = 0, ks = 1
+      }
+    }
+    // Sum each score over the key's lanes (every lane of the key ends with the total).
+#pragma unroll
+    for (int off = 1; off < L; off <<= 1) {
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h)
+          if (h < nh) s[k][h] += __shfl_xor_sync(kFull, s[k][h], off);
+    }
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) {
+      if (h >= nh) continue;
+      float mx = m[h];
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        if (cap > 0.0f) s[k][h] = cap * tanhf(s[k][h] * inv_cap);
+        if (!valid[k]) s[k][h] = -INFINITY;
+        mx = fmaxf(mx, s[k][h]);
+      }
+      if (mx == -INFINITY) continue;  // no visible key in this lane's share yet
+      const float corr = exp2f(m[h] - mx);
+      m[h] = mx;
+      l[h] *= corr;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        const float pk = exp2f(s[k][h] - mx);
+        l[h] += pk;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(pk, vx[k][i], acc[h][i]);
+      }
+    }
+  }
+
+  // Merge the warp's side-by-side keys (lanes L apart), then the warps (shared memory).
+#pragma unroll
+  for (int off = L; off < 32; off <<= 1) {
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) {
+      if (h >= nh) continue;
+      const float om = __shfl_xor_sync(kFull, m[h], off), ol = __shfl_xor_sync(kFull, l[h], off);
+      const float mx = fmaxf(m[h], om);
+      const float a = mx == -INFINITY ? 0.0f : exp2f(m[h] - mx);
+      const float c = mx == -INFINITY ? 0.0f : exp2f(om - mx);
+      l[h] = l[h] * a + ol * c;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] = acc[h][i] * a + __shfl_xor_sync(kFull, acc[h][i], off) * c;
+      m[h] = mx;
+    }
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) {
+      if (h >= nh) continue;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s_acc[warp][h][u * 8 + i] = acc[h][i];
+      if (u == 0) {
+        s_m[warp][h] = m[h];
+        s_l[warp][h] = l[h];
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
+    const int h = idx / D, d = idx % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
+    float a = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = s_m[w][h] == -INFINITY ? 0.0f : exp2f(s_m[w][h] - mx);
+      a += c * s_acc[w][h][d];
+      den += c * s_l[w][h];
+    }
+    const size_t at = part + static_cast<size_t>(h) * p.splits;
+    p.part_acc[at * D + d] = a;
+    if (d == 0) {
+      p.part_m[at] = mx;
+      p.part_l[at] = den;
+    }
+  }
+}
+
+// Sum the splits of one (sequence, head): one thread per output number, one warp per group, so
+// quantized values rotate back with warp shuffles.
+template <typename T>
+__global__ void combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_m,
+                               const float* __restrict__ part_l, T* __restrict__ out, int heads, int splits,
+                               int D, bool rotated) {
+  const int row = blockIdx.y * heads + blockIdx.x, d = threadIdx.x;
+  const size_t base = static_cast<size_t>(row) * splits;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_m[base + s]);
+  float num = 0.0f, den = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = part_m[base + s];
+    if (ms == -INFINITY) continue;  // an empty split wrote no accumulator
+    const float w = exp2f(ms - mx);
+    num += w * part_acc[(base + s) * D + d];
+    den += w * part_l[base + s];
+  }
+  float o = den > 0.0f ? num / den : 0.0f;
+  if (rotated) o = hadamard32_warp(o, threadIdx.x % 32) * kInvSqrtGroup;
+  store1(out + static_cast<size_t>(row) * D + d, o);
+}
+
+// Quantize x [n, kv_heads, D] (32-number groups: rotate, absmax scale, round half to even) and
+// scatter to the store's rows `slots`: one warp per group, lane l holding number l.
+template <typename T>
+__global__ void quantize_write_kernel(const T* __restrict__ x, const int64_t* __restrict__ slots,
+                                      uint8_t* __restrict__ codes, __half* __restrict__ scales, int n, int kv_heads,
+                                      int D, int bits) {
+  const int lane = threadIdx.x % 32;
+  const long long gw = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int groups = D / kGroup;
+  if (gw >= static_cast<long long>(n) * kv_heads * groups) return;  // whole warps leave together
+  const int g = static_cast<int>(gw % groups);
+  const long long src_row = gw / groups;  // token * kv_heads + head
+  const int head = static_cast<int>(src_row % kv_heads);
+  const long long token = src_row / kv_heads;
+  const float r = hadamard32_warp(load1(x + src_row * D + g * kGroup + lane), lane) * kInvSqrtGroup;
+  float amax = fabsf(r);
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, m));
+  const int levels = (1 << bits) - 1;
+  const float half = 0.5f * static_cast<float>(levels);
+  const __half scale = __float2half_rn(fmaxf(amax / half, 1e-8f));
+  const float q = fminf(fmaxf(rintf(r / __half2float(scale) + half), 0.0f), static_cast<float>(levels));
+  const unsigned code = static_cast<unsigned>(q);
+  const size_t dst_row = static_cast<size_t>(slots[token]) * kv_heads + head;
+  uint8_t* dst = codes + (dst_row * (D / 8) + g * 4) * bits;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (j >= bits) break;
+    const unsigned plane = __ballot_sync(kFull, (code >> j) & 1u);
+    if (lane < 4) dst[lane * bits + j] = static_cast<uint8_t>(plane >> (8 * lane));
+  }
+  if (lane == 0) scales[dst_row * groups + g] = scale;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host side
+
+struct SideTensors {
+  Side side{};
+  int64_t kv_heads = 0;
+};
+
+SideTensors check_side(const c10::optional<at::Tensor>& dense, const c10::optional<at::Tensor>& codes,
+                       const c10::optional<at::Tensor>& scales, int64_t bits, const at::Tensor& q, int64_t D,
+                       const char* name) {
+  SideTensors r;
+  r.side.bits = static_cast<int>(bits);
+  if (bits >= 16) {
+    TORCH_CHECK(dense.has_value(), name, ": a dense side needs its tensor");
+    const at::Tensor& t = *dense;
+    TORCH_CHECK(t.is_cuda() && t.device() == q.device() && t.is_contiguous() && t.dim() == 3 && t.size(2) == D &&
+                    t.scalar_type() == q.scalar_type(),
+                name, " must be a contiguous [slots, kv_heads, ", D, "] tensor of q's dtype on q's device");
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned");
+    r.side.dense = t.data_ptr();
+    r.kv_heads = t.size(1);
+    return r;
+  }
+  TORCH_CHECK(bits >= 2 && bits <= 8, name, ": bits must be 2..8 or 16, got ", bits);
+  TORCH_CHECK(codes.has_value() && scales.has_value(), name, ": a quantized side needs codes and scales");
+  const at::Tensor& c = *codes;
+  const at::Tensor& s = *scales;
+  TORCH_CHECK(c.is_cuda() && c.device() == q.device() && c.is_contiguous() && c.scalar_type() == at::kByte &&
+                  c.dim() == 4 && c.size(2) == D / 8 && c.size(3) == bits,
+              name, " codes must be contiguous uint8 [slots, kv_heads, ", D / 8, ", ", bits, "]");
+  TORCH_CHECK(s.is_cuda() && s.device() == q.device() && s.is_contiguous() && s.scalar_type() == at::kHalf &&
+                  s.dim() == 3 && s.size(0) == c.size(0) && s.size(1) == c.size(1) && s.size(2) == D / kGroup,
+              name, " scales must be contiguous fp16 [slots, kv_heads, ", D / kGroup, "]");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(c.data_ptr()) % 8 == 0, name, " codes must be 8-byte aligned");
+  r.side.codes = c.data_ptr<uint8_t>();
+  r.side.scales = reinterpret_cast<const __half*>(s.data_ptr<at::Half>());
+  r.kv_heads = c.size(1);
+  return r;
+}
+
+template <int D, typename T>
+void launch_decode(const Params& p, dim3 grid, cudaStream_t stream) {
+  if (p.group <= 4)  // fewer registers for the common GQA groups (Llama: 4)
+    paged_decode_kernel<D, T, 4><<<grid, kThreads, 0, stream>>>(p);
+  else
+    paged_decode_kernel<D, T, kMaxHeads><<<grid, kThreads, 0, stream>>>(p);
+}
+
+template <typename T>
+void launch_decode_dim(int D, const Params& p, dim3 grid, cudaStream_t stream) {
+  switch (D) {
+    case 64: launch_decode<64, T>(p, grid, stream); break;
+    case 128: launch_decode<128, T>(p, grid, stream); break;
+    case 256: launch_decode<256, T>(p, grid, stream); break;
+    default: TORCH_CHECK(false, "paged_decode_attention: head_dim must be 64, 128 or 256, got ", D);
+  }
+}
+
+// Splits: about four blocks per multiprocessor in all, at least kMinSplitKeys keys each. Depends
+// only on shapes (batch, heads, table width), so a graph captured once fits every length.
+int choose_splits(int rows, int max_pages, int page_size, int sms) {
+  const int want = std::max(1, (4 * sms + rows - 1) / rows);
+  const int min_pages = std::max(1, (kMinSplitKeys + page_size - 1) / page_size);
+  const int pps = std::max((max_pages + want - 1) / want, min_pages);
+  return (max_pages + pps - 1) / pps;
+}
+
+at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::Tensor>& k_dense,
+                                  const c10::optional<at::Tensor>& k_codes, const c10::optional<at::Tensor>& k_scales,
+                                  int64_t k_bits, const c10::optional<at::Tensor>& v_dense,
+                                  const c10::optional<at::Tensor>& v_codes, const c10::optional<at::Tensor>& v_scales,
+                                  int64_t v_bits, const at::Tensor& block_tables, const at::Tensor& lengths,
+                                  int64_t page_size, double scale, int64_t window, double softcap, int64_t splits) {
+  TORCH_CHECK(q.is_cuda() && q.is_contiguous() && q.dim() == 3, "q must be a contiguous [batch, heads, dim] CUDA tensor");
+  TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  TORCH_CHECK(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256, got ", D);
+  const SideTensors ks = check_side(k_dense, k_codes, k_scales, k_bits, q, D, "keys");
+  const SideTensors vs = check_side(v_dense, v_codes, v_scales, v_bits, q, D, "values");
+  TORCH_CHECK(ks.kv_heads == vs.kv_heads && ks.kv_heads > 0 && H % ks.kv_heads == 0,
+              "heads must be a multiple of kv_heads (keys and values alike)");
+  TORCH_CHECK(block_tables.is_cuda() && block_tables.scalar_type() == at::kInt && block_tables.is_contiguous() &&
+                  block_tables.dim() == 2 && block_tables.size(0) == B,
+              "block_tables must be contiguous int32 [batch, max_pages] on the GPU");
+  TORCH_CHECK(lengths.is_cuda() && lengths.scalar_type() == at::kInt && lengths.is_contiguous() &&
+                  lengths.numel() == B,
+              "lengths must be contiguous int32 [batch] on the GPU");
+  TORCH_CHECK(page_size >= 1 && B >= 1 && block_tables.size(1) >= 1, "empty batch or page table");
+  const c10::cuda::CUDAGuard guard(q.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+
+  Params p{};
+  p.q = q.data_ptr();
+  p.block_tables = block_tables.data_ptr<int>();
+  p.lengths = lengths.data_ptr<int>();
+  p.k = ks.side;
+  p.v = vs.side;
+  p.heads = static_cast<int>(H);
+  p.kv_heads = static_cast<int>(ks.kv_heads);
+  p.group = static_cast<int>(H / ks.kv_heads);
+  p.head_chunks = (p.group + kMaxHeads - 1) / kMaxHeads;
+  p.max_pages = static_cast<int>(block_tables.size(1));
+  p.page_size = static_cast<int>(page_size);
+  p.window = window > 0 ? static_cast<int>(window) : 0;
+  p.scale = static_cast<float>(scale);
+  p.softcap = softcap > 0 ? static_cast<float>(softcap) : 0.0f;
+  const int rows = static_cast<int>(B) * p.kv_heads * p.head_chunks;
+  if (splits <= 0) {
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
+    splits = choose_splits(rows, p.max_pages, p.page_size, sms);
+  }
+  splits = std::min<int64_t>(splits, p.max_pages);
+  p.pages_per_split = static_cast<int>((p.max_pages + splits - 1) / splits);
+  p.splits = static_cast<int>((p.max_pages + p.pages_per_split - 1) / p.pages_per_split);
+
+  const auto f32 = q.options().dtype(at::kFloat);
+  at::Tensor part_acc = at::empty({B, H, p.splits, D}, f32);
+  at::Tensor part_ml = at::empty({2, B, H, p.splits}, f32);
+  p.part_acc = part_acc.data_ptr<float>();
+  p.part_m = part_ml.data_ptr<float>();
+  p.part_l = p.part_m + B * H * p.splits;
+  at::Tensor out = at::empty_like(q);
+
+  const dim3 grid(p.splits, p.kv_heads * p.head_chunks, static_cast<unsigned>(B));
+  const dim3 cgrid(static_cast<unsigned>(H), static_cast<unsigned>(B));
+  const bool rotated = p.v.bits < 16;
+  if (q.scalar_type() == at::kHalf) {
+    launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    combine_kernel<__half><<<cgrid, static_cast<unsigned>(D), 0, stream>>>(
+        p.part_acc, p.part_m, p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
+        static_cast<int>(D), rotated);
+  } else {
+    launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    combine_kernel<__nv_bfloat16><<<cgrid, static_cast<unsigned>(D), 0, stream>>>(
+        p.part_acc, p.part_m, p.part_l, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads,
+        p.splits, static_cast<int>(D), rotated);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+void quantized_cache_write(const at::Tensor& x, const at::Tensor& slots, at::Tensor& codes, at::Tensor& scales,
+                           int64_t bits) {
+  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() == 3, "x must be a contiguous [n, kv_heads, dim] CUDA tensor");
+  const int64_t n = x.size(0), kvh = x.size(1), D = x.size(2);
+  TORCH_CHECK(D % kGroup == 0, "head_dim must be a multiple of 32, got ", D);
+  TORCH_CHECK(bits >= 2 && bits <= 8, "bits must be 2..8");
+  TORCH_CHECK(slots.is_cuda() && slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == n,
+              "slots must be contiguous int64 [n] on the GPU");
+  TORCH_CHECK(codes.is_cuda() && codes.is_contiguous() && codes.scalar_type() == at::kByte && codes.dim() == 4 &&
+                  codes.size(1) == kvh && codes.size(2) == D / 8 && codes.size(3) == bits,
+              "codes must be contiguous uint8 [slots, kv_heads, dim/8, bits]");
+  TORCH_CHECK(scales.is_cuda() && scales.is_contiguous() && scales.scalar_type() == at::kHalf && scales.dim() == 3 &&
+                  scales.size(0) == codes.size(0) && scales.size(1) == kvh && scales.size(2) == D / kGroup,
+              "scales must be contiguous fp16 [slots, kv_heads, dim/32]");
+  TORCH_CHECK(x.device() == codes.device() && slots.device() == codes.device() && scales.device() == codes.device(),
+              "tensors on different devices");
+  if (n == 0) return;
+  const c10::cuda::CUDAGuard guard(x.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  const long long warps = n * kvh * (D / kGroup);
+  const unsigned blocks = static_cast<unsigned>((warps + kWarps - 1) / kWarps);
+  auto* c = codes.data_ptr<uint8_t>();
+  auto* s = reinterpret_cast<__half*>(scales.data_ptr<at::Half>());
+  const auto* sl = slots.data_ptr<int64_t>();
+  const int ni = static_cast<int>(n), hi = static_cast<int>(kvh), di = static_cast<int>(D), bi = static_cast<int>(bits);
+  switch (x.scalar_type()) {
+    case at::kHalf:
+      quantize_write_kernel<__half><<<blocks, kThreads, 0, stream>>>(
+          reinterpret_cast<const __half*>(x.data_ptr<at::Half>()), sl, c, s, ni, hi, di, bi);
+      break;
+    case at::kBFloat16:
+      quantize_write_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(
+          reinterpret_cast<const __nv_bfloat16*>(x.data_ptr<at::BFloat16>()), sl, c, s, ni, hi, di, bi);
+      break;
+    case at::kFloat:
+      quantize_write_kernel<float><<<blocks, kThreads, 0, stream>>>(x.data_ptr<float>(), sl, c, s, ni, hi, di, bi);
+      break;
+    default: TORCH_CHECK(false, "x must be fp16, bf16 or fp32");
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
 namespace trellis {
-void bind_paged_attention(pybind11::module_& m) { (void)m; }
+void bind_paged_attention(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "decode attention over a paged (dense or 2-8 bit) KV cache; splits <= 0: chosen from the table width",
+        py::arg("q"), py::arg("k_dense"), py::arg("k_codes"), py::arg("k_scales"), py::arg("k_bits"),
+        py::arg("v_dense"), py::arg("v_codes"), py::arg("v_scales"), py::arg("v_bits"), py::arg("block_tables"),
+        py::arg("lengths"), py::arg("page_size"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("softcap") = 0.0, py::arg("splits") = 0);
+  m.def("quantized_cache_write", &quantized_cache_write,
+        "quantize x [n, kv_heads, dim] to 2-8 bit planes and write rows `slots` of codes/scales", py::arg("x"),
+        py::arg("slots"), py::arg("codes"), py::arg("scales"), py::arg("bits"));
+}
 }  // namespace trellis

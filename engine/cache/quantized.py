@@ -78,6 +78,10 @@ class QuantizedStore:
         return (groups @ self.hadamard).reshape(n, heads, self.head_dim).to(dtype)
 
     def write(self, slots: torch.Tensor, x: torch.Tensor) -> None:
+        from engine import ops
+
+        if ops.quantized_cache_write(self, slots, x):  # fused CUDA kernel, same codes (see ops)
+            return
         planes, scales = self.quantize(x)
         self.codes.index_copy_(0, slots, planes)
         self.scales.index_copy_(0, slots, scales)
