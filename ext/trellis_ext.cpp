@@ -158,5 +158,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Each further kernel family registers its own bindings (one file each, see trellis_ext.h).
   trellis::bind_paged_attention(m);
   trellis::bind_viterbi(m);
+  trellis::bind_fused_ops(m);
   m.attr("ABI_VERSION") = 2;
 }

@@ -38,4 +38,5 @@ void launch_hadamard(const void* x, int x_dtype, void* y, int y_dtype, const voi
 namespace trellis {
 void bind_paged_attention(pybind11::module_& m);  // ext/paged_attention.cu
 void bind_viterbi(pybind11::module_& m);          // ext/viterbi.cu
+void bind_fused_ops(pybind11::module_& m);        // ext/fused_ops.cu
 }  // namespace trellis

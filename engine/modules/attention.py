@@ -119,7 +119,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope is not None:
             tables = batch.rope_tables(self.rope, q.dtype)
-            q, k = self.rope.apply(q, tables), self.rope.apply(k, tables)
+            q, k = self.rope.apply_pair(q, k, tables)
         cache.write(batch.write_slots, k, v)
         if batch.decode is not None:
             return self.o_proj(self._decode(q, batch, cache).reshape(-1, self.num_heads * self.head_dim))

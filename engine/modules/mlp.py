@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import ops
 from engine.modules.linear import ProjectionGroup
 
 ACTIVATIONS = {
@@ -28,8 +29,13 @@ class GatedMLP(nn.Module):
             raise ValueError(f"unsupported activation '{activation}'")
         self.gate_up = gate_up
         self.down = down
+        self.activation = activation
         self.act = ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
+        if gate.is_cuda:  # act and product in one launch (ext/fused_ops.cu)
+            fused = ops.act_mul(gate, up, self.activation)
+            if fused is not None:
+                return self.down(fused)
         return self.down(self.act(gate) * up)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine import ops
 from engine.errors import ModelLoadError
 
 
@@ -131,6 +132,16 @@ class RotaryEmbedding(nn.Module):
         cos = (emb.cos() * self.attention_factor).to(dtype)[:, None, :]
         sin = (emb.sin() * self.attention_factor).to(dtype)[:, None, :]
         return cos, sin
+
+    def apply_pair(
+        self, q: torch.Tensor, k: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`apply` to queries and keys; on the GPU one fused launch does both."""
+        if q.is_cuda:
+            fused = ops.rope(q, k, *tables)
+            if fused is not None:
+                return fused
+        return self.apply(q, tables), self.apply(k, tables)
 
     def apply(self, x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Rotate ``x`` (``[tokens, heads, head_dim]``) in place of its first rotary dims."""
