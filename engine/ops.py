@@ -286,7 +286,87 @@ def quantized_cache_write(store, slots: torch.Tensor, x: torch.Tensor) -> bool:
 def viterbi_encode(x: torch.Tensor, k: int, table: torch.Tensor) -> torch.Tensor | None:
     """Tail-biting Viterbi for tiles ``x`` ``(N, 256)`` on the GPU (``ext/viterbi.cu``).
 
-    Returns None where the kernel does not apply; the caller then runs
-    :func:`engine.quant.viterbi.encode_tiles`.
+    Returns None where the kernel does not apply (CPU tensors, no extension, K=1 whose
+    128 KB best-cost buffers do not fit twice in shared memory, a table that is none of the three
+    codebooks); the caller then runs :func:`engine.quant.viterbi.encode_tiles`. Same results as
+    that path (same float operations and first-index tie rule).
     """
+    if x.ndim != 2 or x.shape[1] != 256 or not 2 <= k <= 8:
+        return None
+    ext = _kernel_ready(x, table)
+    if ext is None or not hasattr(ext, "viterbi_encode"):
+        return None
+    codebook = _codebook_of_table(table)
+    if codebook is None:
+        return None
+    return ext.viterbi_encode(x.float().contiguous(), k, CODEBOOK_IDS[codebook], VITERBI_WORKSPACE_BYTES)
+
+
+# Back-pointer workspace per viterbi_encode call (tiles run in chunks that fit it).
+VITERBI_WORKSPACE_BYTES = 1 << 30
+
+
+def _codebook_of_table(table: torch.Tensor) -> str | None:
+    """Which codebook a value table is (the kernel computes values arithmetically), else None.
+
+    The converter passes the cached :func:`~engine.quant.codebooks.codebook_table` tensors, so
+    the identity test is the usual answer; any other table is compared by value.
+    """
+    from engine.quant.codebooks import CODEBOOKS, codebook_table
+
+    refs = {name: codebook_table(name, table.device) for name in CODEBOOKS}
+    for name, ref in refs.items():
+        if ref is table:
+            return name
+    if table.shape != (65536,):
+        return None
+    for name, ref in refs.items():
+        if torch.equal(ref, table.to(ref.dtype)):
+            return name
     return None
+
+
+# Fused elementwise kernels of the decode step (ext/fused_ops.cu). Each returns None where it does
+# not apply, and the caller runs its torch code; results agree to one rounding of the dtype.
+ACT_IDS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1, "gelu_tanh": 1, "gelu": 2, "relu": 3}
+
+
+def _fused_ready(*tensors: torch.Tensor) -> ModuleType | None:
+    if not all(t.dtype in KERNEL_DTYPES for t in tensors):
+        return None
+    ext = _kernel_ready(*tensors)
+    return ext if ext is not None and hasattr(ext, "rms_norm") else None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor | None:
+    """:class:`engine.modules.norms.RMSNorm` over the last dim of ``x`` in one launch."""
+    ext = _fused_ready(x, weight)
+    if ext is None or weight.dtype != x.dtype or x.shape[-1] != weight.numel() or x.stride(-1) != 1:
+        return None
+    rows = x.reshape(-1, x.shape[-1])
+    return ext.rms_norm(rows, weight.contiguous(), eps, offset).view(x.shape)
+
+
+def rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rotate-half RoPE of ``q`` and ``k`` ``[tokens, heads, d]`` with ``[tokens, 1, rot]`` tables."""
+    ext = _fused_ready(q, k, cos, sin)
+    if ext is None or q.ndim != 3 or k.ndim != 3 or not (q.dtype == k.dtype == cos.dtype == sin.dtype):
+        return None
+    if any(t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] for t in (q, k)):
+        return None
+    q_out, k_out = ext.rope(q, k, cos.contiguous(), sin.contiguous())
+    return q_out, k_out
+
+
+def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor | None:
+    """``act(gate) * up`` in one launch (the gated MLP's middle)."""
+    ext = _fused_ready(gate, up)
+    act = ACT_IDS.get(activation)
+    if ext is None or act is None or gate.shape != up.shape or gate.dtype != up.dtype:
+        return None
+    if gate.stride(-1) != 1 or up.stride(-1) != 1:
+        return None
+    g, u = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
+    return ext.act_mul(g, u, act).view(gate.shape)
