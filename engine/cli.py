@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "constrain_eval",
     "build_ext",
     "bench_kernels",
+    "bench_attention",
     "convert",
     "quality",
 ]

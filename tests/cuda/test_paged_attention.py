@@ -1,0 +1,178 @@
+"""The paged decode-attention kernel and the fused quantized-cache write against their torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ops
+from engine.cache.decode_attention import paged_decode_attention_reference
+from engine.cache.paged import KVCacheLayer, PagedKVCache
+from engine.cache.quantized import QuantizedStore
+
+pytestmark = pytest.mark.cuda
+
+BIT_PAIRS = [(b, b) for b in (2, 3, 4, 5, 6, 8, 16)] + [(4, 6), (8, 4), (16, 4), (4, 16)]
+# Output rounding (fp16: 2^-11, bf16: 2^-8 relative) dominates; everything else is fp32.
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+PAGE = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ext():
+    if ops.extension() is None:
+        pytest.fail(f"CUDA extension unavailable on a GPU machine: {ops.status()['reason']}")
+
+
+def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
+
+
+def _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=PAGE, seed=0, extra_pages=1):
+    """A one-layer cache with random data in every slot and a random, non-contiguous page table."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    max_pages = max(-(-n // page) for n in lengths) + extra_pages
+    num_pages = len(lengths) * max_pages + 5
+    cache = PagedKVCache(1, kv_heads, head_dim, num_pages, page, dtype, "cuda", (kbits, vbits))
+    layer = cache.layer(0)
+    shape = (cache.capacity, kv_heads, head_dim)
+    k = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
+    k[:, :, 3] *= 8  # an outlier channel, as real keys have
+    layer.write(
+        torch.arange(cache.capacity, device="cuda"),
+        k,
+        torch.randn(shape, generator=g, device="cuda", dtype=dtype),
+    )
+    order = torch.randperm(num_pages, generator=g, device="cuda")
+    tables = order[: len(lengths) * max_pages].view(len(lengths), max_pages).to(torch.int32)
+    q = torch.randn(len(lengths), heads, head_dim, generator=g, device="cuda", dtype=dtype)
+    return layer, tables, torch.tensor(lengths, dtype=torch.int32, device="cuda"), q
+
+
+def _check(layer, tables, lengths, q, page=PAGE, window=None, softcap=None):
+    scale = q.shape[-1] ** -0.5
+    got = ops.paged_decode_attention(q, layer, tables, lengths, page, scale, window, softcap)
+    assert got is not None, "the kernel did not take this case"
+    # fp32 reference over the same stored cache (dequantized in fp32, so only the kernel rounds)
+    exact = KVCacheLayer(layer.keys, layer.values, torch.float32)
+    want = paged_decode_attention_reference(q.float(), exact, tables, lengths, page, scale, window, softcap)
+    assert got.dtype == q.dtype and got.shape == q.shape
+    assert torch.isfinite(got).all()
+    err = rel_fro(got, want)
+    assert err < TOL[q.dtype], f"relative error {err:.2e}"
+    return got
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kbits,vbits", BIT_PAIRS)
+def test_bits_and_head_dims(kbits, vbits, head_dim, dtype):
+    lengths = [1, PAGE, PAGE + 1, 5 * PAGE + 3, 700, 2, 3 * PAGE, 129]
+    layer, tables, lens, q = _case(kbits, vbits, head_dim, 8, 2, lengths, dtype, seed=kbits * 31 + vbits)
+    _check(layer, tables, lens, q)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 8), (32, 8), (16, 2), (24, 2), (7, 1)])
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (4, 16)])
+def test_gqa_ratios(heads, kv_heads, kbits, vbits):
+    """Ratios 1, 4, 8; 12 (two head chunks per kv head) and 7 (a ragged chunk)."""
+    lengths = [300, 1, PAGE + 1]
+    layer, tables, lens, q = _case(kbits, vbits, 128, heads, kv_heads, lengths, torch.float16, seed=heads)
+    _check(layer, tables, lens, q)
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (8, 8), (4, 4), (4, 6), (2, 2)])
+def test_16k_context(batch, kbits, vbits):
+    lengths = [16384, 1, 16384 - 63, 64, 9000, 16383, 65, 12000][:batch]
+    layer, tables, lens, q = _case(kbits, vbits, 128, 32, 8, lengths, torch.float16, page=64, seed=batch)
+    _check(layer, tables, lens, q, page=64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("window,softcap", [(7, None), (100, None), (None, 50.0), (33, 30.0), (1, None)])
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (8, 4)])
+def test_window_and_softcap(window, softcap, kbits, vbits, dtype):
+    lengths = [1, 5, PAGE + 1, 400, 64]
+    layer, tables, lens, q = _case(kbits, vbits, 128, 8, 4, lengths, dtype, seed=window or 0)
+    _check(layer, tables, lens, q, window=window, softcap=softcap)
+
+
+def test_page_size_one_and_large_padding():
+    layer, tables, lens, q = _case(4, 4, 64, 4, 2, [3, 1, 40], torch.float16, page=1, extra_pages=50)
+    _check(layer, tables, lens, q, page=1)
+
+
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (3, 6)])
+def test_graph_replay_with_new_lengths_equals_eager(kbits, vbits):
+    lengths = [500, 1, 77, 1000]
+    layer, tables, lens, q = _case(kbits, vbits, 128, 32, 8, lengths, torch.float16, seed=11)
+    scale = 128**-0.5
+    run = lambda: ops.paged_decode_attention(q, layer, tables, lens, PAGE, scale, None, None)  # noqa: E731
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for new_lengths in ([501, 2, 78, 1001], [1, 1024, 16, 17], [1000, 999, 1, 64]):
+        lens.copy_(torch.tensor(new_lengths, dtype=torch.int32))
+        tables.copy_(tables.roll(1, dims=0))  # the table contents may change too
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = run()
+        assert torch.equal(out, eager)
+        _check(layer, tables, lens, q)
+
+
+def _codes_of(planes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Bit planes [..., d/8, bits] back to integer codes [..., d]."""
+    shifts = torch.arange(8, device=planes.device, dtype=torch.uint8)
+    b = (planes[..., None, :] >> shifts[:, None]) & 1  # [..., d/8, 8, bits]
+    weights = (1 << torch.arange(bits, device=planes.device)).to(torch.int32)
+    return (b.to(torch.int32) * weights).sum(-1).flatten(-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fused_write_equals_quantize(bits, head_dim, dtype):
+    g = torch.Generator(device="cuda").manual_seed(bits * 1000 + head_dim)
+    n, kv_heads, num_slots = 300, 4, 1024
+    x = torch.randn(n, kv_heads, head_dim, generator=g, device="cuda").to(dtype)
+    x[:, :, 5] *= 20
+    slots = torch.randperm(num_slots, generator=g, device="cuda")[:n]
+    store = QuantizedStore(num_slots, kv_heads, head_dim, bits, "cuda")
+    want_planes, want_scales = store.quantize(x)
+    assert ops.quantized_cache_write(store, slots, x)
+    got_scales = store.scales[slots]
+    got = _codes_of(store.codes[slots], bits)
+    want = _codes_of(want_planes, bits)
+    # The kernel rotates with a butterfly, torch with a matmul: the rotated numbers may differ in
+    # their last bit, which moves a code by one only at a rounding tie and a scale by one fp16 ulp
+    # only when the group's maximum sits on an fp16 rounding boundary.
+    same_scale = got_scales == want_scales
+    assert same_scale.float().mean() > 0.999
+    torch.testing.assert_close(got_scales.float(), want_scales.float(), rtol=1e-3, atol=0)
+    rows_same = same_scale.all(-1)[:, :, None].expand_as(got)  # codes of groups with equal scales
+    diff = (got - want).abs()
+    assert diff.max() <= 1
+    assert (diff[rows_same] == 0).float().mean() > 0.9995
+    # Slots not written stay zero.
+    untouched = torch.ones(num_slots, dtype=torch.bool, device="cuda")
+    untouched[slots] = False
+    assert not store.codes[untouched].any() and not store.scales[untouched].any()
+
+
+def test_store_write_uses_the_kernel_and_reads_back():
+    store = QuantizedStore(256, 2, 128, 4, "cuda")
+    x = torch.randn(100, 2, 128, device="cuda", dtype=torch.float16)
+    slots = torch.arange(100, 200, device="cuda")
+    store.write(slots, x)  # through ops.quantized_cache_write
+    back = store.read(slots, torch.float32)
+    err = rel_fro(back, x.float())
+    assert 0.02 < err < 0.12
