@@ -101,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float xi = xs[pass == 0 ? ((i + kHalf) & (kValues - 1)) : i];
       const float m2x = -2.f * xi;
       const bool last = i == kValues - 1;
-#pragma unroll
+#pragma unroll 1
       for (int lj = 0; lj < G::kLowsPerThread; ++lj) {
         const int low = (G::kGroup == 1) ? tid + lj * kThreads : tid / G::kGroup;
         float best = inf;

@@ -102,17 +102,23 @@ class ConvertReport:
 
 
 def calibration_ids(model_dir: Path, rows: int, cols: int, vocab: int, random_fraction: float, seed: int):
-    """``(rows, cols)`` token ids: the shipped text tokenized and tiled, plus random-token rows."""
-    from tokenizers import Tokenizer
+    """``(rows, cols)`` token ids: the shipped text tokenized and tiled, plus random-token rows.
 
-    tok_path = model_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise ConvertError(f"{model_dir} has no tokenizer.json (needed for calibration)")
-    tokenizer = Tokenizer.from_file(str(tok_path))
-    text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(CALIBRATION_DIR.glob("*.txt")))
-    ids = [i for i in tokenizer.encode(text).ids if i < vocab]
+    ``random_fraction >= 1`` makes every row random, and then no tokenizer is needed (timing
+    runs on random-weight models, ``engine.commands.convert_bench``).
+    """
     gen = torch.Generator().manual_seed(seed)
     n_random = min(rows, max(1 if rows > 1 else 0, round(rows * random_fraction)))
+    ids: list[int] = []
+    if n_random < rows:
+        from tokenizers import Tokenizer
+
+        tok_path = model_dir / "tokenizer.json"
+        if not tok_path.is_file():
+            raise ConvertError(f"{model_dir} has no tokenizer.json (needed for calibration)")
+        tokenizer = Tokenizer.from_file(str(tok_path))
+        text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(CALIBRATION_DIR.glob("*.txt")))
+        ids = [i for i in tokenizer.encode(text).ids if i < vocab]
     out = torch.empty(rows, cols, dtype=torch.long)
     stream = torch.tensor(ids * (cols // max(len(ids), 1) + 2), dtype=torch.long)
     for r in range(rows - n_random):

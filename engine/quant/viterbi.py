@@ -84,9 +84,21 @@ def encode_tiles_batch(x: torch.Tensor, k: int, table: torch.Tensor) -> torch.Te
     return _viterbi_pass(x, k, table, overlap).to(torch.int32)
 
 
-def encode_tiles(x: torch.Tensor, k: int, table: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """:func:`encode_tiles_batch` over any number of tiles, batched to bound memory."""
+def encode_tiles(
+    x: torch.Tensor, k: int, table: torch.Tensor, batch: int | None = None, use_kernel: bool = True
+) -> torch.Tensor:
+    """:func:`encode_tiles_batch` over any number of tiles, batched to bound memory.
+
+    On a GPU the CUDA kernel (:func:`engine.ops.viterbi_encode`, same results) runs instead
+    where it applies; ``use_kernel=False`` forces this torch path (tests, benchmarks).
+    """
     check_bits(k)
+    if use_kernel and x.is_cuda:
+        from engine import ops
+
+        states = ops.viterbi_encode(x, k, table)
+        if states is not None:
+            return states
     if batch is None:
         per_tile = TILE_VALUES * (1 << (16 - k)) + 3 * _STATES * 4
         batch = max(1, _BATCH_BYTES // per_tile)

@@ -1,0 +1,290 @@
+"""``convert_bench``: how long the EXL3 converter takes on a model of a published shape (issue 3).
+
+Writes a random-weight Hugging Face directory of ``--shape`` (``engine.shapes``; bf16
+safetensors, no tokenizer: calibration uses random-token rows only), runs the real converter
+(:func:`engine.quant.convert.convert_model`) on it with its progress log, and reports wall time
+in total and per stage:
+
+- ``hessian_forward``: the unquantized block forwards that record the input Hessians;
+- ``ldl``: the block-LDL factorisations; ``viterbi``: the trellis encoder (plus its tiles/s);
+- ``packing``: state packing; ``quantized_forward``: the quantized block forwards;
+- ``quantize_other``: the rest of ``quantize_weight`` (rotations, LDLQ feedback, scale search).
+
+``--layers N`` converts only the first N decoder layers (plus the head) and extrapolates the
+full model's time from the mean block time; the JSON says which figures are extrapolated.
+
+Unless ``--no-kernel-bench``, it also times the Viterbi alone: tiles/s of the CUDA kernel on
+``--kernel-tiles`` random Gaussian tiles at K = 2, 4, 6, against the torch path on the same GPU
+(a smaller sample, it is slow).
+
+Run as ``python3 -m engine.commands.convert_bench --shape llama3.2-1b --bpw 4.0 --device cuda``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STAGES = ("hessian_forward", "ldl", "viterbi", "packing", "quantize_other", "quantized_forward")
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def write_random_model(directory: Path, config: dict[str, Any], seed: int = 0) -> int:
+    """A random-weight HF directory (config.json + model.safetensors, bf16); returns its bytes.
+
+    Linear and embedding weights are N(0, 0.02^2) (a typical init scale), norms are ones.
+    """
+    from safetensors.torch import save_file
+
+    from engine.shapes import linear_shapes
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    hidden, vocab = config["hidden_size"], config["vocab_size"]
+    tensors = {
+        "model.embed_tokens.weight": randn(vocab, hidden),
+        "model.norm.weight": torch.ones(hidden, dtype=torch.bfloat16),
+    }
+    if not config.get("tie_word_embeddings", False):
+        tensors["lm_head.weight"] = randn(vocab, hidden)
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        for name, (in_f, out_f) in linear_shapes(config).items():
+            group = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            tensors[f"{p}.{group}.{name}.weight"] = randn(out_f, in_f)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"{p}.{norm}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class StageTimer:
+    """Wraps functions in the converter's modules to add their synchronised wall time to a stage."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.viterbi_tiles = 0
+        self._undo: list[Callable[[], None]] = []
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def wrap(self, module: Any, name: str, stage: Callable[[tuple], str]) -> None:
+        original = getattr(module, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._sync()
+            t = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._sync()
+                self.seconds[stage(args)] += time.perf_counter() - t
+
+        setattr(module, name, timed)
+        self._undo.append(lambda: setattr(module, name, original))
+
+    def install(self) -> None:
+        from engine.quant import convert, quantize
+
+        calls = {"run_block": 0}
+
+        def forward_stage(args: tuple) -> str:
+            # convert_model runs each block twice: first unquantized with the Hessian hooks on,
+            # then quantized (no resume in a benchmark).
+            calls["run_block"] += 1
+            return "hessian_forward" if calls["run_block"] % 2 else "quantized_forward"
+
+        def viterbi_stage(args: tuple) -> str:
+            self.viterbi_tiles += int(args[0].shape[0])
+            return "viterbi"
+
+        self.wrap(convert, "_run_block", forward_stage)
+        self.wrap(convert, "quantize_weight", lambda a: "quantize_total")
+        self.wrap(quantize, "encode_tiles", viterbi_stage)
+        self.wrap(quantize, "block_ldl", lambda a: "ldl")
+        self.wrap(quantize, "pack_states", lambda a: "packing")
+
+    def uninstall(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    def stages(self) -> dict[str, float]:
+        s = dict(self.seconds)
+        total_q = s.pop("quantize_total", 0.0)
+        parts = sum(s.get(k, 0.0) for k in ("viterbi", "ldl", "packing"))
+        s["quantize_other"] = max(0.0, total_q - parts)
+        return {k: round(s.get(k, 0.0), 2) for k in STAGES}
+
+
+def kernel_throughput(
+    device: torch.device, codebook: str, tiles: int, torch_tiles: int
+) -> list[dict[str, Any]]:
+    """Viterbi tiles/s, CUDA kernel vs torch path, at K = 2, 4, 6 on random Gaussian tiles."""
+    from engine import ops
+    from engine.quant.codebooks import codebook_table
+    from engine.quant.quantize import GAUSSIAN_SCALE
+    from engine.quant.viterbi import encode_tiles
+
+    table = codebook_table(codebook, device)
+    std = float(table.float().std())
+    rows = []
+    for k in (2, 4, 6):
+        gen = torch.Generator().manual_seed(k)
+        x = (torch.randn(tiles, 256, generator=gen) * GAUSSIAN_SCALE[k] * std).to(device)
+        row: dict[str, Any] = {"K": k, "codebook": codebook, "tiles": tiles}
+
+        def timed(fn: Callable[[], Any]) -> float:
+            torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(device)
+            return time.perf_counter() - t
+
+        if ops.viterbi_encode(x[:8], k, table) is not None:  # also the warm-up (extension load)
+            dt = timed(lambda x=x, k=k: ops.viterbi_encode(x, k, table))
+            row["kernel_tiles_per_s"] = round(tiles / dt, 1)
+        encode_tiles(x[:2], k, table, use_kernel=False)
+        n = min(torch_tiles, tiles)
+        dt = timed(lambda x=x[:n], k=k: encode_tiles(x, k, table, use_kernel=False))
+        row.update(torch_tiles=n, torch_tiles_per_s=round(n / dt, 1))
+        if "kernel_tiles_per_s" in row:
+            row["speedup"] = round(row["kernel_tiles_per_s"] / row["torch_tiles_per_s"], 1)
+        _log(f" -- viterbi K={k}: {row}")
+        rows.append(row)
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.quant.convert import ConvertOptions, convert_model
+    from engine.shapes import shape_config
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    config = shape_config(args.shape)
+    full_layers = config["num_hidden_layers"]
+    layers = min(args.layers or full_layers, full_layers)
+    config["num_hidden_layers"] = layers
+    results: dict[str, Any] = {
+        "shape": args.shape,
+        "bpw": args.bpw,
+        "codebook": args.codebook,
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        results["gpu"] = torch.cuda.get_device_name(device)
+
+    if args.kernel_bench and device.type == "cuda":
+        results["viterbi_kernel"] = kernel_throughput(
+            device, args.codebook, args.kernel_tiles, args.torch_tiles
+        )
+
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="convert_bench_"))
+    src, dst = work / "src", work / "out"
+    shutil.rmtree(dst, ignore_errors=True)
+    t = time.perf_counter()
+    nbytes = write_random_model(src, config, seed=args.seed)
+    results["write_model_s"] = round(time.perf_counter() - t, 1)
+    size = f"{layers}/{full_layers} layers, {nbytes / 2**30:.2f} GiB"
+    _log(f" -- wrote random {args.shape} ({size}) in {results['write_model_s']} s")
+
+    options = ConvertOptions(
+        bits=args.bpw,
+        head_bits=args.head_bits,
+        codebook=args.codebook,
+        cal_rows=args.cal_rows,
+        cal_cols=args.cal_cols,
+        random_rows_fraction=1.0,  # no tokenizer here
+        device=str(device),
+    )
+    timer = StageTimer(device)
+    timer.install()
+    try:
+        t = time.perf_counter()
+        report = convert_model(src, dst, options, log=lambda m: print(m, flush=True))
+        wall = time.perf_counter() - t
+    finally:
+        timer.uninstall()
+    stages = timer.stages()
+    block_s = [b["seconds"] for b in report.blocks if "seconds" in b]
+    mean_block = sum(block_s) / max(len(block_s), 1)
+    results["measured"] = {
+        "layers": layers,
+        "wall_min": round(wall / 60, 2),
+        "stages_min": {k: round(v / 60, 2) for k, v in stages.items()},
+        "block_s": [round(b, 1) for b in block_s],
+        "viterbi_tiles": timer.viterbi_tiles,
+        "viterbi_tiles_per_s": round(timer.viterbi_tiles / stages["viterbi"], 1)
+        if stages["viterbi"]
+        else None,
+        "bits": report.bits,
+    }
+    if layers < full_layers:
+        # Everything outside the blocks (load, calibration, head, writing) is taken as is; the
+        # blocks scale with their count.
+        est = wall + (full_layers - layers) * mean_block
+        results["extrapolated_full_model"] = {
+            "layers": full_layers,
+            "wall_min": round(est / 60, 2),
+            "note": f"EXTRAPOLATED from {layers} of {full_layers} layers (mean block {mean_block:.1f} s)",
+        }
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from engine.quant.codebooks import CODEBOOKS
+
+    p = argparse.ArgumentParser(prog="convert_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="llama3.2-1b", help="model shape (engine.shapes)")
+    p.add_argument("--bpw", type=float, default=4.0, help="target bits per weight")
+    p.add_argument("--head-bits", type=int, default=6)
+    p.add_argument("--codebook", choices=CODEBOOKS, default="mul1")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layers", type=int, default=0, help="convert only the first N layers and extrapolate")
+    p.add_argument("--cal-rows", type=int, default=250, help="calibration rows (converter default 250)")
+    p.add_argument("--cal-cols", type=int, default=2048, help="tokens per row (converter default 2048)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workdir", help="where to write the model and output (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument("--no-kernel-bench", dest="kernel_bench", action="store_false")
+    p.add_argument("--kernel-tiles", type=int, default=16384, help="tiles for the kernel throughput run")
+    p.add_argument("--torch-tiles", type=int, default=256, help="tiles for the torch path's throughput run")
+    p.add_argument("--json", help="write the results here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

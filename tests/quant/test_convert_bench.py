@@ -1,0 +1,58 @@
+"""CPU parts of the conversion timing command: random-row calibration, the random model, stage timing."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from engine.commands import convert_bench
+from engine.quant.convert import calibration_ids
+
+
+def test_all_random_calibration_needs_no_tokenizer(tmp_path) -> None:
+    ids = calibration_ids(tmp_path, rows=4, cols=8, vocab=50, random_fraction=1.0, seed=3)
+    assert ids.shape == (4, 8) and ids.dtype == torch.long
+    assert int(ids.min()) >= 0 and int(ids.max()) < 50
+    assert torch.equal(ids, calibration_ids(tmp_path, 4, 8, 50, 1.0, 3))  # seeded
+
+
+def test_random_model_has_the_shape(tmp_path) -> None:
+    from safetensors import safe_open
+
+    from engine.config import ModelConfig
+    from engine.shapes import shape_config
+
+    cfg = shape_config("llama3.2-1b")
+    cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
+    cfg.update(num_key_value_heads=1, head_dim=32, vocab_size=96)
+    nbytes = convert_bench.write_random_model(tmp_path, cfg)
+    assert json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"] == 2
+    assert ModelConfig.from_dir(tmp_path).architecture == "LlamaForCausalLM"
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert f.get_tensor("model.layers.1.self_attn.k_proj.weight").shape == (32, 64)
+        assert f.get_tensor("model.layers.0.mlp.down_proj.weight").shape == (64, 128)
+    assert "lm_head.weight" not in keys  # tied, as the published model
+    assert len(keys) == 2 + 2 * 9
+    assert nbytes == (96 * 64 + 64 + 2 * (64 * 64 * 2 + 32 * 64 * 2 + 3 * 64 * 128 + 2 * 64)) * 2
+
+
+def test_stage_timer_attributes_and_restores() -> None:
+    from engine.quant import convert, quantize
+
+    originals = (convert._run_block, quantize.encode_tiles, quantize.block_ldl)
+    timer = convert_bench.StageTimer(torch.device("cpu"))
+    timer.install()
+    try:
+        x = torch.zeros(3, 256)
+        table = torch.zeros(65536, dtype=torch.float16)
+        quantize.encode_tiles(x, 8, table)
+        assert timer.viterbi_tiles == 3
+        assert timer.seconds["viterbi"] > 0
+    finally:
+        timer.uninstall()
+    assert (convert._run_block, quantize.encode_tiles, quantize.block_ldl) == originals
+    stages = timer.stages()
+    assert set(stages) == set(convert_bench.STAGES)
+    assert stages["quantize_other"] == 0.0
