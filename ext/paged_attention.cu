@@ -32,7 +32,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 32;     // quantization group = Hadamard size (the kernels need head_dim % 32 == 0)
 constexpr int kMaxHeads = 8;   // query heads per block
 constexpr int kSteps = 4;      // keys per lane per loop iteration (loads in flight before use)
-constexpr int kMinSplitKeys = 256;
+constexpr int kMinSplitKeys = 128;  // 4 loop iterations of a block at head_dim 128
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInvSqrtGroup = 0.17677669529663687f;
 constexpr unsigned kFull = 0xffffffffu;
@@ -449,28 +449,34 @@ SideTensors check_side(const c10::optional<at::Tensor>& dense, const c10::option
   return r;
 }
 
+// Launch, or with `occupancy` set only report how many blocks fit on one multiprocessor.
 template <int D, typename T>
-void launch_decode(const Params& p, dim3 grid, cudaStream_t stream) {
-  if (p.group <= 4)  // fewer registers for the common GQA groups (Llama: 4)
-    paged_decode_kernel<D, T, 4><<<grid, kThreads, 0, stream>>>(p);
-  else
-    paged_decode_kernel<D, T, kMaxHeads><<<grid, kThreads, 0, stream>>>(p);
+void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupancy) {
+  auto kernel = p.group <= 4 ? paged_decode_kernel<D, T, 4>  // fewer registers for groups <= 4 (Llama: 4)
+                             : paged_decode_kernel<D, T, kMaxHeads>;
+  if (occupancy) {
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, kThreads, 0));
+    return;
+  }
+  kernel<<<grid, kThreads, 0, stream>>>(p);
 }
 
 template <typename T>
-void launch_decode_dim(int D, const Params& p, dim3 grid, cudaStream_t stream) {
+void launch_decode_dim(int D, const Params& p, dim3 grid, cudaStream_t stream, int* occupancy) {
   switch (D) {
-    case 64: launch_decode<64, T>(p, grid, stream); break;
-    case 128: launch_decode<128, T>(p, grid, stream); break;
-    case 256: launch_decode<256, T>(p, grid, stream); break;
+    case 64: launch_decode<64, T>(p, grid, stream, occupancy); break;
+    case 128: launch_decode<128, T>(p, grid, stream, occupancy); break;
+    case 256: launch_decode<256, T>(p, grid, stream, occupancy); break;
     default: TORCH_CHECK(false, "paged_decode_attention: head_dim must be 64, 128 or 256, got ", D);
   }
 }
 
-// Splits: about four blocks per multiprocessor in all, at least kMinSplitKeys keys each. Depends
-// only on shapes (batch, heads, table width), so a graph captured once fits every length.
-int choose_splits(int rows, int max_pages, int page_size, int sms) {
-  const int want = std::max(1, (4 * sms + rows - 1) / rows);
+// Splits: as many as fill one wave of resident blocks (`capacity` = blocks per multiprocessor x
+// multiprocessors; a partial second wave would double the time of the longest blocks), with at
+// least kMinSplitKeys keys each. Depends only on shapes (batch, heads, table width), never on the
+// lengths, so a graph captured once fits every length.
+int choose_splits(int rows, int max_pages, int page_size, int capacity) {
+  const int want = std::max(1, capacity / rows);
   const int min_pages = std::max(1, (kMinSplitKeys + page_size - 1) / page_size);
   const int pps = std::max((max_pages + want - 1) / want, min_pages);
   return (max_pages + pps - 1) / pps;
@@ -516,10 +522,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   p.scale = static_cast<float>(scale);
   p.softcap = softcap > 0 ? static_cast<float>(softcap) : 0.0f;
   const int rows = static_cast<int>(B) * p.kv_heads * p.head_chunks;
+  const bool half = q.scalar_type() == at::kHalf;
   if (splits <= 0) {
-    int sms = 0;
+    int sms = 0, per_sm = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
-    splits = choose_splits(rows, p.max_pages, p.page_size, sms);
+    if (half) launch_decode_dim<__half>(static_cast<int>(D), p, dim3(), stream, &per_sm);
+    else launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, dim3(), stream, &per_sm);
+    splits = choose_splits(rows, p.max_pages, p.page_size, std::max(1, per_sm) * sms);
   }
   splits = std::min<int64_t>(splits, p.max_pages);
   p.pages_per_split = static_cast<int>((p.max_pages + splits - 1) / splits);
@@ -536,14 +545,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   const dim3 grid(p.splits, p.kv_heads * p.head_chunks, static_cast<unsigned>(B));
   const dim3 cgrid(static_cast<unsigned>(H), static_cast<unsigned>(B));
   const bool rotated = p.v.bits < 16;
-  if (q.scalar_type() == at::kHalf) {
-    launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream);
+  if (half) {
+    launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     combine_kernel<__half><<<cgrid, static_cast<unsigned>(D), 0, stream>>>(
         p.part_acc, p.part_m, p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
         static_cast<int>(D), rotated);
   } else {
-    launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream);
+    launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     combine_kernel<__nv_bfloat16><<<cgrid, static_cast<unsigned>(D), 0, stream>>>(
         p.part_acc, p.part_m, p.part_l, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads,
