@@ -314,16 +314,25 @@ def _codebook_of_table(table: torch.Tensor) -> str | None:
     """
     from engine.quant.codebooks import CODEBOOKS, codebook_table
 
-    refs = {name: codebook_table(name, table.device) for name in CODEBOOKS}
-    for name, ref in refs.items():
-        if ref is table:
+    for known, name in _viterbi_tables:
+        if known is table and table._version == 0:  # unchanged since it was recognised
             return name
-    if table.shape != (65536,):
-        return None
-    for name, ref in refs.items():
-        if torch.equal(ref, table.to(ref.dtype)):
-            return name
-    return None
+    found = None
+    if table.shape == (65536,):
+        for name in CODEBOOKS:
+            ref = codebook_table(name, table.device)
+            if ref is table or torch.equal(ref, table.to(ref.dtype)):
+                found = name
+                break
+    if found is not None and not table.requires_grad and table._version == 0:
+        # Remember it (held alive, so the identity test stays valid): the converter passes the
+        # same table for every strip, and torch.equal would sync the host each time.
+        _viterbi_tables.append((table, found))
+        del _viterbi_tables[:-8]
+    return found
+
+
+_viterbi_tables: list[tuple[torch.Tensor, str]] = []
 
 
 # Fused elementwise kernels of the decode step (ext/fused_ops.cu). Each returns None where it does

@@ -18,7 +18,8 @@
 // per low per step) go to a global workspace; thread 0 backtracks at the end of each pass.
 //
 // Float arithmetic mirrors the torch path so that ties break identically: per state
-// err = fma(-2x, v, v*v) (torch.addcmul, contracted to an FMA by nvcc as in ATen), cost =
+// err = fma(-2, x*v, v*v) (torch.addcmul(v2, x, v, value=-2) on CUDA is
+// std::fma(alpha, t1 * t2, input) in ATen's pointwise_op_impl, torch 2.11), cost =
 // best + err, min over h keeps the first (smallest h) on ties, the final argmin the smallest
 // state (torch.min / argmin return the first index).
 #include <c10/cuda/CUDAGuard.h>
@@ -99,7 +100,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* prev = (i & 1) ? buf1 : buf0;
       float* next = (i & 1) ? buf0 : buf1;
       const float xi = xs[pass == 0 ? ((i + kHalf) & (kValues - 1)) : i];
-      const float m2x = -2.f * xi;
       const bool last = i == kValues - 1;
 #pragma unroll 1
       for (int lj = 0; lj < G::kLowsPerThread; ++lj) {
@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const uint32_t s0 = static_cast<uint32_t>(h) * G::kLow + low;
           const uint32_t s1 = s0 + G::kLow;
           const float2 v = state_values<CB>(s0, s1);
-          const float e0 = __fmaf_rn(m2x, v.x, __fmul_rn(v.x, v.x));
-          const float e1 = __fmaf_rn(m2x, v.y, __fmul_rn(v.y, v.y));
+          const float e0 = __fmaf_rn(-2.f, __fmul_rn(xi, v.x), __fmul_rn(v.x, v.x));
+          const float e1 = __fmaf_rn(-2.f, __fmul_rn(xi, v.y), __fmul_rn(v.y, v.y));
           const float c0 = __fadd_rn(prev[s0 >> K], e0);
           const float c1 = __fadd_rn(prev[s1 >> K], e1);
           if (!last) {
