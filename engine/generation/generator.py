@@ -62,7 +62,7 @@ class Generator:
         tokenizer=None,
         cache: PagedKVCache | None = None,
         max_batch_size: int = 16,
-        max_chunk_tokens: int = 512,
+        max_chunk_tokens: int | None = None,
         cache_tokens: int | None = None,
         page_size: int = 64,
         cache_bits: tuple[int, int] = (16, 16),
@@ -77,6 +77,10 @@ class Generator:
                 model.spec, tokens, page_size, model.dtype, model.device, cache_bits
             )
         self.cache = cache
+        if max_chunk_tokens is None:
+            # A GPU prefills long prompts fastest in big steps: each EXL3 linear decodes its weight
+            # once per step (reconstruct + cuBLAS), so 512-token steps would decode it 8x for 4K.
+            max_chunk_tokens = 4096 if model.device.type == "cuda" else 512
         self.max_batch_size, self.max_chunk_tokens = max_batch_size, max_chunk_tokens
         self._queue: deque[_Running] = deque()
         self._active: list[_Running] = []
