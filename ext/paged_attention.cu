@@ -52,7 +52,7 @@ struct Params {
   const int* block_tables; // [B, max_pages]
   const int* lengths;      // [B]
   Side k, v;
-  int heads, kv_heads, group, head_chunks, max_pages, page_size, splits, pages_per_split, window;
+  int heads, kv_heads, group, head_chunks, max_pages, page_size, page_shift, splits, pages_per_split, window;
   float scale, softcap;
 };
 
@@ -157,23 +157,21 @@ __device__ __forceinline__ float hadamard32_warp(float x, int lane) {
   return x;
 }
 
-// One 8-number unit of one side at cache row `row` (= slot * kv_heads + kv_head): dense values,
-// or codes minus the grid's midpoint; *scale gets the group's scale (1 for dense).
+// One 8-number unit of one side at cache row `row` (= slot * kv_heads + kv_head): dense values
+// (*scale = 1, *offset = 0), or codes with the group's scale and *offset = -midpoint * scale, so
+// that x * scale + offset is the stored (rotated) number: one FFMA each.
 template <int D, typename T>
 __device__ __forceinline__ void load_unit(const Side& s, size_t row, int u, float (&x)[8], float* scale,
-                                          bool centre) {
+                                          float* offset) {
   if (s.bits >= 16) {
     load8(static_cast<const T*>(s.dense) + row * D + u * 8, x);
     *scale = 1.0f;
+    *offset = 0.0f;
     return;
   }
   unpack_codes(load_planes(s.codes + (row * (D / 8) + u) * s.bits, s.bits), x);
   *scale = __half2float(s.scales[row * (D / kGroup) + u / 4]);
-  if (centre) {
-    const float half = 0.5f * static_cast<float>((1 << s.bits) - 1);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) x[i] -= half;
-  }
+  *offset = -0.5f * static_cast<float>((1 << s.bits) - 1) * *scale;
 }
 
 template <int D, typename T, int MAXH>
@@ -246,18 +244,21 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const Params p) 
     for (int k = 0; k < kSteps; ++k) {
       const int pos = base + k * KPW + sub;
       valid[k] = pos < end;
-      float kx[8], ks = 0.0f, vs = 0.0f;
+      float kx[8], ks = 0.0f, vs = 0.0f, unused, voff = 0.0f;
       if (valid[k]) {
-        const int page = __ldg(table + pos / p.page_size);
-        const size_t row = (static_cast<size_t>(page) * p.page_size + pos % p.page_size) * p.kv_heads + kvh;
-        load_unit<D, T>(p.k, row, u, kx, &ks, false);
-        load_unit<D, T>(p.v, row, u, vx[k], &vs, true);
+        // Power-of-two pages (the usual case) avoid an integer division per key.
+        const int page_idx = p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
+        const int in_page = pos - page_idx * p.page_size;
+        const int page = __ldg(table + page_idx);
+        const size_t row = (static_cast<size_t>(page) * p.page_size + in_page) * p.kv_heads + kvh;
+        load_unit<D, T>(p.k, row, u, kx, &ks, &unused);
+        load_unit<D, T>(p.v, row, u, vx[k], &vs, &voff);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) kx[i] = vx[k][i] = 0.0f;
       }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) vx[k][i] *= vs;
+      for (int i = 0; i < 8; ++i) vx[k][i] = fmaf(vx[k][i], vs, voff);
 #pragma unroll
       for (int h = 0; h < MAXH; ++h) {
         float d = 0.0f;
@@ -518,6 +519,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   p.head_chunks = (p.group + kMaxHeads - 1) / kMaxHeads;
   p.max_pages = static_cast<int>(block_tables.size(1));
   p.page_size = static_cast<int>(page_size);
+  p.page_shift = (page_size & (page_size - 1)) == 0 ? __builtin_ctzll(page_size) : -1;  // -1: divide
   p.window = window > 0 ? static_cast<int>(window) : 0;
   p.scale = static_cast<float>(scale);
   p.softcap = softcap > 0 ? static_cast<float>(softcap) : 0.0f;
