@@ -185,7 +185,10 @@ def quantize_weight(
     # Proxy error in the rotated basis (the loss LDLQ minimises), relative to the target's.
     e = (target - q).double()
     if h_rot is not None and damp != float("inf"):
-        proxy = float(torch.trace(e.T @ h_rot @ e) / torch.trace(target.double().T @ h_rot @ target.double()))
+        # trace(E^T H E) as sum((H E) * E): never forms the (out x out) product (an LM head has
+        # out = vocab, which would be 128k x 128k).
+        t = target.double()
+        proxy = float(((h_rot @ e) * e).sum() / ((h_rot @ t) * t).sum())
     else:
         proxy = float(e.pow(2).sum() / target.double().pow(2).sum())
 
