@@ -72,9 +72,8 @@ def test_cli_generate_on_cuda_equals_cpu(smollm2_dir) -> None:
         return json.loads(done.stdout.strip().splitlines()[-1])
 
     cpu, gpu = run("cpu"), run("cuda")
-    print(
-        f"CLI: {gpu['new_tokens']} tokens, cuda {gpu['tokens_per_second']:.1f} tok/s, text: {gpu['text'][:80]!r}"
-    )
+    speed = gpu["tokens_per_second"]
+    print(f"CLI: {gpu['new_tokens']} tokens, cuda {speed:.1f} tok/s, text: {gpu['text'][:80]!r}")
     assert gpu["token_ids"] == cpu["token_ids"] and len(cpu["token_ids"]) > 0
 
 
