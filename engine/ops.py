@@ -141,6 +141,97 @@ def exl3_gemv(
     return y
 
 
+GEMV_MAX_MATRICES = 3  # ext/trellis_ext.h kGemvMaxMats
+# TRELLIS_GEMV_MULTI=0 turns the multi-matrix launch off (ProjectionGroup then runs one launch
+# per matrix): for A/B timing and as an escape hatch.
+GEMV_MULTI = os.environ.get("TRELLIS_GEMV_MULTI", "1") not in ("", "0")
+
+
+def exl3_gemv_multi(
+    x: torch.Tensor,
+    trellises: list[torch.Tensor],
+    suhs: list[torch.Tensor],
+    svhs: list[torch.Tensor],
+    codebook: str,
+    splits: int = 0,
+    fast: bool | None = None,
+) -> list[torch.Tensor]:
+    """:func:`exl3_gemv` of up to three matrices that share ``x`` and the codebook, in one launch.
+
+    The matrices may differ in out features and bits per weight. ``splits`` forces the split-K
+    count of every matrix (0: the kernel's choice for the whole launch). With the same ``splits``
+    each output is bit-identical to :func:`exl3_gemv`'s (every block does the same sums).
+    """
+    ext = extension()
+    if ext is None:
+        raise RuntimeError(f"CUDA extension unavailable: {_reason}")
+    if not 1 <= len(trellises) <= GEMV_MAX_MATRICES or not len(trellises) == len(suhs) == len(svhs):
+        raise ValueError(f"exl3_gemv_multi takes 1..{GEMV_MAX_MATRICES} matrices with one suh/svh each")
+    in_f = trellises[0].shape[0] * 16
+    if x.ndim != 2 or not 1 <= x.shape[0] <= GEMV_ROWS or x.shape[1] != in_f:
+        raise ValueError(f"exl3_gemv_multi takes (1..{GEMV_ROWS}, {in_f}) activations, got {tuple(x.shape)}")
+    outs = [t.shape[1] * 16 for t in trellises]
+    # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
+    partial, counters = _workspace(x.device, in_f, sum(outs))
+    ys = [torch.empty(x.shape[0], o, dtype=x.dtype, device=x.device) for o in outs]
+    fast = GEMV_FAST if fast is None else fast
+    ext.exl3_gemv_multi(
+        x,
+        list(trellises),
+        list(suhs),
+        list(svhs),
+        ys,
+        partial,
+        counters,
+        CODEBOOK_IDS[codebook],
+        splits,
+        fast,
+    )
+    return ys
+
+
+def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | None:
+    """``[layer(x) for layer in layers]`` in one GEMV launch, or None where that does not apply.
+
+    Applies on the GPU to 2..3 streaming :class:`~engine.quant.EXL3Linear` layers with the same
+    codebook and (padded) in features, for 1..8 rows; the caller then runs each layer itself.
+    """
+    if not GEMV_MULTI or not x.is_cuda or not 2 <= len(layers) <= GEMV_MAX_MATRICES:
+        return None
+    first = layers[0]
+    for layer in layers:
+        if getattr(layer, "mode", None) != "streaming" or not hasattr(layer, "trellis"):
+            return None
+        if layer.codebook != first.codebook or layer.padded_in != first.padded_in:
+            return None
+        if layer.in_features != first.in_features or not layer.trellis.is_cuda:
+            return None
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if not 1 <= m <= min(GEMV_ROWS, GEMV_MAX_ROWS):
+        return None
+    ext = _kernel_ready(x)
+    if ext is None or not hasattr(ext, "exl3_gemv_multi"):
+        return None
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.dtype not in KERNEL_DTYPES:
+        x2 = x2.float()
+    if x2.shape[1] < first.padded_in:  # zero-extend (EXL3_FORMAT.md section 3.3)
+        x2 = F.pad(x2, (0, first.padded_in - x2.shape[1]))
+    x2 = x2.contiguous()
+    ys = exl3_gemv_multi(
+        x2, [l.trellis for l in layers], [l.suh for l in layers], [l.svh for l in layers], first.codebook
+    )
+    outs = []
+    for layer, y in zip(layers, ys):
+        if layer.padded_out != layer.out_features:
+            y = y[:, : layer.out_features]
+        if layer.bias is not None:
+            y = y + layer.bias.to(y.dtype)
+        outs.append(y.to(x.dtype).reshape(*lead, layer.out_features))
+    return outs
+
+
 def exl3_decode(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
     """Decoded ``Q`` ``(in, out)`` fp16, bit-exact (kernel on the GPU, else the torch reference)."""
     ext = _kernel_ready(trellis)

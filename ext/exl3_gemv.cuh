@@ -52,21 +52,28 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 //  - MUL1: the MMA multiplies h = 1024 + b (exact in fp16) and the block applies the affine
 //    map afterwards: sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u).
 // Either way the deviation from the exact product is below one fp16 rounding per weight.
+// Static shared memory of one GEMV block. It lives in the kernel, not in the block function:
+// every <K, CB, FAST> instance of a function-scope __shared__ array would get its own storage,
+// and the multi-matrix kernel inlines all eight K instances.
+struct GemvSmem {
+  uint2 u_s[kGemvMaxChunks * 8][kGemvMaxRows][4];  // [tile row][batch][quad] -> 4 halves
+  float red_s[kGemvMaxRows][128];
+  float usum_s[kGemvMaxRows];
+  int last_s;
+};
+
+// The work of one block: output column group g (8 tiles, 128 features), input split s.
 template <int K, int CB, bool FAST>
-// Three blocks per SM: on the H200 one warp issues only every ~8 cycles (decode dependency
-// chains), so occupancy, not bandwidth, sets the speed (ncu: 0.38 issued/cycle at 12.6 warps/SM).
-__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_kernel(const GemvArgs args) {
+__device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, const int s, GemvSmem& sm) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
-  __shared__ uint2 u_s[kGemvMaxChunks * 8][kGemvMaxRows][4];  // [tile row][batch][quad] -> 4 halves
-  __shared__ float red_s[kGemvMaxRows][128];
-  __shared__ float usum_s[kGemvMaxRows];
-  __shared__ int last_s;
+  auto& u_s = sm.u_s;
+  auto& red_s = sm.red_s;
+  auto& usum_s = sm.usum_s;
+  int& last_s = sm.last_s;
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int g = blockIdx.x;       // output column group (8 tiles, 128 features)
-  const int s = blockIdx.y;       // input split
   const int m = args.m;
   const int n_chunks = args.in >> 7;
   const int c_begin = (int)((long long)s * n_chunks / args.splits);
@@ -250,6 +257,38 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_kernel(const GemvAr
   }
 }
 
+// Three blocks per SM: on the H200 one warp issues only every ~8 cycles (decode dependency
+// chains), so occupancy, not bandwidth, sets the speed (ncu: 0.38 issued/cycle at 12.6 warps/SM).
+template <int K, int CB, bool FAST>
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_kernel(const GemvArgs args) {
+  __shared__ GemvSmem sm;
+  gemv_block<K, CB, FAST>(args, blockIdx.x, blockIdx.y, sm);
+}
+
+// Several GEMVs of one input in one launch (q/k/v, gate/up): the 1-D grid is matrix 0's blocks,
+// then matrix 1's, ...; each matrix has its own K, split count, workspace and ticket region.
+// A block's K is block-uniform, so the switch costs one branch, and every block does exactly
+// what the single-matrix kernel's block (g, s) does (same sums in the same order).
+template <int CB, bool FAST>
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_multi_kernel(const GemvMultiArgs args) {
+  __shared__ GemvSmem sm;
+  const int b = blockIdx.x;
+  // begin[1], begin[2] of absent matrices are INT_MAX, so i < count.
+  const int i = (b >= args.begin[1]) + (b >= args.begin[2]);
+  const GemvArgs& a = args.mat[i];
+  const int local = b - args.begin[i];
+  const int groups = a.out >> 7;
+  const int g = local % groups, s = local / groups;
+  switch (args.K[i]) {
+#define TRELLIS_MULTI_CASE(k) \
+  case k: gemv_block<k, CB, FAST>(a, g, s, sm); break;
+    TRELLIS_MULTI_CASE(1) TRELLIS_MULTI_CASE(2) TRELLIS_MULTI_CASE(3) TRELLIS_MULTI_CASE(4)
+    TRELLIS_MULTI_CASE(5) TRELLIS_MULTI_CASE(6) TRELLIS_MULTI_CASE(7) TRELLIS_MULTI_CASE(8)
+#undef TRELLIS_MULTI_CASE
+    default: break;
+  }
+}
+
 template <int K, int CB, bool FAST>
 void gemv_allow_smem() {
   static bool done = false;  // once per instantiation (per process; one GPU model assumed)
@@ -278,6 +317,56 @@ int gemv_blocks_per_sm() {
     cached = n > 0 ? n : 1;
   }
   return cached;
+}
+
+// Dynamic shared memory of a block of K bits per weight (host side).
+inline int gemv_smem_bytes(int K) {
+  switch (K) {
+    case 1: return GemvPipe<1>::kSmemBytes;
+    case 2: return GemvPipe<2>::kSmemBytes;
+    case 3: return GemvPipe<3>::kSmemBytes;
+    case 4: return GemvPipe<4>::kSmemBytes;
+    case 5: return GemvPipe<5>::kSmemBytes;
+    case 6: return GemvPipe<6>::kSmemBytes;
+    case 7: return GemvPipe<7>::kSmemBytes;
+    default: return GemvPipe<8>::kSmemBytes;
+  }
+}
+
+inline int gemv_max_smem_bytes() {
+  int n = 0;
+  for (int k = 1; k <= 8; ++k) n = n > gemv_smem_bytes(k) ? n : gemv_smem_bytes(k);
+  return n;
+}
+
+// Launch the multi-matrix GEMV over `blocks` blocks (blocks_per_sm == nullptr), or query its
+// occupancy at the largest stage ring any K uses.
+template <int CB, bool FAST>
+void gemv_multi_run(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm) {
+  static bool ready = false;
+  static int bps = 1;
+  if (!ready) {
+    cudaFuncSetAttribute(exl3_gemv_multi_kernel<CB, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         gemv_max_smem_bytes());
+    int n = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_multi_kernel<CB, FAST>, kGemvThreads,
+                                                  gemv_max_smem_bytes());
+    bps = n > 0 ? n : 1;
+    ready = true;
+  }
+  if (blocks_per_sm) {
+    *blocks_per_sm = bps;
+    return;
+  }
+  int smem = 0;  // the largest ring among this launch's matrices
+  for (int i = 0; i < a.count; ++i) smem = smem > gemv_smem_bytes(a.K[i]) ? smem : gemv_smem_bytes(a.K[i]);
+  exl3_gemv_multi_kernel<CB, FAST><<<blocks, kGemvThreads, smem, stream>>>(a);
+}
+
+template <int CB>
+void gemv_multi_dispatch(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm) {
+  if (fast) gemv_multi_run<CB, true>(a, blocks, stream, blocks_per_sm);
+  else gemv_multi_run<CB, false>(a, blocks, stream, blocks_per_sm);
 }
 
 }  // namespace trellis

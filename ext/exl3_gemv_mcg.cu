@@ -23,4 +23,9 @@ void gemv_dispatch_mcg(int K, bool fast, const GemvArgs& a, cudaStream_t stream,
   else dispatch_k<false>(K, a, stream, blocks_per_sm);
 }
 
+void gemv_multi_dispatch_mcg(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream,
+                              int* blocks_per_sm) {
+  gemv_multi_dispatch<CB_MCG>(fast, a, blocks, stream, blocks_per_sm);
+}
+
 }  // namespace trellis

@@ -17,11 +17,25 @@ struct GemvArgs {
   int m, in, out, splits, x_dtype;
 };
 
+// Up to kGemvMaxMats GEMVs of the same x (same m, in, dtype; codebook per launch) in one launch.
+// Matrix i owns grid blocks [begin[i], begin[i+1]) = (out_i/128) * splits_i blocks; begin[] of
+// absent matrices is INT_MAX. mat[i].partial/counters are disjoint regions of one workspace.
+constexpr int kGemvMaxMats = 3;
+struct GemvMultiArgs {
+  GemvArgs mat[kGemvMaxMats];
+  int K[kGemvMaxMats];
+  int begin[kGemvMaxMats];
+  int count;
+};
+
 // Launch (blocks_per_sm == nullptr) or query occupancy (*blocks_per_sm set, nothing launched).
 // fast: skip the per-weight fp16 rounding (see exl3_gemv.cuh).
 void gemv_dispatch_3inst(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
 void gemv_dispatch_mcg(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
 void gemv_dispatch_mul1(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+void gemv_multi_dispatch_3inst(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
+void gemv_multi_dispatch_mcg(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
+void gemv_multi_dispatch_mul1(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
 
 // Q (in, out) fp16 from the trellis (in/16, out/16, 16K); out must be a multiple of 128.
 void launch_reconstruct(const uint32_t* trellis, void* q, int in, int out, int K, int codebook, cudaStream_t stream);

@@ -17,6 +17,9 @@ import statistics
 import sys
 
 LLAMA8B_SHAPES = ["4096x4096", "4096x14336", "14336x4096", "4096x1024"]
+# Projections of one input (in features, out features per matrix): separate launches vs one
+# multi-matrix launch (ops.exl3_gemv_multi).
+LLAMA8B_GROUPS = {"q/k/v": (4096, [4096, 1024, 1024]), "gate/up": (4096, [14336, 14336])}
 
 
 def register(sub) -> None:
@@ -31,6 +34,12 @@ def register(sub) -> None:
     p.add_argument("--iters", type=int, default=50, help="calls per timed graph replay")
     p.add_argument("--repeats", type=int, default=7, help="timed replays (median reported)")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
+    p.add_argument(
+        "--multi",
+        default="on",
+        choices=["on", "off", "only"],
+        help="also time the Llama-8B q/k/v and gate/up groups: separate launches vs one multi launch",
+    )
     p.set_defaults(func=run)
 
 
@@ -140,6 +149,67 @@ def bench_one(
     }
 
 
+def bench_group(
+    name: str, in_f: int, outs: list[int], k: int, m: int, codebook: str, dtype, iters: int, repeats: int
+) -> dict:
+    """One projection group (fast GEMV): one launch per matrix vs one multi-matrix launch."""
+    import torch
+
+    from engine import ops
+
+    dev = torch.device("cuda")
+    w_bytes = in_f * sum(outs) * k // 8
+    copies = max(2, min(64, (512 << 20) // max(w_bytes, 1)))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    groups = []
+    for _ in range(copies):
+        mats = []
+        for out_f in outs:
+            t = torch.randint(
+                -(2**15),
+                2**15,
+                (in_f // 16, out_f // 16, 16 * k),
+                dtype=torch.int16,
+                device=dev,
+                generator=gen,
+            )
+            suh = (torch.rand(in_f, device=dev, generator=gen) + 0.5).half()
+            svh = (torch.rand(out_f, device=dev, generator=gen) + 0.5).half()
+            mats.append((t, suh, svh))
+        groups.append(mats)
+    x = torch.randn(m, in_f, device=dev, dtype=dtype, generator=gen)
+    state = {"i": 0}
+
+    def separate():
+        mats = groups[state["i"] % copies]
+        state["i"] += 1
+        return [ops.exl3_gemv(x, t, suh, svh, codebook, fast=True) for t, suh, svh in mats]
+
+    def multi():
+        mats = groups[state["i"] % copies]
+        state["i"] += 1
+        ts, suhs, svhs = zip(*mats)
+        return ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, fast=True)
+
+    # Same answer either way (different split counts: fp32 sum order only).
+    for a, b in zip(separate(), multi()):
+        err = float((a.double() - b.double()).norm() / b.double().norm())
+        if err > 2e-3:
+            raise RuntimeError(f"multi GEMV differs from separate launches ({name}, K={k}, m={m}): {err:.2e}")
+    t_sep = _time_graph(separate, iters, repeats)
+    t_multi = _time_graph(multi, iters, repeats)
+    return {
+        "group": name,
+        "shape": f"{in_f}x{'+'.join(map(str, outs))}",
+        "bits": k,
+        "batch": m,
+        "codebook": codebook,
+        "separate_us": t_sep * 1e6,
+        "multi_us": t_multi * 1e6,
+        "gain": t_sep / t_multi,
+    }
+
+
 def copy_bandwidth() -> float:
     """Measured device-to-device copy bandwidth (bytes read + written per second)."""
     import torch
@@ -184,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(header)
     print("  (exact us: exact GEMV, or reconstruct + cuBLAS above 8 rows; us: fast GEMV in 8-row launches)")
-    for shape in args.shapes.split(","):
+    for shape in args.shapes.split(",") if args.multi != "only" else []:
         in_f, out_f = _parse_shape(shape)
         for m in (int(b) for b in args.batch.split(",")):
             for k in (int(b) for b in args.bits.split(",")):
@@ -196,10 +266,32 @@ def run(args: argparse.Namespace) -> int:
                     f"{r['cublas_us']:9.2f} {r['cublas_GBps']:7.0f} {r['speedup']:8.2f}",
                     flush=True,
                 )
+    group_rows = []
+    if args.multi != "off":
+        print(
+            f"\n{'group':>8} {'shape':>18} {'K':>2} {'m':>3} {'separate us':>11} {'multi us':>9} {'gain':>6}"
+        )
+        for name, (in_f, outs) in LLAMA8B_GROUPS.items():
+            for m in (int(b) for b in args.batch.split(",") if int(b) <= ops.GEMV_ROWS):
+                for k in (int(b) for b in args.bits.split(",")):
+                    r = bench_group(name, in_f, outs, k, m, args.codebook, dtype, args.iters, args.repeats)
+                    group_rows.append(r)
+                    print(
+                        f"{name:>8} {r['shape']:>18} {k:>2} {m:>3} {r['separate_us']:11.2f} "
+                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}",
+                        flush=True,
+                    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"device": torch.cuda.get_device_name(), "copy_GBps": bw / 1e9, "rows": rows}, f, indent=1
+                {
+                    "device": torch.cuda.get_device_name(),
+                    "copy_GBps": bw / 1e9,
+                    "rows": rows,
+                    "groups": group_rows,
+                },
+                f,
+                indent=1,
             )
     return 0
 

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine import ops
+
 
 class DenseLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
@@ -39,7 +41,10 @@ class ProjectionGroup(nn.Module):
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         outputs: list[torch.Tensor] = []
-        for linear, splits in zip(self.linears, self.splits):
-            y = linear(x)
+        # Separate EXL3 matrices of one input on the GPU: one GEMV launch for all of them (each
+        # launch has fixed costs that dominate the small k/v projections); None -> one per linear.
+        ys = ops.exl3_gemm_multi(x, list(self.linears)) if x.is_cuda and len(self.linears) > 1 else None
+        for i, (linear, splits) in enumerate(zip(self.linears, self.splits)):
+            y = linear(x) if ys is None else ys[i]
             outputs.extend(y.split(splits, dim=-1) if len(splits) > 1 else [y])
         return outputs
