@@ -40,6 +40,12 @@ def register(sub) -> None:
         choices=["on", "off", "only"],
         help="also time the Llama-8B q/k/v and gate/up groups: separate launches vs one multi launch",
     )
+    p.add_argument(
+        "--multi-sweep",
+        default="",
+        help="comma-separated split counts to also time the multi launch with (e.g. 2,3,4,6,8): "
+        "checks the launch's own split choice",
+    )
     p.set_defaults(func=run)
 
 
@@ -150,7 +156,16 @@ def bench_one(
 
 
 def bench_group(
-    name: str, in_f: int, outs: list[int], k: int, m: int, codebook: str, dtype, iters: int, repeats: int
+    name: str,
+    in_f: int,
+    outs: list[int],
+    k: int,
+    m: int,
+    codebook: str,
+    dtype,
+    iters: int,
+    repeats: int,
+    sweep: tuple[int, ...] = (),
 ) -> dict:
     """One projection group (fast GEMV): one launch per matrix vs one multi-matrix launch."""
     import torch
@@ -185,11 +200,11 @@ def bench_group(
         state["i"] += 1
         return [ops.exl3_gemv(x, t, suh, svh, codebook, fast=True) for t, suh, svh in mats]
 
-    def multi():
+    def multi(splits: int = 0):
         mats = groups[state["i"] % copies]
         state["i"] += 1
         ts, suhs, svhs = zip(*mats)
-        return ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, fast=True)
+        return ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, splits=splits, fast=True)
 
     # Same answer either way (different split counts: fp32 sum order only).
     for a, b in zip(separate(), multi()):
@@ -198,6 +213,12 @@ def bench_group(
             raise RuntimeError(f"multi GEMV differs from separate launches ({name}, K={k}, m={m}): {err:.2e}")
     t_sep = _time_graph(separate, iters, repeats)
     t_multi = _time_graph(multi, iters, repeats)
+    n_chunks = in_f // 128
+    swept = {
+        sp: _time_graph(lambda sp=sp: multi(sp), iters, repeats) * 1e6
+        for sp in sweep
+        if -(-n_chunks // 16) <= sp <= n_chunks
+    }
     return {
         "group": name,
         "shape": f"{in_f}x{'+'.join(map(str, outs))}",
@@ -207,6 +228,7 @@ def bench_group(
         "separate_us": t_sep * 1e6,
         "multi_us": t_multi * 1e6,
         "gain": t_sep / t_multi,
+        "multi_us_by_splits": swept,
     }
 
 
@@ -267,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
                     flush=True,
                 )
     group_rows = []
+    sweep = tuple(int(v) for v in args.multi_sweep.split(",") if v.strip())
     if args.multi != "off":
         print(
             f"\n{'group':>8} {'shape':>18} {'K':>2} {'m':>3} {'separate us':>11} {'multi us':>9} {'gain':>6}"
@@ -274,11 +297,14 @@ def run(args: argparse.Namespace) -> int:
         for name, (in_f, outs) in LLAMA8B_GROUPS.items():
             for m in (int(b) for b in args.batch.split(",") if int(b) <= ops.GEMV_ROWS):
                 for k in (int(b) for b in args.bits.split(",")):
-                    r = bench_group(name, in_f, outs, k, m, args.codebook, dtype, args.iters, args.repeats)
+                    r = bench_group(
+                        name, in_f, outs, k, m, args.codebook, dtype, args.iters, args.repeats, sweep
+                    )
                     group_rows.append(r)
+                    by_splits = "  ".join(f"s{sp}: {us:.2f}" for sp, us in r["multi_us_by_splits"].items())
                     print(
                         f"{name:>8} {r['shape']:>18} {k:>2} {m:>3} {r['separate_us']:11.2f} "
-                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}",
+                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}  {by_splits}",
                         flush=True,
                     )
     if args.json:

@@ -23,6 +23,9 @@ CONFIGS = {
     "1b_gate_up": (2048, [(8192, 3), (8192, 3)]),
     "small": (256, [(384, 1), (128, 7), (640, 4)]),
 }
+# Same computation, fp32 atomics in another order: a rare 1-ulp flip of an output (a wrong block
+# or workspace region would give errors of order 1).
+SAME_TOL = 5e-4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,13 +78,15 @@ def test_multi_equals_separate(config: str, codebook: str, fast: bool) -> None:
     min_splits = -(-n_chunks // 16)
     for m in range(1, 9):
         x = _x(m, in_f)
-        # Same split count: every block does the same sums in the same order -> bit-identical.
+        # Same split count: every block does the same work as the single launch's block (g, s);
+        # only the order of the 8 warps' shared-memory atomics varies (run to run, in either
+        # launch), so the outputs agree to within an fp16 rounding of a few elements.
         for splits in sorted({min_splits, min(n_chunks, 3)}):
             ys = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, splits=splits, fast=fast)
             for (t, suh, svh), y in zip(layers, ys):
                 ref = ops.exl3_gemv(x, t, suh, svh, codebook, splits=splits, fast=fast)
                 assert y.shape == ref.shape and y.dtype == ref.dtype
-                assert torch.equal(y, ref), (config, codebook, fast, m, splits)
+                assert _rel(y, ref) < SAME_TOL, (config, codebook, fast, m, splits)
         # The launch's own split choice: only the fp32 split-sum order differs.
         ys = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, fast=fast)
         for (t, suh, svh), y in zip(layers, ys):
@@ -101,7 +106,7 @@ def test_multi_other_dtypes(dtype: torch.dtype) -> None:
         ys = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), "mcg", splits=4)
         for (t, suh, svh), y in zip(layers, ys):
             assert y.dtype == dtype
-            assert torch.equal(y, ops.exl3_gemv(x, t, suh, svh, "mcg", splits=4))
+            assert _rel(y, ops.exl3_gemv(x, t, suh, svh, "mcg", splits=4)) < SAME_TOL
 
 
 def test_single_matrix_multi_launch() -> None:
@@ -109,7 +114,7 @@ def test_single_matrix_multi_launch() -> None:
     t, suh, svh = _layers("8b_qkv")[0]
     x = _x(3, in_f)
     (y,) = ops.exl3_gemv_multi(x, [t], [suh], [svh], "3inst", splits=8)
-    assert torch.equal(y, ops.exl3_gemv(x, t, suh, svh, "3inst", splits=8))
+    assert _rel(y, ops.exl3_gemv(x, t, suh, svh, "3inst", splits=8)) < SAME_TOL
 
 
 @pytest.mark.parametrize("config", ["8b_qkv", "8b_gate_up"])
@@ -135,7 +140,7 @@ def test_multi_graph_replay_equals_eager(config: str) -> None:
         torch.cuda.synchronize()
         eager = ops.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg")
         for a, b in zip(ys_graph, eager):
-            assert torch.equal(a, b)
+            assert _rel(a, b) < SAME_TOL
     assert _counters_zero()
     assert len(eager_first) == len(layers)
 
