@@ -34,6 +34,8 @@ _MAX_CHUNKS_PER_SPLIT = 16  # ext/exl3_gemv.cuh kGemvMaxChunks
 # integer instructions per weight, results within one fp16 rounding per weight of the exact
 # product. TRELLIS_GEMV_EXACT=1 selects the variant that multiplies the bit-exact fp16 weights.
 GEMV_FAST = os.environ.get("TRELLIS_GEMV_EXACT", "") in ("", "0")
+# TRELLIS_GEMV_ILP=1 (read by the extension itself, once per process): experimental fast
+# 3INST/MCG kernels with two accumulators per tile and 2 blocks per SM (ext/NOTES.md).
 
 _ext: ModuleType | None = None
 _tried = False

@@ -14,6 +14,8 @@
 // bandwidth; separate Hadamard kernels would cost as much as the matrix.
 #pragma once
 
+#include <cstdlib>
+
 #include "exl3_common.cuh"
 #include "trellis_ext.h"
 
@@ -62,8 +64,16 @@ struct GemvSmem {
   int last_s;
 };
 
+// ILP (TRELLIS_GEMV_ILP=1, experiment, fast 3INST/MCG only): the two MMAs of a tile go to two
+// accumulators, so they do not wait on each other; costs 32 registers, so 2 blocks per SM.
+template <int CB, bool FAST, bool ILP>
+struct GemvVariant {
+  static constexpr bool kSplitAcc = ILP && FAST && CB != CB_MUL1;
+  static constexpr int kMinBlocks = kSplitAcc ? 2 : 3;
+};
+
 // The work of one block: output column group g (8 tiles, 128 features), input split s.
-template <int K, int CB, bool FAST>
+template <int K, int CB, bool FAST, bool ILP = false>
 __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, const int s, GemvSmem& sm) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
@@ -142,9 +152,13 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
   __syncthreads();
 
   // ---- 2. decode + MMA over this block's tile rows ---------------------------------------
+  constexpr bool kSplitAcc = GemvVariant<CB, FAST, ILP>::kSplitAcc;
   float acc[8][4];
+  float acc2[kSplitAcc ? 8 : 1][4];  // odd-k MMAs of the ILP variant
 #pragma unroll
   for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+#pragma unroll
+  for (int t = 0; t < (kSplitAcc ? 8 : 1); ++t) acc2[t][0] = acc2[t][1] = acc2[t][2] = acc2[t][3] = 0.f;
 
   for (int i = 0; i < my_rows; ++i) {
     const int r = warp + 8 * i;
@@ -172,7 +186,8 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
         const uint32_t ae[4] = {x[0], x[4], x[2], x[6]};
         const uint32_t ao[4] = {x[1], x[5], x[3], x[7]};
         mma_16816(acc[t], ae, be0, be1);
-        mma_16816(acc[t], ao, bo0, bo1);
+        if constexpr (kSplitAcc) mma_16816(acc2[t], ao, bo0, bo1);
+        else mma_16816(acc[t], ao, bo0, bo1);
       }
     } else {
 #pragma unroll
@@ -186,6 +201,12 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
     __syncwarp();  // all lanes done reading this stage before it is refilled
   }
   cp_async_wait<0>();
+  if constexpr (kSplitAcc) {
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[t][c] += acc2[t][c];
+  }
 
   // C fragment: c0 = (out 16t + lane/4, batch 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
   {
@@ -259,18 +280,20 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
 
 // Three blocks per SM: on the H200 one warp issues only every ~8 cycles (decode dependency
 // chains), so occupancy, not bandwidth, sets the speed (ncu: 0.38 issued/cycle at 12.6 warps/SM).
-template <int K, int CB, bool FAST>
-__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_kernel(const GemvArgs args) {
+template <int K, int CB, bool FAST, bool ILP = false>
+__global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMinBlocks))
+    exl3_gemv_kernel(const GemvArgs args) {
   __shared__ GemvSmem sm;
-  gemv_block<K, CB, FAST>(args, blockIdx.x, blockIdx.y, sm);
+  gemv_block<K, CB, FAST, ILP>(args, blockIdx.x, blockIdx.y, sm);
 }
 
 // Several GEMVs of one input in one launch (q/k/v, gate/up): the 1-D grid is matrix 0's blocks,
 // then matrix 1's, ...; each matrix has its own K, split count, workspace and ticket region.
 // A block's K is block-uniform, so the switch costs one branch, and every block does exactly
 // what the single-matrix kernel's block (g, s) does (same sums in the same order).
-template <int CB, bool FAST>
-__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_multi_kernel(const GemvMultiArgs args) {
+template <int CB, bool FAST, bool ILP = false>
+__global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMinBlocks))
+    exl3_gemv_multi_kernel(const GemvMultiArgs args) {
   __shared__ GemvSmem sm;
   const int b = blockIdx.x;
   // begin[1], begin[2] of absent matrices are INT_MAX, so i < count.
@@ -281,7 +304,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_multi_kernel(const 
   const int g = local % groups, s = local / groups;
   switch (args.K[i]) {
 #define TRELLIS_MULTI_CASE(k) \
-  case k: gemv_block<k, CB, FAST>(a, g, s, sm); break;
+  case k: gemv_block<k, CB, FAST, ILP>(a, g, s, sm); break;
     TRELLIS_MULTI_CASE(1) TRELLIS_MULTI_CASE(2) TRELLIS_MULTI_CASE(3) TRELLIS_MULTI_CASE(4)
     TRELLIS_MULTI_CASE(5) TRELLIS_MULTI_CASE(6) TRELLIS_MULTI_CASE(7) TRELLIS_MULTI_CASE(8)
 #undef TRELLIS_MULTI_CASE
@@ -289,30 +312,39 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_multi_kernel(const 
   }
 }
 
-template <int K, int CB, bool FAST>
+// TRELLIS_GEMV_ILP=1 selects the ILP variant (read once per process).
+inline bool gemv_ilp() {
+  static const bool on = [] {
+    const char* e = std::getenv("TRELLIS_GEMV_ILP");
+    return e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0');
+  }();
+  return on;
+}
+
+template <int K, int CB, bool FAST, bool ILP = false>
 void gemv_allow_smem() {
   static bool done = false;  // once per instantiation (per process; one GPU model assumed)
   if (!done) {
-    cudaFuncSetAttribute(exl3_gemv_kernel<K, CB, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(exl3_gemv_kernel<K, CB, FAST, ILP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          GemvPipe<K>::kSmemBytes);
     done = true;
   }
 }
 
-template <int K, int CB, bool FAST>
+template <int K, int CB, bool FAST, bool ILP = false>
 void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
-  gemv_allow_smem<K, CB, FAST>();
+  gemv_allow_smem<K, CB, FAST, ILP>();
   dim3 grid(a.out >> 7, a.splits);
-  exl3_gemv_kernel<K, CB, FAST><<<grid, kGemvThreads, GemvPipe<K>::kSmemBytes, stream>>>(a);
+  exl3_gemv_kernel<K, CB, FAST, ILP><<<grid, kGemvThreads, GemvPipe<K>::kSmemBytes, stream>>>(a);
 }
 
-template <int K, int CB, bool FAST>
+template <int K, int CB, bool FAST, bool ILP = false>
 int gemv_blocks_per_sm() {
   static int cached = -1;
   if (cached < 0) {
-    gemv_allow_smem<K, CB, FAST>();
+    gemv_allow_smem<K, CB, FAST, ILP>();
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_kernel<K, CB, FAST>, kGemvThreads,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_kernel<K, CB, FAST, ILP>, kGemvThreads,
                                                   GemvPipe<K>::kSmemBytes);
     cached = n > 0 ? n : 1;
   }
@@ -341,15 +373,15 @@ inline int gemv_max_smem_bytes() {
 
 // Launch the multi-matrix GEMV over `blocks` blocks (blocks_per_sm == nullptr), or query its
 // occupancy at the largest stage ring any K uses.
-template <int CB, bool FAST>
+template <int CB, bool FAST, bool ILP = false>
 void gemv_multi_run(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm) {
   static bool ready = false;
   static int bps = 1;
   if (!ready) {
-    cudaFuncSetAttribute(exl3_gemv_multi_kernel<CB, FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(exl3_gemv_multi_kernel<CB, FAST, ILP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          gemv_max_smem_bytes());
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_multi_kernel<CB, FAST>, kGemvThreads,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_multi_kernel<CB, FAST, ILP>, kGemvThreads,
                                                   gemv_max_smem_bytes());
     bps = n > 0 ? n : 1;
     ready = true;
@@ -360,11 +392,17 @@ void gemv_multi_run(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int
   }
   int smem = 0;  // the largest ring among this launch's matrices
   for (int i = 0; i < a.count; ++i) smem = smem > gemv_smem_bytes(a.K[i]) ? smem : gemv_smem_bytes(a.K[i]);
-  exl3_gemv_multi_kernel<CB, FAST><<<blocks, kGemvThreads, smem, stream>>>(a);
+  exl3_gemv_multi_kernel<CB, FAST, ILP><<<blocks, kGemvThreads, smem, stream>>>(a);
 }
 
 template <int CB>
 void gemv_multi_dispatch(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm) {
+  if constexpr (CB != CB_MUL1) {  // the ILP variant exists for the fast 3INST/MCG path only
+    if (fast && gemv_ilp()) {
+      gemv_multi_run<CB, true, true>(a, blocks, stream, blocks_per_sm);
+      return;
+    }
+  }
   if (fast) gemv_multi_run<CB, true>(a, blocks, stream, blocks_per_sm);
   else gemv_multi_run<CB, false>(a, blocks, stream, blocks_per_sm);
 }

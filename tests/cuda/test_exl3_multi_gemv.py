@@ -211,3 +211,58 @@ def test_multi_rejects_bad_input() -> None:
     small_t, small_suh, small_svh = _layers("small")[0]
     with pytest.raises(RuntimeError):  # in features differ
         ops.exl3_gemv_multi(x, [ts[0], small_t], [suhs[0], small_suh], [svhs[0], small_svh], "mcg")
+
+
+_ILP_SCRIPT = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from engine import ops
+from tests.cuda.test_exl3_multi_gemv import _layers, _x, CONFIGS
+out = {}
+for cb in ("3inst", "mcg", "mul1"):
+    for config in ("8b_qkv", "small"):
+        layers = _layers(config)
+        ts, suhs, svhs = zip(*layers)
+        for m in (1, 8):
+            x = _x(m, CONFIGS[config][0])
+            out[(cb, config, m, "multi")] = [
+                y.cpu() for y in ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), cb, fast=True)
+            ]
+            out[(cb, config, m, "single")] = [
+                ops.exl3_gemv(x, t, s, v, cb, fast=True).cpu() for t, s, v in layers
+            ]
+torch.save(out, sys.argv[2])
+"""
+
+
+def test_ilp_variant_matches(tmp_path) -> None:
+    """TRELLIS_GEMV_ILP=1 (read once per process, so in a child process) gives the same outputs
+    within fp32 summation order: only the fast 3INST/MCG kernels change (two accumulators)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    dest = tmp_path / "ilp.pt"
+    env = dict(os.environ, TRELLIS_GEMV_ILP="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _ILP_SCRIPT, str(root), str(dest)],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = torch.load(dest)
+    for (cb, config, m, kind), ys in got.items():
+        layers = _layers(config)
+        x = _x(m, CONFIGS[config][0])
+        if kind == "multi":
+            ts, suhs, svhs = zip(*layers)
+            ref = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), cb, fast=True)
+        else:
+            ref = [ops.exl3_gemv(x, t, s, v, cb, fast=True) for t, s, v in layers]
+        for y, r in zip(ys, ref):
+            assert _rel(y.cuda(), r) < 2e-3, (cb, config, m, kind)  # split counts may differ (2 blocks/SM)
