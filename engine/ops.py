@@ -162,7 +162,7 @@ def exl3_gemv_multi(
 
     The matrices may differ in out features and bits per weight. ``splits`` forces the split-K
     count of every matrix (0: the kernel's choice for the whole launch). With the same ``splits``
-    each output is bit-identical to :func:`exl3_gemv`'s (every block does the same sums).
+    each output equals :func:`exl3_gemv`'s up to the order of fp32 additions (same sums per block).
     """
     ext = extension()
     if ext is None:

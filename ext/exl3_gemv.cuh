@@ -290,7 +290,8 @@ __global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMi
 // Several GEMVs of one input in one launch (q/k/v, gate/up): the 1-D grid is matrix 0's blocks,
 // then matrix 1's, ...; each matrix has its own K, split count, workspace and ticket region.
 // A block's K is block-uniform, so the switch costs one branch, and every block does exactly
-// what the single-matrix kernel's block (g, s) does (same sums in the same order).
+// what the single-matrix kernel's block (g, s) does (same sums; only the order of the 8 warps'
+// shared-memory atomics varies, run to run, in either kernel).
 template <int CB, bool FAST, bool ILP = false>
 __global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMinBlocks))
     exl3_gemv_multi_kernel(const GemvMultiArgs args) {
