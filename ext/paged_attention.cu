@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "trellis_ext.h"
 
@@ -352,6 +353,314 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const Params p) 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Version 2 (the default; TRELLIS_ATTN_V1=1 selects the kernel above). Same lanes, same math, but
+// built for memory-level parallelism: version 1 loaded each step's key/value inside a branch and
+// used it at once, so a warp waited for four serial page-table + cache round trips per loop
+// iteration (~6 us measured per iteration, whatever the load). Here every load of an iteration is
+// issued unconditionally (positions past the end are clamped to the last key and masked to -inf),
+// one iteration ahead (raw, still-encoded words in registers), with the page-table entries two
+// iterations ahead; decoding happens at use. No per-head branches inside the loop: heads past the
+// chunk's end have a zero query and are simply not stored.
+
+// One 8-number unit as read from memory: 16 bytes of a dense cache, or the bit planes (2/4/8 bits:
+// w.x | w.y << 32; 6 bits: three 16-bit words in w.x, w.y, w.z) and the raw fp16 scale bits in w.w:
+// four registers a unit, so two iterations of units fit beside the accumulators.
+struct RawUnit {
+  uint4 w;
+};
+
+__device__ __forceinline__ int page_index(const Params& p, int pos) {
+  return p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
+}
+
+__device__ __forceinline__ size_t cache_row(const Params& p, int page, int pos, int kvh) {
+  const int in_page = pos - page_index(p, pos) * p.page_size;
+  return (static_cast<size_t>(page) * p.page_size + in_page) * p.kv_heads + kvh;
+}
+
+template <int D, typename T>
+__device__ __forceinline__ void fetch_unit(const Side& s, size_t row, int u, RawUnit& r) {
+  if (s.bits >= 16) {
+    r.w = __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(s.dense) + row * D + u * 8));
+    return;
+  }
+  const uint8_t* c = s.codes + (row * (D / 8) + u) * s.bits;
+  r.w = make_uint4(0u, 0u, 0u, 0u);
+  switch (s.bits) {
+    case 2: r.w.x = __ldg(reinterpret_cast<const unsigned short*>(c)); break;
+    case 4: r.w.x = __ldg(reinterpret_cast<const unsigned int*>(c)); break;
+    case 8: {
+      const uint2 t = __ldg(reinterpret_cast<const uint2*>(c));
+      r.w.x = t.x;
+      r.w.y = t.y;
+      break;
+    }
+    case 6: {
+      const unsigned short* h = reinterpret_cast<const unsigned short*>(c);
+      r.w.x = __ldg(h);
+      r.w.y = __ldg(h + 1);
+      r.w.z = __ldg(h + 2);
+      break;
+    }
+    default: {  // odd widths (rare): combined here, at the cost of a wait
+      const unsigned long long x = load_planes(c, s.bits);
+      r.w.x = static_cast<unsigned>(x);
+      r.w.y = static_cast<unsigned>(x >> 32);
+    }
+  }
+  r.w.w = __ldg(reinterpret_cast<const unsigned short*>(s.scales) + row * (D / kGroup) + u / 4);
+}
+
+__device__ __forceinline__ void dense8(const uint4& w, __half, float (&x)[8]) {
+  const __half2* h = reinterpret_cast<const __half2*>(&w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __half22float2(h[i]);
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
+  }
+}
+
+__device__ __forceinline__ void dense8(const uint4& w, __nv_bfloat16, float (&x)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
+  }
+}
+
+// Dense numbers, or codes 0..2^bits-1 as floats (the caller applies scale and midpoint).
+template <typename T>
+__device__ __forceinline__ void decode_unit(const RawUnit& r, int bits, float (&x)[8]) {
+  if (bits >= 16) {
+    dense8(r.w, T(), x);
+    return;
+  }
+  const unsigned long long planes =
+      bits == 6 ? static_cast<unsigned long long>(r.w.x) | static_cast<unsigned long long>(r.w.y) << 16 |
+                      static_cast<unsigned long long>(r.w.z) << 32
+                : static_cast<unsigned long long>(r.w.x) | static_cast<unsigned long long>(r.w.y) << 32;
+  unpack_codes(planes, x);
+}
+
+__device__ __forceinline__ float scale_of(const RawUnit& r) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(r.w.w)));
+}
+
+template <int D, typename T, int MAXH>
+__global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params p) {
+  constexpr int L = D / 8;
+  constexpr int KPW = 32 / L;
+  constexpr int kSteps = MAXH <= 4 ? 4 : 2;  // keys per lane per iteration: 8 heads need the registers
+  constexpr int KPI = KPW * kSteps;
+  static_assert(D % kGroup == 0 && L <= 32, "head_dim must be 64, 128 or 256");
+  __shared__ float s_m[kWarps][MAXH], s_l[kWarps][MAXH];
+  __shared__ float s_acc[kWarps][MAXH][D];
+
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int kvh = blockIdx.y / p.head_chunks, chunk = blockIdx.y % p.head_chunks;
+  const int h0 = kvh * p.group + chunk * MAXH;
+  const int nh = min(MAXH, p.group - chunk * MAXH);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int u = lane % L, sub = lane / L;
+  const int len = p.lengths[b];
+  const int lo = p.window > 0 ? max(0, len - p.window) : 0;
+  const int span = p.pages_per_split * p.page_size;
+  const int start = max(lo, split * span), end = min(len, (split + 1) * span);
+  const size_t part = (static_cast<size_t>(b) * p.heads + h0) * p.splits + split;
+  if (start >= end) {
+    if (threadIdx.x < nh) {
+      p.part_m[part + threadIdx.x * p.splits] = -INFINITY;
+      p.part_l[part + threadIdx.x * p.splits] = 0.0f;
+    }
+    return;
+  }
+  const int last = end - 1, stride = kWarps * KPI;
+  const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
+
+  // Start the first loads before the query's setup.
+  int base = start + warp * KPI;
+  int pg[kSteps];
+  RawUnit rk[kSteps], rv[kSteps];
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) pg[k] = __ldg(table + page_index(p, min(base + k * KPW + sub, last)));
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) {
+    const int pos = min(base + k * KPW + sub, last);
+    const size_t row = cache_row(p, pg[k], pos, kvh);
+    fetch_unit<D, T>(p.k, row, u, rk[k]);
+    fetch_unit<D, T>(p.v, row, u, rv[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kSteps; ++k) pg[k] = __ldg(table + page_index(p, min(base + stride + k * KPW + sub, last)));
+
+  const bool krot = p.k.bits < 16, vq = p.v.bits < 16;
+  const float qmul = p.scale * (p.softcap > 0.0f ? 1.0f : kLog2e) * (krot ? kInvSqrtGroup : 1.0f);
+  float qr[MAXH][8], qsum[MAXH];
+#pragma unroll
+  for (int h = 0; h < MAXH; ++h) {
+    qsum[h] = 0.0f;
+    if (h < nh) {
+      load8(static_cast<const T*>(p.q) + (static_cast<size_t>(b) * p.heads + h0 + h) * D + u * 8, qr[h]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qr[h][i] = 0.0f;
+    }
+    if (krot) hadamard32_lanes(qr[h], lane);  // all lanes take part (warp shuffles)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      qr[h][i] *= qmul;
+      qsum[h] += qr[h][i];
+    }
+  }
+  const float khalf = krot ? 0.5f * static_cast<float>((1 << p.k.bits) - 1) : 0.0f;
+  const float vhalf = vq ? 0.5f * static_cast<float>((1 << p.v.bits) - 1) : 0.0f;
+  const float cap = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
+  const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+
+  float m[MAXH], l[MAXH], acc[MAXH][8];
+#pragma unroll
+  for (int h = 0; h < MAXH; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
+  }
+
+  for (; base < end; base += stride) {
+    // Next iteration's units (tables read last iteration), then the page entries after that.
+    RawUnit nk[kSteps], nv[kSteps];
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      const int pos = min(base + stride + k * KPW + sub, last);
+      const size_t row = cache_row(p, pg[k], pos, kvh);
+      fetch_unit<D, T>(p.k, row, u, nk[k]);
+      fetch_unit<D, T>(p.v, row, u, nv[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k)
+      pg[k] = __ldg(table + page_index(p, min(base + 2 * stride + k * KPW + sub, last)));
+
+    float s[kSteps][MAXH];
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      float kx[8];
+      decode_unit<T>(rk[k], p.k.bits, kx);
+      const float ks = krot ? scale_of(rk[k]) : 1.0f;
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h) {
+        float d0 = 0.0f, d1 = 0.0f;  // two chains: shorter dependency
+#pragma unroll
+        for (int i = 0; i < 8; i += 2) {
+          d0 = fmaf(qr[h][i], kx[i], d0);
+          d1 = fmaf(qr[h][i + 1], kx[i + 1], d1);
+        }
+        s[k][h] = (d0 + d1 - khalf * qsum[h]) * ks;
+      }
+    }
+#pragma unroll
+    for (int off = 1; off < L; off <<= 1) {
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k)
+#pragma unroll
+        for (int h = 0; h < MAXH; ++h) s[k][h] += __shfl_xor_sync(kFull, s[k][h], off);
+    }
+    // Online softmax once per iteration (kSteps keys per lane); exp2 of -inf gives 0, and a lane
+    // with no visible key yet keeps m = -inf without producing NaN (ms = 0 then).
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        if (cap > 0.0f) s[k][h] = cap * tanhf(s[k][h] * inv_cap);
+        if (base + k * KPW + sub > last) s[k][h] = -INFINITY;
+        mx = fmaxf(mx, s[k][h]);
+      }
+      const float ms = mx == -INFINITY ? 0.0f : mx;
+      const float corr = exp2f(m[h] - ms);
+      m[h] = mx;
+      l[h] *= corr;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        s[k][h] = exp2f(s[k][h] - ms);
+        l[h] += s[k][h];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      float vx[8];
+      decode_unit<T>(rv[k], p.v.bits, vx);
+      if (vq) {
+        const float vs = scale_of(rv[k]), voff = -vhalf * vs;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) vx[i] = fmaf(vx[i], vs, voff);
+      }
+#pragma unroll
+      for (int h = 0; h < MAXH; ++h)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(s[k][h], vx[i], acc[h][i]);
+    }
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      rk[k] = nk[k];
+      rv[k] = nv[k];
+    }
+  }
+
+  // Merge the warp's side-by-side keys (lanes L apart), then the warps (shared memory).
+#pragma unroll
+  for (int off = L; off < 32; off <<= 1) {
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) {
+      const float om = __shfl_xor_sync(kFull, m[h], off), ol = __shfl_xor_sync(kFull, l[h], off);
+      const float mx = fmaxf(m[h], om);
+      const float a = mx == -INFINITY ? 0.0f : exp2f(m[h] - mx);
+      const float c = mx == -INFINITY ? 0.0f : exp2f(om - mx);
+      l[h] = l[h] * a + ol * c;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[h][i] = acc[h][i] * a + __shfl_xor_sync(kFull, acc[h][i], off) * c;
+      m[h] = mx;
+    }
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int h = 0; h < MAXH; ++h) {
+      if (h >= nh) continue;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s_acc[warp][h][u * 8 + i] = acc[h][i];
+      if (u == 0) {
+        s_m[warp][h] = m[h];
+        s_l[warp][h] = l[h];
+      }
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
+    const int h = idx / D, d = idx % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
+    float a = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = s_m[w][h] == -INFINITY ? 0.0f : exp2f(s_m[w][h] - mx);
+      a += c * s_acc[w][h][d];
+      den += c * s_l[w][h];
+    }
+    const size_t at = part + static_cast<size_t>(h) * p.splits;
+    p.part_acc[at * D + d] = a;
+    if (d == 0) {
+      p.part_m[at] = mx;
+      p.part_l[at] = den;
+    }
+  }
+}
+
 // Sum the splits of one (sequence, head): one thread per output number, one warp per group, so
 // quantized values rotate back with warp shuffles.
 template <typename T>
@@ -453,8 +762,11 @@ SideTensors check_side(const c10::optional<at::Tensor>& dense, const c10::option
 // Launch, or with `occupancy` set only report how many blocks fit on one multiprocessor.
 template <int D, typename T>
 void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupancy) {
-  auto kernel = p.group <= 4 ? paged_decode_kernel<D, T, 4>  // fewer registers for groups <= 4 (Llama: 4)
-                             : paged_decode_kernel<D, T, kMaxHeads>;
+  // TRELLIS_ATTN_V1=1: the first version (read per call, so one process can time both).
+  const char* v1_env = std::getenv("TRELLIS_ATTN_V1");
+  const bool v1 = v1_env != nullptr && v1_env[0] == '1';
+  auto kernel = p.group <= 4 ? (v1 ? paged_decode_kernel<D, T, 4> : paged_decode_kernel_v2<D, T, 4>)  // Llama: 4
+                             : (v1 ? paged_decode_kernel<D, T, kMaxHeads> : paged_decode_kernel_v2<D, T, kMaxHeads>);
   if (occupancy) {
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, kThreads, 0));
     return;

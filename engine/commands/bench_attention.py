@@ -3,9 +3,10 @@
 For each context, batch and cache width it reports the time of one layer's decode attention
 (``ops.paged_decode_attention``: the CUDA kernel reading the paged cache directly), the bytes
 that call must read (keys + values + scales of every visible position) and the bandwidth that
-makes, beside two peers on the same shapes: the torch reference (gathers and dequantizes the
-padded table, then SDPA) and torch SDPA on a contiguous fp16 cache (no paging, no quantization:
-what a plain dense decoder pays). Also the fused quantize-and-write of one decode step's keys
+makes, beside its peers on the same shapes: torch SDPA on a contiguous fp16 cache (no paging, no
+quantization: what a plain dense decoder pays), with ``--compare-v1`` the first kernel version
+(``TRELLIS_ATTN_V1=1``), with ``--reference`` the slow torch reference (gathers and dequantizes the
+padded table, then SDPA). Also the fused quantize-and-write of one decode step's keys
 and values against the torch path it replaces.
 
 Timing: CUDA events around CUDA-graph replays of many calls, cycling through enough cache
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -35,7 +37,12 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     p.add_argument("--iters", type=int, default=40, help="calls per timed graph replay")
     p.add_argument("--repeats", type=int, default=7, help="timed replays (median reported)")
-    p.add_argument("--no-reference", action="store_true", help="skip the (slow) torch reference")
+    p.add_argument("--reference", action="store_true", help="also time the (slow) torch reference")
+    p.add_argument("--no-reference", action="store_true", help=argparse.SUPPRESS)  # the default now
+    p.add_argument(
+        "--compare-v1", action="store_true", help="also time the first kernel version (TRELLIS_ATTN_V1=1)"
+    )
+    p.add_argument("--no-write", action="store_true", help="skip the fused quantize-and-write timings")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
     p.set_defaults(func=run)
 
@@ -122,8 +129,19 @@ def bench_one(args, ctx: int, batch: int, bits: tuple[int, int], dtype) -> dict:
         args.iters,
         args.repeats,
     )
+    t_v1 = None
+    if args.compare_v1:  # the extension reads the variable per call, i.e. when the graph is captured
+        os.environ["TRELLIS_ATTN_V1"] = "1"
+        try:
+            t_v1 = _time(
+                lambda: ops.paged_decode_attention(q, layers(), tables, lengths, page, scale, None, None),
+                args.iters,
+                args.repeats,
+            )
+        finally:
+            os.environ.pop("TRELLIS_ATTN_V1", None)
     t_ref = None
-    if not args.no_reference:
+    if args.reference and not args.no_reference:
         t_ref = _time(
             lambda: paged_decode_attention_reference(q, layers(), tables, lengths, page, scale),
             max(2, args.iters // 10),
@@ -157,6 +175,7 @@ def bench_one(args, ctx: int, batch: int, bits: tuple[int, int], dtype) -> dict:
         "read_MB": read_bytes / 1e6,
         "GBps": read_bytes / t_kernel / 1e9,
         "reference_us": None if t_ref is None else t_ref * 1e6,
+        "v1_us": None if t_v1 is None else t_v1 * 1e6,
         "sdpa_fp16_us": t_sdpa * 1e6,
         "x_sdpa": t_sdpa / t_kernel,
     }
@@ -203,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"{'ctx':>6} {'B':>2} {'bits':>5} {'us':>8} {'MB':>7} {'GB/s':>6} {'ref us':>9} {'SDPA us':>8} "
-        f"{'x SDPA':>6} {'x fp16':>6}"
+        f"{'x SDPA':>6} {'x fp16':>6} {'v1 us':>8}"
     )
     rows, writes = [], []
     for ctx in (int(c) for c in args.contexts.split(",")):
@@ -217,14 +236,15 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(r)
                 ref = "-" if r["reference_us"] is None else f"{r['reference_us']:9.1f}"
                 x16 = "-" if r["x_fp16_cache"] is None else f"{r['x_fp16_cache']:6.2f}"
+                v1 = "-" if r["v1_us"] is None else f"{r['v1_us']:8.2f}"
                 print(
                     f"{ctx:>6} {batch:>2} {r['bits']:>5} {r['us']:8.2f} {r['read_MB']:7.1f} {r['GBps']:6.0f} "
-                    f"{ref:>9} {r['sdpa_fp16_us']:8.2f} {r['x_sdpa']:6.2f} {x16:>6}",
+                    f"{ref:>9} {r['sdpa_fp16_us']:8.2f} {r['x_sdpa']:6.2f} {x16:>6} {v1:>8}",
                     flush=True,
                 )
                 torch.cuda.empty_cache()
     print("fused quantize-and-write (one side, one decode step):")
-    for batch in (int(b) for b in args.batch.split(",")):
+    for batch in [] if args.no_write else (int(b) for b in args.batch.split(",")):
         for bits in (8, 4, 2):
             w = bench_write(args, batch, bits, dtype)
             writes.append(w)
