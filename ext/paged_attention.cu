@@ -33,7 +33,7 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 32;     // quantization group = Hadamard size (the kernels need head_dim % 32 == 0)
 constexpr int kMaxHeads = 8;   // query heads per block
 constexpr int kSteps = 4;      // keys per lane per loop iteration (loads in flight before use)
-constexpr int kMinSplitKeys = 128;  // 4 loop iterations of a block at head_dim 128
+constexpr int kMinSplitKeys = 64;  // 2 loop iterations of a v2 block at head_dim 128 (short contexts: more SMs)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInvSqrtGroup = 0.17677669529663687f;
 constexpr unsigned kFull = 0xffffffffu;
@@ -118,6 +118,22 @@ __device__ __forceinline__ void unpack_codes(unsigned long long x, float (&c)[8]
   t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ull;
   x ^= t ^ (t << 28);
   const unsigned lo = static_cast<unsigned>(x), hi = static_cast<unsigned>(x >> 32);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    c[i] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
+    c[4 + i] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
+  }
+}
+
+// unpack_codes for at most 4 planes (bytes 0-3 of x; the upper four planes are zero): the same
+// transpose's first two swaps stay inside 32 bits and the third reduces to splitting nibbles, so
+// 2-4 bit units cost about half the 64-bit transpose.
+__device__ __forceinline__ void unpack_codes4(unsigned x, float (&c)[8]) {
+  unsigned t = (x ^ (x >> 7)) & 0x00AA00AAu;
+  x ^= t ^ (t << 7);
+  t = (x ^ (x >> 14)) & 0x0000CCCCu;
+  x ^= t ^ (t << 14);
+  const unsigned lo = x & 0x0F0F0F0Fu, hi = (x >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     c[i] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
@@ -439,6 +455,10 @@ __device__ __forceinline__ void decode_unit(const RawUnit& r, int bits, float (&
     dense8(r.w, T(), x);
     return;
   }
+  if (bits <= 4) {  // planes in w.x (2 bits: its low half; 3 bits: combined by fetch_unit)
+    unpack_codes4(r.w.x, x);
+    return;
+  }
   const unsigned long long planes =
       bits == 6 ? static_cast<unsigned long long>(r.w.x) | static_cast<unsigned long long>(r.w.y) << 16 |
                       static_cast<unsigned long long>(r.w.z) << 32
@@ -448,6 +468,42 @@ __device__ __forceinline__ void decode_unit(const RawUnit& r, int bits, float (&
 
 __device__ __forceinline__ float scale_of(const RawUnit& r) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(r.w.w)));
+}
+
+// Each of 16 scores summed over its key's L lanes, every lane ending with all 16 totals: a
+// reduce-scatter (each round a lane sends half the values it carries and keeps the other half:
+// 15 SHFL in all instead of 16 x log2 L), then a gather of the totals from the lanes holding them
+// (16 SHFL). After the reduce-scatter the lane u of a key holds total u (L = 16), totals 2u and
+// 2u + 1 (L = 8), or total u / 2 (L = 32, whose last round is a plain sum).
+template <int L>
+__device__ __forceinline__ void sum_over_key_lanes(float (&v)[16], int lane) {
+  static_assert(L == 8 || L == 16 || L == 32, "16 scores over 8, 16 or 32 lanes");
+  constexpr int kRounds = L == 8 ? 3 : (L == 16 ? 4 : 5);
+  float r[16];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) r[j] = v[j];
+#pragma unroll
+  for (int t = 0; t < kRounds; ++t) {
+    const int o = L >> (t + 1), n = 16 >> t;
+    if (n > 1) {
+      const bool upper = (lane & o) != 0;
+#pragma unroll
+      for (int j = 0; j < n / 2; ++j) {
+        const float send = upper ? r[j] : r[j + n / 2];
+        const float keep = upper ? r[j + n / 2] : r[j];
+        r[j] = keep + __shfl_xor_sync(kFull, send, o);
+      }
+    } else {
+      r[0] += __shfl_xor_sync(kFull, r[0], o);
+    }
+  }
+  const int first = lane & ~(L - 1);  // the key's first lane
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    if (L == 16) v[j] = __shfl_sync(kFull, r[0], first + j);
+    else if (L == 8) v[j] = __shfl_sync(kFull, r[j % 2], first + j / 2);
+    else v[j] = __shfl_sync(kFull, r[0], 2 * j);
+  }
 }
 
 template <int D, typename T, int MAXH>
@@ -544,7 +600,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
     for (int k = 0; k < kSteps; ++k)
       pg[k] = __ldg(table + page_index(p, min(base + 2 * stride + k * KPW + sub, last)));
 
-    float s[kSteps][MAXH];
+    float s[kSteps * MAXH];  // key k, head h at k * MAXH + h
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {
       float kx[8];
@@ -558,16 +614,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
           d0 = fmaf(qr[h][i], kx[i], d0);
           d1 = fmaf(qr[h][i + 1], kx[i + 1], d1);
         }
-        s[k][h] = (d0 + d1 - khalf * qsum[h]) * ks;
+        s[k * MAXH + h] = (d0 + d1 - khalf * qsum[h]) * ks;
       }
     }
-#pragma unroll
-    for (int off = 1; off < L; off <<= 1) {
-#pragma unroll
-      for (int k = 0; k < kSteps; ++k)
-#pragma unroll
-        for (int h = 0; h < MAXH; ++h) s[k][h] += __shfl_xor_sync(kFull, s[k][h], off);
-    }
+    sum_over_key_lanes<L>(s, lane);
     // Online softmax once per iteration (kSteps keys per lane); exp2 of -inf gives 0, and a lane
     // with no visible key yet keeps m = -inf without producing NaN (ms = 0 then).
 #pragma unroll
@@ -575,9 +625,9 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
       float mx = m[h];
 #pragma unroll
       for (int k = 0; k < kSteps; ++k) {
-        if (cap > 0.0f) s[k][h] = cap * tanhf(s[k][h] * inv_cap);
-        if (base + k * KPW + sub > last) s[k][h] = -INFINITY;
-        mx = fmaxf(mx, s[k][h]);
+        if (cap > 0.0f) s[k * MAXH + h] = cap * tanhf(s[k * MAXH + h] * inv_cap);
+        if (base + k * KPW + sub > last) s[k * MAXH + h] = -INFINITY;
+        mx = fmaxf(mx, s[k * MAXH + h]);
       }
       const float ms = mx == -INFINITY ? 0.0f : mx;
       const float corr = exp2f(m[h] - ms);
@@ -587,8 +637,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
       for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
 #pragma unroll
       for (int k = 0; k < kSteps; ++k) {
-        s[k][h] = exp2f(s[k][h] - ms);
-        l[h] += s[k][h];
+        s[k * MAXH + h] = exp2f(s[k * MAXH + h] - ms);
+        l[h] += s[k * MAXH + h];
       }
     }
 #pragma unroll
@@ -603,7 +653,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
 #pragma unroll
       for (int h = 0; h < MAXH; ++h)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(s[k][h], vx[i], acc[h][i]);
+        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(s[k * MAXH + h], vx[i], acc[h][i]);
     }
 #pragma unroll
     for (int k = 0; k < kSteps; ++k) {
