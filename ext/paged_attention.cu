@@ -141,6 +141,27 @@ __device__ __forceinline__ void unpack_codes4(unsigned x, float (&c)[8]) {
   }
 }
 
+// unpack_codes on the two 32-bit halves (lo: planes 0-3, hi: planes 4-7), for 5-8 planes: the
+// first two swaps never cross the halves and the third is one exchange of nibbles between them,
+// so no 64-bit shifts (same result bit for bit).
+__device__ __forceinline__ void unpack_codes8(unsigned lo, unsigned hi, float (&c)[8]) {
+  unsigned t = (lo ^ (lo >> 7)) & 0x00AA00AAu, v = (hi ^ (hi >> 7)) & 0x00AA00AAu;
+  lo ^= t ^ (t << 7);
+  hi ^= v ^ (v << 7);
+  t = (lo ^ (lo >> 14)) & 0x0000CCCCu;
+  v = (hi ^ (hi >> 14)) & 0x0000CCCCu;
+  lo ^= t ^ (t << 14);
+  hi ^= v ^ (v << 14);
+  t = (lo ^ (hi << 4)) & 0xF0F0F0F0u;
+  lo ^= t;
+  hi ^= t >> 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    c[i] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
+    c[4 + i] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
+  }
+}
+
 // Unnormalised Walsh-Hadamard transform of a 32-number group held as 8 numbers per lane by 4
 // consecutive lanes (lane bits 0-1 are bits 3-4 of the index in the group): Sylvester order.
 __device__ __forceinline__ void hadamard32_lanes(float (&x)[8], int lane) {
@@ -459,11 +480,11 @@ __device__ __forceinline__ void decode_unit(const RawUnit& r, int bits, float (&
     unpack_codes4(r.w.x, x);
     return;
   }
-  const unsigned long long planes =
-      bits == 6 ? static_cast<unsigned long long>(r.w.x) | static_cast<unsigned long long>(r.w.y) << 16 |
-                      static_cast<unsigned long long>(r.w.z) << 32
-                : static_cast<unsigned long long>(r.w.x) | static_cast<unsigned long long>(r.w.y) << 32;
-  unpack_codes(planes, x);
+  if (bits == 6) {  // three 16-bit words: planes 0-1, 2-3, 4-5
+    unpack_codes8(r.w.x | r.w.y << 16, r.w.z, x);
+    return;
+  }
+  unpack_codes8(r.w.x, r.w.y, x);
 }
 
 __device__ __forceinline__ float scale_of(const RawUnit& r) {
