@@ -172,6 +172,8 @@ def exl3_gemv_multi(
     in_f = trellises[0].shape[0] * 16
     if x.ndim != 2 or not 1 <= x.shape[0] <= GEMV_ROWS or x.shape[1] != in_f:
         raise ValueError(f"exl3_gemv_multi takes (1..{GEMV_ROWS}, {in_f}) activations, got {tuple(x.shape)}")
+    if any(t.shape[0] * 16 != in_f for t in trellises) or any(s.numel() != in_f for s in suhs):
+        raise ValueError("exl3_gemv_multi: every matrix must have the same in features as x")
     outs = [t.shape[1] * 16 for t in trellises]
     # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
     partial, counters = _workspace(x.device, in_f, sum(outs))
