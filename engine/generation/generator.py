@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from engine.cache.paged import PagedKVCache
 from engine.cache.pages import page_keys
 from engine.errors import ContextOverflowError
@@ -53,6 +55,16 @@ class _Running:
     @property
     def prefilling(self) -> bool:
         return self.in_cache < self.prompt_len
+
+
+def _argmax_rows(logits: list) -> dict[int, int]:
+    """``{item index: argmax of its last logit row}`` for the items that have logits, in one
+    batched argmax and one transfer (ties: the first maximum, as ``torch.argmax`` everywhere)."""
+    present = [(i, row[-1]) for i, row in enumerate(logits) if row is not None]
+    if not present:
+        return {}
+    ids = torch.stack([row for _, row in present]).argmax(dim=-1).tolist()
+    return {i: int(token) for (i, _), token in zip(present, ids)}
 
 
 class Generator:
@@ -202,25 +214,29 @@ class Generator:
                 self.prefilled_tokens += len(chunk)
                 if run.t_started is None:
                     run.t_started = now
-        logits = self._decode_with_graphs(items)
+        # Plain greedy jobs without a constraint need only each row's argmax: taken where the
+        # logits are (on a GPU: one kernel and a few bytes back instead of a vocab-sized copy).
+        argmax_only = all(run.constraint is None and run.job.sampling.is_plain_greedy for run in runs)
+        logits = self._decode_with_graphs(items, to_cpu=not argmax_only)
         if logits is None:
             logits = run_step(self.model.module, self.cache, items)
+        chosen = _argmax_rows(logits) if argmax_only else {}
         results = []
-        for run, item, row in zip(runs, items, logits):
+        for i, (run, item, row) in enumerate(zip(runs, items, logits)):
             run.in_cache += len(item.tokens)
             self._register_full_pages(run)
             if row is not None:
-                results.append(self._advance(run, row[-1]))
+                results.append(self._advance(run, row[-1], chosen.get(i)))
         return results
 
-    def _decode_with_graphs(self, items: list[StepItem]):
+    def _decode_with_graphs(self, items: list[StepItem], to_cpu: bool):
         """The step's logits from a CUDA graph when it is all single-token decodes that fit one
         (see ``engine.generation.cuda_graph``); None: run it eagerly."""
         if not self._use_graphs:
             return None
         if self._graphs is None or self._graphs.cache is not self.cache:  # new cache: new graphs
             self._graphs = DecodeGraphs(self.model.module, self.cache, max_batch=8)
-        return self._graphs.run(items, to_cpu=True)
+        return self._graphs.run(items, to_cpu=to_cpu)
 
     @staticmethod
     def _key_tokens(run: _Running, count: int) -> list:
@@ -242,16 +258,19 @@ class Generator:
             for page, key in zip(run.pages[known:full], new):
                 self.cache.pages.register(page, key)
 
-    def _advance(self, run: _Running, logits) -> JobResult:
-        mask = None
-        if run.constraint is not None:
-            try:
-                mask = run.constraint.allowed(logits.shape[-1], run.stop_ids)
-            except ConstraintError as exc:  # the constraint engine failed: end this job only
-                return self._constraint_dead_end(run, str(exc))
-            if mask is None:  # no token can continue the constrained output
-                return self._constraint_dead_end(run)
-        token = run.sampler.sample(logits, run.tokens, run.generated, mask)
+    def _advance(self, run: _Running, logits, token: int | None = None) -> JobResult:
+        """Sample the next token from ``logits`` (or take ``token``, already chosen as their
+        argmax for a plain greedy job) and report what it adds."""
+        if token is None:
+            mask = None
+            if run.constraint is not None:
+                try:
+                    mask = run.constraint.allowed(logits.shape[-1], run.stop_ids)
+                except ConstraintError as exc:  # the constraint engine failed: end this job only
+                    return self._constraint_dead_end(run, str(exc))
+                if mask is None:  # no token can continue the constrained output
+                    return self._constraint_dead_end(run)
+            token = run.sampler.sample(logits, run.tokens, run.generated, mask)
         now = time.perf_counter()
         if run.t_first is None:
             run.t_first = now

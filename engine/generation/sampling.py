@@ -31,6 +31,16 @@ class SamplingSettings:
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
 
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy with no penalty: the token is the argmax of the raw logits, wherever they are."""
+        return (
+            self.is_greedy
+            and self.repetition_penalty == 1.0
+            and not self.presence_penalty
+            and not self.frequency_penalty
+        )
+
     def validate(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")

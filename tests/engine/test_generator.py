@@ -109,3 +109,36 @@ def test_generation_stops_at_cache_capacity(llama):
     gen = Generator(llama, cache_tokens=64, page_size=16)
     (r,) = gen.generate([Job(list(range(3, 60)), max_new_tokens=50, stop_token_ids=())])
     assert r.new_tokens == 64 - 57 and r.stop_reason == "max_new_tokens"
+
+
+def test_plain_greedy_takes_the_batched_argmax_and_matches_the_sampler(llama, monkeypatch):
+    import engine.generation.generator as generator_module
+
+    ps = prompts(3, [30, 9, 50], seed=3)
+    calls = []
+    real = generator_module._argmax_rows
+    monkeypatch.setattr(generator_module, "_argmax_rows", lambda rows: calls.append(len(rows)) or real(rows))
+    fast = Generator(llama, cache_tokens=1024, page_size=16).generate(
+        [Job(p, max_new_tokens=10, stop_token_ids=()) for p in ps]
+    )
+    assert calls and max(calls) == 3  # one batched argmax per step, all three rows at once
+    # The same jobs through the per-row sampler (the argmax shortcut disabled) give the same tokens.
+    monkeypatch.setattr(generator_module, "_argmax_rows", lambda rows: {})
+    slow = Generator(llama, cache_tokens=1024, page_size=16).generate(
+        [Job(p, max_new_tokens=10, stop_token_ids=()) for p in ps]
+    )
+    assert [r.token_ids for r in fast] == [r.token_ids for r in slow]
+
+
+def test_penalised_or_sampled_jobs_use_the_sampler(llama, monkeypatch):
+    import engine.generation.generator as generator_module
+
+    monkeypatch.setattr(generator_module, "_argmax_rows", lambda rows: pytest.fail("argmax shortcut used"))
+    jobs = [
+        Job(prompts(1, [12])[0], 6, SamplingSettings(temperature=0.0, repetition_penalty=1.3)),
+        Job(prompts(1, [12], seed=1)[0], 6, SamplingSettings(temperature=0.8, seed=1), stop_token_ids=()),
+    ]
+    results = Generator(llama, cache_tokens=1024, page_size=16).generate(jobs)
+    assert all(len(r.token_ids) == 6 for r in results)
+    assert SamplingSettings.greedy().is_plain_greedy
+    assert not SamplingSettings(temperature=0.0, presence_penalty=0.5).is_plain_greedy
