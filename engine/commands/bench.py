@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from engine.commands.common import add_cache_args, add_model_args, cache_bits
+from engine.commands.common import add_cache_args, add_model_args, cache_bits, run_alone
 from engine.commands.roofline import DecodeBytes, module_decode_bytes
 from engine.commands.timing import copy_bandwidth, median_of
 
@@ -342,10 +342,7 @@ def format_table(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
-    parser = argparse.ArgumentParser(prog="python -m engine.commands.bench")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)]))
+    return run_alone(register, "bench", argv)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import os
 import statistics
 import sys
 
+from engine.commands.common import run_alone
+
 BIT_CONFIGS = ["16", "8", "4", "4,6", "2"]
 
 
@@ -256,10 +258,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
-    parser = argparse.ArgumentParser(prog="python -m engine.commands.bench_attention")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["bench-attention", *(sys.argv[1:] if argv is None else argv)]))
+    return run_alone(register, "bench-attention", argv)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import json
 import statistics
 import sys
 
+from engine.commands.common import run_alone
+
 LLAMA8B_SHAPES = ["4096x4096", "4096x14336", "14336x4096", "4096x1024"]
 # Projections of one input (in features, out features per matrix): separate launches vs one
 # multi-matrix launch (ops.exl3_gemv_multi).
@@ -326,10 +328,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
-    parser = argparse.ArgumentParser(prog="python -m engine.commands.bench_kernels")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["bench-kernels", *(sys.argv[1:] if argv is None else argv)]))
+    return run_alone(register, "bench-kernels", argv)
 
 
 if __name__ == "__main__":

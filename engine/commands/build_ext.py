@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from engine.commands.common import run_alone
+
 
 def register(sub) -> None:
     p = sub.add_parser("build-ext", help="compile the CUDA extension (ext/) now instead of on first use")
@@ -49,10 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
-    parser = argparse.ArgumentParser(prog="python -m engine.commands.build_ext")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["build-ext", *(sys.argv[1:] if argv is None else argv)]))
+    return run_alone(register, "build-ext", argv)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = True) -> None:
@@ -47,3 +48,12 @@ def stderr_progress(fraction: float, message: str) -> None:
         end=end,
         file=sys.stderr,
     )
+
+
+def run_alone(register: Callable, command: str, argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand without the rest of the CLI (whose other commands need the app's full
+    dependency set): ``python -m engine.commands.<module> ARGS`` on a GPU host, for instance."""
+    parser = argparse.ArgumentParser(prog=f"python -m engine.commands.{command.replace('-', '_')}")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([command, *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args) or 0)

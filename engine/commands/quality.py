@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from engine.commands.common import run_alone
+
 DEFAULT_BPW = "2,3,4,5,6,8"
 DEFAULT_GGUF = "q8_0,q5_0,q4_0"
 STARTER = "starter"  # -m starter: the bundled SmolLM2, imported into <work>/models
@@ -482,10 +484,7 @@ def register(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run without the rest of the CLI (whose other commands need the app's full dependency set)."""
-    parser = argparse.ArgumentParser(prog="python -m engine.commands.quality")
-    register(parser.add_subparsers(dest="command", required=True))
-    return run(parser.parse_args(["quality", *(sys.argv[1:] if argv is None else argv)]))
+    return run_alone(register, "quality", argv)
 
 
 if __name__ == "__main__":
