@@ -16,18 +16,12 @@ from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES
 from engine.quant.hadamard import blockwise_hadamard
 from engine.quant.reconstruct import apply_scales, decode_trellis
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
 ALL_K = range(1, 9)
 # u is rounded to fp16 after the input rotation (the MMA operand) and the output to the
 # activation dtype: relative Frobenius error ~3e-4 for fp16/fp32, ~2e-3 for bf16 outputs.
 TOL = {torch.float16: 1.5e-3, torch.float32: 1.5e-3, torch.bfloat16: 6e-3}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ext():
-    if ops.extension() is None:
-        pytest.fail(f"CUDA extension unavailable on a GPU machine: {ops.status()['reason']}")
 
 
 def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -10,18 +10,12 @@ from engine.cache.decode_attention import paged_decode_attention_reference
 from engine.cache.paged import KVCacheLayer, PagedKVCache
 from engine.cache.quantized import QuantizedStore
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
 BIT_PAIRS = [(b, b) for b in (2, 3, 4, 5, 6, 8, 16)] + [(4, 6), (8, 4), (16, 4), (4, 16)]
 # Output rounding (fp16: 2^-11, bf16: 2^-8 relative) dominates; everything else is fp32.
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 PAGE = 16
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ext():
-    if ops.extension() is None:
-        pytest.fail(f"CUDA extension unavailable on a GPU machine: {ops.status()['reason']}")
 
 
 def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -11,16 +11,10 @@ from engine.quant.quantize import GAUSSIAN_SCALE
 from engine.quant.trellis import pack_states, unpack_states
 from engine.quant.viterbi import encode_tiles
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
 KERNEL_K = range(2, 9)
 REL = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ext():
-    if ops.extension() is None:
-        pytest.fail(f"CUDA extension unavailable on a GPU machine: {ops.status()['reason']}")
 
 
 def _tiles(n: int, k: int, codebook: str, kind: str, seed: int) -> torch.Tensor:
