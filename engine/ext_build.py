@@ -35,6 +35,7 @@ SOURCES = (
     "paged_attention.cu",
     "viterbi.cu",
     "fused_ops.cu",
+    "quantized_cache_read.cu",
 )
 HEADERS = ("trellis_ext.h", "exl3_common.cuh", "exl3_gemv.cuh")
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulation, cp.async-era GPUs

@@ -378,6 +378,28 @@ def quantized_cache_write(store, slots: torch.Tensor, x: torch.Tensor) -> bool:
     return True
 
 
+QUANTIZED_READ_DTYPES = (torch.float16, torch.bfloat16)  # ext/quantized_cache_read.cu outputs
+
+
+def quantized_cache_read(store, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """Rows ``slots`` of a :class:`~engine.cache.quantized.QuantizedStore`, dequantized to
+    ``[n, kv_heads, head_dim]`` in ``dtype`` by one gather-dequantize-rotate kernel
+    (``ext/quantized_cache_read.cu``).
+
+    Returns None where it does not apply (CPU, no extension, groups other than 32, an output dtype
+    other than fp16/bf16: fp32 reads are the exact references the tests compare against); the store
+    then runs its torch path. Results are within fp32 rounding of :meth:`QuantizedStore.dequantize`
+    before the cast to ``dtype`` (at most one unit in the last place of ``dtype`` apart). Graph-safe.
+    """
+    if dtype not in QUANTIZED_READ_DTYPES or store.group != 32:
+        return None
+    ext = _kernel_ready(store.codes, slots)
+    if ext is None or not hasattr(ext, "quantized_cache_read"):
+        return None
+    slots = slots.to(torch.int64).contiguous()
+    return ext.quantized_cache_read(store.codes, store.scales, slots, store.bits, dtype)
+
+
 def viterbi_encode(x: torch.Tensor, k: int, table: torch.Tensor) -> torch.Tensor | None:
     """Tail-biting Viterbi for tiles ``x`` ``(N, 256)`` on the GPU (``ext/viterbi.cu``).
 
