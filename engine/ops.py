@@ -29,6 +29,12 @@ GEMV_ROWS = 8  # rows per GEMV launch (the MMA's N)
 # decode Q once and use cuBLAS. H200, 4096x14336 at 4 bpw: 16 rows take 86 us either way, 32 rows
 # 172 us as GEMV launches vs 86 us reconstruct + cuBLAS, so the GEMV stops at 8.
 GEMV_MAX_ROWS = int(os.environ.get("TRELLIS_GEMV_MAX_ROWS", "8"))
+# Above GEMV_MAX_ROWS (prefill): decode the whole weight W once (both Hadamards and the scales
+# folded in, ext/exl3_weight.cu) and run one GEMM in the activations' dtype; projections that
+# share an input get one W buffer and one GEMM while it stays under FUSED_WEIGHT_BYTES.
+# TRELLIS_WEIGHT_PREFILL=0 selects the older path (rotate x, decode Q, fp16 GEMM, rotate y).
+WEIGHT_PREFILL = os.environ.get("TRELLIS_WEIGHT_PREFILL", "1") != "0"
+FUSED_WEIGHT_BYTES = 1 << 30
 _MAX_CHUNKS_PER_SPLIT = 16  # ext/exl3_gemv.cuh kGemvMaxChunks
 # The fast GEMV skips the fp16 rounding of each decoded weight (ext/exl3_gemv.cuh, FAST): fewer
 # integer instructions per weight, results within one fp16 rounding per weight of the exact
@@ -194,6 +200,27 @@ def exl3_gemv_multi(
     return ys
 
 
+def _exl3_gemm_fused(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | None:
+    """Many rows through projections of one input: one ``W`` buffer for all of them, one GEMM."""
+    first = layers[0]
+    dtype = x.dtype if x.dtype in KERNEL_DTYPES else torch.float32
+    if sum(layer.padded_out for layer in layers) * first.padded_in * dtype.itemsize > FUSED_WEIGHT_BYTES:
+        return None  # each layer on its own: a smaller temporary
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
+    if x2.shape[1] < first.padded_in:  # zero-extend (EXL3_FORMAT.md section 3.3)
+        x2 = F.pad(x2, (0, first.padded_in - x2.shape[1]))
+    y_all = x2 @ exl3_weight(layers, dtype)
+    outs, col = [], 0
+    for layer in layers:
+        y = y_all[:, col : col + layer.out_features]
+        col += layer.padded_out
+        if layer.bias is not None:
+            y = y + layer.bias.to(y.dtype)
+        outs.append(y.to(x.dtype).reshape(*lead, layer.out_features))
+    return outs
+
+
 def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | None:
     """``[layer(x) for layer in layers]`` in one GEMV launch, or None where that does not apply.
 
@@ -211,9 +238,11 @@ def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | 
         if layer.in_features != first.in_features or not layer.trellis.is_cuda:
             return None
     m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    ext = _kernel_ready(x)
+    if m > GEMV_MAX_ROWS and WEIGHT_PREFILL and ext is not None and hasattr(ext, "exl3_weight_into"):
+        return _exl3_gemm_fused(x, layers)
     if not 1 <= m <= min(GEMV_ROWS, GEMV_MAX_ROWS):
         return None
-    ext = _kernel_ready(x)
     if ext is None or not hasattr(ext, "exl3_gemv_multi"):
         return None
     lead = x.shape[:-1]
@@ -234,6 +263,25 @@ def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | 
             y = y + layer.bias.to(y.dtype)
         outs.append(y.to(x.dtype).reshape(*lead, layer.out_features))
     return outs
+
+
+def exl3_weight(layers: list[Any], dtype: torch.dtype) -> torch.Tensor:
+    """The whole weights ``W`` ``(padded_in, padded_out)`` of streaming EXL3 linears of one input,
+    side by side in one ``dtype`` buffer (``ext/exl3_weight.cu``: decode, both Hadamards and the
+    scales in one pass). The prefill path multiplies the activations by it with one GEMM.
+    """
+    ext = extension()
+    if ext is None:
+        raise RuntimeError(f"CUDA extension unavailable: {_reason}")
+    first = layers[0]
+    w = torch.empty(
+        first.padded_in, sum(layer.padded_out for layer in layers), dtype=dtype, device=first.trellis.device
+    )
+    col = 0
+    for layer in layers:
+        ext.exl3_weight_into(layer.trellis, layer.suh, layer.svh, CODEBOOK_IDS[layer.codebook], w, col)
+        col += layer.padded_out
+    return w
 
 
 def exl3_decode(trellis: torch.Tensor, codebook: str) -> torch.Tensor:
@@ -292,6 +340,8 @@ def exl3_gemm(x: torch.Tensor, layer: Any) -> torch.Tensor | None:
             for i in range(0, m, GEMV_ROWS)
         ]
         y = parts[0] if len(parts) == 1 else torch.cat(parts)
+    elif WEIGHT_PREFILL and hasattr(ext, "exl3_weight_into"):
+        y = x2 @ exl3_weight([layer], x2.dtype)
     else:
         # fp16 activations/weights for cuBLAS, as the reference kernels do; an fp32 caller asked
         # for reference precision, so it gets an fp32 product (Q is exact in fp32).
@@ -379,6 +429,7 @@ def quantized_cache_write(store, slots: torch.Tensor, x: torch.Tensor) -> bool:
 
 
 QUANTIZED_READ_DTYPES = (torch.float16, torch.bfloat16)  # ext/quantized_cache_read.cu outputs
+QUANTIZED_READ_MAX_UNITS = 2**31 - 1 - 256  # 8-number units per launch (its int32 thread index)
 
 
 def quantized_cache_read(store, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
@@ -393,6 +444,8 @@ def quantized_cache_read(store, slots: torch.Tensor, dtype: torch.dtype) -> torc
     """
     if dtype not in QUANTIZED_READ_DTYPES or store.group != 32:
         return None
+    if slots.numel() * store.codes.shape[1] * (store.head_dim // 8) > QUANTIZED_READ_MAX_UNITS:
+        return None  # beyond the kernel's 32-bit thread index (32 GB of output: never in practice)
     ext = _kernel_ready(store.codes, slots)
     if ext is None or not hasattr(ext, "quantized_cache_read"):
         return None

@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <torch/extension.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "trellis_ext.h"
@@ -138,8 +139,10 @@ struct Pack<__nv_bfloat16> {
 template <typename T, int BITS>
 __global__ void __launch_bounds__(kThreads) quantized_cache_read_kernel(
     const uint8_t* __restrict__ codes, const __half* __restrict__ scales, const int64_t* __restrict__ slots,
-    T* __restrict__ out, long long units, int heads, int units_per_row, long long num_slots) {
-  const long long unit = static_cast<long long>(blockIdx.x) * kThreads + threadIdx.x;
+    T* __restrict__ out, int units, int heads, int units_per_row, long long num_slots) {
+  // 32-bit thread indices (the host checks units < 2^31): the divisions below are the costliest
+  // instructions per unit, and 64-bit ones take several times as many.
+  const int unit = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
   const int lane = threadIdx.x % 32;
   // Lanes past the end take part in the shuffles with zeros (whole groups of 4 lanes, since the
   // unit count is a multiple of 4) and store nothing.
@@ -147,10 +150,10 @@ __global__ void __launch_bounds__(kThreads) quantized_cache_read_kernel(
   float x[8];
   size_t src_unit = 0;
   if (active) {
-    const long long row = unit / units_per_row;  // i * heads + h
-    const int u = static_cast<int>(unit - row * units_per_row);
-    const int h = static_cast<int>(row % heads);
-    const long long slot = slots[row / heads];
+    const int row = unit / units_per_row;  // i * heads + h
+    const int u = unit - row * units_per_row;
+    const int i = row / heads, h = row - i * heads;
+    const long long slot = slots[i];
     CUDA_KERNEL_ASSERT(slot >= 0 && slot < num_slots);
     src_unit = (static_cast<size_t>(slot) * heads + h) * units_per_row + u;
     unsigned lo, hi;
@@ -179,9 +182,9 @@ __global__ void __launch_bounds__(kThreads) quantized_cache_read_kernel(
 }
 
 template <typename T>
-void launch(int bits, const uint8_t* codes, const __half* scales, const int64_t* slots, T* out, long long units,
+void launch(int bits, const uint8_t* codes, const __half* scales, const int64_t* slots, T* out, int units,
             int heads, int units_per_row, long long num_slots, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((units + kThreads - 1) / kThreads);
+  const unsigned blocks = static_cast<unsigned>((static_cast<long long>(units) + kThreads - 1) / kThreads);
 #define TRELLIS_QCR_CASE(B)                                                                                       \
   case B:                                                                                                         \
     quantized_cache_read_kernel<T, B>                                                                             \
@@ -218,8 +221,10 @@ at::Tensor quantized_cache_read(const at::Tensor& codes, const at::Tensor& scale
   TORCH_CHECK(reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 == 0, "codes must be 8-byte aligned");
   const int64_t n = slots.size(0);
   at::Tensor out = at::empty({n, heads, D}, codes.options().dtype(out_dtype));
-  const long long units = n * heads * (D / 8);
-  if (units == 0) return out;
+  const int64_t units64 = n * heads * (D / 8);
+  TORCH_CHECK(units64 <= INT_MAX - kThreads, "quantized_cache_read: too many rows for one launch");
+  if (units64 == 0) return out;
+  const int units = static_cast<int>(units64);
   const c10::cuda::CUDAGuard guard(codes.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   const auto* c = codes.data_ptr<uint8_t>();

@@ -58,3 +58,12 @@ def test_cases_left_to_the_torch_path(monkeypatch):
     # An extension built before the kernel existed
     monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: types.SimpleNamespace())
     assert ops.quantized_cache_read(store, slots, torch.float16) is None
+
+
+def test_reads_past_the_kernels_index_range_stay_on_torch(monkeypatch):
+    fake = FakeExtension()
+    monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: fake)
+    store = _filled()  # 2 heads of 64: 16 units per slot
+    monkeypatch.setattr(ops, "QUANTIZED_READ_MAX_UNITS", 16 * 4)
+    assert ops.quantized_cache_read(store, torch.arange(4), torch.float16) is not None
+    assert ops.quantized_cache_read(store, torch.arange(5), torch.float16) is None
