@@ -8,8 +8,11 @@ orientation: ``W`` is ``(in, out)`` (the HF weight transposed) and the stored te
    at the end) times random signs -> ``sv``; ``W <- (W / sv) . H_out``.
 2. Input side: per-row RMS of that times random signs -> ``su``; ``W <- H_in . diag(1/su) . W``
    leaves rows of unit RMS: incoherent, close to iid Gaussian.
-3. Global scale ``a``: the target is ``a . W`` (``su <- su / a``), ``a`` chosen by test-quantizing
-   sample tiles around the best scale for Gaussian data at this K (:data:`GAUSSIAN_SCALE`).
+3. Global scale ``a``: the target is ``a . W`` (``su <- su / a``). With a Hessian, ``a`` is the
+   grid point whose LDLQ proxy error is lowest on a sample of columns (:func:`choose_scale_ldlq`):
+   the error feedback inflates the strip targets, so the best scale under LDLQ sits well below
+   the best scale for plain rounding at high K (0.6 vs 0.8 codebook std at K=6). Without one,
+   sample tiles are test-quantized around the best scale for Gaussian data (:data:`GAUSSIAN_SCALE`).
 4. LDLQ: 16-row strips from last to first, each strip's target corrected by the already
    quantized strips' error through the block-LDL factor of the rotated Hessian, then encoded
    tile by tile with the tail-biting Viterbi (:mod:`engine.quant.viterbi`).
@@ -37,6 +40,16 @@ from engine.quant.viterbi import encode_tiles
 # deviation, per K (1..8); measured with ``python -m engine.quant.mse`` (all three codebooks are
 # within a few per cent of each other).
 GAUSSIAN_SCALE = {1: 1.05, 2: 1.0, 3: 0.95, 4: 0.9, 5: 0.85, 6: 0.8, 7: 0.75, 8: 0.7}
+
+# The LDLQ-aware search (units of the codebook's std): a coarse grid wide enough for every K
+# (ExLlamaV3's chosen scales span ~0.45-1.1 std), then one refinement step each side of the best.
+SCALE_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
+SCALE_REFINE = 0.05
+# The search runs LDLQ on this many sampled output columns and on the leading rows of the
+# Hessian only (its leading block's LDL factor is the full factor's leading block, so this is an
+# exact, smaller LDLQ problem); a fraction of the main pass's sequential Viterbi calls.
+SEARCH_COLUMNS = 64
+SEARCH_ROWS = 1024
 
 
 @dataclass
@@ -83,6 +96,67 @@ def _strip_encode(target: torch.Tensor, k: int, table: torch.Tensor) -> tuple[to
     states = encode_tiles(tiles, k, table)
     decoded = tiles_to_matrix(table[states.long()].float().unsqueeze(0))
     return states, decoded
+
+
+def _ldlq(
+    target: torch.Tensor, lower: torch.Tensor | None, k: int, table: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LDLQ of ``target`` ``(rows, cols)``: returns (states ``(rows/16, cols/16, 256)``, decoded).
+
+    Last strip first; strip b's target is ``T_b + sum_{j>b} L_jb^T (T_j - Q_j)`` (``lower`` None:
+    plain rounding, no feedback). Columns never interact, so independent problems can be
+    stacked side by side and encoded in the same Viterbi calls.
+    """
+    rows, cols = target.shape
+    q = torch.zeros_like(target)
+    states = torch.zeros(rows // TILE, cols // TILE, 256, dtype=torch.int32, device=target.device)
+    for b in range(rows // TILE - 1, -1, -1):
+        r0, r1 = b * TILE, (b + 1) * TILE
+        strip = target[r0:r1]
+        if lower is not None and r1 < rows:
+            strip = strip + lower[r1:, r0:r1].t() @ (target[r1:] - q[r1:])
+        states[b], q[r0:r1] = _strip_encode(strip, k, table)
+    return states, q
+
+
+def choose_scale_ldlq(
+    unit: torch.Tensor,
+    h_rot: torch.Tensor,
+    lower: torch.Tensor,
+    k: int,
+    table: torch.Tensor,
+    gen: torch.Generator | None = None,
+) -> float:
+    """Pick the global scale for rotated weights ``unit`` (rows ~unit RMS) by the quantity LDLQ
+    minimises: the proxy error ``tr(E^T H E)`` after a full LDLQ pass at each candidate scale.
+
+    Runs on :data:`SEARCH_COLUMNS` random columns (whole tiles) and the leading
+    :data:`SEARCH_ROWS` rows; all candidates of a round go through the same Viterbi calls.
+    """
+    std = float(table.float().std())
+    n_rows, n_cols = unit.shape
+    rows = min(n_rows, SEARCH_ROWS)
+    tile_cols = n_cols // TILE
+    take = min(tile_cols, SEARCH_COLUMNS // TILE)
+    picked = torch.randperm(tile_cols, generator=gen)[:take].sort().values
+    cols = (picked[:, None] * TILE + torch.arange(TILE)).reshape(-1).to(unit.device)
+    sample = unit[:rows].index_select(1, cols)
+    h = h_rot[:rows, :rows].float()
+    lower_f = lower[:rows, :rows].float()
+
+    def errors(scales: list[float]) -> list[float]:
+        """Unnormalised proxy error ``tr(E^T H E)`` (unit-weight domain) at each scale."""
+        target = torch.cat([sample * (a * std) for a in scales], dim=1)
+        _, q = _ldlq(target, lower_f, k, table)
+        per_col = torch.tensor(scales, device=unit.device).repeat_interleave(sample.shape[1]) * std
+        e = (target - q) / per_col
+        return ((h @ e) * e).reshape(rows, len(scales), -1).sum((0, 2)).tolist()
+
+    tried = dict(zip(SCALE_GRID, errors(list(SCALE_GRID)), strict=True))
+    best = min(tried, key=tried.__getitem__)
+    finer = [best - SCALE_REFINE, best + SCALE_REFINE]
+    tried.update(zip(finer, errors(finer), strict=True))
+    return min(tried, key=tried.__getitem__) * std
 
 
 def choose_scale(
@@ -149,42 +223,37 @@ def quantize_weight(
     su = _random_signs(n_in, gen, device) * row_rms
     unit = blockwise_hadamard(w / su.unsqueeze(1), dim=0)
 
-    # 3. Global scale, then fix su in fp16 and form the exact target for it.
-    a = (
-        choose_scale(unit, bits, table, gen=gen)
-        if search_scale
-        else GAUSSIAN_SCALE[bits] * float(table.std())
-    )
-    suh = _fp16_nonzero(su / a)
-    target = blockwise_hadamard(w / suh.float().unsqueeze(1), dim=0)
-
-    # Hessian of Q's input: x' = (x * su) H_in, so H' = H_in diag(su) H diag(su) H_in.
+    # Hessian of Q's input: x' = (x * su') H_in with su' = su / a, so H' = H_in diag(su') H
+    # diag(su') H_in. The global scale only multiplies H' (L and the relative proxy error do not
+    # change), so it is formed with su, before a is known, and used for the search and the pass.
     if hessian is not None:
         h = torch.zeros(n_in, n_in, dtype=torch.float64, device=device)
         h[:in_f, :in_f] = hessian.to(device=device, dtype=torch.float64)
-        s = suh.double()
+        s = su.double() / float(su.abs().max())
         h = blockwise_hadamard(blockwise_hadamard(s.unsqueeze(1) * h * s.unsqueeze(0), dim=0), dim=1)
         lower, damp = block_ldl(h, damping, TILE, warn)
-        h_rot = h
+        h_rot = h if damp != float("inf") else None
     else:
         lower, damp, h_rot = None, float("inf"), None
 
-    # 4. LDLQ, last strip first: strip b's target is T_b + sum_{j>b} L_jb^T (T_j - Q_j).
-    n_strips = n_in // TILE
-    q = torch.zeros_like(target)
-    states = torch.zeros(n_strips, n_out // TILE, 256, dtype=torch.int32, device=device)
-    lower_f = lower.float() if lower is not None else None
-    for b in range(n_strips - 1, -1, -1):
-        r0, r1 = b * TILE, (b + 1) * TILE
-        strip = target[r0:r1]
-        if lower_f is not None and r1 < n_in:
-            err = target[r1:] - q[r1:]
-            strip = strip + lower_f[r1:, r0:r1].t() @ err
-        states[b], q[r0:r1] = _strip_encode(strip, bits, table)
+    # 3. Global scale, then fix su in fp16 and form the exact target for it.
+    if not search_scale:
+        a = GAUSSIAN_SCALE[bits] * float(table.std())
+    elif h_rot is not None:
+        a = choose_scale_ldlq(unit, h_rot, lower, bits, table, gen=gen)
+    else:
+        a = choose_scale(unit, bits, table, gen=gen)
+    suh = _fp16_nonzero(su / a)
+    target = blockwise_hadamard(w / suh.float().unsqueeze(1), dim=0)
+    if h_rot is None:
+        lower = None
+
+    # 4. LDLQ over the whole matrix.
+    states, q = _ldlq(target, lower.float() if lower is not None else None, bits, table)
 
     # Proxy error in the rotated basis (the loss LDLQ minimises), relative to the target's.
     e = (target - q).double()
-    if h_rot is not None and damp != float("inf"):
+    if h_rot is not None:
         # trace(E^T H E) as sum((H E) * E): never forms the (out x out) product (an LM head has
         # out = vocab, which would be 128k x 128k).
         t = target.double()

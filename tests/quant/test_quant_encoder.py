@@ -146,3 +146,35 @@ def test_convert_pipeline(exl3_dir: Path, tmp_path: Path, monkeypatch) -> None:
     (dst / ".exl3_work").mkdir()
     with pytest.raises(ConvertError, match="resume"):
         convert_model(src, dst, options, log=logs.append)
+
+
+def _correlated_problem(gen: torch.Generator, n_in: int = 256, n_out: int = 128):
+    """A weight and a Hessian with a steep spectrum, so LDLQ's error feedback is large."""
+    w = torch.randn(n_out, n_in, generator=gen) * 0.02
+    mix = torch.randn(n_in, n_in, generator=gen) * torch.logspace(0, -3, n_in).unsqueeze(1)
+    x = torch.randn(4 * n_in, n_in, generator=gen) @ mix
+    return w, x.T @ x / x.shape[0]
+
+
+@pytest.mark.parametrize("search_rows", [1024, 128])
+def test_ldlq_scale_search_finds_the_lowest_proxy_error(monkeypatch, search_rows: int) -> None:
+    # The LDLQ-aware search (a column sample, optionally only the leading rows) must land on a
+    # scale whose full LDLQ pass is as good as the best of several forced scales.
+    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(quantize_mod, "SEARCH_ROWS", search_rows)
+    w, h = _correlated_problem(torch.Generator().manual_seed(5))
+    std = float(codebook_table("mul1").float().std())
+    searched = quantize_mod.quantize_weight(w, h, 6, "mul1", seed=2)
+
+    real_search = quantize_mod.choose_scale_ldlq
+    forced: dict[float, float] = {}
+    for factor in (0.4, 0.6, 0.8, 1.0):
+        monkeypatch.setattr(quantize_mod, "choose_scale_ldlq", lambda *a, f=factor, **k: f * std)
+        forced[factor] = quantize_mod.quantize_weight(w, h, 6, "mul1", seed=2).proxy_error
+    monkeypatch.setattr(quantize_mod, "choose_scale_ldlq", real_search)
+    assert searched.proxy_error <= 1.1 * min(forced.values())
+    assert 0.25 * std <= searched.scale <= 1.15 * std
+    # Without a Hessian there is no feedback, and the plain search around the prior is used.
+    plain = quantize_mod.quantize_weight(w, None, 6, "mul1", seed=2)
+    prior = quantize_mod.GAUSSIAN_SCALE[6]
+    assert abs(plain.scale / std - prior) <= 0.1 * prior + 1e-6
