@@ -732,6 +732,375 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Version 3: quantized caches (keys and values both 2, 4 or 8 bits) with q.k and p.v on the
+// tensor cores (mma.m16n8k16, fp16 in, fp32 accumulate). TRELLIS_ATTN_V2=1 selects version 2
+// (read per call, so one process can time both); other widths and dense caches use version 2.
+//
+// Why: version 2 spends ~16 lanes x ~225 instructions per key (each lane dots its 8 numbers with
+// every head, 31 shuffles per 16 scores, the softmax repeated in all 16 lanes of a key), so the
+// quantized cache, though 2-4x fewer bytes, ran 0.75-0.88x the dense cache's speed. Here a warp
+// takes 16 keys at a time and the per-key work is decoding its numbers once, in fp16:
+//   S^T[16 keys x 8 heads] = K[16 x D] . Q^T[D x 8]    (A = keys, B = the query, D/16 MMAs)
+//   O^T[D x 8 heads]      += V^T[D x 16] . P^T[16 x 8] (A = values, B = the probabilities, D/16 MMAs)
+// Lane (g = lane / 4, t = lane % 4) holds, in the MMA fragments, keys g and g + 8 and heads 2t,
+// 2t + 1 of S, so the softmax is 4 exp2 per lane (3 shuffle rounds for the maxima) and its
+// rescaling of O touches only the lane's own accumulators.
+//
+// The dot products do not care in which order d runs, so each fragment's d positions are chosen
+// to be whole 8-number bit-plane units: for q.k the lane decodes unit 4c + t (group c) of keys g
+// and g + 8 and holds the same unit of the (rotated) query of head g; for p.v it decodes units
+// g + 8w of keys 2t, 2t + 1, 2t + 8, 2t + 9, and its accumulator rows are those units' numbers.
+// A unit becomes 8 code bytes with the bit-plane transpose, each pair of bytes an fp16 pair with
+// one PRMT (0x64 exponent: 1024 + code), then one HSUB2 (exact codes) and one HFMA2 with the
+// group's scale and -midpoint * scale (the only roundings: the fp16 number, as a dense fp16 cache
+// has, and -midpoint * scale in fp16). P goes to fp16 for the MMA as in flash attention; its
+// transpose from the score layout to the p.v operand layout goes through 512 bytes of shared
+// memory per warp.
+//
+// Instructions per 16 keys and lane at head_dim 128, 8-bit (4-bit: transposes 11 instead of 21):
+// keys 8 units x 21 transpose + 32 pairs x 3 + 8 scale pairs x 2; values 8 x 21 + 32 pairs x 3.5
+// + 4; softmax ~50 + 32 rescales; loads/addresses ~80; 16 MMAs: ~700, i.e. ~45 warp instructions
+// per key and kv head (version 2: ~110), with no shuffle chain per key.
+
+template <int BITS>
+struct PlaneWord {
+  using type = unsigned;  // 2-4 planes: one 32-bit word (2 planes: its low half)
+};
+template <>
+struct PlaneWord<8> {
+  using type = uint2;  // planes 0-3, 4-7
+};
+
+template <int BITS>
+__device__ __forceinline__ typename PlaneWord<BITS>::type fetch_planes(const uint8_t* c) {
+  if constexpr (BITS == 8) {
+    return __ldg(reinterpret_cast<const uint2*>(c));
+  } else if constexpr (BITS == 4) {
+    return __ldg(reinterpret_cast<const unsigned*>(c));
+  } else {
+    static_assert(BITS == 2, "the tensor-core kernel takes 2, 4 or 8 bits");
+    return static_cast<unsigned>(__ldg(reinterpret_cast<const unsigned short*>(c)));
+  }
+}
+
+// The codes of one unit as bytes: byte i of lo = number i, byte i of hi = number 4 + i (the
+// transposes of unpack_codes4 / unpack_codes8 without the conversion to float).
+__device__ __forceinline__ void planes_to_bytes(unsigned x, unsigned& lo, unsigned& hi) {
+  unsigned t = (x ^ (x >> 7)) & 0x00AA00AAu;
+  x ^= t ^ (t << 7);
+  t = (x ^ (x >> 14)) & 0x0000CCCCu;
+  x ^= t ^ (t << 14);
+  lo = x & 0x0F0F0F0Fu;
+  hi = (x >> 4) & 0x0F0F0F0Fu;
+}
+
+__device__ __forceinline__ void planes_to_bytes(uint2 w, unsigned& lo, unsigned& hi) {
+  lo = w.x;
+  hi = w.y;
+  unsigned t = (lo ^ (lo >> 7)) & 0x00AA00AAu, v = (hi ^ (hi >> 7)) & 0x00AA00AAu;
+  lo ^= t ^ (t << 7);
+  hi ^= v ^ (v << 7);
+  t = (lo ^ (lo >> 14)) & 0x0000CCCCu;
+  v = (hi ^ (hi >> 14)) & 0x0000CCCCu;
+  lo ^= t ^ (t << 14);
+  hi ^= v ^ (v << 14);
+  t = (lo ^ (hi << 4)) & 0xF0F0F0F0u;
+  lo ^= t;
+  hi ^= t >> 4;
+}
+
+__device__ __forceinline__ __half2 u32_as_h2(unsigned u) { return *reinterpret_cast<const __half2*>(&u); }
+__device__ __forceinline__ unsigned h2_as_u32(__half2 h) { return *reinterpret_cast<const unsigned*>(&h); }
+
+// Two code bytes of `bytes` (picked by `sel`: 0x4140 bytes 0, 1; 0x4342 bytes 2, 3) as the
+// stored numbers, (code - midpoint) * scale, in fp16: 1024 + code exactly by putting the byte
+// under an fp16 exponent, minus 1024 exactly, then one FMA.
+__device__ __forceinline__ unsigned dequant_pair(unsigned bytes, unsigned sel, __half2 scale, __half2 offset) {
+  const __half2 magic = u32_as_h2(__byte_perm(bytes, 0x64646464u, sel));
+  const __half2 code = __hsub2(magic, __floats2half2_rn(1024.0f, 1024.0f));
+  return h2_as_u32(__hfma2(code, scale, offset));
+}
+
+// D += A . B, m16n8k16, fp16 operands, fp32 accumulators (sm_80+).
+__device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                          unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// N 32-bit words (2N fp16 scales: one key's row of group scales) in one vector load.
+template <int N>
+__device__ __forceinline__ void load_words(const __half* p, unsigned (&w)[N]) {
+  if constexpr (N == 1) {
+    w[0] = __ldg(reinterpret_cast<const unsigned*>(p));
+  } else if constexpr (N == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+    static_assert(N == 4, "head_dim 64, 128 or 256");
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = v.x;
+    w[1] = v.y;
+    w[2] = v.z;
+    w[3] = v.w;
+  }
+}
+
+constexpr int kTile = 16;  // keys per warp per step of the tensor-core kernel
+
+// A lane's raw (still encoded) share of one 16-key tile: the key units of keys g and g + 8 and
+// the value units of keys 2t, 2t + 1, 2t + 8, 2t + 9 (see above), with those keys' scale rows.
+template <int D, int KB, int VB>
+struct TileUnits {
+  static constexpr int NG = D / kGroup, NW = NG / 2;
+  typename PlaneWord<KB>::type k[2][NG];
+  typename PlaneWord<VB>::type v[4][NW];
+  unsigned ks[2][NW], vs[4][NW];
+};
+
+// Tile offsets of the lane's keys: 0-1 for q.k (rows g, g + 8), 2-5 for p.v (2t, 2t+1, 2t+8, 2t+9).
+__device__ __forceinline__ int tile_key(int i, int g, int t) {
+  return i < 2 ? g + 8 * i : 2 * t + ((i - 2) & 1) + 8 * ((i - 2) >> 1);
+}
+
+__device__ __forceinline__ void tile_pages(const Params& p, const int* table, int base, int last, int g, int t,
+                                           int (&pg)[6]) {
+#pragma unroll
+  for (int i = 0; i < 6; ++i) pg[i] = __ldg(table + page_index(p, min(base + tile_key(i, g, t), last)));
+}
+
+template <int D, int KB, int VB>
+__device__ __forceinline__ void fetch_tile(const Params& p, int base, int last, int kvh, int g, int t,
+                                           const int (&pg)[6], TileUnits<D, KB, VB>& r) {
+  constexpr int NG = D / kGroup, NW = NG / 2;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const size_t row = cache_row(p, pg[i], min(base + tile_key(i, g, t), last), kvh);
+    const uint8_t* c = p.k.codes + row * (D / 8) * KB;
+#pragma unroll
+    for (int cg = 0; cg < NG; ++cg) r.k[i][cg] = fetch_planes<KB>(c + (4 * cg + t) * KB);
+    load_words<NW>(p.k.scales + row * NG, r.ks[i]);
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const size_t row = cache_row(p, pg[2 + j], min(base + tile_key(2 + j, g, t), last), kvh);
+    const uint8_t* c = p.v.codes + row * (D / 8) * VB;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) r.v[j][w] = fetch_planes<VB>(c + (g + 8 * w) * VB);
+    load_words<NW>(p.v.scales + row * NG, r.vs[j]);
+  }
+}
+
+// At most 168 registers up to head_dim 128: 3 blocks (12 warps) per multiprocessor.
+template <int D, typename T, int KB, int VB>
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kernel_mma(const Params p) {
+  constexpr int MAXH = kMaxHeads;  // 8 heads = the MMA's N; fewer heads leave columns of zeros
+  constexpr int NG = D / kGroup, NW = NG / 2, NKC = D / 16, NMT = D / 16;
+  // Loads one tile ahead where the registers allow it (head_dim 256: at use, other warps hide it).
+  constexpr bool kPrefetch = D <= 128;
+  static_assert(MAXH == 8, "the MMA's N is 8 heads");
+  __shared__ float s_m[kWarps][MAXH], s_l[kWarps][MAXH];
+  __shared__ float s_acc[kWarps][MAXH][D];
+  __shared__ __align__(16) __half s_p[kWarps][2][MAXH][kTile];  // P^T per warp, double-buffered
+
+  const int split = blockIdx.x, b = blockIdx.z;
+  const int kvh = blockIdx.y / p.head_chunks, chunk = blockIdx.y % p.head_chunks;
+  const int h0 = kvh * p.group + chunk * MAXH;
+  const int nh = min(MAXH, p.group - chunk * MAXH);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int len = p.lengths[b];
+  const int lo = p.window > 0 ? max(0, len - p.window) : 0;
+  const int span = p.pages_per_split * p.page_size;
+  const int start = max(lo, split * span), end = min(len, (split + 1) * span);
+  const size_t part = (static_cast<size_t>(b) * p.heads + h0) * p.splits + split;
+  if (start >= end) {
+    if (threadIdx.x < nh) {
+      p.part_m[part + threadIdx.x * p.splits] = -INFINITY;
+      p.part_l[part + threadIdx.x * p.splits] = 0.0f;
+    }
+    return;
+  }
+  const int last = end - 1, stride = kWarps * kTile;
+  const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
+
+  int base = start + warp * kTile;
+  int pg[6];
+  TileUnits<D, KB, VB> cur;
+  tile_pages(p, table, base, last, g, t, pg);
+  fetch_tile<D, KB, VB>(p, base, last, kvh, g, t, pg, cur);
+  tile_pages(p, table, base + stride, last, g, t, pg);
+
+  // The rotated query of head g (zero past the chunk's heads), unit 4c + t of each group c, scale
+  // and log2 e folded in, as the B fragments of the D/16 k-steps: numbers (0,1), (2,3) | (4,5), (6,7).
+  const float qmul = p.scale * (p.softcap > 0.0f ? 1.0f : kLog2e) * kInvSqrtGroup;
+  unsigned qf[NKC][2];
+#pragma unroll
+  for (int cg = 0; cg < NG; ++cg) {
+    float x[8];
+    if (g < nh) {
+      load8(static_cast<const T*>(p.q) + (static_cast<size_t>(b) * p.heads + h0 + g) * D + (4 * cg + t) * 8, x);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = 0.0f;
+    }
+    hadamard32_lanes(x, lane);  // the group's 4 units sit in lanes 4g .. 4g + 3 (lane bits 0-1 = t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) qf[2 * cg + i / 2][i % 2] = h2_as_u32(__floats2half2_rn(x[2 * i] * qmul, x[2 * i + 1] * qmul));
+  }
+  const __half2 nkhalf = __float2half2_rn(-0.5f * static_cast<float>((1 << KB) - 1));
+  const __half2 nvhalf = __float2half2_rn(-0.5f * static_cast<float>((1 << VB) - 1));
+  const unsigned vsel = (g & 4) ? 0x7632u : 0x5410u;  // unit g + 8w is in group g / 4 + 2w: word w, half (g / 4) & 1
+  const float cap = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
+  const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
+
+  // Heads 2t, 2t + 1: running max / sum (this lane's keys only for l; reduced at the end) and
+  // O^T accumulators: M-tile j rows g, g + 8 = numbers 2(j % 4), 2(j % 4) + 1 of unit g + 8(j / 4).
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float acc[NMT][4];
+#pragma unroll
+  for (int j = 0; j < NMT; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+
+  int buf = 0;
+  for (; base < end; base += stride, buf ^= 1) {
+    TileUnits<D, KB, VB> nxt;
+    if constexpr (kPrefetch) {
+      fetch_tile<D, KB, VB>(p, base + stride, last, kvh, g, t, pg, nxt);
+      tile_pages(p, table, base + 2 * stride, last, g, t, pg);
+    }
+
+    // S^T = K . Q^T: k-step 2c + h takes numbers 4h .. 4h + 3 of unit 4c + t (two chains).
+    float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int cg = 0; cg < NG; ++cg) {
+      unsigned klo[2], khi[2];
+      __half2 ks[2], ko[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        planes_to_bytes(cur.k[i][cg], klo[i], khi[i]);
+        ks[i] = u32_as_h2(__byte_perm(cur.ks[i][cg / 2], 0u, (cg & 1) ? 0x3232u : 0x1010u));
+        ko[i] = __hmul2(ks[i], nkhalf);
+      }
+      mma_16816(sa, dequant_pair(klo[0], 0x4140u, ks[0], ko[0]), dequant_pair(klo[1], 0x4140u, ks[1], ko[1]),
+                dequant_pair(klo[0], 0x4342u, ks[0], ko[0]), dequant_pair(klo[1], 0x4342u, ks[1], ko[1]),
+                qf[2 * cg][0], qf[2 * cg][1]);
+      mma_16816(sb, dequant_pair(khi[0], 0x4140u, ks[0], ko[0]), dequant_pair(khi[1], 0x4140u, ks[1], ko[1]),
+                dequant_pair(khi[0], 0x4342u, ks[0], ko[0]), dequant_pair(khi[1], 0x4342u, ks[1], ko[1]),
+                qf[2 * cg + 1][0], qf[2 * cg + 1][1]);
+    }
+    // Scores s[2r + e]: key g + 8r, head 2t + e. Online softmax per head over the tile's 16 keys
+    // (a max over the 8 lanes of equal t); the tile's first key is always visible, so the new max
+    // is finite and exp2(-inf) = 0 covers the first tile and the masked keys.
+    float s[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      s[i] = sa[i] + sb[i];
+      if (cap > 0.0f) s[i] = cap * tanhf(s[i] * inv_cap);
+      if (base + g + 8 * (i >> 1) > last) s[i] = -INFINITY;
+    }
+    float corr[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float mx = fmaxf(s[e], s[2 + e]);
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+      const float mn = fmaxf(m[e], mx);
+      corr[e] = exp2f(m[e] - mn);
+      m[e] = mn;
+      s[e] = exp2f(s[e] - mn);
+      s[2 + e] = exp2f(s[2 + e] - mn);
+      l[e] = l[e] * corr[e] + s[e] + s[2 + e];
+    }
+#pragma unroll
+    for (int j = 0; j < NMT; ++j) {
+      acc[j][0] *= corr[0];
+      acc[j][1] *= corr[1];
+      acc[j][2] *= corr[0];
+      acc[j][3] *= corr[1];
+    }
+    // P^T as the B operand: lane (g, t) needs head g at keys 2t, 2t + 1 and 2t + 8, 2t + 9.
+    __half(*sp)[kTile] = s_p[warp][buf];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sp[2 * t + (i & 1)][g + 8 * (i >> 1)] = __float2half_rn(s[i]);
+    __syncwarp();
+    const unsigned pb0 = *reinterpret_cast<const unsigned*>(&sp[g][2 * t]);
+    const unsigned pb1 = *reinterpret_cast<const unsigned*>(&sp[g][2 * t + 8]);
+
+    // O^T += V^T . P^T: unit g + 8w of keys 2t, 2t + 1 (columns 2t, 2t + 1) and 2t + 8, 2t + 9.
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      unsigned vlo[4], vhi[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) planes_to_bytes(cur.v[j][w], vlo[j], vhi[j]);
+      const __half2 vs01 = u32_as_h2(__byte_perm(cur.vs[0][w], cur.vs[1][w], vsel));
+      const __half2 vs23 = u32_as_h2(__byte_perm(cur.vs[2][w], cur.vs[3][w], vsel));
+      const __half2 vo01 = __hmul2(vs01, nvhalf), vo23 = __hmul2(vs23, nvhalf);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // numbers 2q (row g), 2q + 1 (row g + 8)
+        const unsigned sel = (q & 1) ? 0x7362u : 0x5140u;  // bytes (2q) % 4, +1 of the two keys, interleaved
+        const unsigned w01 = __byte_perm(q < 2 ? vlo[0] : vhi[0], q < 2 ? vlo[1] : vhi[1], sel);
+        const unsigned w23 = __byte_perm(q < 2 ? vlo[2] : vhi[2], q < 2 ? vlo[3] : vhi[3], sel);
+        mma_16816(acc[4 * w + q], dequant_pair(w01, 0x4140u, vs01, vo01), dequant_pair(w01, 0x4342u, vs01, vo01),
+                  dequant_pair(w23, 0x4140u, vs23, vo23), dequant_pair(w23, 0x4342u, vs23, vo23), pb0, pb1);
+      }
+    }
+
+    if constexpr (kPrefetch) {
+      cur = nxt;
+    } else {
+      fetch_tile<D, KB, VB>(p, base + stride, last, kvh, g, t, pg, cur);
+      tile_pages(p, table, base + 2 * stride, last, g, t, pg);
+    }
+  }
+
+  // l over the 8 lanes of equal t (m is already equal there), then the warps via shared memory.
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) l[e] += __shfl_xor_sync(kFull, l[e], o);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int h = 2 * t + e;
+    if (h >= nh) continue;
+#pragma unroll
+    for (int j = 0; j < NMT; ++j) {
+      const int d = 8 * (g + 8 * (j / 4)) + 2 * (j % 4);
+      s_acc[warp][h][d] = acc[j][e];
+      s_acc[warp][h][d + 1] = acc[j][2 + e];
+    }
+    if (g == 0) {
+      s_m[warp][h] = m[e];
+      s_l[warp][h] = l[e];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
+    const int h = idx / D, d = idx % D;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
+    float a = 0.0f, den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float c = s_m[w][h] == -INFINITY ? 0.0f : exp2f(s_m[w][h] - mx);
+      a += c * s_acc[w][h][d];
+      den += c * s_l[w][h];
+    }
+    const size_t at = part + static_cast<size_t>(h) * p.splits;
+    p.part_acc[at * D + d] = a;
+    if (d == 0) {
+      p.part_m[at] = mx;
+      p.part_l[at] = den;
+    }
+  }
+}
+
 // Sum the splits of one (sequence, head): one thread per output number, one warp per group, so
 // quantized values rotate back with warp shuffles.
 template <typename T>
@@ -831,13 +1200,39 @@ SideTensors check_side(const c10::optional<at::Tensor>& dense, const c10::option
 }
 
 // Launch, or with `occupancy` set only report how many blocks fit on one multiprocessor.
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] == '1';
+}
+
+// The tensor-core kernel for this case, or nullptr: keys and values quantized to the same width
+// of 2, 4 or 8 bits (8 only up to head_dim 128), scale rows aligned for one vector load.
+template <int D, typename T>
+void (*mma_kernel(const Params& p))(const Params) {
+  const uintptr_t align = (D / kGroup) * 2;
+  if (p.k.bits != p.v.bits || reinterpret_cast<uintptr_t>(p.k.scales) % align != 0 ||
+      reinterpret_cast<uintptr_t>(p.v.scales) % align != 0)
+    return nullptr;
+  switch (p.k.bits) {
+    case 2: return paged_decode_kernel_mma<D, T, 2, 2>;
+    case 4: return paged_decode_kernel_mma<D, T, 4, 4>;
+    case 8:  // head_dim 256 at 8 bits needs more than 255 registers: version 2
+      if constexpr (D <= 128) return paged_decode_kernel_mma<D, T, 8, 8>;
+      return nullptr;
+    default: return nullptr;
+  }
+}
+
 template <int D, typename T>
 void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupancy) {
-  // TRELLIS_ATTN_V1=1: the first version (read per call, so one process can time both).
-  const char* v1_env = std::getenv("TRELLIS_ATTN_V1");
-  const bool v1 = v1_env != nullptr && v1_env[0] == '1';
+  // TRELLIS_ATTN_V1=1: the first version; TRELLIS_ATTN_V2=1: version 2 where version 3 (tensor
+  // cores, quantized caches) would run. Read per call, so one process can time them side by side.
+  const bool v1 = env_flag("TRELLIS_ATTN_V1");
   auto kernel = p.group <= 4 ? (v1 ? paged_decode_kernel<D, T, 4> : paged_decode_kernel_v2<D, T, 4>)  // Llama: 4
                              : (v1 ? paged_decode_kernel<D, T, kMaxHeads> : paged_decode_kernel_v2<D, T, kMaxHeads>);
+  if (!v1 && !env_flag("TRELLIS_ATTN_V2")) {
+    if (auto v3 = mma_kernel<D, T>(p)) kernel = v3;
+  }
   if (occupancy) {
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, kThreads, 0));
     return;
