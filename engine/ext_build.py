@@ -31,13 +31,14 @@ SOURCES = (
     "exl3_gemv_3inst.cu",
     "exl3_gemv_mcg.cu",
     "exl3_gemv_mul1.cu",
+    "exl3_gemv_v5.cu",
     "exl3_misc.cu",
     "paged_attention.cu",
     "viterbi.cu",
     "fused_ops.cu",
     "quantized_cache_read.cu",
 )
-HEADERS = ("trellis_ext.h", "exl3_common.cuh", "exl3_gemv.cuh")
+HEADERS = ("trellis_ext.h", "exl3_common.cuh", "exl3_gemv.cuh", "exl3_gemv_v5.cuh")
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulation, cp.async-era GPUs
 CUDA_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
 CXX_FLAGS = ["-O3", "-std=c++17"]

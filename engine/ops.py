@@ -122,6 +122,18 @@ def _workspace(
     return ws
 
 
+# TRELLIS_GEMV_V5=1: the v5 GEMV (ext/exl3_gemv_v5.cuh: split-K over a thread-block cluster, no
+# workspace) for every single and multi-matrix GEMV; sm_90+ only (elsewhere v4 runs). The ``v5``
+# argument of exl3_gemv / exl3_gemv_multi overrides it per call (A/B in one process).
+GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "") not in ("", "0")
+
+
+def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None) -> bool:
+    if not (GEMV_V5 if v5 is None else v5) or not hasattr(ext, "exl3_gemv_v5"):
+        return False
+    return torch.cuda.get_device_capability(x.device)[0] >= 9
+
+
 def exl3_gemv(
     x: torch.Tensor,
     trellis: torch.Tensor,
@@ -130,11 +142,13 @@ def exl3_gemv(
     codebook: str,
     splits: int = 0,
     fast: bool | None = None,
+    v5: bool | None = None,
 ) -> torch.Tensor:
     """``had(had(x * suh) @ Q) * svh`` for ``x`` ``(m <= 8, in)`` on the GPU (the kernel, no fallback).
 
     ``splits`` forces the split-K count (0: the kernel's choice); ``fast`` picks the variant
-    (default :data:`GEMV_FAST`); both for tests and benchmarks.
+    (default :data:`GEMV_FAST`); ``v5`` the kernel version (default :data:`GEMV_V5`); all three
+    for tests and benchmarks.
     """
     ext = extension()
     if ext is None:
@@ -142,9 +156,12 @@ def exl3_gemv(
     in_f, out_f = trellis.shape[0] * 16, trellis.shape[1] * 16
     if x.ndim != 2 or not 1 <= x.shape[0] <= GEMV_ROWS or x.shape[1] != in_f:
         raise ValueError(f"exl3_gemv takes (1..{GEMV_ROWS}, {in_f}) activations, got {tuple(x.shape)}")
-    partial, counters = _workspace(x.device, in_f, out_f)
     y = torch.empty(x.shape[0], out_f, dtype=x.dtype, device=x.device)
     fast = GEMV_FAST if fast is None else fast
+    if _use_v5(ext, x, v5):
+        ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast)
+        return y
+    partial, counters = _workspace(x.device, in_f, out_f)
     ext.exl3_gemv(x, trellis, suh, svh, y, partial, counters, CODEBOOK_IDS[codebook], splits, fast)
     return y
 
@@ -163,6 +180,7 @@ def exl3_gemv_multi(
     codebook: str,
     splits: int = 0,
     fast: bool | None = None,
+    v5: bool | None = None,
 ) -> list[torch.Tensor]:
     """:func:`exl3_gemv` of up to three matrices that share ``x`` and the codebook, in one launch.
 
@@ -181,10 +199,13 @@ def exl3_gemv_multi(
     if any(t.shape[0] * 16 != in_f for t in trellises) or any(s.numel() != in_f for s in suhs):
         raise ValueError("exl3_gemv_multi: every matrix must have the same in features as x")
     outs = [t.shape[1] * 16 for t in trellises]
-    # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
-    partial, counters = _workspace(x.device, in_f, sum(outs))
     ys = [torch.empty(x.shape[0], o, dtype=x.dtype, device=x.device) for o in outs]
     fast = GEMV_FAST if fast is None else fast
+    if _use_v5(ext, x, v5):
+        ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, CODEBOOK_IDS[codebook], splits, fast)
+        return ys
+    # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
+    partial, counters = _workspace(x.device, in_f, sum(outs))
     ext.exl3_gemv_multi(
         x,
         list(trellises),

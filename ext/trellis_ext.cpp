@@ -285,6 +285,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   trellis::bind_paged_attention(m);
   trellis::bind_viterbi(m);
   trellis::bind_fused_ops(m);
+  trellis::bind_gemv_v5(m);
   trellis::bind_quantized_cache_read(m);
   m.attr("ABI_VERSION") = 2;
 }

@@ -48,6 +48,12 @@ def register(sub) -> None:
         help="comma-separated split counts to also time the multi launch with (e.g. 2,3,4,6,8): "
         "checks the launch's own split choice",
     )
+    p.add_argument(
+        "--gemv-ab",
+        action="store_true",
+        help="only A/B the fast GEMV v4 vs v5 (ext/exl3_gemv_v5.cuh) in this process: every "
+        "--shapes/--bits/--batch (<= 8 rows) as single launches, and the q/k/v, gate/up multi launches",
+    )
     p.set_defaults(func=run)
 
 
@@ -237,6 +243,96 @@ def bench_group(
     }
 
 
+def _random_mats(in_f: int, outs: list[int], k: int, copies: int, gen) -> list[list[tuple]]:
+    import torch
+
+    dev = gen.device
+    i16 = torch.int16
+    return [
+        [
+            (
+                torch.randint(
+                    -(2**15), 2**15, (in_f // 16, o // 16, 16 * k), dtype=i16, device=dev, generator=gen
+                ),
+                (torch.rand(in_f, device=dev, generator=gen) + 0.5).half(),
+                (torch.rand(o, device=dev, generator=gen) + 0.5).half(),
+            )
+            for o in outs
+        ]
+        for _ in range(copies)
+    ]
+
+
+def bench_ab(
+    in_f: int, outs: list[int], k: int, m: int, codebook: str, dtype, iters: int, repeats: int
+) -> dict:
+    """Fast GEMV v4 vs v5 on the same weights in one process: one matrix as a single launch, two or
+    three (one input) as one multi launch each. Also the v5 split count and the v5-v4 difference."""
+    import torch
+
+    from engine import ops
+
+    dev = torch.device("cuda")
+    w_bytes = in_f * sum(outs) * k // 8
+    copies = max(2, min(128, (512 << 20) // max(w_bytes, 1)))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    groups = _random_mats(in_f, outs, k, copies, gen)
+    x = torch.randn(m, in_f, device=dev, dtype=dtype, generator=gen)
+    state = {"i": 0}
+
+    def call(v5: bool):
+        mats = groups[state["i"] % copies]
+        state["i"] += 1
+        if len(mats) == 1:
+            t, suh, svh = mats[0]
+            return [ops.exl3_gemv(x, t, suh, svh, codebook, fast=True, v5=v5)]
+        ts, suhs, svhs = zip(*mats)
+        return ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, fast=True, v5=v5)
+
+    old = call(False)
+    state["i"] -= 1
+    new = call(True)
+    err = max(float((a.double() - b.double()).norm() / a.double().norm()) for a, b in zip(old, new))
+    ts, suhs, svhs = zip(*groups[0])
+    ys = [torch.empty(m, o, device=dev, dtype=dtype) for o in outs]
+    splits = ops.extension().exl3_gemv_v5(
+        x, list(ts), list(suhs), list(svhs), ys, ops.CODEBOOK_IDS[codebook], 0, True
+    )
+    t4 = _time_graph(lambda: call(False), iters, repeats)
+    t5 = _time_graph(lambda: call(True), iters, repeats)
+    return {
+        "shape": f"{in_f}x{'+'.join(map(str, outs))}",
+        "bits": k,
+        "batch": m,
+        "codebook": codebook,
+        "v4_us": t4 * 1e6,
+        "v5_us": t5 * 1e6,
+        "gain": t4 / t5,
+        "v5_splits": int(splits),
+        "v5_vs_v4_rel": err,
+    }
+
+
+def run_gemv_ab(args: argparse.Namespace, dtype) -> list[dict]:
+    from engine import ops
+
+    print(f"{'shape':>20} {'K':>2} {'m':>2} {'v4 us':>8} {'v5 us':>8} {'gain':>6} {'S':>3} {'v5-v4 rel':>9}")
+    cases = [(s, [o]) for s, o in (_parse_shape(t) for t in args.shapes.split(","))]
+    cases += list(LLAMA8B_GROUPS.values())
+    rows = []
+    for in_f, outs in cases:
+        for m in (int(b) for b in args.batch.split(",") if int(b) <= ops.GEMV_ROWS):
+            for k in (int(b) for b in args.bits.split(",")):
+                r = bench_ab(in_f, outs, k, m, args.codebook, dtype, args.iters, args.repeats)
+                rows.append(r)
+                print(
+                    f"{r['shape']:>20} {k:>2} {m:>2} {r['v4_us']:8.2f} {r['v5_us']:8.2f} {r['gain']:6.2f} "
+                    f"{r['v5_splits']:>3} {r['v5_vs_v4_rel']:9.1e}",
+                    flush=True,
+                )
+    return rows
+
+
 def copy_bandwidth() -> float:
     """Measured device-to-device copy bandwidth (bytes read + written per second)."""
     import torch
@@ -268,6 +364,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench-kernels: CUDA extension unavailable: {ops.status()['reason']}", file=sys.stderr)
         return 1
     dtype = getattr(torch, args.dtype)
+    if args.gemv_ab:
+        print(f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, fast GEMV v4 vs v5")
+        ab_rows = run_gemv_ab(args, dtype)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "gemv_ab": ab_rows}, f, indent=1)
+        return 0
     bw = copy_bandwidth()
     floor = launch_floor()
     print(

@@ -1,0 +1,174 @@
+// GEMV v5 (exl3_gemv_v5.cuh): instantiations, the split (= cluster size) choice and the binding.
+// One entry point for one to three matrices of one input; engine/ops.py selects it with
+// TRELLIS_GEMV_V5=1 or per call (A/B against v4 in one process). Needs sm_90 (clusters).
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "exl3_gemv_v5.cuh"
+#include "trellis_ext.h"
+
+namespace trellis {
+namespace {
+
+int v5_call(int codebook, bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+            cudaStream_t stream) {
+  if (codebook == CB_3INST) return gemv_v5_dispatch<CB_3INST>(fast, mode, a, blocks, splits, smem, stream);
+  if (codebook == CB_MCG) return gemv_v5_dispatch<CB_MCG>(fast, mode, a, blocks, splits, smem, stream);
+  return gemv_v5_dispatch<CB_MUL1>(fast, mode, a, blocks, splits, smem, stream);
+}
+
+// Occupancy answers depend only on (kernel, smem, cluster size): cached (host-side queries).
+int v5_query(int codebook, bool fast, int mode, int splits, int smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, bool, int, int, int>, int> cache;
+  const auto key = std::make_tuple(codebook, fast, mode, splits, smem);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const int v = v5_call(codebook, fast, mode, nullptr, 0, splits, smem, nullptr);
+  cache[key] = v;
+  return v;
+}
+
+// ring: the largest cp.async ring among the launch's matrices (not monotonic in K: K=6 > K=7).
+int v5_smem(int ring, int m, int n_chunks, int splits) {
+  return v5_u_bytes(n_chunks, splits, m) + std::max(ring, v5_red_bytes(m));
+}
+
+bool v5_cluster_ok(int codebook, bool fast, int splits, int smem) {
+  return splits <= 8 || v5_query(codebook, fast, 2, splits, smem) > 0;
+}
+
+// Splits = cluster size. As the v4 multi launch: minimise (waves of blocks) x (input chunks per
+// block + ~2 chunks of fixed cost), over the cluster sizes this kernel can launch.
+int v5_choose_splits(int codebook, bool fast, int ring, int m, int n_chunks, int total_groups, int sms) {
+  const int min_s = (n_chunks + kGemvMaxChunks - 1) / kGemvMaxChunks;
+  const int max_s = std::min(n_chunks, kV5MaxCluster);
+  int best = -1;
+  long long best_cost = LLONG_MAX;
+  for (int sp = min_s; sp <= max_s; ++sp) {
+    const int smem = v5_smem(ring, m, n_chunks, sp);
+    if (!v5_cluster_ok(codebook, fast, sp, smem)) continue;
+    const long long slots = std::max(1, v5_query(codebook, fast, 1, sp, smem)) * (long long)sms;
+    const long long waves = ((long long)total_groups * sp + slots - 1) / slots;
+    const long long cost = waves * ((n_chunks + sp - 1) / sp + 2);
+    if (cost < best_cost) best_cost = cost, best = sp;
+  }
+  return best;
+}
+
+int bits_of(const at::Tensor& t) {
+  TORCH_CHECK(t.dim() == 3 && t.scalar_type() == at::kShort && t.is_contiguous(),
+              "trellis must be a contiguous 3-D int16 tensor (in/16, out/16, 16K)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "trellis must be 16-byte aligned");
+  const int64_t words = t.size(2);
+  TORCH_CHECK(words % 16 == 0 && words / 16 >= 1 && words / 16 <= 8, "trellis last dim must be 16*K, K in 1..8");
+  TORCH_CHECK(t.size(1) % 8 == 0 && t.size(0) % 8 == 0, "in and out must be multiples of 128");
+  return static_cast<int>(words / 16);
+}
+
+int dtype_code(const at::Tensor& t) {
+  if (t.scalar_type() == at::kHalf) return DT_F16;
+  if (t.scalar_type() == at::kBFloat16) return DT_BF16;
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "unsupported dtype ", t.scalar_type(), " (fp16, bf16 or fp32)");
+  return DT_F32;
+}
+
+// y[i] = had(had(x * suh[i]) @ Q[i]) * svh[i], 1..3 matrices of the same in features and
+// codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. Returns the split count.
+int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis, const std::vector<at::Tensor>& suh,
+                     const std::vector<at::Tensor>& svh, const std::vector<at::Tensor>& y, int64_t codebook,
+                     int64_t splits, bool fast) {
+  TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
+  const int count = static_cast<int>(trellis.size());
+  TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_v5 takes 1..", kGemvMaxMats, " matrices");
+  TORCH_CHECK(suh.size() == trellis.size() && svh.size() == trellis.size() && y.size() == trellis.size(),
+              "trellis, suh, svh and y lists must have the same length");
+  TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
+  const int m = static_cast<int>(x.size(0));
+  TORCH_CHECK(m >= 1 && m <= kGemvMaxRows, "exl3_gemv_v5 takes 1..8 rows, got ", m);
+  const int in = static_cast<int>(x.size(1));
+  TORCH_CHECK(in % 128 == 0 && in > 0, "in features must be a positive multiple of 128");
+  const c10::cuda::CUDAGuard guard(x.device());
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
+  TORCH_CHECK(major >= 9, "exl3_gemv_v5 needs sm_90 or newer (thread-block clusters)");
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+
+  GemvMultiArgs a{};
+  a.count = count;
+  int total_groups = 0, ring = 0;
+  for (int i = 0; i < count; ++i) {
+    a.K[i] = bits_of(trellis[i]);
+    ring = std::max(ring, gemv_smem_bytes(a.K[i]));
+    TORCH_CHECK(trellis[i].size(0) * 16 == in, "matrix ", i, " has ", trellis[i].size(0) * 16,
+                " in features, x has ", in);
+    const int out = static_cast<int>(trellis[i].size(1) * 16);
+    for (const at::Tensor* v : {&suh[i], &svh[i]}) {
+      const int64_t n = v == &suh[i] ? in : out;
+      TORCH_CHECK(v->is_cuda() && v->scalar_type() == at::kHalf && v->is_contiguous() && v->dim() == 1 &&
+                      v->size(0) == n && v->device() == x.device(),
+                  "suh/svh must be contiguous fp16 vectors of length in/out on x's device");
+    }
+    TORCH_CHECK(y[i].is_cuda() && y[i].is_contiguous() && y[i].scalar_type() == x.scalar_type() &&
+                    y[i].dim() == 2 && y[i].size(0) == m && y[i].size(1) == out && y[i].device() == x.device(),
+                "y[", i, "] must be a contiguous (m, out) tensor of x's dtype");
+    TORCH_CHECK(trellis[i].device() == x.device(), "tensors on different devices");
+    GemvArgs& g = a.mat[i];
+    g.x = x.data_ptr();
+    g.trellis = reinterpret_cast<const uint32_t*>(trellis[i].data_ptr());
+    g.suh = suh[i].data_ptr();
+    g.svh = svh[i].data_ptr();
+    g.y = y[i].data_ptr();
+    g.m = m;
+    g.in = in;
+    g.out = out;
+    g.x_dtype = dtype_code(x);
+    total_groups += out / 128;
+  }
+  const int n_chunks = in / 128;
+  const int cb = static_cast<int>(codebook);
+  const int min_s = (n_chunks + kGemvMaxChunks - 1) / kGemvMaxChunks;
+  if (splits <= 0) {
+    int sms = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
+    splits = v5_choose_splits(cb, fast, ring, m, n_chunks, total_groups, sms);
+    TORCH_CHECK(splits > 0, "exl3_gemv_v5: no launchable cluster size for ", n_chunks, " input chunks");
+  }
+  TORCH_CHECK(splits >= min_s && splits <= std::min(n_chunks, kV5MaxCluster), "splits must be in [", min_s, ", ",
+              std::min(n_chunks, kV5MaxCluster), "]");
+  const int sp = static_cast<int>(splits);
+  const int smem = v5_smem(ring, m, n_chunks, sp);
+  TORCH_CHECK(v5_cluster_ok(cb, fast, sp, smem), "clusters of ", sp, " blocks cannot be launched here");
+  int blocks = 0;
+  for (int i = 0; i < kGemvMaxMats; ++i) a.begin[i] = INT_MAX;
+  for (int i = 0; i < count; ++i) {
+    a.mat[i].splits = sp;
+    a.begin[i] = blocks;
+    blocks += (a.mat[i].out / 128) * sp;
+  }
+  v5_call(cb, fast, 0, &a, blocks, sp, smem, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return splits;
+}
+
+}  // namespace
+
+void bind_gemv_v5(pybind11::module_& m) {
+  m.def("exl3_gemv_v5", &exl3_gemv_v5,
+        "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster) of 1..3 matrices of one input; "
+        "returns the split count",
+        py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
+        py::arg("splits") = 0, py::arg("fast") = false);
+}
+
+}  // namespace trellis

@@ -1,0 +1,352 @@
+// EXL3 GEMV v5 (1..8 rows, sm_90): the v4 block (exl3_gemv.cuh) without its serial fixed costs.
+//
+// Why: v4 spends most of a 4096x4096 launch outside the decode loop. A launch is one wave of
+// small blocks (2-3 input chunks each), and every block runs its phases in series: (1) the input
+// rotation, all of it in warp n for batch row n (m = 1: one warp rotates every chunk, one L2
+// round trip each); (2) decode + MMA; (3) 32 shared-memory float atomicAdds per lane from 8
+// warps onto the same 128 columns (no native instruction: ATOMS.CAS spin loops, contended);
+// (4) partial sums to global, __threadfence (MEMBAR.SC.GPU), an atomic ticket, the last block
+// reading every split back from L2. Only (2) scales with the bytes; so time did not depend on K.
+// v5 keeps the decode loop and the math, and changes the rest:
+//  - the input rotation is spread over all warps (items = live (chunk, row) pairs only) and each
+//    warp loads its next 4 items before rotating them: one L2 round trip instead of up to 16;
+//  - the 8 warps' sums go through plain shared stores + one fixed-order sum (no atomics,
+//    deterministic), in the ring's memory (free once the loop is done);
+//  - split-K across a thread-block cluster: the S blocks of a column group are one cluster, and
+//    the block that owns batch row n sums the S blocks' shared sums through distributed shared
+//    memory (DSMEM), in rank order, then rotates and stores. No workspace, no ticket, no fence.
+//  - the activation tile u_s holds only the m live rows (m x 32 bytes per tile row, not 8 x 32),
+//    so more blocks fit per SM; lanes of absent rows use a zero B fragment.
+// The single and the multi-matrix GEMV are the same kernel (one matrix = a multi launch of one).
+// Same products and fp32 accumulation as v4 (same decode functions, same MMAs per tile).
+#pragma once
+
+#include "exl3_gemv.cuh"
+
+namespace trellis {
+
+constexpr int kV5MaxCluster = 16;   // non-portable cluster size (Hopper); 8 is always allowed
+constexpr int kV5RedStride = 132;   // padded row of a warp's partial sums (fewer bank conflicts)
+constexpr int kV5PrefetchItems = 4; // rotation items a warp loads before rotating them
+
+// Dynamic shared memory of a v5 block (host and device agree on it):
+//   [0, u_bytes): u_s, (tile row, batch row n < m, quad) -> uint2 B fragment (4 fp16)
+//   [u_bytes, ...): the per-warp cp.async rings during the loop, then the per-warp sums.
+__host__ __device__ constexpr int v5_u_rows(int n_chunks, int splits) { return 8 * ((n_chunks + splits - 1) / splits); }
+__host__ __device__ constexpr int v5_u_bytes(int n_chunks, int splits, int m) {
+  return v5_u_rows(n_chunks, splits) * m * 32;
+}
+__host__ __device__ constexpr int v5_red_bytes(int m) { return (kGemvThreads / 32) * m * kV5RedStride * 4; }
+
+struct alignas(16) GemvV5Smem {
+  float red_s[kGemvMaxRows][128];           // this block's sums, read by the cluster
+  float usum_s[kGemvMaxChunks][kGemvMaxRows]; // MUL1 fast: per (chunk, row) sums of u
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Cluster barrier; release/acquire makes this block's shared stores visible to the cluster.
+__device__ __forceinline__ void cluster_sync_acq_rel() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Cluster barrier without memory ordering: only "every block got here" (the DSMEM reads before it
+// have completed: their values were used).
+__device__ __forceinline__ void cluster_sync_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+// 16 bytes of block `rank`'s shared memory at this block's address `p` (same layout in every block).
+__device__ __forceinline__ float4 ld_dsmem_f4(const void* p, unsigned rank) {
+  const unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote));
+  return v;
+}
+
+template <int K, int CB, bool FAST>
+__device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g, const int s, GemvV5Smem& sm,
+                                              uint32_t* dyn) {
+  constexpr int NR = TileGeom<K>::kRaw;
+  constexpr int TW = TileGeom<K>::kWords;
+  using Pipe = GemvPipe<K>;
+  constexpr int ST = Pipe::kStages;
+  constexpr int RW = Pipe::kRowWords;
+  constexpr int kWarps = kGemvThreads / 32;
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int m = args.m;
+  const int S = args.splits;  // = cluster size
+  const int n_chunks = args.in >> 7;
+  const int c_begin = (int)((long long)s * n_chunks / S);
+  const int c_end = (int)((long long)(s + 1) * n_chunks / S);
+  const int nch = c_end - c_begin;  // <= ceil(n_chunks / S): fits u_s
+  const int tiles_out = args.out >> 4;
+
+  uint2* u_s = reinterpret_cast<uint2*>(dyn);  // [(tile row * m + n) * 4 + quad]
+  uint32_t* area = dyn + v5_u_bytes(n_chunks, S, m) / 4;
+  uint32_t* wbuf = area + warp * ST * RW;
+
+  // ---- start this warp's first rows: tile row (c_begin + i) * 8 + warp, column group g ------
+  const LanePlan<K> plan(lane);
+  const size_t row_step = (size_t)8 * tiles_out * TW;  // words between a warp's rows
+  const uint32_t* src = args.trellis + ((size_t)(c_begin * 8 + warp) * tiles_out + (size_t)g * 8) * TW;
+  int issued = 0, islot = 0;
+  auto issue_next = [&]() {
+    if (issued < nch) {
+      const uint4* s4 = reinterpret_cast<const uint4*>(src);
+      uint4* d4 = reinterpret_cast<uint4*>(wbuf + islot * RW);
+#pragma unroll
+      for (int c = lane; c < RW / 4; c += 32) cp_async16(d4 + c, s4 + c);
+      src += row_step;
+    }
+    ++issued;
+    islot = islot + 1 == ST ? 0 : islot + 1;
+    cp_async_commit();  // empty groups keep the group count uniform
+  };
+#pragma unroll
+  for (int i = 0; i < ST - 1; ++i) issue_next();
+
+  // ---- 1. input rotation: items (chunk c, row n < m), kV5PrefetchItems loads in flight -----
+  const int items = nch * m;
+  for (int base = warp; base < items; base += kWarps * kV5PrefetchItems) {
+    float v[kV5PrefetchItems][4];
+#pragma unroll
+    for (int j = 0; j < kV5PrefetchItems; ++j) {
+      const int item = base + kWarps * j;
+      v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.f;
+      if (item < items) {  // warp-uniform
+        const int c = item / m, n = item - c * m;
+        const int f = ((c_begin + c) << 7) + 4 * lane;
+        load4(args.x, args.x_dtype, (size_t)n * args.in + f, v[j]);
+        const uint2 su = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.suh) + f);
+        const float2 s01 = __half22float2(u32_as_h2(su.x));
+        const float2 s23 = __half22float2(u32_as_h2(su.y));
+        v[j][0] *= s01.x; v[j][1] *= s01.y; v[j][2] *= s23.x; v[j][3] *= s23.y;
+      }
+    }
+    // Unconditional (absent items rotate zeros), so the shuffle chains can interleave.
+#pragma unroll
+    for (int j = 0; j < kV5PrefetchItems; ++j) warp_hadamard128(v[j], lane);
+#pragma unroll
+    for (int j = 0; j < kV5PrefetchItems; ++j) {
+      const int item = base + kWarps * j;
+      if (item < items) {
+        const int c = item / m, n = item - c * m;
+        // features 4*lane .. 4*lane+3 of chunk c: tile row c*8 + lane/4, k = 4*(lane%4) + {0..3}
+        const int row = c * 8 + (lane >> 2);
+        uint32_t* frag = reinterpret_cast<uint32_t*>(u_s + (row * m + n) * 4);
+        float rsum = 0.f;
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+          const int k = 4 * (lane & 3) + 2 * p;
+          const __half2 hv = __floats2half2_rn(v[j][2 * p] * kRsqrt128, v[j][2 * p + 1] * kRsqrt128);
+          const float2 back = __half22float2(hv);
+          rsum += back.x + back.y;
+          frag[((k & 7) >> 1) * 2 + (k >> 3)] = h2_as_u32(hv);  // quad (k%8)/2, half k/8
+        }
+        if constexpr (FAST && CB == CB_MUL1) {
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xFFFFFFFFu, rsum, o);
+          if (lane == 0) sm.usum_s[c][n] = rsum;
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- 2. decode + MMA over this warp's rows (same math as v4's loop) ---------------------
+  float acc[8][4];
+#pragma unroll
+  for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+  const int bn = lane >> 2;            // B fragment column (batch row) of this lane
+  const bool b_live = bn < m;
+  const uint2* u_lane = u_s + (warp * m + (b_live ? bn : 0)) * 4 + (lane & 3);
+  const int u_step = 8 * m * 4;        // uint2 between this warp's tile rows
+  int slot = 0;
+  for (int i = 0; i < nch; ++i) {
+    cp_async_wait<ST - 2>();  // row i has landed (this lane's copies) ...
+    __syncwarp();             // ... and every lane's; the slot of row i-1 is free again
+    uint32_t cur[8][NR];
+    const uint32_t* stage = wbuf + slot * RW;
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int w = 0; w < NR; ++w) cur[t][w] = stage[t * TW + plan.word[w]];
+    issue_next();  // row i + ST - 1 into the slot of row i - 1
+    uint2 b = u_lane[i * u_step];
+    if (!b_live) b = make_uint2(0u, 0u);
+    if constexpr (FAST && CB != CB_MUL1) {
+      const uint32_t be0 = __byte_perm(b.x, 0, 0x1010), be1 = __byte_perm(b.y, 0, 0x1010);
+      const uint32_t bo0 = __byte_perm(b.x, 0, 0x3232), bo1 = __byte_perm(b.y, 0, 0x3232);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        uint32_t st[8];
+        lane_states<K>(cur[t], plan.r, st);
+        uint32_t x[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = inst_halves<CB>(st[j]);
+        const uint32_t ae[4] = {x[0], x[4], x[2], x[6]};
+        const uint32_t ao[4] = {x[1], x[5], x[3], x[7]};
+        mma_16816(acc[t], ae, be0, be1);
+        mma_16816(acc[t], ao, bo0, bo1);
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        uint32_t a[4];
+        if constexpr (FAST) decode_fragment_mul1_raw<K>(cur[t], plan.r, a);
+        else decode_fragment<K, CB>(cur[t], plan.r, a);
+        mma_16816(acc[t], a, b.x, b.y);
+      }
+    }
+    __syncwarp();  // all lanes done reading this slot before it is refilled
+    slot = slot + 1 == ST ? 0 : slot + 1;
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its ring: the area now holds the warps' sums
+
+  // ---- 3. block sum: per-warp stores, one fixed-order sum ---------------------------------
+  float* red_w = reinterpret_cast<float*>(area);  // [warp][n][kV5RedStride]
+  {
+    // C fragment: c0 = (out 16t + lane/4, batch 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
+    const int n0 = 2 * (lane & 3);
+    const int col = lane >> 2;
+    float* rw = red_w + warp * m * kV5RedStride;
+#pragma unroll
+    for (int t = 0; t < 8; ++t) {
+      if (n0 < m) {
+        rw[n0 * kV5RedStride + 16 * t + col] = acc[t][0];
+        rw[n0 * kV5RedStride + 16 * t + col + 8] = acc[t][2];
+      }
+      if (n0 + 1 < m) {
+        rw[(n0 + 1) * kV5RedStride + 16 * t + col] = acc[t][1];
+        rw[(n0 + 1) * kV5RedStride + 16 * t + col + 8] = acc[t][3];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < m * 128; e += kGemvThreads) {
+    const int n = e >> 7, c = e & 127;
+    float a = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) a += red_w[(w * m + n) * kV5RedStride + c];
+    if constexpr (FAST && CB == CB_MUL1) {
+      // sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u), per block (linear in the splits)
+      float us = 0.f;
+      for (int q = 0; q < nch; ++q) us += sm.usum_s[q][n];
+      a = fmaf(__half2float(__ushort_as_half(0x1EEE)), a, __half2float(__ushort_as_half(0xC931)) * us);
+    }
+    sm.red_s[n][c] = a;
+  }
+
+  // ---- 4. split sum across the cluster (DSMEM), output rotation, store --------------------
+  cluster_sync_acq_rel();  // every block's red_s is complete and visible to the cluster
+  const int n = s + warp * S;  // batch rows n = s, s + S, ... belong to this block, one per warp
+  if (n < m) {
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int q0 = 0; q0 < S; q0 += 8) {
+      float4 part[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {  // all loads first, then the sums in rank order
+        if (q0 + j < S) part[j] = ld_dsmem_f4(&sm.red_s[n][4 * lane], q0 + j);
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (q0 + j < S) {
+          v[0] += part[j].x; v[1] += part[j].y; v[2] += part[j].z; v[3] += part[j].w;
+        }
+      }
+    }
+    warp_hadamard128(v, lane);
+    const int f = (g << 7) + 4 * lane;
+    const uint2 sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
+    const float2 s01 = __half22float2(u32_as_h2(sv.x));
+    const float2 s23 = __half22float2(u32_as_h2(sv.y));
+    v[0] *= kRsqrt128 * s01.x; v[1] *= kRsqrt128 * s01.y;
+    v[2] *= kRsqrt128 * s23.x; v[3] *= kRsqrt128 * s23.y;
+    store4(args.y, args.x_dtype, (size_t)n * args.out + f, v);
+  }
+  cluster_sync_relaxed();  // no block leaves (freeing its shared memory) while others still read it
+}
+#endif
+
+// Grid: matrix 0's (groups x S) blocks, then matrix 1's, ...; within a matrix block g*S + s, so
+// the S splits of a column group are one cluster of S consecutive blocks (begin[] are multiples
+// of S, so no cluster straddles two matrices; every block of a cluster has the same K).
+template <int CB, bool FAST>
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const GemvMultiArgs args) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ GemvV5Smem sm;
+  extern __shared__ uint4 gemv_v5_dyn_smem[];
+  uint32_t* dyn = reinterpret_cast<uint32_t*>(gemv_v5_dyn_smem);
+  const int b = blockIdx.x;
+  const int i = (b >= args.begin[1]) + (b >= args.begin[2]);  // absent matrices: INT_MAX
+  const GemvArgs& a = args.mat[i];
+  const int local = b - args.begin[i];
+  const int g = local / a.splits, s = local - g * a.splits;
+  switch (args.K[i]) {
+#define TRELLIS_V5_CASE(k) \
+  case k: gemv_v5_block<k, CB, FAST>(a, g, s, sm, dyn); break;
+    TRELLIS_V5_CASE(1) TRELLIS_V5_CASE(2) TRELLIS_V5_CASE(3) TRELLIS_V5_CASE(4)
+    TRELLIS_V5_CASE(5) TRELLIS_V5_CASE(6) TRELLIS_V5_CASE(7) TRELLIS_V5_CASE(8)
+#undef TRELLIS_V5_CASE
+    default: break;
+  }
+#endif
+}
+
+constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
+
+// Host side. mode 0: launch `blocks` blocks in clusters of `splits` with `smem` bytes;
+// mode 1: return blocks per SM at `smem` bytes; mode 2: return how many clusters of `splits`
+// blocks can be co-resident at `smem` bytes (0: that cluster size cannot be launched).
+template <int CB, bool FAST>
+int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream) {
+  auto kern = exl3_gemv_v5_kernel<CB, FAST>;
+  static bool ready = false;
+  if (!ready) {
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kV5MaxDynSmem);
+    cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    ready = true;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = splits;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.blockDim = dim3(kGemvThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (mode == 1) {
+    int n = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kGemvThreads, smem);
+    return n;
+  }
+  if (mode == 2) {
+    cfg.gridDim = dim3(splits * 64);  // any multiple of the cluster size
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-free error of an unsupported size
+      n = 0;
+    }
+    return n;
+  }
+  cfg.gridDim = dim3(blocks);
+  cudaLaunchKernelEx(&cfg, kern, *a);
+  return 0;
+}
+
+template <int CB>
+int gemv_v5_dispatch(bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+                     cudaStream_t stream) {
+  return fast ? gemv_v5_run<CB, true>(mode, a, blocks, splits, smem, stream)
+              : gemv_v5_run<CB, false>(mode, a, blocks, splits, smem, stream);
+}
+
+}  // namespace trellis

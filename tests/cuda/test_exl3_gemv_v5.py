@@ -1,0 +1,209 @@
+"""GEMV v5 (ext/exl3_gemv_v5.cuh: split-K over a thread-block cluster) against the torch reference
+and against v4, for every K, codebook and row count (GPU only, sm_90)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ops
+from engine.quant.codebooks import CODEBOOKS
+from engine.quant.hadamard import blockwise_hadamard
+from engine.quant.reconstruct import apply_scales, decode_trellis
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
+
+ALL_K = range(1, 9)
+# As tests/cuda/test_exl3_kernels.py: u is rounded to fp16 (the MMA operand), the output to the
+# activation dtype.
+TOL = {torch.float16: 1.5e-3, torch.float32: 1.5e-3, torch.bfloat16: 6e-3}
+# v5 and v4 compute the same products with fp32 sums in another order (and v5's split count may
+# differ): an fp16 output rounding apart, far below a wrong tile or row (errors of order 1).
+SAME_TOL = 2e-3
+
+
+def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
+
+
+def _random_layer(in_f: int, out_f: int, k: int, seed: int):
+    """Random trellis and signed scales (as tests/cuda/test_exl3_kernels.py), on the GPU."""
+    g = torch.Generator().manual_seed(seed)
+    trellis = torch.randint(
+        -(2**15), 2**15, (in_f // 16, out_f // 16, 16 * k), dtype=torch.int16, generator=g
+    )
+    suh = (
+        torch.where(torch.rand(in_f, generator=g) < 0.5, -1.0, 1.0) * (torch.rand(in_f, generator=g) + 0.5)
+    ).half()
+    sign_out = torch.where(torch.rand(out_f, generator=g) < 0.5, -1.0, 1.0)
+    svh = ((torch.rand(out_f, generator=g) + 0.5) * sign_out).half()
+    return trellis.cuda(), suh.cuda(), svh.cuda()
+
+
+def _exact_w(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebook: str) -> torch.Tensor:
+    """W (in, out) in float64 from the CPU reference decoder."""
+    return apply_scales(decode_trellis(trellis.cpu(), codebook), suh.cpu(), svh.cpu(), torch.float64)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _v5_kernel(cuda_extension):
+    if not hasattr(cuda_extension, "exl3_gemv_v5"):
+        pytest.fail("the CUDA extension was built without exl3_gemv_v5")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("GEMV v5 needs sm_90 (thread-block clusters)")
+
+
+def _reference(x: torch.Tensor, trellis, suh, svh, codebook: str) -> torch.Tensor:
+    """had(had(x * suh) @ Q) * svh in float64 from the bit-exact decode."""
+    q = ops.exl3_decode(trellis, codebook).double()
+    u = blockwise_hadamard(x.double() * suh.double(), dim=-1)
+    return blockwise_hadamard(u @ q, dim=-1) * svh.double()
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
+@pytest.mark.parametrize("codebook", CODEBOOKS)
+@pytest.mark.parametrize("k", ALL_K)
+@pytest.mark.parametrize("shape", [(128, 256), (384, 640), (2304, 384)])
+def test_v5_every_k_codebook_and_row_count(codebook: str, k: int, shape: tuple[int, int], fast: bool) -> None:
+    trellis, suh, svh = _random_layer(*shape, k, seed=k * 7 + shape[1])
+    w = _exact_w(trellis, suh, svh, codebook)
+    for m in range(1, 9):
+        x = torch.randn(m, shape[0], device="cuda", dtype=torch.float16)
+        y = ops.exl3_gemv(x, trellis, suh, svh, codebook, fast=fast, v5=True)
+        assert y.shape == (m, shape[1]) and y.dtype == torch.float16
+        assert rel_fro(y, x.double().cpu() @ w) < TOL[torch.float16], (m, k, codebook)
+
+
+@pytest.mark.parametrize("codebook", CODEBOOKS)
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("shape", [(4096, 4096), (4096, 14336), (14336, 4096), (4096, 1024)])
+def test_v5_llama8b_shapes_match_reference_and_v4(codebook: str, k: int, shape: tuple[int, int]) -> None:
+    trellis, suh, svh = _random_layer(*shape, k, seed=shape[0] + shape[1] + k)
+    for m in (1, 3, 8):
+        x = torch.randn(m, shape[0], device="cuda", dtype=torch.float16)
+        y5 = ops.exl3_gemv(x, trellis, suh, svh, codebook, fast=True, v5=True)
+        y4 = ops.exl3_gemv(x, trellis, suh, svh, codebook, fast=True, v5=False)
+        assert rel_fro(y5, _reference(x, trellis, suh, svh, codebook)) < TOL[torch.float16], (m, k)
+        assert rel_fro(y5, y4) < SAME_TOL, (m, k)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_v5_every_split_count_and_dtype(dtype: torch.dtype) -> None:
+    """Forced cluster sizes 1 (no split) .. 16 (non-portable; where the GPU launches it), odd
+    sizes that do not divide the chunks, and the launch's own choice; every output written."""
+    ext = ops.extension()
+    trellis, suh, svh = _random_layer(2048, 384, 4, seed=3)
+    w = _exact_w(trellis, suh, svh, "mul1")
+    for fast in (False, True):
+        for m in (1, 3, 8):
+            x = torch.randn(m, 2048, device="cuda").to(dtype)
+            for splits in (1, 2, 3, 5, 8, 11, 16, 0):
+                y = torch.full((m, 384), float("nan"), device="cuda", dtype=dtype)
+                try:
+                    used = ext.exl3_gemv_v5(
+                        x, [trellis], [suh], [svh], [y], ops.CODEBOOK_IDS["mul1"], splits, fast
+                    )
+                except RuntimeError as exc:  # a cluster size above 8 this GPU cannot launch
+                    assert splits > 8 and "cannot be launched" in str(exc)
+                    continue
+                assert used == splits or splits == 0
+                assert torch.isfinite(y).all(), (splits, m, fast)
+                assert rel_fro(y, x.double().cpu() @ w) < TOL[dtype], (splits, m, fast)
+
+
+def test_v5_deep_input_needs_several_splits() -> None:
+    """14336 in features = 112 chunks: at least 7 splits (16 chunks per block at most)."""
+    trellis, suh, svh = _random_layer(14336, 256, 3, seed=14)
+    x = torch.randn(8, 14336, device="cuda", dtype=torch.float16)
+    expected = _reference(x, trellis, suh, svh, "3inst")
+    for splits in (7, 8, 0):
+        y = ops.exl3_gemv(x, trellis, suh, svh, "3inst", splits=splits, v5=True)
+        assert rel_fro(y, expected) < TOL[torch.float16], splits
+    with pytest.raises(RuntimeError, match="splits"):
+        ops.exl3_gemv(x, trellis, suh, svh, "3inst", splits=6, v5=True)
+
+
+def test_v5_is_deterministic() -> None:
+    """No atomics anywhere: the same input gives bit-identical outputs."""
+    trellis, suh, svh = _random_layer(4096, 1024, 4, seed=21)
+    x = torch.randn(5, 4096, device="cuda", dtype=torch.float16)
+    first = ops.exl3_gemv(x, trellis, suh, svh, "mcg", v5=True)
+    for _ in range(5):
+        assert torch.equal(ops.exl3_gemv(x, trellis, suh, svh, "mcg", v5=True), first)
+
+
+# (in features, [(out features, K) per matrix]): Llama q/k/v and gate/up with mixed bits.
+MULTI = {
+    "8b_qkv": (4096, [(4096, 4), (1024, 5), (1024, 3)]),
+    "8b_gate_up": (4096, [(14336, 4), (14336, 2)]),
+    "1b_qkv": (2048, [(2048, 2), (512, 6), (512, 8)]),
+    "small": (256, [(384, 1), (128, 7), (640, 4)]),
+}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "exact"])
+@pytest.mark.parametrize("codebook", CODEBOOKS)
+@pytest.mark.parametrize("config", list(MULTI))
+def test_v5_multi_equals_v4_single(config: str, codebook: str, fast: bool) -> None:
+    in_f, mats = MULTI[config]
+    layers = [_random_layer(in_f, o, k, seed=o + 13 * k) for o, k in mats]
+    ts, suhs, svhs = zip(*layers)
+    for m in (1, 2, 5, 8):
+        x = torch.randn(m, in_f, device="cuda", dtype=torch.float16)
+        ys = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, fast=fast, v5=True)
+        for (t, suh, svh), y in zip(layers, ys):
+            ref = ops.exl3_gemv(x, t, suh, svh, codebook, fast=fast, v5=False)
+            assert y.shape == ref.shape and y.dtype == ref.dtype
+            assert rel_fro(y, ref) < SAME_TOL, (config, codebook, fast, m)
+            single = ops.exl3_gemv(x, t, suh, svh, codebook, fast=fast, v5=True)
+            assert rel_fro(y, single) < SAME_TOL, (config, codebook, fast, m)
+
+
+def test_v5_graph_replay_equals_eager() -> None:
+    in_f, mats = MULTI["8b_qkv"]
+    layers = [_random_layer(in_f, o, k, seed=o + k) for o, k in mats]
+    ts, suhs, svhs = zip(*layers)
+    x = torch.randn(4, in_f, device="cuda", dtype=torch.float16)
+
+    def step():
+        return ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), "mcg", v5=True) + [
+            ops.exl3_gemv(x, ts[0], suhs[0], svhs[0], "mcg", v5=True)
+        ]
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()  # warm-up: attributes and occupancy queries happen outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for seed in (7, 8, 9):
+        x.copy_(torch.randn(4, in_f, generator=torch.Generator().manual_seed(seed)).to(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(outs, step()):
+            assert torch.equal(a, b)  # deterministic kernel: replay and eager agree bit for bit
+
+
+def test_v5_env_flag_routes_every_gemv(monkeypatch) -> None:
+    """TRELLIS_GEMV_V5 (ops.GEMV_V5) is the default of both entry points."""
+    calls = []
+    ext = ops.extension()
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(ext, name)
+
+        def exl3_gemv_v5(self, *args):
+            calls.append(len(args[1]))
+            return ext.exl3_gemv_v5(*args)
+
+    monkeypatch.setattr(ops, "GEMV_V5", True)
+    monkeypatch.setattr(ops, "extension", lambda: Spy())
+    t, suh, svh = _random_layer(256, 384, 3, seed=2)
+    x = torch.randn(2, 256, device="cuda", dtype=torch.float16)
+    ops.exl3_gemv(x, t, suh, svh, "mcg")
+    ops.exl3_gemv_multi(x, [t, t], [suh, suh], [svh, svh], "mcg")
+    assert calls == [1, 2]
