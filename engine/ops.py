@@ -126,6 +126,10 @@ def _workspace(
 # workspace) for every single and multi-matrix GEMV; sm_90+ only (elsewhere v4 runs). The ``v5``
 # argument of exl3_gemv / exl3_gemv_multi overrides it per call (A/B in one process).
 GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "") not in ("", "0")
+# TRELLIS_GEMV_V5_PDL=1 (experiment): v5 launches with programmatic dependent launch, so a GEMV's
+# weight prefetch overlaps the previous kernel's tail. Only valid while no kernel writes a trellis
+# right before the GEMV that reads it (true for loaded models). Read per call (bench toggles it).
+GEMV_V5_PDL = os.environ.get("TRELLIS_GEMV_V5_PDL", "") not in ("", "0")
 
 
 def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None) -> bool:
@@ -159,7 +163,7 @@ def exl3_gemv(
     y = torch.empty(x.shape[0], out_f, dtype=x.dtype, device=x.device)
     fast = GEMV_FAST if fast is None else fast
     if _use_v5(ext, x, v5):
-        ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast)
+        ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast, GEMV_V5_PDL)
         return y
     partial, counters = _workspace(x.device, in_f, out_f)
     ext.exl3_gemv(x, trellis, suh, svh, y, partial, counters, CODEBOOK_IDS[codebook], splits, fast)
@@ -202,7 +206,8 @@ def exl3_gemv_multi(
     ys = [torch.empty(x.shape[0], o, dtype=x.dtype, device=x.device) for o in outs]
     fast = GEMV_FAST if fast is None else fast
     if _use_v5(ext, x, v5):
-        ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, CODEBOOK_IDS[codebook], splits, fast)
+        ids = CODEBOOK_IDS[codebook]
+        ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, ids, splits, fast, GEMV_V5_PDL)
         return ys
     # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
     partial, counters = _workspace(x.device, in_f, sum(outs))

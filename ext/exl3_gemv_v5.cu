@@ -20,10 +20,10 @@ namespace trellis {
 namespace {
 
 int v5_call(int codebook, bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
-            cudaStream_t stream) {
-  if (codebook == CB_3INST) return gemv_v5_dispatch<CB_3INST>(fast, mode, a, blocks, splits, smem, stream);
-  if (codebook == CB_MCG) return gemv_v5_dispatch<CB_MCG>(fast, mode, a, blocks, splits, smem, stream);
-  return gemv_v5_dispatch<CB_MUL1>(fast, mode, a, blocks, splits, smem, stream);
+            cudaStream_t stream, bool pdl = false) {
+  if (codebook == CB_3INST) return gemv_v5_dispatch<CB_3INST>(fast, mode, a, blocks, splits, smem, stream, pdl);
+  if (codebook == CB_MCG) return gemv_v5_dispatch<CB_MCG>(fast, mode, a, blocks, splits, smem, stream, pdl);
+  return gemv_v5_dispatch<CB_MUL1>(fast, mode, a, blocks, splits, smem, stream, pdl);
 }
 
 // Occupancy answers depend only on (kernel, smem, cluster size): cached (host-side queries).
@@ -84,10 +84,12 @@ int dtype_code(const at::Tensor& t) {
 }
 
 // y[i] = had(had(x * suh[i]) @ Q[i]) * svh[i], 1..3 matrices of the same in features and
-// codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. Returns the split count.
+// codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. pdl: programmatic dependent
+// launch (may start during the previous kernel; the trellis must not be its output). Returns the
+// split count.
 int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis, const std::vector<at::Tensor>& suh,
                      const std::vector<at::Tensor>& svh, const std::vector<at::Tensor>& y, int64_t codebook,
-                     int64_t splits, bool fast) {
+                     int64_t splits, bool fast, bool pdl) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int count = static_cast<int>(trellis.size());
   TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_v5 takes 1..", kGemvMaxMats, " matrices");
@@ -156,7 +158,9 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
     a.begin[i] = blocks;
     blocks += (a.mat[i].out / 128) * sp;
   }
-  v5_call(cb, fast, 0, &a, blocks, sp, smem, stream);
+  const cudaError_t err = static_cast<cudaError_t>(v5_call(cb, fast, 0, &a, blocks, sp, smem, stream, pdl));
+  TORCH_CHECK(err == cudaSuccess, "exl3_gemv_v5 launch (", blocks, " blocks, clusters of ", sp, ", ", smem,
+              " B shared): ", cudaGetErrorString(err));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return splits;
 }
@@ -168,7 +172,7 @@ void bind_gemv_v5(pybind11::module_& m) {
         "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster) of 1..3 matrices of one input; "
         "returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
-        py::arg("splits") = 0, py::arg("fast") = false);
+        py::arg("splits") = 0, py::arg("fast") = false, py::arg("pdl") = false);
 }
 
 }  // namespace trellis

@@ -108,6 +108,11 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   };
 #pragma unroll
   for (int i = 0; i < ST - 1; ++i) issue_next();
+  // Launched with programmatic stream serialization (pdl, opt-in), the block may start before the
+  // previous kernel has finished: the weight copies above overlap its tail, and everything that
+  // reads its output (x) or writes (y) comes after this wait. Without PDL it returns at once.
+  // Contract: the trellis must not be written by the kernel right before this one.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 
   // ---- 1. input rotation: items (chunk c, row n < m), kV5PrefetchItems loads in flight -----
   const int items = nch * m;
@@ -206,6 +211,9 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     slot = slot + 1 == ST ? 0 : slot + 1;
   }
   cp_async_wait<0>();
+  // A PDL-launched next kernel may start its weight prefetch now (it waits for our completion
+  // before it touches our output); no effect on launches without PDL.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   __syncthreads();  // every warp is done with its ring: the area now holds the warps' sums
 
   // ---- 3. block sum: per-warp stores, one fixed-order sum ---------------------------------
@@ -300,11 +308,13 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const Gem
 
 constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
 
-// Host side. mode 0: launch `blocks` blocks in clusters of `splits` with `smem` bytes;
+// Host side. mode 0: launch `blocks` blocks in clusters of `splits` with `smem` bytes (returns
+// the cudaError_t of the launch; pdl: programmatic dependent launch, see griddepcontrol.wait);
 // mode 1: return blocks per SM at `smem` bytes; mode 2: return how many clusters of `splits`
 // blocks can be co-resident at `smem` bytes (0: that cluster size cannot be launched).
 template <int CB, bool FAST>
-int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream) {
+int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream,
+                bool pdl) {
   auto kern = exl3_gemv_v5_kernel<CB, FAST>;
   static bool ready = false;
   if (!ready) {
@@ -313,11 +323,13 @@ int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int sm
     ready = true;
   }
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = splits;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.blockDim = dim3(kGemvThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -338,15 +350,15 @@ int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int sm
     return n;
   }
   cfg.gridDim = dim3(blocks);
-  cudaLaunchKernelEx(&cfg, kern, *a);
-  return 0;
+  cfg.numAttrs = pdl ? 2 : 1;
+  return static_cast<int>(cudaLaunchKernelEx(&cfg, kern, *a));  // cudaError_t
 }
 
 template <int CB>
 int gemv_v5_dispatch(bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
-                     cudaStream_t stream) {
-  return fast ? gemv_v5_run<CB, true>(mode, a, blocks, splits, smem, stream)
-              : gemv_v5_run<CB, false>(mode, a, blocks, splits, smem, stream);
+                     cudaStream_t stream, bool pdl) {
+  return fast ? gemv_v5_run<CB, true>(mode, a, blocks, splits, smem, stream, pdl)
+              : gemv_v5_run<CB, false>(mode, a, blocks, splits, smem, stream, pdl);
 }
 
 }  // namespace trellis

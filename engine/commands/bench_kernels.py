@@ -300,6 +300,12 @@ def bench_ab(
     )
     t4 = _time_graph(lambda: call(False), iters, repeats)
     t5 = _time_graph(lambda: call(True), iters, repeats)
+    pdl_before = ops.GEMV_V5_PDL
+    try:  # v5 with programmatic dependent launch: each GEMV's prologue overlaps the previous one
+        ops.GEMV_V5_PDL = True
+        t5p = _time_graph(lambda: call(True), iters, repeats)
+    finally:
+        ops.GEMV_V5_PDL = pdl_before
     return {
         "shape": f"{in_f}x{'+'.join(map(str, outs))}",
         "bits": k,
@@ -307,6 +313,7 @@ def bench_ab(
         "codebook": codebook,
         "v4_us": t4 * 1e6,
         "v5_us": t5 * 1e6,
+        "v5_pdl_us": t5p * 1e6,
         "gain": t4 / t5,
         "v5_splits": int(splits),
         "v5_vs_v4_rel": err,
@@ -316,7 +323,10 @@ def bench_ab(
 def run_gemv_ab(args: argparse.Namespace, dtype) -> list[dict]:
     from engine import ops
 
-    print(f"{'shape':>20} {'K':>2} {'m':>2} {'v4 us':>8} {'v5 us':>8} {'gain':>6} {'S':>3} {'v5-v4 rel':>9}")
+    print(
+        f"{'shape':>20} {'K':>2} {'m':>2} {'v4 us':>8} {'v5 us':>8} {'gain':>6} {'S':>3} {'v5-v4 rel':>9} "
+        f"{'v5+PDL us':>9}"
+    )
     cases = [(s, [o]) for s, o in (_parse_shape(t) for t in args.shapes.split(","))]
     cases += list(LLAMA8B_GROUPS.values())
     rows = []
@@ -327,7 +337,7 @@ def run_gemv_ab(args: argparse.Namespace, dtype) -> list[dict]:
                 rows.append(r)
                 print(
                     f"{r['shape']:>20} {k:>2} {m:>2} {r['v4_us']:8.2f} {r['v5_us']:8.2f} {r['gain']:6.2f} "
-                    f"{r['v5_splits']:>3} {r['v5_vs_v4_rel']:9.1e}",
+                    f"{r['v5_splits']:>3} {r['v5_vs_v4_rel']:9.1e} {r['v5_pdl_us']:9.2f}",
                     flush=True,
                 )
     return rows

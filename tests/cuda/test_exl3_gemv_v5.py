@@ -207,3 +207,37 @@ def test_v5_env_flag_routes_every_gemv(monkeypatch) -> None:
     ops.exl3_gemv(x, t, suh, svh, "mcg")
     ops.exl3_gemv_multi(x, [t, t], [suh, suh], [svh, svh], "mcg")
     assert calls == [1, 2]
+
+
+def test_v5_pdl_waits_for_the_previous_kernels_output(monkeypatch) -> None:
+    """With programmatic dependent launch a GEMV may start during the previous kernel (its weight
+    prefetch), and v5 lets its successor start early (launch_dependents before its output is
+    written): a chain of GEMVs, each reading the previous one's output, eager and in a graph,
+    must equal the same chain without PDL bit for bit."""
+    layers = [_random_layer(2048, 2048, k, seed=40 + k) for k in (2, 4, 3)]
+    x0 = torch.randn(3, 2048, device="cuda", dtype=torch.float16)
+
+    def chain():
+        h = x0 * 0.5  # a kernel right before the first GEMV writes its input
+        for t, suh, svh in layers:
+            h = ops.exl3_gemv(h, t, suh, svh, "mcg", v5=True)
+            h = h / h.abs().amax()  # keep the scale bounded; another kernel in between
+            h = ops.exl3_gemv_multi(h, [t, t], [suh, suh], [svh, svh], "mcg", v5=True)[1]
+        return h
+
+    expected = chain()
+    monkeypatch.setattr(ops, "GEMV_V5_PDL", True)
+    for _ in range(3):
+        assert torch.equal(chain(), expected)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = chain()
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
