@@ -752,15 +752,17 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
 // and g + 8 and holds the same unit of the (rotated) query of head g; for p.v it decodes units
 // g + 8w of keys 2t, 2t + 1, 2t + 8, 2t + 9, and its accumulator rows are those units' numbers.
 // A unit becomes 8 code bytes with the bit-plane transpose, each pair of bytes an fp16 pair with
-// one PRMT (0x64 exponent: 1024 + code), then one HSUB2 (exact codes) and one HFMA2 with the
-// group's scale and -midpoint * scale (the only roundings: the fp16 number, as a dense fp16 cache
-// has, and -midpoint * scale in fp16). P goes to fp16 for the MMA as in flash attention; its
-// transpose from the score layout to the p.v operand layout goes through 512 bytes of shared
-// memory per warp.
+// one PRMT (0x64 exponent: 1024 + code) and one HSUB2 (the exact codes). Keys go in as codes, one
+// accumulator per 32-number group started at -midpoint x the group's query sum, and the group's
+// scale multiplies it per key in fp32: q.k is exact but for q's rounding to fp16. Values are
+// dequantized in fp16 with one HFMA2 (scale, -midpoint x scale: one rounding per number, as an
+// fp16 cache has, plus that of -midpoint x scale). P goes to fp16 for the MMA as in flash
+// attention; its transpose from the score layout to the p.v operand layout goes through 512 bytes
+// of shared memory per warp.
 //
 // Instructions per 16 keys and lane at head_dim 128, 8-bit (4-bit: transposes 11 instead of 21):
-// keys 8 units x 21 transpose + 32 pairs x 3 + 8 scale pairs x 2; values 8 x 21 + 32 pairs x 3.5
-// + 4; softmax ~50 + 32 rescales; loads/addresses ~80; 16 MMAs: ~700, i.e. ~45 warp instructions
+// keys 8 units x 21 transpose + 32 pairs x 2 + 8 scales + 16 FFMA; values 8 x 21 + 32 pairs x 3.5
+// + 4; softmax ~50 + 32 rescales; loads/addresses ~80; 16 MMAs: ~680, i.e. ~43 warp instructions
 // per key and kv head (version 2: ~110), with no shuffle chain per key.
 
 template <int BITS>
@@ -820,6 +822,13 @@ __device__ __forceinline__ unsigned dequant_pair(unsigned bytes, unsigned sel, _
   const __half2 magic = u32_as_h2(__byte_perm(bytes, 0x64646464u, sel));
   const __half2 code = __hsub2(magic, __floats2half2_rn(1024.0f, 1024.0f));
   return h2_as_u32(__hfma2(code, scale, offset));
+}
+
+// Two code bytes as exact fp16 codes (0 .. 255), no scale: the keys' scales are applied per group
+// after the MMA, in fp32.
+__device__ __forceinline__ unsigned code_pair(unsigned bytes, unsigned sel) {
+  const __half2 magic = u32_as_h2(__byte_perm(bytes, 0x64646464u, sel));
+  return h2_as_u32(__hsub2(magic, __floats2half2_rn(1024.0f, 1024.0f)));
 }
 
 // D += A . B, m16n8k16, fp16 operands, fp32 accumulators (sm_80+).
@@ -906,6 +915,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
   __shared__ float s_m[kWarps][MAXH], s_l[kWarps][MAXH];
   __shared__ float s_acc[kWarps][MAXH][D];
   __shared__ __align__(16) __half s_p[kWarps][2][MAXH][kTile];  // P^T per warp, double-buffered
+  __shared__ __align__(16) float s_qoff[kWarps][NG][MAXH];       // see qoff below (registers)
 
   const int split = blockIdx.x, b = blockIdx.z;
   const int kvh = blockIdx.y / p.head_chunks, chunk = blockIdx.y % p.head_chunks;
@@ -952,7 +962,23 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 #pragma unroll
     for (int i = 0; i < 4; ++i) qf[2 * cg + i / 2][i % 2] = h2_as_u32(__floats2half2_rn(x[2 * i] * qmul, x[2 * i + 1] * qmul));
   }
-  const __half2 nkhalf = __float2half2_rn(-0.5f * static_cast<float>((1 << KB) - 1));
+  // Keys enter the MMA as exact codes, one group (two k-steps) per accumulator started at
+  // -midpoint x (the group's sum of the fp16 query), so it ends as sum q (code - midpoint); the
+  // group's scale multiplies it per key in fp32. Lane (g, t) needs heads 2t, 2t + 1 of each group.
+  // Kept in shared memory (one copy per warp, one 8-byte load per group and tile): registers.
+#pragma unroll
+  for (int cg = 0; cg < NG; ++cg) {
+    float part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(u32_as_h2(qf[2 * cg + i / 2][i % 2]));
+      part += f.x + f.y;
+    }
+    part += __shfl_xor_sync(kFull, part, 1);
+    part += __shfl_xor_sync(kFull, part, 2);  // head g's group sum, in its 4 lanes
+    if (t == 0) s_qoff[warp][cg][g] = -0.5f * static_cast<float>((1 << KB) - 1) * part;
+  }
+  __syncwarp();
   const __half2 nvhalf = __float2half2_rn(-0.5f * static_cast<float>((1 << VB) - 1));
   const unsigned vsel = (g & 4) ? 0x7632u : 0x5410u;  // unit g + 8w is in group g / 4 + 2w: word w, half (g / 4) & 1
   const float cap = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
@@ -967,6 +993,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
 
+  // Units one tile ahead (kPrefetch) or fetched after the math (head_dim 256). Unrolling twice to
+  // swap the buffers instead of copying them cost registers (d 64: 106 -> 141) and spilled at 8 bits.
   int buf = 0;
   for (; base < end; base += stride, buf ^= 1) {
     TileUnits<D, KB, VB> nxt;
@@ -975,32 +1003,32 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
       tile_pages(p, table, base + 2 * stride, last, g, t, pg);
     }
 
-    // S^T = K . Q^T: k-step 2c + h takes numbers 4h .. 4h + 3 of unit 4c + t (two chains).
-    float sa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    // S^T = K . Q^T: k-step 2c + h takes numbers 4h .. 4h + 3 of unit 4c + t, one accumulator per
+    // group c (its scale differs per key), scaled into the scores in fp32.
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int cg = 0; cg < NG; ++cg) {
       unsigned klo[2], khi[2];
-      __half2 ks[2], ko[2];
+      float ksf[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         planes_to_bytes(cur.k[i][cg], klo[i], khi[i]);
-        ks[i] = u32_as_h2(__byte_perm(cur.ks[i][cg / 2], 0u, (cg & 1) ? 0x3232u : 0x1010u));
-        ko[i] = __hmul2(ks[i], nkhalf);
+        ksf[i] = __half2float(__ushort_as_half(static_cast<unsigned short>(cur.ks[i][cg / 2] >> (16 * (cg & 1)))));
       }
-      mma_16816(sa, dequant_pair(klo[0], 0x4140u, ks[0], ko[0]), dequant_pair(klo[1], 0x4140u, ks[1], ko[1]),
-                dequant_pair(klo[0], 0x4342u, ks[0], ko[0]), dequant_pair(klo[1], 0x4342u, ks[1], ko[1]),
-                qf[2 * cg][0], qf[2 * cg][1]);
-      mma_16816(sb, dequant_pair(khi[0], 0x4140u, ks[0], ko[0]), dequant_pair(khi[1], 0x4140u, ks[1], ko[1]),
-                dequant_pair(khi[0], 0x4342u, ks[0], ko[0]), dequant_pair(khi[1], 0x4342u, ks[1], ko[1]),
-                qf[2 * cg + 1][0], qf[2 * cg + 1][1]);
+      const float2 qo = *reinterpret_cast<const float2*>(&s_qoff[warp][cg][2 * t]);
+      float c[4] = {qo.x, qo.y, qo.x, qo.y};
+      mma_16816(c, code_pair(klo[0], 0x4140u), code_pair(klo[1], 0x4140u), code_pair(klo[0], 0x4342u),
+                code_pair(klo[1], 0x4342u), qf[2 * cg][0], qf[2 * cg][1]);
+      mma_16816(c, code_pair(khi[0], 0x4140u), code_pair(khi[1], 0x4140u), code_pair(khi[0], 0x4342u),
+                code_pair(khi[1], 0x4342u), qf[2 * cg + 1][0], qf[2 * cg + 1][1]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[i] = fmaf(ksf[i >> 1], c[i], s[i]);
     }
     // Scores s[2r + e]: key g + 8r, head 2t + e. Online softmax per head over the tile's 16 keys
     // (a max over the 8 lanes of equal t); the tile's first key is always visible, so the new max
     // is finite and exp2(-inf) = 0 covers the first tile and the masked keys.
-    float s[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      s[i] = sa[i] + sb[i];
       if (cap > 0.0f) s[i] = cap * tanhf(s[i] * inv_cap);
       if (base + g + 8 * (i >> 1) > last) s[i] = -INFINITY;
     }
