@@ -41,10 +41,10 @@ from engine.quant.viterbi import encode_tiles
 # within a few per cent of each other).
 GAUSSIAN_SCALE = {1: 1.05, 2: 1.0, 3: 0.95, 4: 0.9, 5: 0.85, 6: 0.8, 7: 0.75, 8: 0.7}
 
-# The LDLQ-aware search (units of the codebook's std): a coarse grid wide enough for every K
-# (ExLlamaV3's chosen scales span ~0.45-1.1 std), then one refinement step each side of the best.
-SCALE_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1)
-SCALE_REFINE = 0.05
+# The LDLQ-aware search (units of the codebook's std): one grid, wide enough for every K
+# (ExLlamaV3's chosen scales span ~0.45-1.1 std), fine where high K lands, all candidates
+# encoded in the same pass (on the GPU the pass costs its number of sequential Viterbi calls).
+SCALE_GRID = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 1.0, 1.1, 1.2)
 # The search runs LDLQ on this many sampled output columns and on the leading rows of the
 # Hessian only (its leading block's LDL factor is the full factor's leading block, so this is an
 # exact, smaller LDLQ problem); a fraction of the main pass's sequential Viterbi calls.
@@ -131,7 +131,7 @@ def choose_scale_ldlq(
     minimises: the proxy error ``tr(E^T H E)`` after a full LDLQ pass at each candidate scale.
 
     Runs on :data:`SEARCH_COLUMNS` random columns (whole tiles) and the leading
-    :data:`SEARCH_ROWS` rows; all candidates of a round go through the same Viterbi calls.
+    :data:`SEARCH_ROWS` rows; all candidates go through the same Viterbi calls.
     """
     std = float(table.float().std())
     n_rows, n_cols = unit.shape
@@ -144,19 +144,13 @@ def choose_scale_ldlq(
     h = h_rot[:rows, :rows].float()
     lower_f = lower[:rows, :rows].float()
 
-    def errors(scales: list[float]) -> list[float]:
-        """Unnormalised proxy error ``tr(E^T H E)`` (unit-weight domain) at each scale."""
-        target = torch.cat([sample * (a * std) for a in scales], dim=1)
-        _, q = _ldlq(target, lower_f, k, table)
-        per_col = torch.tensor(scales, device=unit.device).repeat_interleave(sample.shape[1]) * std
-        e = (target - q) / per_col
-        return ((h @ e) * e).reshape(rows, len(scales), -1).sum((0, 2)).tolist()
-
-    tried = dict(zip(SCALE_GRID, errors(list(SCALE_GRID)), strict=True))
-    best = min(tried, key=tried.__getitem__)
-    finer = [best - SCALE_REFINE, best + SCALE_REFINE]
-    tried.update(zip(finer, errors(finer), strict=True))
-    return min(tried, key=tried.__getitem__) * std
+    # Every candidate's target side by side; the error in the unit-weight domain.
+    target = torch.cat([sample * (a * std) for a in SCALE_GRID], dim=1)
+    _, q = _ldlq(target, lower_f, k, table)
+    per_col = torch.tensor(SCALE_GRID, device=unit.device).repeat_interleave(sample.shape[1]) * std
+    e = (target - q) / per_col
+    errors = ((h @ e) * e).reshape(rows, len(SCALE_GRID), -1).sum((0, 2))  # tr(E^T H E) per scale
+    return SCALE_GRID[int(errors.argmin())] * std
 
 
 def choose_scale(
