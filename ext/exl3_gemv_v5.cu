@@ -48,8 +48,10 @@ bool v5_cluster_ok(int codebook, bool fast, int splits, int smem) {
   return splits <= 8 || v5_query(codebook, fast, 2, splits, smem) > 0;
 }
 
-// Splits = cluster size. As the v4 multi launch: minimise (waves of blocks) x (input chunks per
-// block + ~2 chunks of fixed cost), over the cluster sizes this kernel can launch.
+// Splits = cluster size. As the v4 multi launch: minimise (waves) x (input chunks per block + ~2
+// chunks of fixed cost), over the cluster sizes this kernel can launch. A wave is as many
+// clusters as the GPU holds at once (a cluster lives in one GPC, so blocks per SM x SMs / S can
+// overestimate it); where that query answers nothing, the slot count for S <= 8.
 int v5_choose_splits(int codebook, bool fast, int ring, int m, int n_chunks, int total_groups, int sms) {
   const int min_s = (n_chunks + kGemvMaxChunks - 1) / kGemvMaxChunks;
   const int max_s = std::min(n_chunks, kV5MaxCluster);
@@ -57,9 +59,12 @@ int v5_choose_splits(int codebook, bool fast, int ring, int m, int n_chunks, int
   long long best_cost = LLONG_MAX;
   for (int sp = min_s; sp <= max_s; ++sp) {
     const int smem = v5_smem(ring, m, n_chunks, sp);
-    if (!v5_cluster_ok(codebook, fast, sp, smem)) continue;
-    const long long slots = std::max(1, v5_query(codebook, fast, 1, sp, smem)) * (long long)sms;
-    const long long waves = ((long long)total_groups * sp + slots - 1) / slots;
+    long long clusters = v5_query(codebook, fast, 2, sp, smem);  // co-resident clusters of sp blocks
+    if (clusters <= 0) {
+      if (sp > 8) continue;  // not launchable here
+      clusters = std::max(1LL, std::max(1, v5_query(codebook, fast, 1, sp, smem)) * (long long)sms / sp);
+    }
+    const long long waves = (total_groups + clusters - 1) / clusters;
     const long long cost = waves * ((n_chunks + sp - 1) / sp + 2);
     if (cost < best_cost) best_cost = cost, best = sp;
   }
