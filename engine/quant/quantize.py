@@ -48,7 +48,7 @@ SCALE_GRID = (0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 
 # The search runs LDLQ on this many sampled output columns and on the leading rows of the
 # Hessian only (its leading block's LDL factor is the full factor's leading block, so this is an
 # exact, smaller LDLQ problem); a fraction of the main pass's sequential Viterbi calls.
-SEARCH_COLUMNS = 64
+SEARCH_COLUMNS = 128
 SEARCH_ROWS = 1024
 
 
@@ -130,7 +130,7 @@ def choose_scale_ldlq(
     """Pick the global scale for rotated weights ``unit`` (rows ~unit RMS) by the quantity LDLQ
     minimises: the proxy error ``tr(E^T H E)`` after a full LDLQ pass at each candidate scale.
 
-    Runs on :data:`SEARCH_COLUMNS` random columns (whole tiles) and the leading
+    Runs on :data:`SEARCH_COLUMNS` columns (whole tiles) and the leading
     :data:`SEARCH_ROWS` rows; all candidates go through the same Viterbi calls.
     """
     std = float(table.float().std())
@@ -138,7 +138,16 @@ def choose_scale_ldlq(
     rows = min(n_rows, SEARCH_ROWS)
     tile_cols = n_cols // TILE
     take = min(tile_cols, SEARCH_COLUMNS // TILE)
-    picked = torch.randperm(tile_cols, generator=gen)[:take].sort().values
+    # Half the sample is the tile columns holding the largest magnitudes, half random ones. Past
+    # the best scale the error does not grow smoothly: a few values driven out of the codebook's
+    # range by the feedback start a runaway in their column, so the columns where that starts
+    # must be in the sample or the search picks a scale that fails elsewhere.
+    peaks = unit.abs().amax(0).reshape(tile_cols, TILE).amax(1).cpu()
+    chosen = torch.zeros(tile_cols, dtype=torch.bool)
+    chosen[peaks.topk(take // 2).indices] = True
+    others = torch.randperm(tile_cols, generator=gen)
+    chosen[others[~chosen[others]][: take - take // 2]] = True
+    picked = chosen.nonzero().squeeze(1)
     cols = (picked[:, None] * TILE + torch.arange(TILE)).reshape(-1).to(unit.device)
     sample = unit[:rows].index_select(1, cols)
     h = h_rot[:rows, :rows].float()
