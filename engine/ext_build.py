@@ -37,6 +37,7 @@ SOURCES = (
     "viterbi.cu",
     "fused_ops.cu",
     "quantized_cache_read.cu",
+    "exl3_weight.cu",
 )
 HEADERS = ("trellis_ext.h", "exl3_common.cuh", "exl3_gemv.cuh", "exl3_gemv_v5.cuh")
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulation, cp.async-era GPUs
