@@ -36,6 +36,7 @@ GEMV_MAX_ROWS = int(os.environ.get("TRELLIS_GEMV_MAX_ROWS", "8"))
 WEIGHT_PREFILL = os.environ.get("TRELLIS_WEIGHT_PREFILL", "1") != "0"
 FUSED_WEIGHT_BYTES = 1 << 30
 _MAX_CHUNKS_PER_SPLIT = 16  # ext/exl3_gemv.cuh kGemvMaxChunks
+_V5_MAX_CLUSTER = 16  # ext/exl3_gemv_v5.cuh: largest cluster (non-portable above 8)
 # The fast GEMV skips the fp16 rounding of each decoded weight (ext/exl3_gemv.cuh, FAST): fewer
 # integer instructions per weight, results within one fp16 rounding per weight of the exact
 # product. TRELLIS_GEMV_EXACT=1 selects the variant that multiplies the bit-exact fp16 weights.
@@ -123,8 +124,10 @@ def _workspace(
 
 
 # TRELLIS_GEMV_V5=1: the v5 GEMV (ext/exl3_gemv_v5.cuh: split-K over a thread-block cluster, no
-# workspace) for every single and multi-matrix GEMV; sm_90+ only (elsewhere v4 runs). The ``v5``
-# argument of exl3_gemv / exl3_gemv_multi overrides it per call (A/B in one process).
+# workspace) for every single and multi-matrix GEMV; sm_90+ only (elsewhere v4 runs). 8B decode
+# 176 -> 204-209 tok/s on the H200, but its multi-launch and graph tests have not run on a GPU yet
+# (ext/NOTES.md), so it stays opt-in. The ``v5`` argument of
+# exl3_gemv / exl3_gemv_multi overrides it per call (A/B in one process).
 GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "") not in ("", "0")
 # TRELLIS_GEMV_V5_PDL=1 (experiment): v5 launches with programmatic dependent launch, so a GEMV's
 # weight prefetch overlaps the previous kernel's tail. Only valid while no kernel writes a trellis
@@ -132,10 +135,18 @@ GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "") not in ("", "0")
 GEMV_V5_PDL = os.environ.get("TRELLIS_GEMV_V5_PDL", "") not in ("", "0")
 
 
-def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None) -> bool:
+def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) -> bool:
     if not (GEMV_V5 if v5 is None else v5) or not hasattr(ext, "exl3_gemv_v5"):
         return False
-    return torch.cuda.get_device_capability(x.device)[0] >= 9
+    if torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    # Checked here, not left to the extension: on the GPU machine's torch 2.11 + CUDA 13 a failed
+    # argument check inside the extension kills the process instead of raising (ext/NOTES.md).
+    chunks = x.shape[-1] // 128
+    low, high = -(-chunks // _MAX_CHUNKS_PER_SPLIT), min(chunks, _V5_MAX_CLUSTER)
+    if splits and not low <= splits <= high:
+        raise ValueError(f"splits must be in [{low}, {high}] for {x.shape[-1]} in features, got {splits}")
+    return True
 
 
 def exl3_gemv(
@@ -162,7 +173,7 @@ def exl3_gemv(
         raise ValueError(f"exl3_gemv takes (1..{GEMV_ROWS}, {in_f}) activations, got {tuple(x.shape)}")
     y = torch.empty(x.shape[0], out_f, dtype=x.dtype, device=x.device)
     fast = GEMV_FAST if fast is None else fast
-    if _use_v5(ext, x, v5):
+    if _use_v5(ext, x, v5, splits):
         ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast, GEMV_V5_PDL)
         return y
     partial, counters = _workspace(x.device, in_f, out_f)
@@ -205,7 +216,7 @@ def exl3_gemv_multi(
     outs = [t.shape[1] * 16 for t in trellises]
     ys = [torch.empty(x.shape[0], o, dtype=x.dtype, device=x.device) for o in outs]
     fast = GEMV_FAST if fast is None else fast
-    if _use_v5(ext, x, v5):
+    if _use_v5(ext, x, v5, splits):
         ids = CODEBOOK_IDS[codebook]
         ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, ids, splits, fast, GEMV_V5_PDL)
         return ys
@@ -300,6 +311,13 @@ def exl3_weight(layers: list[Any], dtype: torch.dtype) -> torch.Tensor:
     if ext is None:
         raise RuntimeError(f"CUDA extension unavailable: {_reason}")
     first = layers[0]
+    # Checked here rather than in the extension (see _use_v5 on why).
+    if dtype not in KERNEL_DTYPES:
+        raise ValueError(f"exl3_weight makes fp16, bf16 or fp32 weights, not {dtype}")
+    if any(layer.padded_in != first.padded_in for layer in layers):
+        raise ValueError("exl3_weight: the layers of one buffer must share their (padded) in features")
+    if any(layer.trellis.device != first.trellis.device for layer in layers):
+        raise ValueError("exl3_weight: the layers of one buffer must be on one device")
     w = torch.empty(
         first.padded_in, sum(layer.padded_out for layer in layers), dtype=dtype, device=first.trellis.device
     )

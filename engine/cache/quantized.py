@@ -74,7 +74,8 @@ class QuantizedStore:
         bits = (planes[:, :, :, None, :] >> self._shifts[:, None]) & 1  # [n, heads, d/8, 8, bits]
         weights = (1 << torch.arange(self.bits, device=planes.device)).to(torch.int32)
         q = (bits.to(torch.int32) * weights).sum(-1).float()  # [n, heads, d/8, 8]
-        groups = (q.reshape(n, heads, -1, self.group) - self.levels / 2) * scales.float()[..., None]
+        per_head = self.head_dim // self.group  # explicit: a read of zero slots has nothing to infer -1 from
+        groups = (q.reshape(n, heads, per_head, self.group) - self.levels / 2) * scales.float()[..., None]
         return (groups @ self.hadamard).reshape(n, heads, self.head_dim).to(dtype)
 
     def write(self, slots: torch.Tensor, x: torch.Tensor) -> None:

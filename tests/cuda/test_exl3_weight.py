@@ -90,7 +90,7 @@ def test_prefill_through_the_weight_matches_the_old_path(dtype: torch.dtype, mon
     old_single = [layer(x) for layer in layers]
     tol = 1e-5 if dtype == torch.float32 else (3e-3 if dtype == torch.float16 else 1.2e-2)
     for layer, a, b, old in zip(layers, new_single, new_group, old_single, strict=True):
-        ref = (x.double().cpu() @ layer.reconstruct().double().t())[..., : layer.out_features]
+        ref = (x.double().cpu() @ layer.reconstruct().double().cpu().t())[..., : layer.out_features]
         if layer.bias is not None:
             ref = ref + layer.bias.double().cpu()
         assert a.shape == b.shape == (3, 40, layer.out_features) and a.dtype == dtype
@@ -111,11 +111,10 @@ def test_group_falls_back_per_layer_above_the_size_cap(monkeypatch) -> None:
 
 
 def test_weight_rejects_bad_input() -> None:
-    ext = ops.extension()
-    layer = _layer(128, 128, 4, "mul1", 9)
-    small = torch.empty(128, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="do not fit"):
-        ext.exl3_weight_into(layer.trellis, layer.suh, layer.svh, 2, small, 0)
-    wrong_rows = torch.empty(256, 128, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="w must be"):
-        ext.exl3_weight_into(layer.trellis, layer.suh, layer.svh, 2, wrong_rows, 0)
+    # Checked in Python: a failed check inside the extension crashes the process on the GPU
+    # machine's toolchain instead of raising (ext/NOTES.md).
+    a, b = _layer(128, 128, 4, "mul1", 9), _layer(256, 128, 4, "mul1", 10)
+    with pytest.raises(ValueError, match="in features"):
+        ops.exl3_weight([a, b], torch.float16)
+    with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
+        ops.exl3_weight([a], torch.int32)

@@ -43,10 +43,11 @@ def _check(store: QuantizedStore, slots: torch.Tensor, dtype: torch.dtype) -> to
     exact = store.dequantize(planes, scales, torch.float32)
     atol = 1e-5 * float(exact.abs().max()) if n else 0.0  # cancellation near zero: fp32 rounding only
     torch.testing.assert_close(got.float(), exact, rtol=ULP[dtype], atol=atol)
-    # Against the torch path in the same dtype: the same numbers except at rare rounding ties.
+    # Against the torch path in the same dtype: at most one unit in the last place apart (the two
+    # round at different points, so at 2-4 bits, whose outputs are few distinct values, up to ~7%
+    # of them land one unit apart; measured on the H200).
     torch_path = store.dequantize(planes, scales, dtype)
-    if n:
-        assert (got == torch_path).float().mean() > 0.99
+    torch.testing.assert_close(got.float(), torch_path.float(), rtol=2 * ULP[dtype], atol=atol)
     return got
 
 
