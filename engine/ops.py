@@ -237,24 +237,39 @@ def exl3_gemv_multi(
     return ys
 
 
+def _kernel_rows(x: torch.Tensor, padded_in: int) -> torch.Tensor:
+    """``x`` as contiguous ``(rows, padded_in)`` in a kernel dtype (others go to fp32), zero-extended
+    to the stored in features (EXL3_FORMAT.md section 3.3)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.dtype not in KERNEL_DTYPES:
+        x2 = x2.float()
+    if x2.shape[1] < padded_in:
+        x2 = F.pad(x2, (0, padded_in - x2.shape[1]))
+    return x2.contiguous()
+
+
+def _layer_output(y: torch.Tensor, layer: Any, x: torch.Tensor) -> torch.Tensor:
+    """A layer's ``(rows, >= out)`` kernel result as its output: the padding cut, the bias added,
+    ``x``'s dtype and leading dims."""
+    if y.shape[1] != layer.out_features:
+        y = y[:, : layer.out_features]
+    if layer.bias is not None:
+        y = y + layer.bias.to(y.dtype)
+    return y.to(x.dtype).reshape(*x.shape[:-1], layer.out_features)
+
+
 def _exl3_gemm_fused(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | None:
     """Many rows through projections of one input: one ``W`` buffer for all of them, one GEMM."""
     first = layers[0]
     dtype = x.dtype if x.dtype in KERNEL_DTYPES else torch.float32
     if sum(layer.padded_out for layer in layers) * first.padded_in * dtype.itemsize > FUSED_WEIGHT_BYTES:
         return None  # each layer on its own: a smaller temporary
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1]).to(dtype)
-    if x2.shape[1] < first.padded_in:  # zero-extend (EXL3_FORMAT.md section 3.3)
-        x2 = F.pad(x2, (0, first.padded_in - x2.shape[1]))
-    y_all = x2 @ exl3_weight(layers, dtype)
+    x2 = _kernel_rows(x, first.padded_in)
+    y_all = x2 @ exl3_weight(layers, x2.dtype)
     outs, col = [], 0
     for layer in layers:
-        y = y_all[:, col : col + layer.out_features]
+        outs.append(_layer_output(y_all[:, col : col + layer.padded_out], layer, x))
         col += layer.padded_out
-        if layer.bias is not None:
-            y = y + layer.bias.to(y.dtype)
-        outs.append(y.to(x.dtype).reshape(*lead, layer.out_features))
     return outs
 
 
@@ -282,24 +297,11 @@ def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | 
         return None
     if ext is None or not hasattr(ext, "exl3_gemv_multi"):
         return None
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.dtype not in KERNEL_DTYPES:
-        x2 = x2.float()
-    if x2.shape[1] < first.padded_in:  # zero-extend (EXL3_FORMAT.md section 3.3)
-        x2 = F.pad(x2, (0, first.padded_in - x2.shape[1]))
-    x2 = x2.contiguous()
+    x2 = _kernel_rows(x, first.padded_in)
     ys = exl3_gemv_multi(
         x2, [l.trellis for l in layers], [l.suh for l in layers], [l.svh for l in layers], first.codebook
     )
-    outs = []
-    for layer, y in zip(layers, ys):
-        if layer.padded_out != layer.out_features:
-            y = y[:, : layer.out_features]
-        if layer.bias is not None:
-            y = y + layer.bias.to(y.dtype)
-        outs.append(y.to(x.dtype).reshape(*lead, layer.out_features))
-    return outs
+    return [_layer_output(y, layer, x) for layer, y in zip(layers, ys)]
 
 
 def exl3_weight(layers: list[Any], dtype: torch.dtype) -> torch.Tensor:
@@ -368,13 +370,7 @@ def exl3_gemm(x: torch.Tensor, layer: Any) -> torch.Tensor | None:
     ext = _kernel_ready(x, layer.trellis)
     if ext is None:
         return None
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.dtype not in KERNEL_DTYPES:
-        x2 = x2.float()
-    if x2.shape[1] < layer.padded_in:  # zero-extend (EXL3_FORMAT.md section 3.3)
-        x2 = F.pad(x2, (0, layer.padded_in - x2.shape[1]))
-    x2 = x2.contiguous()
+    x2 = _kernel_rows(x, layer.padded_in)
     m = x2.shape[0]
     if m == 0:
         y = x2.new_empty(0, layer.padded_out)
@@ -393,11 +389,7 @@ def exl3_gemm(x: torch.Tensor, layer: Any) -> torch.Tensor | None:
         u = ext.hadamard128(x2, layer.suh, None, mm_dtype)
         q = ext.exl3_reconstruct(layer.trellis, CODEBOOK_IDS[layer.codebook]).to(mm_dtype)
         y = ext.hadamard128(u @ q, None, layer.svh, x2.dtype)
-    if layer.padded_out != layer.out_features:
-        y = y[:, : layer.out_features]
-    if layer.bias is not None:
-        y = y + layer.bias.to(y.dtype)
-    return y.to(x.dtype).reshape(*lead, layer.out_features)
+    return _layer_output(y, layer, x)
 
 
 def paged_decode_attention(

@@ -80,3 +80,16 @@ def test_weight_buffer_checks_its_layers_in_python(fake) -> None:
     assert fake.calls == []
     w = ops.exl3_weight([a], torch.bfloat16)
     assert w.shape == (128, 128) and w.dtype == torch.bfloat16
+
+
+def test_single_layer_prefill_through_the_weight(fake, monkeypatch) -> None:
+    # exl3_gemm above GEMV_MAX_ROWS: padded input (200 -> 256), padded output cut, bias, dtype and
+    # leading dims back as the caller gave them.
+    monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: fake)
+    layer = _layer(200, 300, 4, 8, bias=True)
+    x = torch.randn(3, 7, 200, dtype=torch.float64)  # not a kernel dtype: computed in fp32
+    y = ops.exl3_gemm(x, layer)
+    assert fake.calls == [(layer.trellis.shape, ops.CODEBOOK_IDS["mcg"], 0)]
+    assert y.shape == (3, 7, 300) and y.dtype == torch.float64
+    ref = x.float() @ layer.reconstruct().t() + layer.bias.float()  # torch reference, not the hook
+    torch.testing.assert_close(y, ref.double(), rtol=1e-4, atol=1e-4)
