@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_capture import capture
 
 from engine import ops
 from engine.quant.codebooks import CODEBOOKS
@@ -171,14 +172,7 @@ def test_v5_graph_replay_equals_eager() -> None:
             ops.exl3_gemv(x, ts[0], suhs[0], svhs[0], "mcg", v5=True)
         ]
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()  # warm-up: attributes and occupancy queries happen outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
+    graph, outs = capture(step)  # attributes and occupancy queries happen in the warm-up
     for seed in (7, 8, 9):
         x.copy_(torch.randn(4, in_f, generator=torch.Generator().manual_seed(seed)).to(x))
         graph.replay()
@@ -229,14 +223,7 @@ def test_v5_pdl_waits_for_the_previous_kernels_output(monkeypatch) -> None:
     monkeypatch.setattr(ops, "GEMV_V5_PDL", True)
     for _ in range(3):
         assert torch.equal(chain(), expected)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        chain()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = chain()
+    graph, out = capture(chain)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from graph_capture import capture
 
 import engine.quant
 from engine import ops
@@ -214,14 +215,7 @@ def test_cuda_graph_replay_matches_eager() -> None:
     layer = EXL3Linear.from_tensors(t, 1024, 512, None, mode="streaming")
     x = torch.randn(4, 1024, device="cuda", dtype=torch.float16)
     eager = layer(x).clone()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        layer(x)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = layer(x)
+    graph, out = capture(lambda: layer(x))
     for _ in range(3):
         x.copy_(torch.randn_like(x))
         graph.replay()

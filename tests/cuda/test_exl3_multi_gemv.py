@@ -124,14 +124,11 @@ def test_multi_graph_replay_equals_eager(config: str) -> None:
     eager_first = ops.exl3_gemv_multi(
         x_static, list(ts), list(suhs), list(svhs), "mcg"
     )  # sizes the workspace
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        ops.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg")
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ys_graph = ops.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg")
+    # Imported here: a test below imports this module as ``tests.cuda...`` in a subprocess, where
+    # the sibling helper module is not on the path.
+    from graph_capture import capture
+
+    graph, ys_graph = capture(lambda: ops.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg"))
     for seed in (7, 8, 9):
         x_static.copy_(_x(4, in_f, seed=seed))
         graph.replay()

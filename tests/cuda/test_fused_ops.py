@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_capture import capture
 
 from engine import ops
 from engine.modules.mlp import ACTIVATIONS
@@ -98,14 +99,7 @@ def test_fused_ops_in_a_cuda_graph() -> None:
     norm = RMSNorm(torch.rand(1024, device="cuda", dtype=torch.float16) + 0.5, 1e-5)
     eager = norm(x)
     static_x = x.clone()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        norm(static_x)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = norm(static_x)
+    graph, out = capture(lambda: norm(static_x))
     static_x.copy_(x * 2)
     graph.replay()
     torch.testing.assert_close(out, norm(x * 2), rtol=0, atol=0)

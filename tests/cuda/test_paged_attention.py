@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_capture import capture
 
 from engine import ops
 from engine.cache.decode_attention import paged_decode_attention_reference
@@ -184,14 +185,7 @@ def test_graph_replay_with_new_lengths_equals_eager(kbits, vbits):
     layer, tables, lens, q = _case(kbits, vbits, 128, 32, 8, lengths, torch.float16, seed=11)
     scale = 128**-0.5
     run = lambda: ops.paged_decode_attention(q, layer, tables, lens, PAGE, scale, None, None)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture(run)
     for new_lengths in ([501, 2, 78, 1001], [1, 1024, 16, 17], [1000, 999, 1, 64]):
         lens.copy_(torch.tensor(new_lengths, dtype=torch.int32))
         tables.copy_(tables.roll(1, dims=0))  # the table contents may change too

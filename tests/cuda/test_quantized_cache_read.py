@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_capture import capture
 
 from engine import ops
 from engine.cache.quantized import QuantizedStore
@@ -120,14 +121,7 @@ def test_graph_replay_with_new_slots_equals_eager():
     store = _store(4, 8, 128, "fused")
     slots = torch.randint(0, 512, (1000,), device="cuda")
     run = lambda: ops.quantized_cache_read(store, slots, torch.bfloat16)  # noqa: E731
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        run()  # warm-up outside capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    graph, out = capture(run)
     g = torch.Generator(device="cuda").manual_seed(5)
     for seed in range(3):
         slots.copy_(torch.randint(0, 512, (1000,), generator=g, device="cuda"))

@@ -1,0 +1,25 @@
+"""Capturing a GPU call in a CUDA graph the way every graph test here needs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def capture(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """Warm ``run`` up on a side stream (first-call allocations, attribute and occupancy queries
+    happen outside the capture), then capture one call of it. Returns the graph and that call's
+    outputs, which every replay rewrites in place."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    return graph, out
