@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_capture import capture
+from cuda_helpers import capture, rel_fro
 
 from engine import ops
 from engine.quant.codebooks import CODEBOOKS
@@ -21,11 +21,6 @@ TOL = {torch.float16: 1.5e-3, torch.float32: 1.5e-3, torch.bfloat16: 6e-3}
 # v5 and v4 compute the same products with fp32 sums in another order (and v5's split count may
 # differ): an fp16 output rounding apart, far below a wrong tile or row (errors of order 1).
 SAME_TOL = 2e-3
-
-
-def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
 
 
 def _random_layer(in_f: int, out_f: int, k: int, seed: int):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from graph_capture import capture
+from cuda_helpers import capture, rel_fro
 
 import engine.quant
 from engine import ops
@@ -23,12 +23,6 @@ ALL_K = range(1, 9)
 # u is rounded to fp16 after the input rotation (the MMA operand) and the output to the
 # activation dtype: relative Frobenius error ~3e-4 for fp16/fp32, ~2e-3 for bf16 outputs.
 TOL = {torch.float16: 1.5e-3, torch.float32: 1.5e-3, torch.bfloat16: 6e-3}
-
-
-def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative Frobenius error of ``a`` against the reference ``b`` (float64, on the CPU)."""
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
 
 
 def _random_layer(in_f: int, out_f: int, k: int, seed: int, device="cuda"):

@@ -126,7 +126,7 @@ def test_multi_graph_replay_equals_eager(config: str) -> None:
     )  # sizes the workspace
     # Imported here: a test below imports this module as ``tests.cuda...`` in a subprocess, where
     # the sibling helper module is not on the path.
-    from graph_capture import capture
+    from cuda_helpers import capture
 
     graph, ys_graph = capture(lambda: ops.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg"))
     for seed in (7, 8, 9):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_helpers import rel_fro
 
 from engine import ops
 from engine.modules.linear import ProjectionGroup
@@ -15,11 +16,6 @@ pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
 # W is computed in fp32 and rounded once to the buffer's dtype.
 W_TOL = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 5e-3}
-
-
-def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
 
 
 def _layer(in_f: int, out_f: int, k: int, codebook: str, seed: int, bias: bool = False) -> EXL3Linear:

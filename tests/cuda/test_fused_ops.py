@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_capture import capture
+from cuda_helpers import capture
 
 from engine import ops
 from engine.modules.mlp import ACTIVATIONS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from graph_capture import capture
+from cuda_helpers import capture, rel_fro
 
 from engine import ops
 from engine.cache.decode_attention import paged_decode_attention_reference
@@ -17,11 +17,6 @@ BIT_PAIRS = [(b, b) for b in (2, 3, 4, 5, 6, 8, 16)] + [(4, 6), (8, 4), (16, 4),
 # Output rounding (fp16: 2^-11, bf16: 2^-8 relative) dominates; everything else is fp32.
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 PAGE = 16
-
-
-def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double().cpu(), b.detach().double().cpu()
-    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
 
 
 def _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=PAGE, seed=0, extra_pages=1):

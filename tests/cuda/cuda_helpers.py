@@ -1,4 +1,4 @@
-"""Capturing a GPU call in a CUDA graph the way every graph test here needs it."""
+"""Helpers the GPU tests share: relative error against a reference, CUDA graph capture."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ from typing import TypeVar
 import torch
 
 T = TypeVar("T")
+
+
+def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative Frobenius error of ``a`` against the reference ``b`` (float64, on the CPU)."""
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
 
 
 def capture(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
