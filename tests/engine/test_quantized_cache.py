@@ -26,6 +26,13 @@ def test_codes_on_the_grid_round_trip_exactly(bits):
     assert torch.allclose(back, grid.reshape(3, 2, 64), atol=1e-3)
 
 
+def test_reading_no_slots_gives_an_empty_result():
+    # A read of zero slots must give an empty result (the torch path failed on it: reshape with -1).
+    store = QuantizedStore(8, 2, 64, 4, "cpu")
+    out = store.read(torch.empty(0, dtype=torch.int64), torch.float32)
+    assert out.shape == (0, 2, 64) and out.dtype == torch.float32
+
+
 def test_error_shrinks_with_bits_and_outliers_are_spread():
     x = torch.randn(256, 2, 128)
     x[:, :, 5] *= 20  # an outlier channel, as keys have
