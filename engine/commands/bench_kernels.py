@@ -184,22 +184,7 @@ def bench_group(
     w_bytes = in_f * sum(outs) * k // 8
     copies = max(2, min(64, (512 << 20) // max(w_bytes, 1)))
     gen = torch.Generator(device=dev).manual_seed(0)
-    groups = []
-    for _ in range(copies):
-        mats = []
-        for out_f in outs:
-            t = torch.randint(
-                -(2**15),
-                2**15,
-                (in_f // 16, out_f // 16, 16 * k),
-                dtype=torch.int16,
-                device=dev,
-                generator=gen,
-            )
-            suh = (torch.rand(in_f, device=dev, generator=gen) + 0.5).half()
-            svh = (torch.rand(out_f, device=dev, generator=gen) + 0.5).half()
-            mats.append((t, suh, svh))
-        groups.append(mats)
+    groups = _random_mats(in_f, outs, k, copies, gen)
     x = torch.randn(m, in_f, device=dev, dtype=dtype, generator=gen)
     state = {"i": 0}
 
