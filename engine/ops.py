@@ -123,12 +123,11 @@ def _workspace(
     return ws
 
 
-# TRELLIS_GEMV_V5=1: the v5 GEMV (ext/exl3_gemv_v5.cuh: split-K over a thread-block cluster, no
-# workspace) for every single and multi-matrix GEMV; sm_90+ only (elsewhere v4 runs). 8B decode
-# 176 -> 204-209 tok/s on the H200, but its multi-launch and graph tests have not run on a GPU yet
-# (ext/NOTES.md), so it stays opt-in. The ``v5`` argument of
-# exl3_gemv / exl3_gemv_multi overrides it per call (A/B in one process).
-GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "") not in ("", "0")
+# The v5 GEMV (ext/exl3_gemv_v5.cuh: split-K over a thread-block cluster, no workspace, no
+# atomics) runs every single and multi-matrix GEMV on sm_90+ (elsewhere v4 runs); 8B decode 176 ->
+# 204-209 tok/s on the H200, and all of its GPU tests pass (ext/NOTES.md). TRELLIS_GEMV_V5=0
+# selects v4 for A/B runs; the ``v5`` argument of exl3_gemv / exl3_gemv_multi overrides it per call.
+GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "1") not in ("", "0")
 # TRELLIS_GEMV_V5_PDL=1 (experiment): v5 launches with programmatic dependent launch, so a GEMV's
 # weight prefetch overlaps the previous kernel's tail. Only valid while no kernel writes a trellis
 # right before the GEMV that reads it (true for loaded models). Read per call (bench toggles it).

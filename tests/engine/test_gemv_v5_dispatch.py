@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import types
 
 import torch
@@ -21,7 +24,7 @@ def test_use_v5_needs_the_flag_and_the_binding(monkeypatch) -> None:
     with_v5 = types.SimpleNamespace(exl3_gemv_v5=lambda *a: 0)
     without_v5 = types.SimpleNamespace()
     monkeypatch.setattr(ops, "GEMV_V5", False)
-    assert not ops._use_v5(with_v5, x, None)  # off by default
+    assert not ops._use_v5(with_v5, x, None)  # TRELLIS_GEMV_V5=0
     assert not ops._use_v5(with_v5, x, False)
     assert not ops._use_v5(without_v5, x, True)  # an extension built without v5: v4 runs
     monkeypatch.setattr(ops, "GEMV_V5", True)
@@ -30,6 +33,16 @@ def test_use_v5_needs_the_flag_and_the_binding(monkeypatch) -> None:
     assert not ops._use_v5(with_v5, x, None)  # sm_80: no clusters, v4 runs
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert ops._use_v5(with_v5, x, None)
+
+
+def test_v5_is_the_default_and_zero_selects_v4() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRELLIS_GEMV_V5"}
+    code = "import engine.ops as o; print(o.GEMV_V5)"
+    for value, expected in ((None, "True"), ("0", "False"), ("1", "True")):
+        run_env = env if value is None else {**env, "TRELLIS_GEMV_V5": value}
+        cmd = [sys.executable, "-c", code]
+        out = subprocess.run(cmd, env=run_env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected, (value, out.stdout, out.stderr)
 
 
 def test_bench_kernels_ab_flag_parses() -> None:
