@@ -34,6 +34,8 @@ GEMV_MAX_ROWS = int(os.environ.get("TRELLIS_GEMV_MAX_ROWS", "8"))
 # share an input get one W buffer and one GEMM while it stays under FUSED_WEIGHT_BYTES.
 # TRELLIS_WEIGHT_PREFILL=0 selects the older path (rotate x, decode Q, fp16 GEMM, rotate y).
 WEIGHT_PREFILL = os.environ.get("TRELLIS_WEIGHT_PREFILL", "1") != "0"
+# Which whole-weight kernel: 2 (Hadamards on the tensor cores, default) or 1 (warp shuffles), for A/B.
+WEIGHT_KERNEL = int(os.environ.get("TRELLIS_WEIGHT_KERNEL", "2"))
 FUSED_WEIGHT_BYTES = 1 << 30
 _MAX_CHUNKS_PER_SPLIT = 16  # ext/exl3_gemv.cuh kGemvMaxChunks
 _V5_MAX_CLUSTER = 16  # ext/exl3_gemv_v5.cuh: largest cluster (non-portable above 8)
@@ -303,10 +305,11 @@ def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | 
     return [_layer_output(y, layer, x) for layer, y in zip(layers, ys)]
 
 
-def exl3_weight(layers: list[Any], dtype: torch.dtype) -> torch.Tensor:
+def exl3_weight(layers: list[Any], dtype: torch.dtype, version: int | None = None) -> torch.Tensor:
     """The whole weights ``W`` ``(padded_in, padded_out)`` of streaming EXL3 linears of one input,
     side by side in one ``dtype`` buffer (``ext/exl3_weight.cu``: decode, both Hadamards and the
     scales in one pass). The prefill path multiplies the activations by it with one GEMM.
+    ``version``: the kernel (default :data:`WEIGHT_KERNEL`).
     """
     ext = extension()
     if ext is None:
@@ -319,12 +322,17 @@ def exl3_weight(layers: list[Any], dtype: torch.dtype) -> torch.Tensor:
         raise ValueError("exl3_weight: the layers of one buffer must share their (padded) in features")
     if any(layer.trellis.device != first.trellis.device for layer in layers):
         raise ValueError("exl3_weight: the layers of one buffer must be on one device")
+    version = WEIGHT_KERNEL if version is None else version
+    if version not in (1, 2):
+        raise ValueError(f"exl3_weight: kernel version must be 1 or 2, got {version}")
     w = torch.empty(
         first.padded_in, sum(layer.padded_out for layer in layers), dtype=dtype, device=first.trellis.device
     )
     col = 0
     for layer in layers:
-        ext.exl3_weight_into(layer.trellis, layer.suh, layer.svh, CODEBOOK_IDS[layer.codebook], w, col)
+        ext.exl3_weight_into(
+            layer.trellis, layer.suh, layer.svh, CODEBOOK_IDS[layer.codebook], w, col, version
+        )
         col += layer.padded_out
     return w
 
@@ -559,6 +567,47 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -
         return None
     rows = x.reshape(-1, x.shape[-1])
     return ext.rms_norm(rows, weight.contiguous(), eps, offset).view(x.shape)
+
+
+def add_rms_norm(
+    h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, offset: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(h + delta, RMSNorm(h + delta))`` in one launch: the residual add fused with the next norm.
+    The sum is bit-identical to torch's ``h + delta``; the norm equals :func:`rms_norm` of it."""
+    ext = _fused_ready(h, delta, weight)
+    if ext is None or not hasattr(ext, "add_rms_norm"):
+        return None
+    # Checked here, not in the extension (see _use_v5 on why).
+    if not h.dtype == delta.dtype == weight.dtype or h.shape != delta.shape or h.ndim == 0:
+        return None
+    if h.shape[-1] != weight.numel() or h.stride(-1) != 1 or delta.stride(-1) != 1:
+        return None
+    n = h.shape[-1]
+    h_out, y = ext.add_rms_norm(h.reshape(-1, n), delta.reshape(-1, n), weight.contiguous(), eps, offset)
+    return h_out.view(h.shape), y.view(h.shape)
+
+
+def kv_cache_write(keys, values, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Write ``k`` and ``v`` ``[n, kv_heads, head_dim]`` into two dense cache stores
+    (:class:`~engine.cache.quantized.DenseStore`) at ``slots`` with one kernel instead of two
+    ``index_copy_``. Returns False where it does not apply (CPU, no extension, a quantized side,
+    a dtype conversion, heads not contiguous); the stores then write themselves. Graph-safe."""
+    kd, vd = getattr(keys, "data", None), getattr(values, "data", None)
+    if kd is None or vd is None or slots.ndim != 1:
+        return False
+    ext = _fused_ready(k, v, kd, vd)
+    if ext is None or not hasattr(ext, "kv_cache_write") or not slots.is_cuda:
+        return False
+    if not k.dtype == v.dtype == kd.dtype == vd.dtype or not (kd.is_contiguous() and vd.is_contiguous()):
+        return False
+    if k.ndim != 3 or v.ndim != 3 or k.shape[1:] != kd.shape[1:] or v.shape[1:] != vd.shape[1:]:
+        return False
+    if not k.shape[0] == v.shape[0] == slots.shape[0] or kd.shape[0] != vd.shape[0]:
+        return False
+    if any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (k, v)):
+        return False
+    ext.kv_cache_write(k, v, slots.to(torch.int64).contiguous(), kd, vd)
+    return True
 
 
 def rope(

@@ -7,16 +7,30 @@
 // running a plain GEMM in the activations' dtype moves fewer bytes, and lets projections that
 // share an input (q/k/v, gate/up) write into one buffer for one GEMM.
 //
-// One block per 128 x 128 piece of W (the Hadamard block size): 8 warps decode its 64 tiles
-// into shared memory (fp32), then transform every row (H_out), then every column (H_in), then
-// scale and store. Element (r, c) of a 128-vector sits in lane (index % 32), register
-// (index / 32) in both passes, so the column pass reads shared memory without bank conflicts;
-// the butterfly of warp_hadamard128 is the same for any assignment of index bits to lane and
-// register bits.
+// One block per 128 x 128 piece of W (the Hadamard block size), two versions:
+//
+// Version 2 (default): the Hadamards on the tensor cores. The Sylvester H_128 is H_8 (x) H_16
+// with the tile index as the high factor (popc((16a+b) & (16a'+b')) = popc(a&a') + popc(b&b')),
+// so for a 16 x 16 tile T the within-tile part of H T H is H_16 . T . H_16: two m16n8k16 MMAs
+// each. A lane's 8 decoded values are already the B fragment of T (k = input features), the
+// first product's accumulator is register-for-register the A fragment of the second (rounded
+// to fp16; fp32 and fp16 outputs add the rounding remainder in a second MMA, so W keeps ~fp32
+// accuracy; bf16 output does not need it). What is left is H_8 across the 8 x 8 tiles of the
+// piece: along the output features inside each warp's registers (warp w owns tile row w), then
+// along the input features after one exchange through shared memory (warp w then owns tile
+// column w). About 16 instructions per weight instead of ~40 for version 1.
+//
+// Version 1 (kept for A/B, TRELLIS_WEIGHT_KERNEL=1): 8 warps decode the piece's 64 tiles into
+// shared memory (fp32), then transform every row (H_out), then every column (H_in) with warp
+// shuffles, then scale and store. Element (r, c) of a 128-vector sits in lane (index % 32),
+// register (index / 32) in both passes, so the column pass reads shared memory without bank
+// conflicts.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
 #include <torch/extension.h>
+
+#include <type_traits>
 
 #include "exl3_common.cuh"
 #include "trellis_ext.h"
@@ -35,6 +49,165 @@ template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <>
 __device__ __forceinline__ float from_float<float>(float v) { return v; }
+
+// (H[i][j], H[i][j + 1]) of the unnormalised Sylvester H_16 as a half2: H[i][j] = (-1)^popc(i & j).
+__device__ __forceinline__ uint32_t h16_pair(int i, int j) {
+  const uint32_t lo = (__popc(i & j) & 1) ? 0xBC00u : 0x3C00u;
+  const uint32_t hi = (__popc(i & (j + 1)) & 1) ? 0xBC00u : 0x3C00u;
+  return lo | (hi << 16);
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) { return h2_as_u32(__floats2half2_rn(lo, hi)); }
+
+// In-register 8-point Sylvester Hadamard over v[0..8) (unnormalised): lower x + y, upper x - y.
+__device__ __forceinline__ void hadamard8(float (&v)[8]) {
+#pragma unroll
+  for (int h = 1; h < 8; h <<= 1) {
+#pragma unroll
+    for (int a = 0; a < 8; ++a) {
+      if (a & h) continue;
+      const float x = v[a], y = v[a + h];
+      v[a] = x + y;
+      v[a + h] = x - y;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* p, float a, float b);
+template <>
+__device__ __forceinline__ void store_pair<__half>(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+}
+template <>
+__device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+template <>
+__device__ __forceinline__ void store_pair<float>(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+
+constexpr int kWeightSmemV2 = 8 * 8 * 2 * 32 * sizeof(float4);  // [tile row][tile col][half][lane]
+
+// Fragment positions used below (g = lane / 4, t = lane % 4), for a 16 x 16 tile with rows =
+// input features i and columns = output features o:
+//  - decoded values q[0..3] (decode_fragment order): B fragment of T for o in 0..7 is (q0, q2),
+//    for o in 8..15 (q1, q3);
+//  - accumulator c[n][0..3] of an n8 tile n: (i, o) = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1),
+//    o offset by 8n.
+template <int K, int CB, typename T>
+__global__ void __launch_bounds__(256) weight_kernel_v2(const uint32_t* __restrict__ trellis,
+                                                        const __half* __restrict__ suh,
+                                                        const __half* __restrict__ svh, T* __restrict__ w,
+                                                        int out, long long ld, int col0) {
+  extern __shared__ float4 x4[];  // exchange buffer, kWeightSmemV2 bytes
+  constexpr int TW = TileGeom<K>::kWords;
+  constexpr int NR = TileGeom<K>::kRaw;
+  constexpr bool kSplit = !std::is_same<T, __nv_bfloat16>::value;  // keep ~fp32 accuracy
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles_out = out >> 4;
+  const LanePlan<K> plan(lane);
+  // H_16 as an A fragment; by symmetry its B fragments are (h[0], h[2]) and (h[1], h[3]).
+  const uint32_t h[4] = {h16_pair(g, 2 * t), h16_pair(g + 8, 2 * t), h16_pair(g, 2 * t + 8),
+                         h16_pair(g + 8, 2 * t + 8)};
+
+  // 1. Warp w: tile row w (16 input features), its 8 tiles along the output features:
+  //    z[tj] = H_16 . T . H_16 on the tensor cores.
+  float z[8][2][4];
+#pragma unroll
+  for (int tj = 0; tj < 8; ++tj) {
+    const uint32_t* p = trellis + ((size_t)(blockIdx.y * 8 + warp) * tiles_out + blockIdx.x * 8 + tj) * TW;
+    uint32_t raw[NR];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) raw[i] = __ldg(p + plan.word[i]);
+    uint32_t q[4];
+    decode_fragment<K, CB>(raw, plan.r, q);
+    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+    mma_16816(c0, h, q[0], q[2]);  // H_16 . T, output features 0..7 of the tile
+    mma_16816(c1, h, q[1], q[3]);  //            output features 8..15
+    const uint32_t a[4] = {pack_half2(c0[0], c0[1]), pack_half2(c0[2], c0[3]), pack_half2(c1[0], c1[1]),
+                           pack_half2(c1[2], c1[3])};
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) z[tj][n][i] = 0.f;
+    mma_16816(z[tj][0], a, h[0], h[2]);  // (H_16 . T) . H_16
+    mma_16816(z[tj][1], a, h[1], h[3]);
+    if constexpr (kSplit) {  // the fp16 rounding remainder of the first product, in a second pass
+      const float* cc[2] = {c0, c1};
+      uint32_t r[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __half22float2(u32_as_h2(a[k]));
+        const float* c = cc[k >> 1] + 2 * (k & 1);
+        r[k] = pack_half2(c[0] - f.x, c[1] - f.y);
+      }
+      mma_16816(z[tj][0], r, h[0], h[2]);
+      mma_16816(z[tj][1], r, h[1], h[3]);
+    }
+  }
+  // H_8 along the output features: across the warp's 8 tiles, per register.
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v[8];
+#pragma unroll
+      for (int tj = 0; tj < 8; ++tj) v[tj] = z[tj][n][i];
+      hadamard8(v);
+#pragma unroll
+      for (int tj = 0; tj < 8; ++tj) z[tj][n][i] = v[tj];
+    }
+#pragma unroll
+  for (int tj = 0; tj < 8; ++tj)
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+      x4[((warp * 8 + tj) * 2 + n) * 32 + lane] = make_float4(z[tj][n][0], z[tj][n][1], z[tj][n][2], z[tj][n][3]);
+  __syncthreads();
+
+  // 2. Warp w: tile column w, its 8 tiles along the input features: H_8 across them, then the
+  //    scales (both Hadamards unnormalised: 1/128 in all) and the stores.
+  float y[8][2][4];
+#pragma unroll
+  for (int ti = 0; ti < 8; ++ti)
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const float4 f = x4[((ti * 8 + warp) * 2 + n) * 32 + lane];
+      y[ti][n][0] = f.x; y[ti][n][1] = f.y; y[ti][n][2] = f.z; y[ti][n][3] = f.w;
+    }
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v[8];
+#pragma unroll
+      for (int ti = 0; ti < 8; ++ti) v[ti] = y[ti][n][i];
+      hadamard8(v);
+#pragma unroll
+      for (int ti = 0; ti < 8; ++ti) y[ti][n][i] = v[ti];
+    }
+  const int in0 = blockIdx.y * 128, oc = blockIdx.x * 128 + warp * 16 + 2 * t;
+  float cs[2][2];
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    cs[n][0] = __half2float(svh[oc + 8 * n]) * (1.0f / 128.0f);
+    cs[n][1] = __half2float(svh[oc + 8 * n + 1]) * (1.0f / 128.0f);
+  }
+#pragma unroll
+  for (int ti = 0; ti < 8; ++ti) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // input feature g or g + 8 of the tile
+      const int row = in0 + ti * 16 + g + 8 * half;
+      const float rs = __half2float(suh[row]);
+      T* dst = w + (size_t)row * ld + col0 + oc;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+        store_pair<T>(dst + 8 * n, y[ti][n][2 * half] * rs * cs[n][0], y[ti][n][2 * half + 1] * rs * cs[n][1]);
+    }
+  }
+}
 
 template <int K, int CB, typename T>
 __global__ void __launch_bounds__(256) weight_kernel(const uint32_t* __restrict__ trellis,
@@ -107,32 +280,39 @@ __global__ void __launch_bounds__(256) weight_kernel(const uint32_t* __restrict_
 
 template <int CB, typename T>
 void launch_weight_cb(const uint32_t* t, const __half* suh, const __half* svh, T* w, int in, int out, int K,
-                      long long ld, int col0, cudaStream_t stream) {
+                      long long ld, int col0, int version, cudaStream_t stream) {
   const dim3 grid(out / 128, in / 128);
   switch (K) {
-#define TRELLIS_CASE(k)                                                                               \
-  case k:                                                                                             \
-    cudaFuncSetAttribute(weight_kernel<k, CB, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWeightSmem); \
-    weight_kernel<k, CB, T><<<grid, 256, kWeightSmem, stream>>>(t, suh, svh, w, out, ld, col0);      \
+#define TRELLIS_LAUNCH(kernel, smem, k)                                                   \
+  cudaFuncSetAttribute(kernel<k, CB, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
+  kernel<k, CB, T><<<grid, 256, smem, stream>>>(t, suh, svh, w, out, ld, col0);
+#define TRELLIS_CASE(k)                                     \
+  case k:                                                   \
+    if (version == 1) {                                     \
+      TRELLIS_LAUNCH(weight_kernel, kWeightSmem, k)         \
+    } else {                                                \
+      TRELLIS_LAUNCH(weight_kernel_v2, kWeightSmemV2, k)    \
+    }                                                       \
     break;
     TRELLIS_CASE(1) TRELLIS_CASE(2) TRELLIS_CASE(3) TRELLIS_CASE(4)
     TRELLIS_CASE(5) TRELLIS_CASE(6) TRELLIS_CASE(7) TRELLIS_CASE(8)
 #undef TRELLIS_CASE
+#undef TRELLIS_LAUNCH
     default: break;
   }
 }
 
 template <typename T>
 void launch_weight(const uint32_t* t, const __half* suh, const __half* svh, T* w, int in, int out, int K,
-                   int codebook, long long ld, int col0, cudaStream_t stream) {
-  if (codebook == CB_3INST) launch_weight_cb<CB_3INST, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
-  else if (codebook == CB_MCG) launch_weight_cb<CB_MCG, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
-  else launch_weight_cb<CB_MUL1, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
+                   int codebook, long long ld, int col0, int v, cudaStream_t stream) {
+  if (codebook == CB_3INST) launch_weight_cb<CB_3INST, T>(t, suh, svh, w, in, out, K, ld, col0, v, stream);
+  else if (codebook == CB_MCG) launch_weight_cb<CB_MCG, T>(t, suh, svh, w, in, out, K, ld, col0, v, stream);
+  else launch_weight_cb<CB_MUL1, T>(t, suh, svh, w, in, out, K, ld, col0, v, stream);
 }
 
 // Writes W (in, out) of one EXL3 linear into columns [col0, col0 + out) of `w` (in, >= col0 + out).
 void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at::Tensor& svh, int64_t codebook,
-                      at::Tensor& w, int64_t col0) {
+                      at::Tensor& w, int64_t col0, int64_t version) {
   TORCH_CHECK(trellis.is_cuda() && trellis.dim() == 3 && trellis.scalar_type() == at::kShort &&
                   trellis.is_contiguous(),
               "trellis must be a contiguous int16 CUDA tensor (in/16, out/16, 16K)");
@@ -151,22 +331,26 @@ void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at
   TORCH_CHECK(w.is_cuda() && w.dim() == 2 && w.stride(1) == 1 && w.size(0) == in, "w must be (", in,
               ", n) with unit column stride");
   TORCH_CHECK(col0 >= 0 && col0 + out <= w.size(1), "columns [", col0, ", ", col0 + out, ") do not fit in w");
+  // Version 2 stores pairs of output features: even column offsets and row pitch.
+  TORCH_CHECK(col0 % 2 == 0 && w.stride(0) % 2 == 0 && w.storage_offset() % 2 == 0,
+              "w's row pitch, offset and col0 must be even");
+  TORCH_CHECK(version == 1 || version == 2, "version must be 1 or 2");
   const c10::cuda::CUDAGuard guard(trellis.device());
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   const auto* t = reinterpret_cast<const uint32_t*>(trellis.data_ptr());
   const auto* su = reinterpret_cast<const __half*>(suh.data_ptr());
   const auto* sv = reinterpret_cast<const __half*>(svh.data_ptr());
   const long long ld = w.stride(0);
-  const int cb = static_cast<int>(codebook), c0 = static_cast<int>(col0);
+  const int cb = static_cast<int>(codebook), c0 = static_cast<int>(col0), v = static_cast<int>(version);
   switch (w.scalar_type()) {
     case at::kHalf:
-      launch_weight(t, su, sv, reinterpret_cast<__half*>(w.data_ptr()), in, out, K, cb, ld, c0, stream);
+      launch_weight(t, su, sv, reinterpret_cast<__half*>(w.data_ptr()), in, out, K, cb, ld, c0, v, stream);
       break;
     case at::kBFloat16:
-      launch_weight(t, su, sv, reinterpret_cast<__nv_bfloat16*>(w.data_ptr()), in, out, K, cb, ld, c0, stream);
+      launch_weight(t, su, sv, reinterpret_cast<__nv_bfloat16*>(w.data_ptr()), in, out, K, cb, ld, c0, v, stream);
       break;
     case at::kFloat:
-      launch_weight(t, su, sv, w.data_ptr<float>(), in, out, K, cb, ld, c0, stream);
+      launch_weight(t, su, sv, w.data_ptr<float>(), in, out, K, cb, ld, c0, v, stream);
       break;
     default:
       TORCH_CHECK(false, "w must be fp16, bf16 or fp32");
@@ -179,7 +363,8 @@ void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at
 void bind_exl3_weight(pybind11::module_& m) {
   m.def("exl3_weight_into", &exl3_weight_into,
         "write W = diag(suh) H Q H diag(svh) (in, out) into columns [col0, col0 + out) of w",
-        py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook"), py::arg("w"), py::arg("col0") = 0);
+        py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook"), py::arg("w"), py::arg("col0") = 0,
+        py::arg("version") = 2);
 }
 
 }  // namespace trellis

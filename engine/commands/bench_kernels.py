@@ -54,6 +54,12 @@ def register(sub) -> None:
         help="only A/B the fast GEMV v4 vs v5 (ext/exl3_gemv_v5.cuh) in this process: every "
         "--shapes/--bits/--batch (<= 8 rows) as single launches, and the q/k/v, gate/up multi launches",
     )
+    p.add_argument(
+        "--weight-ab",
+        action="store_true",
+        help="only A/B the whole-weight kernels of the prefill path (ext/exl3_weight.cu, version 1 vs 2) "
+        "for every --shapes/--bits in --dtype",
+    )
     p.set_defaults(func=run)
 
 
@@ -328,6 +334,68 @@ def run_gemv_ab(args: argparse.Namespace, dtype) -> list[dict]:
     return rows
 
 
+def bench_weight_ab(in_f: int, out_f: int, k: int, codebook: str, dtype, iters: int, repeats: int) -> dict:
+    """Whole-weight kernel version 1 vs 2 (``ops.exl3_weight``) on the same random layers."""
+    import types
+
+    import torch
+
+    from engine import ops
+
+    dev = torch.device("cuda")
+    copies = max(2, min(64, (512 << 20) // max(in_f * out_f * k // 8, 1)))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    layers = [
+        types.SimpleNamespace(
+            trellis=t, suh=suh, svh=svh, codebook=codebook, padded_in=in_f, padded_out=out_f
+        )
+        for ((t, suh, svh),) in _random_mats(in_f, [out_f], k, copies, gen)
+    ]
+    state = {"i": 0}
+
+    def call(version: int):
+        layer = layers[state["i"] % copies]
+        state["i"] += 1
+        return ops.exl3_weight([layer], dtype, version=version)
+
+    w1 = call(1).double()
+    state["i"] -= 1
+    w2 = call(2).double()
+    t1 = _time_graph(lambda: call(1), iters, repeats)
+    t2 = _time_graph(lambda: call(2), iters, repeats)
+    n = in_f * out_f
+    return {
+        "shape": f"{in_f}x{out_f}",
+        "bits": k,
+        "codebook": codebook,
+        "dtype": str(dtype).replace("torch.", ""),
+        "v1_us": t1 * 1e6,
+        "v2_us": t2 * 1e6,
+        "gain": t1 / t2,
+        "v2_gweights_per_s": n / t2 / 1e9,
+        "v2_GBps": n * (dtype.itemsize + k / 8) / t2 / 1e9,
+        "v2_vs_v1_rel": float((w2 - w1).norm() / w1.norm()),
+    }
+
+
+def run_weight_ab(args: argparse.Namespace, dtype) -> list[dict]:
+    print(
+        f"{'shape':>12} {'K':>2} {'v1 us':>9} {'v2 us':>9} {'gain':>6} {'Gw/s':>7} {'GB/s':>7} "
+        f"{'v2-v1 rel':>9}"
+    )
+    rows = []
+    for in_f, out_f in (_parse_shape(t) for t in args.shapes.split(",")):
+        for k in (int(b) for b in args.bits.split(",")):
+            r = bench_weight_ab(in_f, out_f, k, args.codebook, dtype, args.iters, args.repeats)
+            rows.append(r)
+            print(
+                f"{r['shape']:>12} {k:>2} {r['v1_us']:9.1f} {r['v2_us']:9.1f} {r['gain']:6.2f} "
+                f"{r['v2_gweights_per_s']:7.0f} {r['v2_GBps']:7.0f} {r['v2_vs_v1_rel']:9.1e}",
+                flush=True,
+            )
+    return rows
+
+
 def copy_bandwidth() -> float:
     """Measured device-to-device copy bandwidth (bytes read + written per second)."""
     import torch
@@ -359,6 +427,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"bench-kernels: CUDA extension unavailable: {ops.status()['reason']}", file=sys.stderr)
         return 1
     dtype = getattr(torch, args.dtype)
+    if args.weight_ab:
+        print(
+            f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, {args.dtype}, "
+            "whole-weight kernel v1 vs v2"
+        )
+        w_rows = run_weight_ab(args, dtype)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "weight_ab": w_rows}, f, indent=1)
+        return 0
     if args.gemv_ab:
         print(f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, fast GEMV v4 vs v5")
         ab_rows = run_gemv_ab(args, dtype)

@@ -46,16 +46,29 @@ def _exact_w(layer: EXL3Linear) -> torch.Tensor:
     return apply_scales(q, layer.suh.cpu(), layer.svh.cpu(), torch.float64)
 
 
+@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("codebook", CODEBOOKS)
 @pytest.mark.parametrize("k", range(1, 9))
-@pytest.mark.parametrize("shape", [(128, 128), (256, 384), (384, 256)])
-def test_weight_matches_reference(codebook: str, k: int, shape: tuple[int, int]) -> None:
+@pytest.mark.parametrize("shape", [(128, 128), (256, 384), (384, 256), (1024, 640)])
+def test_weight_matches_reference(version: int, codebook: str, k: int, shape: tuple[int, int]) -> None:
     layer = _layer(*shape, k, codebook, seed=k * 7 + shape[0])
     exact = _exact_w(layer)
     for dtype, tol in W_TOL.items():
-        w = ops.exl3_weight([layer], dtype)
+        w = ops.exl3_weight([layer], dtype, version=version)
         assert w.shape == shape and w.dtype == dtype
         assert rel_fro(w, exact) < tol, dtype
+        # Element-wise too: a misplaced piece would hide in a Frobenius norm only if tiny.
+        err = (w.double().cpu() - exact).abs().max() / exact.abs().max()
+        assert err < 8 * tol, dtype
+
+
+def test_weight_versions_agree_on_a_large_layer() -> None:
+    layer = _layer(4096, 1024, 4, "mul1", 11)
+    for dtype, tol in W_TOL.items():
+        assert (
+            rel_fro(ops.exl3_weight([layer], dtype, version=2), ops.exl3_weight([layer], dtype, version=1))
+            < 2 * tol
+        )
 
 
 def test_weights_side_by_side_in_one_buffer() -> None:
@@ -114,3 +127,5 @@ def test_weight_rejects_bad_input() -> None:
         ops.exl3_weight([a, b], torch.float16)
     with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
         ops.exl3_weight([a], torch.int32)
+    with pytest.raises(ValueError, match="version"):
+        ops.exl3_weight([a], torch.float16, version=3)
