@@ -19,6 +19,7 @@ def register(sub) -> None:
     p.add_argument("--codebook", choices=CODEBOOKS, default="mul1", help="codebook (default mul1)")
     p.add_argument("--cal-rows", type=int, default=250, help="calibration rows (default 250)")
     p.add_argument("--cal-cols", type=int, default=2048, help="tokens per calibration row (default 2048)")
+    add_allocation_args(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
@@ -26,6 +27,26 @@ def register(sub) -> None:
     p.add_argument("--shard-size", type=int, default=8192, help="shard size in MiB (default 8192)")
     p.add_argument("--report", help="write the per-block error report here (JSON)")
     p.set_defaults(func=run)
+
+
+def add_allocation_args(p: argparse.ArgumentParser) -> None:
+    """``--allocation`` and ``--sensitivity-rows`` (shared with the ``quality`` command)."""
+    from engine.quant.convert import ALLOCATIONS
+
+    p.add_argument(
+        "--allocation",
+        choices=ALLOCATIONS,
+        default="sensitivity",
+        help="bits per linear: 'sensitivity' measures each linear's cost and spends the budget where "
+        "it helps most (default); 'uniform' gives every linear the same K (extra fractional bits "
+        "by projection kind)",
+    )
+    p.add_argument(
+        "--sensitivity-rows",
+        type=int,
+        default=32,
+        help="calibration rows of the sensitivity pre-pass (default 32)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         shard_size_mb=args.shard_size,
         device=args.device,
+        allocation=args.allocation,
+        sensitivity_rows=args.sensitivity_rows,
     )
     report = convert_model(
         args.input, args.output, options, resume=args.resume, log=lambda m: print(m, flush=True)

@@ -5,6 +5,8 @@ safetensors, no tokenizer: calibration uses random-token rows only), runs the re
 (:func:`engine.quant.convert.convert_model`) on it with its progress log, and reports wall time
 in total and per stage:
 
+- ``sensitivity``: the bit-allocation pre-pass (:mod:`engine.quant.sensitivity`), all of it
+  (its own block forwards and LDL factorisations are not counted in the stages below);
 - ``hessian_forward``: the unquantized block forwards that record the input Hessians;
 - ``ldl``: the block-LDL factorisations; ``viterbi``: the trellis encoder (plus its tiles/s);
 - ``packing``: state packing; ``quantized_forward``: the quantized block forwards;
@@ -35,7 +37,15 @@ from typing import Any
 
 import torch
 
-STAGES = ("hessian_forward", "ldl", "viterbi", "packing", "quantize_other", "quantized_forward")
+STAGES = (
+    "sensitivity",
+    "hessian_forward",
+    "ldl",
+    "viterbi",
+    "packing",
+    "quantize_other",
+    "quantized_forward",
+)
 
 
 def _log(message: str) -> None:
@@ -84,20 +94,26 @@ class StageTimer:
         self.seconds: dict[str, float] = defaultdict(float)
         self.viterbi_tiles = 0
         self._undo: list[Callable[[], None]] = []
+        self._exclusive = False  # inside an exclusive stage: other wrapped calls are not timed
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def wrap(self, module: Any, name: str, stage: Callable[[tuple], str]) -> None:
+    def wrap(self, module: Any, name: str, stage: Callable[[tuple], str], exclusive: bool = False) -> None:
+        """Time ``module.name`` into ``stage(args)``; an ``exclusive`` stage owns all of its time."""
         original = getattr(module, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if self._exclusive:
+                return original(*args, **kwargs)
             self._sync()
             t = time.perf_counter()
+            self._exclusive = exclusive
             try:
                 return original(*args, **kwargs)
             finally:
+                self._exclusive = False
                 self._sync()
                 self.seconds[stage(args)] += time.perf_counter() - t
 
@@ -105,7 +121,7 @@ class StageTimer:
         self._undo.append(lambda: setattr(module, name, original))
 
     def install(self) -> None:
-        from engine.quant import convert, quantize
+        from engine.quant import convert, quantize, sensitivity
 
         calls = {"run_block": 0}
 
@@ -119,6 +135,7 @@ class StageTimer:
             self.viterbi_tiles += int(args[0].shape[0])
             return "viterbi"
 
+        self.wrap(sensitivity, "measure_sensitivity", lambda a: "sensitivity", exclusive=True)
         self.wrap(convert, "_run_block", forward_stage)
         self.wrap(convert, "quantize_weight", lambda a: "quantize_total")
         self.wrap(quantize, "encode_tiles", viterbi_stage)
@@ -218,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         cal_cols=args.cal_cols,
         random_rows_fraction=1.0,  # no tokenizer here
         device=str(device),
+        allocation=args.allocation,
     )
     timer = StageTimer(device)
     timer.install()
@@ -262,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from engine.quant.codebooks import CODEBOOKS
+    from engine.quant.convert import ALLOCATIONS
 
     p = argparse.ArgumentParser(prog="convert_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="llama3.2-1b", help="model shape (engine.shapes)")
@@ -272,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=0, help="convert only the first N layers and extrapolate")
     p.add_argument("--cal-rows", type=int, default=250, help="calibration rows (converter default 250)")
     p.add_argument("--cal-cols", type=int, default=2048, help="tokens per row (converter default 2048)")
+    p.add_argument("--allocation", choices=ALLOCATIONS, default="sensitivity", help="bit allocation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", help="where to write the model and output (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")

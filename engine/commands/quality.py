@@ -4,7 +4,8 @@ Rows of the table (issue 3, acceptance 3):
 
 * ``unquantized``: the source HF directory as given (for the starter model that is SmolLM2
   dequantized from its Q4_1 GGUF to float32: the only "unquantized" weights available offline);
-* ``exl3 B``: our converter (:mod:`engine.quant.convert`) at B bits per weight, on ``--device``;
+* ``exl3 B``: our converter (:mod:`engine.quant.convert`) at B bits per weight, on ``--device``,
+  with the bits per linear chosen by ``--allocation`` (``sensitivity`` by default, or ``uniform``);
 * ``gguf T``: the same tensors quantized and dequantized back by the ``gguf`` package's own
   quantizers (``gguf.quants``), i.e. llama.cpp's reference ``quantize_row_*_ref`` without an
   importance matrix, written as a float32 HF directory and run by our engine.
@@ -36,6 +37,7 @@ from pathlib import Path
 import torch
 
 from engine.commands.common import run_alone
+from engine.commands.convert import add_allocation_args
 
 DEFAULT_BPW = "2,3,4,5,6,8"
 DEFAULT_GGUF = "q8_0,q5_0,q4_0"
@@ -246,6 +248,8 @@ def convert_exl3(src: Path, dst: Path, bpw: float, args: argparse.Namespace, log
         cal_rows=args.cal_rows,
         cal_cols=args.cal_cols,
         device=args.device,
+        allocation=args.allocation,
+        sensitivity_rows=args.sensitivity_rows,
     )
     resume = (dst / WORK_DIR).exists()
     t0 = time.perf_counter()
@@ -329,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
         "head_bits": args.head_bits,
         "codebook": args.codebook,
         "cal": [args.cal_rows, args.cal_cols],
+        "allocation": [args.allocation, args.sensitivity_rows],
         "gguf_head": args.gguf_head,
     }
     rows_file = work / ROWS_FILE
@@ -414,7 +419,8 @@ def run(args: argparse.Namespace) -> int:
         "notes": [
             "KL is KL(P_unquantized || P_row), averaged over every scored position; "
             "ppl vs unquantized is ppl/ppl_unquantized - 1.",
-            "bpw: average over the decoder linears (EXL3: the converter's integer-bit allocation; "
+            "bpw: average over the decoder linears (EXL3: the converter's integer bits per linear, "
+            f"--allocation {args.allocation}; "
             "GGUF: the block type's size including its fp16 scales/minimums).",
             "GGUF rows: gguf.quants quantize + dequantize (llama.cpp reference rounding, no imatrix) of "
             "every decoder linear and the head"
@@ -475,6 +481,7 @@ def register(sub) -> None:
     p.add_argument("--codebook", choices=CODEBOOKS, default="mul1")
     p.add_argument("--cal-rows", type=int, default=250, help="EXL3 calibration rows (default 250)")
     p.add_argument("--cal-cols", type=int, default=2048, help="EXL3 tokens per calibration row")
+    add_allocation_args(p)
     p.add_argument("--work", default="quality_work", help="work directory (resumable)")
     p.add_argument("--keep", action="store_true", help="keep the quantized model directories")
     p.add_argument("--reference-note", default="the source weights", help="what the unquantized row is")

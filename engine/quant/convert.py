@@ -1,6 +1,11 @@
 """Convert an HF model directory to EXL3, block by block (issue 3; EXL3_FORMAT.md sections 1-3, 9).
 
-Pipeline: calibration token rows (shipped text + random-token rows) are embedded once; then for
+Pipeline: calibration token rows (shipped text + random-token rows) are embedded once. Bits per
+linear: with ``allocation="sensitivity"`` (the default) a pre-pass over a subset of those rows
+measures what quantizing each linear alone costs its block (:mod:`engine.quant.sensitivity`) and a
+greedy knapsack spends the bit budget where it lowers that cost most
+(:mod:`engine.quant.allocation`); ``allocation="uniform"`` gives every linear ``floor(bits)`` and
+hands fractional extra bits out by a fixed kind priority (:func:`allocate_bits`). Then for
 each decoder block, the block's linears record their input Hessians ``E[x^T x]`` while the
 *unquantized* block runs, every linear is quantized (:func:`engine.quant.quantize.quantize_weight`)
 and swapped for an :class:`EXL3Linear`, and the *quantized* block produces the next block's input
@@ -10,7 +15,9 @@ quantized at ``head_bits`` and the output directory is written in the reference 
 ExLlamaV3 and our loader read it alike.
 
 Resume: each finished block's tensors go to ``<out>/.exl3_work/``; a rerun with ``resume`` loads
-them (after checking the job options match) and only re-runs the quantized block forward.
+them (after checking the job options match) and only re-runs the quantized block forward. The
+chosen bits are saved there too (``allocation.json``), so a resumed run does not redo the
+pre-pass and cannot disagree with the blocks already written.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ _SKIP_NAMES = ("config.json", "model.safetensors.index.json", "quantization_conf
 # outputs and the MLP down projection are the most sensitive in published ablations; the wide
 # gate/up projections are cheapest to keep at the lower K.
 _BIT_PRIORITY = ("v", "o", "down", "k", "q", "gate", "up")
+ALLOCATIONS = ("sensitivity", "uniform")
+ALLOCATION_FILE = "allocation.json"
 
 
 class ConvertError(EngineError):
@@ -59,6 +68,9 @@ class ConvertOptions:
     seed: int = 0
     shard_size_mb: int = 8192
     device: str = "auto"
+    # "sensitivity": measured per-linear bits (module docstring); "uniform": the kind priority.
+    allocation: str = "sensitivity"
+    sensitivity_rows: int = 32  # calibration rows the sensitivity pre-pass runs over
 
     def job_key(self) -> dict:
         """The options that change the result (a resume must match them)."""
@@ -96,6 +108,7 @@ class ConvertReport:
     blocks: list[dict] = field(default_factory=list)
     head: dict = field(default_factory=dict)
     seconds: float = 0.0
+    sensitivity: dict = field(default_factory=dict)  # key -> the pre-pass's Sensitivity, as a dict
 
 
 # -- calibration --------------------------------------------------------------------------
@@ -225,6 +238,66 @@ def allocate_bits(slots: list[LinearSlot], target: float) -> float:
     return sum(s.bits * n for s, n in zip(slots, sizes)) / total
 
 
+def _allocate(
+    blocks,
+    per_block: list[list[LinearSlot]],
+    hidden: torch.Tensor,
+    chunk_rows: int,
+    options: ConvertOptions,
+    work: Path,
+    log: Callable[[str], None],
+) -> dict:
+    """Set ``bits`` on every slot by ``options.allocation`` and log the result; returns the
+    sensitivities by key (empty for ``uniform`` or when the bits come from an earlier run)."""
+    from engine.quant.allocation import bits_histogram, greedy_bits, k_range
+    from engine.quant.sensitivity import calibration_subset, measure_sensitivity
+
+    all_slots = [s for slots in per_block for s in slots]
+    saved = work / ALLOCATION_FILE
+    sensitivities: dict = {}
+    if saved.is_file():  # a resumed job (job.json matched): reuse the bits it wrote blocks with
+        bits = json.loads(saved.read_text())["bits"]
+        for s in all_slots:
+            s.bits = int(bits[s.key])
+        how = "from " + saved.name
+    elif options.allocation == "uniform":
+        allocate_bits(all_slots, options.bits)
+        how = "uniform"
+    else:
+        lo, hi = k_range(options.bits)
+        k_ref = min(max(int(math.floor(options.bits)), lo), hi)
+        rows = calibration_subset(hidden.shape[0], options.sensitivity_rows).to(hidden.device)
+        log(f" -- sensitivity pre-pass: {len(rows)} rows, K_ref={k_ref}, K in {lo}..{hi}")
+        sensitivities = measure_sensitivity(
+            blocks,
+            per_block,
+            hidden.index_select(0, rows),
+            k_ref,
+            chunk_rows,
+            range(lo, hi + 1),
+            seed=options.seed,
+            out_scales=options.out_scales,
+            log=log,
+        )
+        sens = [sensitivities[s.key] for s in all_slots]
+        chosen = greedy_bits([x.weights for x in sens], [x.at for x in sens], options.bits)
+        for s, k in zip(all_slots, chosen):
+            s.bits = k
+        how = "sensitivity"
+    saved.write_text(json.dumps({"allocation": how, "bits": {s.key: s.bits for s in all_slots}}, indent=1))
+    sizes = [s.in_features * s.out_features for s in all_slots]
+    achieved = sum(s.bits * n for s, n in zip(all_slots, sizes)) / sum(sizes)
+    log(
+        f" -- bit allocation ({how}): {achieved:.2f} bits/weight, {len(all_slots)} linears "
+        f"(target {options.bits}); {bits_histogram([s.bits for s in all_slots])}"
+    )
+    by_kind: dict[str, list[int]] = {}
+    for s in all_slots:
+        by_kind.setdefault(s.kind, []).append(s.bits)
+    log("    mean K by kind: " + "  ".join(f"{k} {sum(v) / len(v):.2f}" for k, v in by_kind.items()))
+    return sensitivities
+
+
 # -- output ----------------------------------------------------------------------------------
 
 
@@ -324,6 +397,12 @@ def convert_model(
         raise ConvertError(f"unknown codebook {options.codebook!r}; choose one of {', '.join(CODEBOOKS)}")
     if not (1 <= options.head_bits <= 8 or options.head_bits == 16):
         raise ConvertError(f"head bits must be 1..8 or 16, got {options.head_bits}")
+    if options.allocation not in ALLOCATIONS:
+        raise ConvertError(
+            f"unknown allocation {options.allocation!r}; choose one of {', '.join(ALLOCATIONS)}"
+        )
+    if not 1.0 <= options.bits <= 8.0:
+        raise ConvertError(f"target bits per weight must be within 1.0..8.0, got {options.bits}")
     device = resolve_device(options.device)
     config = ModelConfig.from_dir(src)
     if config.quantization:
@@ -357,15 +436,18 @@ def convert_model(
         slots = block_linears(block, names.prefix + names.layer.format(i=i), names)
         per_block.append(slots)
         all_slots.extend(slots)
-    achieved = allocate_bits(all_slots, options.bits)
-    log(f" -- bit allocation: {achieved:.2f} bits/weight, {len(all_slots)} linears (target {options.bits})")
 
     # Rows per forward chunk: bound the attention score matrix and activations (~256 MB).
     chunk_rows = max(1, int(2**26 // (options.cal_cols * max(spec.intermediate_size, options.cal_cols))))
-    report = ConvertReport(bits=round(achieved, 2))
     with torch.inference_mode():
         hidden = torch.cat([model.embed(ids[r : r + 1].to(device)) for r in range(ids.shape[0])])
         hidden = hidden.view(ids.shape[0], ids.shape[1], -1)
+    sensitivities = _allocate(model.blocks, per_block, hidden, chunk_rows, options, work, log)
+    achieved = sum(s.bits * s.in_features * s.out_features for s in all_slots) / sum(
+        s.in_features * s.out_features for s in all_slots
+    )
+    report = ConvertReport(bits=round(achieved, 2))
+    report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
     block_times: list[float] = []
     outputs: list[tuple[str, dict[str, torch.Tensor], int | None]] = []
     for i, (block, slots) in enumerate(zip(model.blocks, per_block)):
@@ -408,7 +490,11 @@ def convert_model(
             tensors = qt.tensors(s.key, bias.detach() if bias is not None else None)
             block_tensors.update(tensors)
             s.set(EXL3Linear.from_tensors(tensors, s.in_features, s.out_features, None, name=s.key))
-            lines.append(f"    {s.key:48s} K={s.bits}  proxy_err={qt.proxy_error:.6f}  scale={qt.scale:.4f}")
+            line = f"    {s.key:48s} K={s.bits}  proxy_err={qt.proxy_error:.6f}  scale={qt.scale:.4f}"
+            if s.key in sensitivities:  # the pre-pass's figures at this K, for comparison
+                sens = sensitivities[s.key]
+                line += f"  predicted={sens.proxies[s.bits]:.6f}  e={sens.at(s.bits):.2e}"
+            lines.append(line)
         with torch.inference_mode():
             hidden = _run_block(block, hidden, chunk_rows)
         rfn = float((hidden - reference).norm() / reference.norm())

@@ -182,6 +182,68 @@ def choose_scale(
     return best
 
 
+@dataclass
+class Incoherent:
+    """Steps 1-2 of :func:`quantize_weight`: the weight in the format's orientation, rotated."""
+
+    w: torch.Tensor  # (n_in, n_out): the weight after the output side, (W / sv) . H_out
+    sv: torch.Tensor  # (n_out,) fp16 output scales (signs times column RMS)
+    su: torch.Tensor  # (n_in,) float32 input scales before the global scale (signs times row RMS)
+    unit: torch.Tensor  # (n_in, n_out): H_in . diag(1/su) . w, rows of unit RMS
+    dead: torch.Tensor  # (n_out,) bool: all-zero (or padding) output columns
+
+
+def incoherence(
+    weight: torch.Tensor, gen: torch.Generator, out_scales: bool, device: torch.device
+) -> Incoherent:
+    """Pad an HF weight ``(out, in)`` to multiples of 128, transpose it and apply the output-side
+    then the input-side scales and Hadamards (steps 1-2; draws the sv signs, then the su signs)."""
+    out_f, in_f = weight.shape
+    n_in, n_out = _round_up(in_f, HADAMARD_SIZE), _round_up(out_f, HADAMARD_SIZE)
+    w = torch.zeros(n_in, n_out, dtype=torch.float32, device=device)
+    w[:in_f, :out_f] = weight.to(device=device, dtype=torch.float32).t()
+
+    # 1. Output side.
+    col_rms = w.pow(2).mean(dim=0).sqrt()
+    dead = col_rms == 0
+    if out_scales and (~dead).any():
+        col_scale = col_rms / col_rms[~dead].mean()
+        col_scale[dead] = 0.1
+    else:
+        col_scale = torch.ones_like(col_rms)
+    sv = _fp16_nonzero(_random_signs(n_out, gen, device) * col_scale)
+    w = blockwise_hadamard(w / sv.float().unsqueeze(0), dim=1)
+
+    # 2. Input side (before the global scale).
+    row_rms = w.pow(2).mean(dim=1).sqrt()
+    row_rms = torch.where(row_rms > 0, row_rms, torch.ones_like(row_rms))
+    su = _random_signs(n_in, gen, device) * row_rms
+    unit = blockwise_hadamard(w / su.unsqueeze(1), dim=0)
+    return Incoherent(w, sv, su, unit, dead)
+
+
+def rotated_hessian(
+    hessian: torch.Tensor,
+    su: torch.Tensor,
+    damping: float = 0.01,
+    warn: Callable[[str], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """The Hessian in Q's input basis and its block-LDL factor: ``(h, L, damping_used)``.
+
+    Q's input is ``x' = (x * su') H_in`` with ``su' = su / a``, so ``H' = H_in diag(su') H
+    diag(su') H_in``. The global scale only multiplies ``H'`` (``L`` and the relative proxy
+    error do not change), so ``h`` is formed with ``su / max|su|``, before ``a`` is known, and
+    serves the scale search and the LDLQ pass. ``h`` is float64, padded to ``len(su)``.
+    """
+    n_in, in_f = su.shape[0], hessian.shape[0]
+    h = torch.zeros(n_in, n_in, dtype=torch.float64, device=su.device)
+    h[:in_f, :in_f] = hessian.to(device=su.device, dtype=torch.float64)
+    s = su.double() / float(su.abs().max())
+    h = blockwise_hadamard(blockwise_hadamard(s.unsqueeze(1) * h * s.unsqueeze(0), dim=0), dim=1)
+    lower, damp = block_ldl(h, damping, TILE, warn)
+    return h, lower, damp
+
+
 def quantize_weight(
     weight: torch.Tensor,
     hessian: torch.Tensor | None,
@@ -204,37 +266,10 @@ def quantize_weight(
     device = torch.device(device) if device is not None else weight.device
     gen = torch.Generator().manual_seed(seed)
     table = codebook_table(codebook, device)
-    out_f, in_f = weight.shape
-    n_in, n_out = _round_up(in_f, HADAMARD_SIZE), _round_up(out_f, HADAMARD_SIZE)
-    w = torch.zeros(n_in, n_out, dtype=torch.float32, device=device)
-    w[:in_f, :out_f] = weight.to(device=device, dtype=torch.float32).t()
-
-    # 1. Output side.
-    col_rms = w.pow(2).mean(dim=0).sqrt()
-    dead = col_rms == 0
-    if out_scales and (~dead).any():
-        col_scale = col_rms / col_rms[~dead].mean()
-        col_scale[dead] = 0.1
-    else:
-        col_scale = torch.ones_like(col_rms)
-    sv = _fp16_nonzero(_random_signs(n_out, gen, device) * col_scale)
-    w = blockwise_hadamard(w / sv.float().unsqueeze(0), dim=1)
-
-    # 2. Input side (before the global scale).
-    row_rms = w.pow(2).mean(dim=1).sqrt()
-    row_rms = torch.where(row_rms > 0, row_rms, torch.ones_like(row_rms))
-    su = _random_signs(n_in, gen, device) * row_rms
-    unit = blockwise_hadamard(w / su.unsqueeze(1), dim=0)
-
-    # Hessian of Q's input: x' = (x * su') H_in with su' = su / a, so H' = H_in diag(su') H
-    # diag(su') H_in. The global scale only multiplies H' (L and the relative proxy error do not
-    # change), so it is formed with su, before a is known, and used for the search and the pass.
+    inc = incoherence(weight, gen, out_scales, device)
+    w, sv, su, unit, dead = inc.w, inc.sv, inc.su, inc.unit, inc.dead
     if hessian is not None:
-        h = torch.zeros(n_in, n_in, dtype=torch.float64, device=device)
-        h[:in_f, :in_f] = hessian.to(device=device, dtype=torch.float64)
-        s = su.double() / float(su.abs().max())
-        h = blockwise_hadamard(blockwise_hadamard(s.unsqueeze(1) * h * s.unsqueeze(0), dim=0), dim=1)
-        lower, damp = block_ldl(h, damping, TILE, warn)
+        h, lower, damp = rotated_hessian(hessian, su, damping, warn)
         h_rot = h if damp != float("inf") else None
     else:
         lower, damp, h_rot = None, float("inf"), None

@@ -1,0 +1,208 @@
+"""How much each linear's quantization error costs its block: the converter's pre-pass (issue 3).
+
+Before any weight is quantized, the *unquantized* model runs block by block over a subset of the
+calibration rows (the converter's own :func:`~engine.quant.convert.calibration_ids`,
+:func:`~engine.quant.convert._run_block` and :class:`~engine.quant.convert._HessianHook`). For
+each block every linear's input Hessian ``H`` is recorded, and for each linear ``l``:
+
+1. **Predicted proxy error** of LDLQ + trellis at each ``K`` (:func:`predicted_proxies`), in the
+   units of ``quantize_weight``'s ``proxy_error`` numerator, ``tr(E H E^T)``. LDLQ leaves strip
+   errors ``eta = L^T E`` that are roughly independent, each with the trellis's MSE on unit
+   Gaussian data (:data:`engine.quant.mse.TRELLIS_MSE`) times its strip target's variance, so
+   ``E[tr(E^T H' E)] = n_out * sum_i var(eta_i) (L^{-1} H' L^{-T})_ii`` in the quantizer's
+   rotated basis (``H' = H_in diag(su) H diag(su) H_in``, ``L`` its damped block-LDL factor,
+   built by the quantizer's own code). Mapped back through the output scales, ``n_out`` becomes
+   ``sum(svh^2)``. With ``var(eta) = mse(K)`` this is the ``out * mean(W^2) * mse(K) * tr(D)``
+   of the issue (``mean(W^2)`` sits in ``H'`` through ``su``, the per-row RMS). But the error
+   feedback inflates the strip targets, ``T_b + sum_{j>b} L_jb^T E_j``, and more so the worse
+   ``H`` is conditioned and the lower ``K`` is: without it the prediction was 1.5-3x low at K=2
+   on a test problem. So ``var(eta)`` is solved for: ``v = mse(K) (1 + ((I - L^{-T})^2) v)``,
+   a few fixed-point steps (error per element capped at the unit signal's variance).
+2. **Measured block error**: iid Gaussian noise ``N`` with ``E[tr(N H N^T)]`` equal to that
+   prediction (per-element variance ``P / (out * tr(H))``) is added to the linear's weight, the
+   block runs again, and ``e_l = ||y_noisy - y||^2 / ||y||^2`` is recorded; the weight is
+   restored. The noise comes from a seeded CPU generator, so the pass is deterministic.
+3. At another ``K``, ``e_l(K) = e_l(K_ref) * P_l(K) / P_l(K_ref)``: the noise is small enough
+   for the block to be linear in it. Without the feedback term that ratio is exactly
+   ``mse(K) / mse(K_ref)``; with it, a badly conditioned linear loses more per bit at low K.
+
+:mod:`engine.quant.allocation` then turns the curves into integer bits per linear.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.quant.mse import TRELLIS_MSE
+from engine.quant.quantize import incoherence, rotated_hessian
+
+
+@dataclass
+class Sensitivity:
+    """One linear's measured cost of quantization at ``k_ref``, and the curve over K."""
+
+    key: str
+    weights: int  # in_features * out_features
+    k_ref: int
+    error: float  # e_l(k_ref): relative squared error of the block output
+    proxies: dict[int, float]  # predicted relative proxy error tr(E H E^T) / tr(W H W^T) per K
+
+    @property
+    def proxy(self) -> float:
+        """The predicted relative proxy error at ``k_ref`` (what the noise was sized by)."""
+        return self.proxies[self.k_ref]
+
+    def at(self, k: int) -> float:
+        """``e_l(K)``, scaled from the reference K by the predicted proxy error."""
+        return self.error * self.proxies[k] / self.proxies[self.k_ref]
+
+
+# Fixed-point steps for the feedback-inflated strip error (it converges in 2-5 on test problems).
+FEEDBACK_ITERATIONS = 8
+
+
+def ldlq_error(h: torch.Tensor, lower: torch.Tensor | None, mse: float) -> float:
+    """Expected ``tr(E^T H E)`` per output column of LDLQ with the unit block-lower factor
+    ``lower`` (None: no feedback) when the encoder's MSE on unit-variance targets is ``mse``;
+    ``h`` is undamped (as the proxy error), ``lower`` from the damped ``h``; unit-RMS targets."""
+    h = h.double()
+    if lower is None:
+        return mse * float(h.diagonal().sum())
+    eye = torch.eye(lower.shape[0], dtype=torch.float64, device=lower.device)
+    l_inv = torch.linalg.solve_triangular(lower.double(), eye, upper=False, unitriangular=True)
+    weight = ((l_inv @ h) * l_inv).sum(1)  # diag(L^-1 H L^-T): the cost of each strip error
+    gain = (eye - l_inv.T).pow(2)  # feedback: strip target error = (I - L^-T) eta
+    v = torch.full_like(weight, mse)
+    for _ in range(FEEDBACK_ITERATIONS):
+        v = (mse * (1 + gain @ v)).clamp(max=1.0)
+    return float((v * weight).sum())
+
+
+def predicted_proxies(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    ks,
+    *,
+    seed: int = 0,
+    out_scales: bool = True,
+    damping: float = 0.01,
+) -> dict[int, tuple[float, float]]:
+    """Predicted ``{K: (tr(E H E^T), relative proxy error)}`` of quantizing ``weight`` ``(out,
+    in)`` at each K in ``ks`` with LDLQ, for the input second moment ``hessian`` ``(in, in)``.
+
+    Uses the quantizer's own incoherence processing and Hessian rotation (the seed only picks
+    the random signs); the relative value is comparable with ``proxy_error``.
+    """
+    device = hessian.device
+    gen = torch.Generator().manual_seed(seed)
+    inc = incoherence(weight, gen, out_scales, device)
+    h, lower, damp = rotated_hessian(hessian, inc.su, damping)
+    peak = float(inc.su.abs().max()) ** 2  # h was formed with su / max|su|
+    svh = torch.where(inc.dead, torch.zeros_like(inc.sv), inc.sv).double()
+    columns = float(svh.pow(2).sum()) * peak
+    w = weight.to(device=device, dtype=torch.float64)
+    reference = float(((w @ hessian.double()) * w).sum())
+    out = {}
+    for k in ks:
+        absolute = columns * ldlq_error(h, lower if damp != float("inf") else None, TRELLIS_MSE[k])
+        out[k] = (absolute, absolute / reference if reference > 0 else 0.0)
+    return out
+
+
+def predicted_proxy(weight: torch.Tensor, hessian: torch.Tensor, k: int, **kwargs) -> tuple[float, float]:
+    """:func:`predicted_proxies` at one K."""
+    return predicted_proxies(weight, hessian, [k], **kwargs)[k]
+
+
+def _relative_change(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``||a - b||^2 / ||b||^2`` in float64."""
+    return float((a.double() - b.double()).pow(2).sum() / b.double().pow(2).sum().clamp_min(1e-300))
+
+
+def calibration_subset(rows: int, wanted: int) -> torch.Tensor:
+    """Row indices spread evenly over the calibration rows (text rows first, random-token rows
+    last), so the subset keeps both kinds in about the same proportion."""
+    if wanted >= rows:
+        return torch.arange(rows)
+    return torch.linspace(0, rows - 1, max(wanted, 1)).round().long().unique()
+
+
+def measure_sensitivity(
+    blocks: Sequence[nn.Module],
+    slots: Sequence[Sequence],
+    hidden: torch.Tensor,
+    k_ref: int,
+    chunk_rows: int,
+    ks: Sequence[int] = tuple(range(1, 9)),
+    *,
+    seed: int = 0,
+    out_scales: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Sensitivity]:
+    """Run the pre-pass (module docstring) over ``blocks`` with their :class:`LinearSlot` lists
+    ``slots``, from the embedded calibration rows ``hidden`` ``(rows, cols, dim)``.
+    ``ks``: the K the curves are predicted at (``k_ref`` is added). Returns one
+    :class:`Sensitivity` per linear key; the model is left as it was."""
+    from engine.quant import convert  # the converter's block runner and Hessian hook
+
+    ks = sorted({*ks, k_ref})
+    out: dict[str, Sensitivity] = {}
+    t_start = time.perf_counter()
+    for i, (block, block_slots) in enumerate(zip(blocks, slots)):
+        t0 = time.perf_counter()
+        hooks = {s.key: convert._HessianHook(s.in_features, hidden.device) for s in block_slots}
+        handles = [s.get().register_forward_pre_hook(hooks[s.key]) for s in block_slots]
+        try:
+            with torch.inference_mode():
+                reference = convert._run_block(block, hidden, chunk_rows)
+        finally:
+            for handle in handles:
+                handle.remove()
+        for j, s in enumerate(block_slots):
+            linear = s.get()
+            weight = linear.weight
+            h = hooks[s.key].hessian()
+            predicted = predicted_proxies(
+                weight.detach(), h, ks, seed=seed * 100003 + i * 1009 + j, out_scales=out_scales
+            )
+            trace_h = float(h.diagonal().sum())
+            std = (predicted[k_ref][0] / (s.out_features * trace_h)) ** 0.5 if trace_h > 0 else 0.0
+            gen = torch.Generator().manual_seed(seed * 7919 + i * 131 + j)
+            noise = torch.randn(weight.shape, generator=gen, dtype=torch.float32) * std
+            original = weight.detach().clone()
+            try:
+                # In place under inference mode: works whether or not the loader made the
+                # weights inference tensors.
+                with torch.inference_mode():
+                    weight.add_(noise.to(device=weight.device, dtype=weight.dtype))
+                    noisy = convert._run_block(block, hidden, chunk_rows)
+            finally:
+                with torch.inference_mode():
+                    weight.copy_(original)
+            error = _relative_change(noisy, reference)
+            proxies = {k: rel for k, (_, rel) in predicted.items()}
+            out[s.key] = Sensitivity(s.key, s.in_features * s.out_features, k_ref, error, proxies)
+        # The next block sees the unquantized model's activations.
+        hidden = reference
+        errs = [out[s.key].error for s in block_slots]
+        log(
+            f" -- sensitivity block {i + 1}/{len(blocks)}: e(K={k_ref}) {min(errs):.2e}..{max(errs):.2e}"
+            f"  [{time.perf_counter() - t0:.1f} s]"
+        )
+    log(f" -- sensitivity pre-pass: {len(out)} linears in {time.perf_counter() - t_start:.1f} s")
+    return out
+
+
+__all__ = [
+    "Sensitivity",
+    "calibration_subset",
+    "ldlq_error",
+    "measure_sensitivity",
+    "predicted_proxies",
+    "predicted_proxy",
+]

@@ -1,0 +1,221 @@
+"""The sensitivity pre-pass of the converter: the LDLQ proxy prediction, the noise-injection
+measurement on a tiny model, and an end-to-end conversion with allocation="sensitivity".
+
+On CPU the trellis encoder is swapped for a cheap greedy one (as the other converter tests do),
+and the prediction is checked with that encoder's own Gaussian MSE in place of the trellis's:
+the formula (LDL trace, scales, padding) is what is under test. The ``cuda`` test checks it with
+the real Viterbi and the measured trellis MSE.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+import engine.quant.convert as convert_mod
+import engine.quant.quantize as quantize_mod
+from engine.quant import EXL3Linear
+from engine.quant.codebooks import codebook_table
+from engine.quant.mse import TRELLIS_MSE
+from engine.quant.sensitivity import (
+    calibration_subset,
+    ldlq_error,
+    measure_sensitivity,
+    predicted_proxies,
+    predicted_proxy,
+)
+from engine.quant.trellis import pack_states, unpack_states
+
+
+def _cheap_encoder(x: torch.Tensor, k: int, table: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+    """Greedy along the trellis (best next code for each value), made tail-biting by pack ->
+    unpack: a fast, valid, low-quality stand-in for the Viterbi."""
+    values = table.float()
+    codes = torch.arange(1 << k, device=x.device)
+    state = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    out = torch.empty(x.shape, dtype=torch.int32, device=x.device)
+    for i in range(x.shape[1]):
+        cand = ((state.unsqueeze(1) << k) | codes) & 0xFFFF
+        best = (values[cand] - x[:, i : i + 1]).abs().argmin(dim=1)
+        state = cand.gather(1, best.unsqueeze(1)).squeeze(1)
+        out[:, i] = state.to(torch.int32)
+    return unpack_states(pack_states(out, k))
+
+
+def _problem(gen: torch.Generator, n_in: int = 256, n_out: int = 256):
+    """A weight with uneven rows and columns and a correlated Hessian with a spread spectrum."""
+    w = torch.randn(n_out, n_in, generator=gen) * 0.02
+    w *= torch.rand(n_out, 1, generator=gen) + 0.5
+    mix = torch.randn(n_in, n_in, generator=gen) * torch.logspace(0, -1.5, n_in).unsqueeze(1)
+    x = torch.randn(4 * n_in, n_in, generator=gen) @ mix
+    return w, x.T @ x / x.shape[0]
+
+
+def _prediction_ratio(monkeypatch, k: int, device: str, encoder_mse: float | None) -> float:
+    """real proxy_error / predicted, for one random problem at a fixed (Gaussian-best) scale."""
+    if encoder_mse is not None:
+        monkeypatch.setitem(TRELLIS_MSE, k, encoder_mse)
+    w, h = _problem(torch.Generator().manual_seed(11))
+    w, h = w.to(device), h.to(device)
+    real = quantize_mod.quantize_weight(w, h, k, "mul1", seed=3, search_scale=False).proxy_error
+    _, predicted = predicted_proxy(w, h, k, seed=3)
+    return real / predicted
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_predicted_proxy_matches_ldlq(monkeypatch, k: int) -> None:
+    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    # The cheap encoder's MSE on unit-Gaussian tiles at the scale quantize_weight uses.
+    table = codebook_table("mul1")
+    scale = quantize_mod.GAUSSIAN_SCALE[k] * float(table.float().std())
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    mse = float(((table[_cheap_encoder(x * scale, k, table).long()].float() / scale - x) ** 2).mean())
+    ratio = _prediction_ratio(monkeypatch, k, "cpu", mse)
+    print(f"K={k}: real / predicted proxy = {ratio:.3f}")
+    assert 0.5 < ratio < 2.0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("k", [2, 3, 4])
+def test_predicted_proxy_matches_ldlq_viterbi(monkeypatch, k: int) -> None:
+    ratio = _prediction_ratio(monkeypatch, k, "cuda", None)
+    print(f"K={k}: real / predicted proxy (Viterbi) = {ratio:.3f}")
+    assert 0.5 < ratio < 2.0
+
+
+def test_prediction_scales_with_the_trellis_mse() -> None:
+    w, h = _problem(torch.Generator().manual_seed(12), 128, 128)
+    pred = predicted_proxies(w, h, [2, 4])
+    (p2, r2), (p4, r4) = pred[2], pred[4]
+    # At least the MSE ratio; a little more, since the feedback inflates K=2's strip targets more.
+    mse_ratio = TRELLIS_MSE[2] / TRELLIS_MSE[4]
+    assert mse_ratio <= p2 / p4 < 1.5 * mse_ratio and r2 / r4 == pytest.approx(p2 / p4)
+    # Scaling the weight scales the absolute error with it, not the relative one.
+    p4x, r4x = predicted_proxy(w * 3, h, 4)
+    assert p4x == pytest.approx(9 * p4, rel=1e-3) and r4x == pytest.approx(r4, rel=1e-3)
+    # Without feedback (L = I) it is mse * tr(H) per column, exactly.
+    assert ldlq_error(h, None, 0.01) == pytest.approx(0.01 * float(h.diagonal().sum()))
+
+
+def test_calibration_subset_spreads_rows() -> None:
+    assert calibration_subset(10, 32).tolist() == list(range(10))
+    rows = calibration_subset(250, 32)
+    assert len(rows) == 32 and rows[0] == 0 and rows[-1] == 249  # reaches the random-token rows
+
+
+# -- a tiny model ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A random 2-layer Llama (no tokenizer: calibration uses random-token rows). The embedding
+    is scaled up to unit RMS so that, as in trained models, the residual stream is larger than
+    what one block adds to it (with the init's 0.02 embedding the blocks' updates dominate)."""
+    from safetensors.torch import load_file, save_file
+
+    from engine.commands.convert_bench import write_random_model
+    from engine.shapes import shape_config
+
+    directory = tmp_path_factory.mktemp("tiny") / "llama"
+    cfg = shape_config("llama3.2-1b")
+    cfg.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
+    cfg.update(num_key_value_heads=2, head_dim=16, vocab_size=96, max_position_embeddings=128)
+    write_random_model(directory, cfg)
+    tensors = load_file(str(directory / "model.safetensors"))
+    tensors["model.embed_tokens.weight"] *= 50
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    return directory
+
+
+def _prepass(src: Path, seed: int = 0, scale: dict[str, float] | None = None):
+    from engine.architectures import architecture_for
+    from engine.config import ModelConfig
+    from engine.model import load_model
+
+    names = architecture_for(ModelConfig.from_dir(src).architecture).names
+    model = load_model(src, device="cpu", dtype=torch.float32).module
+    per_block = [
+        convert_mod.block_linears(b, names.prefix + names.layer.format(i=i), names)
+        for i, b in enumerate(model.blocks)
+    ]
+    for slots in per_block:
+        for s in slots:
+            if scale and s.key in scale:
+                with torch.inference_mode():  # the loader makes inference tensors
+                    s.get().weight.mul_(scale[s.key])
+    ids = convert_mod.calibration_ids(src, 3, 24, 96, 1.0, seed=0)
+    with torch.inference_mode():
+        hidden = model.embed(ids)
+    before = [s.get().weight.clone() for slots in per_block for s in slots]
+    logs: list[str] = []
+    sens = measure_sensitivity(model.blocks, per_block, hidden, 3, 8, seed=seed, log=logs.append)
+    after = [s.get().weight for slots in per_block for s in slots]
+    assert all(torch.equal(a, b) for a, b in zip(after, before))  # every weight restored
+    return sens, logs
+
+
+def test_prepass_measures_every_linear(tiny_dir: Path) -> None:
+    sens, logs = _prepass(tiny_dir)
+    assert len(sens) == 14
+    for s in sens.values():
+        assert s.k_ref == 3 and 0 < s.error < 1 and 0 < s.proxy < 1
+        assert torch.isfinite(torch.tensor([s.error, s.proxy])).all()
+        assert s.at(3) == pytest.approx(s.error) and s.at(1) > s.at(2) > s.error > s.at(4) > s.at(8) > 0
+    assert any("sensitivity block 2/2" in line for line in logs)
+    again, _ = _prepass(tiny_dir)
+    assert {k: v.error for k, v in again.items()} == {k: v.error for k, v in sens.items()}  # seeded
+
+
+def test_prepass_sees_a_scaled_up_linear(tiny_dir: Path) -> None:
+    key = "model.layers.0.self_attn.v_proj"
+    base, _ = _prepass(tiny_dir)
+    scaled, _ = _prepass(tiny_dir, scale={key: 4.0})
+    # 4x the weights: 16x the noise power in its 4x larger (but still small) contribution.
+    assert scaled[key].error > 8 * base[key].error
+    assert all(scaled[k].error == pytest.approx(base[k].error, rel=0.5) for k in base if ".mlp." in k)
+
+
+# -- end to end --------------------------------------------------------------------------------
+
+
+def test_convert_with_sensitivity_allocation(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    from engine.cache.paged import PagedKVCache
+    from engine.generation.step import score_tokens
+    from engine.model import load_model
+    from engine.quant import load_quantization_config
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(
+        convert_mod, "quantize_weight", partial(quantize_mod.quantize_weight, search_scale=False)
+    )
+    dst = tmp_path / "out"
+    options = convert_mod.ConvertOptions(
+        bits=3.5, head_bits=4, cal_rows=4, cal_cols=32, random_rows_fraction=1.0, device="cpu"
+    )
+    logs: list[str] = []
+    report = convert_mod.convert_model(tiny_dir, dst, options, log=logs.append)
+    assert any("sensitivity block 2/2" in line for line in logs)
+    summary = next(line for line in logs if "bit allocation (sensitivity)" in line)
+    assert "K=" in summary
+    assert sum("predicted=" in line and " e=" in line for line in logs) == 14
+    cfg = load_quantization_config(dst)
+    bits = {
+        k: v.bits_per_weight for k, v in cfg.tensor_storage.items() if k != "lm_head" and v.bits_per_weight
+    }
+    assert len(bits) == 14 and all(2 <= k <= 5 for k in bits.values())
+    sizes = {}
+    model = load_model(dst, device="cpu", dtype=torch.float32)
+    for m in model.module.modules():
+        if isinstance(m, EXL3Linear) and m.out_features != 96:  # not the head
+            sizes[m.bits] = sizes.get(m.bits, 0) + m.in_features * m.out_features
+    achieved = sum(k * n for k, n in sizes.items()) / sum(sizes.values())
+    assert achieved <= 3.5 and report.bits == round(achieved, 2) and len(sizes) >= 2
+    cache = PagedKVCache.for_model(model.spec, 16, page_size=16)
+    logits = score_tokens(model.module, cache, [1, 5, 9, 13])
+    assert logits.shape == (4, 96) and torch.isfinite(logits).all()
+    assert not (dst / ".exl3_work").exists()
+    assert json.loads((dst / "config.json").read_text())["quantization_config"]["bits"] == report.bits
