@@ -22,18 +22,18 @@ from engine.quant.viterbi import encode_tiles
 
 # Best-scale MSE per element on unit-Gaussian data, per K, MUL1 codebook (the default; the
 # three codebooks are within a few per cent of each other). Measured with this command, 32 tiles
-# on CPU (``--tiles 32 --codebook mul1``): about 1.1x the distortion-rate bound 2**(-2K)
-# throughout, as QTIP reports for its 16-bit trellis (0.069 at K=2). The sensitivity pre-pass
+# on CPU (``--tiles 32 --codebook mul1``): 1.10x the distortion-rate bound 2**(-2K) at K=1-2
+# (QTIP reports 0.069 at K=2 for its 16-bit trellis), rising to 1.38x at K=8. The sensitivity pre-pass
 # (:mod:`engine.quant.sensitivity`) uses it to predict LDLQ's error and to move between K.
 TRELLIS_MSE = {
     1: 0.2751,
     2: 0.06879,
     3: 0.01758,
     4: 0.004540,
-    5: 1.1 * 4.0**-5,
-    6: 1.1 * 4.0**-6,
-    7: 1.1 * 4.0**-7,
-    8: 1.1 * 4.0**-8,
+    5: 0.001161,
+    6: 0.0003010,
+    7: 0.00008036,
+    8: 0.00002106,
 }
 
 

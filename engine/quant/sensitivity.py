@@ -51,6 +51,9 @@ class Sensitivity:
     k_ref: int
     error: float  # e_l(k_ref): relative squared error of the block output
     proxies: dict[int, float]  # predicted relative proxy error tr(E H E^T) / tr(W H W^T) per K
+    # mean(y^2) of the block's unquantized output: error * output_power is the absolute error,
+    # for weighing blocks differently (the residual stream grows with depth) in an analysis.
+    output_power: float = 0.0
 
     @property
     def proxy(self) -> float:
@@ -163,6 +166,7 @@ def measure_sensitivity(
         finally:
             for handle in handles:
                 handle.remove()
+        power = float(reference.double().pow(2).mean())
         for j, s in enumerate(block_slots):
             linear = s.get()
             weight = linear.weight
@@ -186,13 +190,13 @@ def measure_sensitivity(
                     weight.copy_(original)
             error = _relative_change(noisy, reference)
             proxies = {k: rel for k, (_, rel) in predicted.items()}
-            out[s.key] = Sensitivity(s.key, s.in_features * s.out_features, k_ref, error, proxies)
+            out[s.key] = Sensitivity(s.key, s.in_features * s.out_features, k_ref, error, proxies, power)
         # The next block sees the unquantized model's activations.
         hidden = reference
         errs = [out[s.key].error for s in block_slots]
         log(
             f" -- sensitivity block {i + 1}/{len(blocks)}: e(K={k_ref}) {min(errs):.2e}..{max(errs):.2e}"
-            f"  [{time.perf_counter() - t0:.1f} s]"
+            f"  rms(y)={power**0.5:.3g}  [{time.perf_counter() - t0:.1f} s]"
         )
     log(f" -- sensitivity pre-pass: {len(out)} linears in {time.perf_counter() - t_start:.1f} s")
     return out

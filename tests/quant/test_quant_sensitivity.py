@@ -219,3 +219,37 @@ def test_convert_with_sensitivity_allocation(tiny_dir: Path, tmp_path: Path, mon
     assert logits.shape == (4, 96) and torch.isfinite(logits).all()
     assert not (dst / ".exl3_work").exists()
     assert json.loads((dst / "config.json").read_text())["quantization_config"]["bits"] == report.bits
+
+
+def test_resume_reuses_the_allocation(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    fast = partial(quantize_mod.quantize_weight, search_scale=False)
+    calls = {"n": 0}
+
+    def failing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 8:  # the first linear of the second block
+            raise KeyboardInterrupt
+        return fast(*args, **kwargs)
+
+    monkeypatch.setattr(convert_mod, "quantize_weight", failing)
+    dst = tmp_path / "out"
+    options = convert_mod.ConvertOptions(
+        bits=3.25, head_bits=4, cal_rows=4, cal_cols=32, random_rows_fraction=1.0, device="cpu"
+    )
+    with pytest.raises(KeyboardInterrupt):
+        convert_mod.convert_model(tiny_dir, dst, options, log=lambda m: None)
+    saved = json.loads((dst / ".exl3_work" / "allocation.json").read_text())
+    assert saved["allocation"] == "sensitivity" and len(saved["bits"]) == 14
+    # A different allocation cannot resume this job.
+    uniform = convert_mod.ConvertOptions(**{**options.__dict__, "allocation": "uniform"})
+    with pytest.raises(convert_mod.ConvertError, match="cannot resume"):
+        convert_mod.convert_model(tiny_dir, dst, uniform, resume=True, log=lambda m: None)
+    logs: list[str] = []
+    convert_mod.convert_model(tiny_dir, dst, options, resume=True, log=logs.append)
+    assert not any("sensitivity block" in line for line in logs)  # no second pre-pass
+    assert any("bit allocation (from allocation.json)" in line for line in logs)
+    from engine.quant import load_quantization_config
+
+    storage = load_quantization_config(dst).tensor_storage
+    assert {k: storage[k].bits_per_weight for k in saved["bits"]} == saved["bits"]
