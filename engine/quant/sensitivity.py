@@ -69,21 +69,30 @@ class Sensitivity:
 FEEDBACK_ITERATIONS = 8
 
 
-def ldlq_error(h: torch.Tensor, lower: torch.Tensor | None, mse: float) -> float:
+def ldlq_errors(h: torch.Tensor, lower: torch.Tensor | None, mses: Sequence[float]) -> list[float]:
     """Expected ``tr(E^T H E)`` per output column of LDLQ with the unit block-lower factor
-    ``lower`` (None: no feedback) when the encoder's MSE on unit-variance targets is ``mse``;
+    ``lower`` (None: no feedback), for each encoder MSE (on unit-variance targets) in ``mses``;
     ``h`` is undamped (as the proxy error), ``lower`` from the damped ``h``; unit-RMS targets."""
     h = h.double()
     if lower is None:
-        return mse * float(h.diagonal().sum())
+        return [mse * float(h.diagonal().sum()) for mse in mses]
     eye = torch.eye(lower.shape[0], dtype=torch.float64, device=lower.device)
     l_inv = torch.linalg.solve_triangular(lower.double(), eye, upper=False, unitriangular=True)
     weight = ((l_inv @ h) * l_inv).sum(1)  # diag(L^-1 H L^-T): the cost of each strip error
-    gain = (eye - l_inv.T).pow(2)  # feedback: strip target error = (I - L^-T) eta
-    v = torch.full_like(weight, mse)
-    for _ in range(FEEDBACK_ITERATIONS):
-        v = (mse * (1 + gain @ v)).clamp(max=1.0)
-    return float((v * weight).sum())
+    gain = (eye - l_inv.T).pow_(2)  # feedback: strip target error = (I - L^-T) eta
+    del l_inv
+    out = []
+    for mse in mses:
+        v = torch.full_like(weight, mse)
+        for _ in range(FEEDBACK_ITERATIONS):
+            v = (mse * (1 + gain @ v)).clamp(max=1.0)
+        out.append(float((v * weight).sum()))
+    return out
+
+
+def ldlq_error(h: torch.Tensor, lower: torch.Tensor | None, mse: float) -> float:
+    """:func:`ldlq_errors` for one MSE."""
+    return ldlq_errors(h, lower, [mse])[0]
 
 
 def predicted_proxies(
@@ -110,9 +119,11 @@ def predicted_proxies(
     columns = float(svh.pow(2).sum()) * peak
     w = weight.to(device=device, dtype=torch.float64)
     reference = float(((w @ hessian.double()) * w).sum())
+    ks = list(ks)
+    errors = ldlq_errors(h, lower if damp != float("inf") else None, [TRELLIS_MSE[k] for k in ks])
     out = {}
-    for k in ks:
-        absolute = columns * ldlq_error(h, lower if damp != float("inf") else None, TRELLIS_MSE[k])
+    for k, err in zip(ks, errors):
+        absolute = columns * err
         out[k] = (absolute, absolute / reference if reference > 0 else 0.0)
     return out
 
@@ -206,6 +217,7 @@ __all__ = [
     "Sensitivity",
     "calibration_subset",
     "ldlq_error",
+    "ldlq_errors",
     "measure_sensitivity",
     "predicted_proxies",
     "predicted_proxy",
