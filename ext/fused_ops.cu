@@ -56,9 +56,16 @@ __device__ float block_sum(float v) {
   return total;
 }
 
-// y = x / rms(x) * scale, one block per row. Llama convention (offset 0): the normalised value
-// is rounded to T, then multiplied by the T weight (rounded again). Gemma (offset != 0): the
-// product with (offset + w) is taken in fp32 and rounded once. Same as engine/modules/norms.py.
+// One output of RMSNorm from the normalised value v = x / rms(x) and the stored weight wi.
+// Llama convention (offset 0): v is rounded to T, then multiplied by the T weight (rounded again).
+// Gemma (offset != 0): the product with (offset + wi) is taken in fp32 and rounded once.
+template <typename T>
+__device__ __forceinline__ T norm_out(float v, float wi, float offset) {
+  return offset != 0.f ? from_f<T>(v * (offset + wi)) : from_f<T>(wi * rnd<T>(v));
+}
+
+// y = x / rms(x) * scale (rounded as norm_out says), one block per row. Same as
+// engine/modules/norms.py.
 template <typename T>
 __global__ void rms_norm_kernel(const T* __restrict__ x, long long x_stride, const T* __restrict__ w,
                                 T* __restrict__ y, int n, float eps, float offset) {
@@ -70,11 +77,31 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, long long x_stride, con
     ss += v * v;
   }
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = norm_out<T>(to_f<T>(xr[i]) * r, to_f<T>(w[i]), offset);
+}
+
+// Residual add and the next RMSNorm in one launch: h_out = h + delta, y = rms_norm(h_out), one
+// block per row. The sum is rounded to T before it is squared and normalised, exactly the value
+// torch's `h + delta` stores, and the loops and reduction are rms_norm_kernel's, so with the same
+// block size y equals rms_norm_kernel(h_out) bit for bit. h_out is re-read by the thread that
+// wrote it (no __restrict__ on it); it must not alias h or delta of another row.
+template <typename T>
+__global__ void add_rms_norm_kernel(const T* __restrict__ h, long long h_stride, const T* __restrict__ delta,
+                                    long long d_stride, const T* __restrict__ w, T* h_out, T* __restrict__ y,
+                                    int n, float eps, float offset) {
+  const T* hr = h + static_cast<long long>(blockIdx.x) * h_stride;
+  const T* dr = delta + static_cast<long long>(blockIdx.x) * d_stride;
+  T* sr = h_out + static_cast<long long>(blockIdx.x) * n;
+  T* yr = y + static_cast<long long>(blockIdx.x) * n;
+  float ss = 0.f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = to_f<T>(xr[i]) * r;
-    const float wi = to_f<T>(w[i]);
-    yr[i] = offset != 0.f ? from_f<T>(v * (offset + wi)) : from_f<T>(wi * rnd<T>(v));
+    const T s = from_f<T>(to_f<T>(hr[i]) + to_f<T>(dr[i]));
+    sr[i] = s;
+    const float v = to_f<T>(s);
+    ss += v * v;
   }
+  const float r = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = norm_out<T>(to_f<T>(sr[i]) * r, to_f<T>(w[i]), offset);
 }
 
 // Rotary embedding (rotate-half convention) of q [tokens, hq, d] and k [tokens, hk, d] in one
@@ -142,6 +169,10 @@ void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda() && t.dim() == 2 && t.stride(1) == 1, name, " must be a 2-D CUDA tensor with unit inner stride");
 }
 
+// Block size of the norm kernels: ~4 elements per thread. rms_norm and add_rms_norm use the same,
+// so their sums of squares add in the same order.
+int norm_threads(int n) { return std::min(1024, std::max(32, ((n / 4 + 31) / 32) * 32)); }
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
   check_rows(x, "x");
   const int n = static_cast<int>(x.size(1));
@@ -150,7 +181,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({x.size(0), n}, x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.size(0) == 0) return y;
-  const int threads = std::min(1024, std::max(32, ((n / 4 + 31) / 32) * 32));
+  const int threads = norm_threads(n);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   by_dtype(x, [&](auto tag) {
     using T = decltype(tag);
@@ -160,6 +191,31 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
+}
+
+std::vector<at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& delta, const at::Tensor& weight,
+                                     double eps, double offset) {
+  check_rows(h, "h");
+  check_rows(delta, "delta");
+  TORCH_CHECK(delta.sizes() == h.sizes() && delta.scalar_type() == h.scalar_type(), "delta must match h");
+  const int n = static_cast<int>(h.size(1));
+  TORCH_CHECK(weight.is_cuda() && weight.is_contiguous() && weight.numel() == n && weight.scalar_type() == h.scalar_type(),
+              "weight must be a contiguous CUDA vector of h's dtype and width");
+  const c10::cuda::CUDAGuard guard(h.device());
+  const auto opts = h.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor h_out = at::empty({h.size(0), n}, opts);
+  at::Tensor y = at::empty({h.size(0), n}, opts);
+  if (h.size(0) == 0 || n == 0) return {h_out, y};
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  by_dtype(h, [&](auto tag) {
+    using T = decltype(tag);
+    add_rms_norm_kernel<T><<<static_cast<unsigned>(h.size(0)), norm_threads(n), 0, stream>>>(
+        reinterpret_cast<const T*>(h.data_ptr()), h.stride(0), reinterpret_cast<const T*>(delta.data_ptr()),
+        delta.stride(0), reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(h_out.data_ptr()),
+        reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {h_out, y};
 }
 
 void check_heads(const at::Tensor& t, const char* name) {
@@ -231,6 +287,8 @@ void bind_fused_ops(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("rms_norm", &rms_norm, "RMSNorm of rows (Llama: offset 0; Gemma: offset 1)", py::arg("x"), py::arg("weight"),
         py::arg("eps"), py::arg("offset"));
+  m.def("add_rms_norm", &add_rms_norm, "h + delta and RMSNorm of it in one launch; returns [h_out, y]",
+        py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("eps"), py::arg("offset"));
   m.def("rope", &rope, "rotate-half rotary embedding of q and k in one launch; returns new tensors", py::arg("q"),
         py::arg("k"), py::arg("cos"), py::arg("sin"));
   m.def("act_mul", &act_mul, "act(gate) * up (0 silu, 1 gelu tanh, 2 gelu erf, 3 relu)", py::arg("gate"),

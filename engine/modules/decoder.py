@@ -10,6 +10,7 @@ from torch import nn
 from engine.modules.attention import Attention
 from engine.modules.batch import BatchLayout
 from engine.modules.mlp import GatedMLP
+from engine.modules.norms import add_and_norm
 from engine.modules.splice import InputSplice
 
 
@@ -37,14 +38,30 @@ class DecoderBlock(nn.Module):
         self.mlp_in_norm, self.mlp, self.mlp_out_norm = mlp_in_norm, mlp, mlp_out_norm
 
     def forward(self, h: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
-        a = self.attention(self.attn_in_norm(h), batch, cache)
-        if self.attn_out_norm is not None:
+        h, m = self.residual_forward(h, None, batch, cache)
+        return h + m
+
+    def residual_forward(
+        self, h: torch.Tensor, pending: torch.Tensor | None, batch: BatchLayout, cache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The block with its last residual add left to the caller: returns ``(h, m)`` whose sum
+        is :meth:`forward`'s output. It takes its input the same way, as ``h + pending`` (the
+        previous block's deferred add; None: just ``h``), so every add runs together with the norm
+        that reads its sum (:func:`add_and_norm`: one launch on the GPU instead of two). The sums
+        are the very tensors the unfused block computes, so the results are bit for bit the same.
+        """
+        if pending is None:
+            x = self.attn_in_norm(h)
+        else:
+            h, x = add_and_norm(h, pending, self.attn_in_norm)
+        a = self.attention(x, batch, cache)
+        if self.attn_out_norm is not None:  # Gemma's sandwich norm: before the add, not fused
             a = self.attn_out_norm(a)
-        h = h + a
-        m = self.mlp(self.mlp_in_norm(h))
+        h, x = add_and_norm(h, a, self.mlp_in_norm)
+        m = self.mlp(x)
         if self.mlp_out_norm is not None:
             m = self.mlp_out_norm(m)
-        return h + m
+        return h, m
 
 
 class CausalLM(nn.Module):
@@ -97,13 +114,18 @@ class CausalLM(nn.Module):
         h = self.embed(input_ids)
         if splice is not None:
             h = splice.apply(h)
+        # The residual stream is h + pending: each block's last add is done by the next block's
+        # first norm (or the final norm), fused with it (DecoderBlock.residual_forward).
+        pending: torch.Tensor | None = None
         for i, block in enumerate(self.blocks):
-            h = block(h, batch, cache.layer(i))
-            if splice is not None:
-                h = splice.after_layer(i, h)
-        if logit_rows is not None:
+            h, pending = block.residual_forward(h, pending, batch, cache.layer(i))
+            if splice is not None and i < len(splice.layer_additions):  # adds to the whole stream
+                h, pending = splice.after_layer(i, h + pending), None
+        if logit_rows is not None:  # the add is elementwise: select rows first, add only those
             h = h[logit_rows]
-        logits = self.lm_head(self.final_norm(h)).float()
+            pending = None if pending is None else pending[logit_rows]
+        x = self.final_norm(h) if pending is None else add_and_norm(h, pending, self.final_norm)[1]
+        logits = self.lm_head(x).float()
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

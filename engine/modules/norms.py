@@ -34,3 +34,18 @@ class RMSNorm(nn.Module):
         if self.offset:
             return (xf * (self.offset + self.weight.float())).to(dtype)
         return self.weight * xf.to(dtype)
+
+
+def add_and_norm(h: torch.Tensor, delta: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(h + delta, norm(h + delta))``: a residual add and the norm that reads its result.
+
+    For an :class:`RMSNorm` on the GPU one fused launch computes both (ext/fused_ops.cu), with
+    the sum rounded to the activation dtype exactly as ``h + delta`` stores it. Elsewhere (the CPU,
+    other norms, mixed dtypes) this is literally the two torch steps, so results do not change.
+    """
+    if h.is_cuda and isinstance(norm, RMSNorm):
+        fused = ops.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
+        if fused is not None:
+            return fused
+    h = h + delta
+    return h, norm(h)

@@ -8,7 +8,7 @@ from cuda_helpers import capture
 
 from engine import ops
 from engine.modules.mlp import ACTIVATIONS
-from engine.modules.norms import RMSNorm
+from engine.modules.norms import RMSNorm, add_and_norm
 from engine.modules.rope import RopeSpec, RotaryEmbedding
 
 pytestmark = pytest.mark.cuda
@@ -104,3 +104,60 @@ def test_fused_ops_in_a_cuda_graph() -> None:
     graph.replay()
     torch.testing.assert_close(out, norm(x * 2), rtol=0, atol=0)
     assert not torch.equal(out, eager)
+
+
+# -- residual add + RMSNorm in one launch ----------------------------------------------------------
+
+ADD_NORM_WIDTHS = [576, 2048, 4096, 5120, 2304, 64]
+ADD_NORM_ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 1000]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", ADD_NORM_WIDTHS)
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+@pytest.mark.parametrize("rows", ADD_NORM_ROWS)
+def test_add_rms_norm_matches_add_then_norm(dtype, width, offset, rows) -> None:
+    torch.manual_seed(width * 7 + rows)
+    weight = (torch.randn(width, device="cuda") * 0.2 + (0.0 if offset else 1.0)).to(dtype)
+    norm = RMSNorm(weight, 1e-6, offset)
+    h = (torch.randn(rows, width, device="cuda") * 3).to(dtype)
+    delta = (torch.randn(rows, width, device="cuda") * 2).to(dtype)
+    fused = ops.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
+    assert fused is not None
+    s, y = fused
+    assert s.dtype == y.dtype == dtype and s.shape == y.shape == h.shape
+    # The sum is exactly what torch's add stores (the CPU path and the decoder's numerics rely on it)
+    assert torch.equal(s, h + delta)
+    # ... and the norm is the rms_norm kernel's arithmetic on it, bit for bit ...
+    assert torch.equal(y, ops.rms_norm(h + delta, norm.weight, norm.eps, norm.offset))
+    # ... so within one rounding of the torch module.
+    torch.testing.assert_close(y, _torch_path(norm, h + delta), **_tol(dtype))
+    # add_and_norm (what the decoder calls) takes the fused path on its own.
+    s2, y2 = add_and_norm(h, delta, norm)
+    assert torch.equal(s2, s) and torch.equal(y2, y)
+
+
+def test_add_rms_norm_strided_rows_and_leading_dims() -> None:
+    big_h = torch.randn(6, 3 * 512, device="cuda", dtype=torch.bfloat16)
+    big_d = torch.randn(6, 2 * 512, device="cuda", dtype=torch.bfloat16)
+    h, delta = big_h[:, 512:1024], big_d[:, 512:]  # row strides 1536 and 1024
+    norm = RMSNorm(torch.rand(512, device="cuda", dtype=torch.bfloat16) + 0.5, 1e-5)
+    s, y = ops.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
+    assert torch.equal(s, h + delta) and torch.equal(y, norm(h + delta))
+    h3, d3 = h.contiguous().view(2, 3, 512), delta.contiguous().view(2, 3, 512)
+    s3, y3 = ops.add_rms_norm(h3, d3, norm.weight, norm.eps, norm.offset)
+    assert s3.shape == y3.shape == (2, 3, 512) and torch.equal(y3.view(6, 512), y)
+    # Nothing to do for zero rows.
+    s0, y0 = ops.add_rms_norm(h[:0], delta[:0], norm.weight, norm.eps, norm.offset)
+    assert s0.shape == y0.shape == (0, 512)
+
+
+def test_add_rms_norm_in_a_cuda_graph() -> None:
+    norm = RMSNorm(torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5, 1e-5)
+    h, delta = (torch.randn(2, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    graph, (s, y) = capture(lambda: add_and_norm(h, delta, norm))
+    new_h, new_d = torch.randn_like(h), torch.randn_like(delta)
+    h.copy_(new_h)
+    delta.copy_(new_d)
+    graph.replay()
+    assert torch.equal(s, new_h + new_d) and torch.equal(y, norm(new_h + new_d))
