@@ -595,10 +595,10 @@ def kv_cache_write(keys, values, slots: torch.Tensor, k: torch.Tensor, v: torch.
     kd, vd = getattr(keys, "data", None), getattr(values, "data", None)
     if kd is None or vd is None or slots.ndim != 1:
         return False
-    ext = _fused_ready(k, v, kd, vd)
-    if ext is None or not hasattr(ext, "kv_cache_write") or not slots.is_cuda:
+    if not k.dtype == v.dtype == kd.dtype == vd.dtype or k.dtype not in KERNEL_DTYPES:
         return False
-    if not k.dtype == v.dtype == kd.dtype == vd.dtype or not (kd.is_contiguous() and vd.is_contiguous()):
+    ext = _kernel_ready(k, v, kd, vd, slots)
+    if ext is None or not hasattr(ext, "kv_cache_write") or not (kd.is_contiguous() and vd.is_contiguous()):
         return False
     if k.ndim != 3 or v.ndim != 3 or k.shape[1:] != kd.shape[1:] or v.shape[1:] != vd.shape[1:]:
         return False

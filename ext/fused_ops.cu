@@ -155,6 +155,26 @@ __global__ void act_mul_kernel(const T* __restrict__ gate, long long g_stride, c
   }
 }
 
+// Keys and values of one step into the dense paged cache in one launch, instead of one
+// index_copy_ per side: grid (tokens, 2), block y 0 writes k's row, 1 writes v's row to row
+// slots[token] of its cache. A plain copy of bits (same dtype on both sides), in words of
+// sizeof(W) bytes; rows may be strided (k/v slices of a fused qkv output). Slots outside the
+// cache are skipped (index_copy_ would assert on the device).
+template <typename W>
+__global__ void kv_cache_write_kernel(const W* __restrict__ k, long long k_stride, const W* __restrict__ v,
+                                      long long v_stride, const int64_t* __restrict__ slots,
+                                      W* __restrict__ k_cache, W* __restrict__ v_cache, int k_width, int v_width,
+                                      long long num_slots) {
+  const long long token = blockIdx.x;
+  const long long slot = static_cast<long long>(slots[token]);
+  if (slot < 0 || slot >= num_slots) return;
+  const bool is_v = blockIdx.y != 0;
+  const int width = is_v ? v_width : k_width;
+  const W* src = is_v ? v + token * v_stride : k + token * k_stride;
+  W* dst = (is_v ? v_cache : k_cache) + slot * width;
+  for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
+}
+
 template <typename F>
 void by_dtype(const at::Tensor& t, F&& f) {
   switch (t.scalar_type()) {
@@ -216,6 +236,61 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& delt
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {h_out, y};
+}
+
+// k and v [tokens, heads, head_dim] (heads contiguous within a row; rows may be strided) into the
+// contiguous caches [slots, heads, head_dim] of the same dtype at rows `slots` (int64).
+void kv_cache_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& slots, at::Tensor& k_cache,
+                    at::Tensor& v_cache) {
+  for (const at::Tensor* t : {&k, &v}) {
+    TORCH_CHECK(t->is_cuda() && t->dim() == 3 && t->stride(2) == 1 && t->stride(1) == t->size(2),
+                "k and v must be CUDA tensors [tokens, heads, head_dim] with contiguous heads");
+  }
+  TORCH_CHECK(k_cache.is_cuda() && v_cache.is_cuda() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "the caches must be contiguous CUDA tensors");
+  TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.size(0) == v_cache.size(0), "caches must be [slots, heads, head_dim]");
+  TORCH_CHECK(k.sizes().slice(1) == k_cache.sizes().slice(1) && v.sizes().slice(1) == v_cache.sizes().slice(1),
+              "k/v rows must match the cache rows");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == v_cache.scalar_type() &&
+                  k.scalar_type() == v.scalar_type(),
+              "k, v and the caches must share one dtype");
+  TORCH_CHECK(slots.is_cuda() && slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 1 &&
+                  slots.size(0) == k.size(0) && v.size(0) == k.size(0),
+              "slots must be a contiguous int64 CUDA vector, one per token");
+  const long long tokens = k.size(0);
+  if (tokens == 0) return;
+  const c10::cuda::CUDAGuard guard(k.device());
+  const long long es = static_cast<long long>(k.element_size());
+  const long long k_width = k.size(1) * k.size(2) * es, v_width = v.size(1) * v.size(2) * es;  // bytes
+  // The widest word that every address, row stride and row length is a multiple of.
+  const long long values[] = {reinterpret_cast<long long>(k.data_ptr()), reinterpret_cast<long long>(v.data_ptr()),
+                              reinterpret_cast<long long>(k_cache.data_ptr()),
+                              reinterpret_cast<long long>(v_cache.data_ptr()), k.stride(0) * es, v.stride(0) * es,
+                              k_width, v_width};
+  int word = 16;
+  for (long long x : values) {
+    while (x % word != 0) word /= 2;
+  }
+  const int widest = static_cast<int>(std::max(k_width, v_width) / word);
+  const int threads = std::min(256, std::max(32, ((widest + 31) / 32) * 32));
+  const dim3 grid(static_cast<unsigned>(tokens), 2);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  auto launch = [&](auto tag) {
+    using W = decltype(tag);
+    kv_cache_write_kernel<W><<<grid, threads, 0, stream>>>(
+        reinterpret_cast<const W*>(k.data_ptr()), k.stride(0) * es / word, reinterpret_cast<const W*>(v.data_ptr()),
+        v.stride(0) * es / word, slots.data_ptr<int64_t>(), reinterpret_cast<W*>(k_cache.data_ptr()),
+        reinterpret_cast<W*>(v_cache.data_ptr()), static_cast<int>(k_width / word), static_cast<int>(v_width / word),
+        k_cache.size(0));
+  };
+  switch (word) {
+    case 16: launch(uint4{}); break;
+    case 8: launch(uint2{}); break;
+    case 4: launch(uint32_t{}); break;
+    case 2: launch(uint16_t{}); break;
+    default: launch(uint8_t{}); break;
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void check_heads(const at::Tensor& t, const char* name) {
@@ -289,6 +364,8 @@ void bind_fused_ops(pybind11::module_& m) {
         py::arg("eps"), py::arg("offset"));
   m.def("add_rms_norm", &add_rms_norm, "h + delta and RMSNorm of it in one launch; returns [h_out, y]",
         py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("eps"), py::arg("offset"));
+  m.def("kv_cache_write", &kv_cache_write, "k and v rows into the dense paged caches at slots, one launch",
+        py::arg("k"), py::arg("v"), py::arg("slots"), py::arg("k_cache"), py::arg("v_cache"));
   m.def("rope", &rope, "rotate-half rotary embedding of q and k in one launch; returns new tensors", py::arg("q"),
         py::arg("k"), py::arg("cos"), py::arg("sin"));
   m.def("act_mul", &act_mul, "act(gate) * up (0 silu, 1 gelu tanh, 2 gelu erf, 3 relu)", py::arg("gate"),

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine import ops
 from engine.cache.pages import PageAllocator
 from engine.cache.quantized import SUPPORTED_BITS, DenseStore, QuantizedStore
 
@@ -23,6 +24,9 @@ class KVCacheLayer:
         self.keys, self.values, self.dtype = keys, values, dtype
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # Two dense sides on the GPU: one kernel writes both (else one index_copy_ per side).
+        if ops.kv_cache_write(self.keys, self.values, slots, k, v):
+            return
         self.keys.write(slots, k)
         self.values.write(slots, v)
 

@@ -7,6 +7,8 @@ import torch
 from cuda_helpers import capture
 
 from engine import ops
+from engine.cache.paged import KVCacheLayer
+from engine.cache.quantized import DenseStore
 from engine.modules.mlp import ACTIVATIONS
 from engine.modules.norms import RMSNorm, add_and_norm
 from engine.modules.rope import RopeSpec, RotaryEmbedding
@@ -161,3 +163,86 @@ def test_add_rms_norm_in_a_cuda_graph() -> None:
     delta.copy_(new_d)
     graph.replay()
     assert torch.equal(s, new_h + new_d) and torch.equal(y, norm(new_h + new_d))
+
+
+# -- keys and values into the dense cache in one launch ------------------------------------------
+
+
+def _kv_layer(dtype, kv_heads, head_dim, slots=2048) -> KVCacheLayer:
+    layer = KVCacheLayer(
+        DenseStore(slots, kv_heads, head_dim, dtype, "cuda"),
+        DenseStore(slots, kv_heads, head_dim, dtype, "cuda"),
+        dtype,
+    )
+    layer.keys.data.copy_(torch.randn_like(layer.keys.data))  # untouched rows must stay as they are
+    layer.values.data.copy_(torch.randn_like(layer.values.data))
+    return layer
+
+
+def _kv(tokens, kv_heads, head_dim, dtype, fused_qkv):
+    """k and v as the attention has them: separate tensors, or column slices of one qkv output."""
+    if not fused_qkv:
+        return (torch.randn(tokens, kv_heads, head_dim, device="cuda").to(dtype) for _ in range(2))
+    q_width, kv_width = 4 * kv_heads * head_dim, kv_heads * head_dim
+    qkv = torch.randn(tokens, q_width + 2 * kv_width, device="cuda").to(dtype)
+    k = qkv[:, q_width : q_width + kv_width].view(tokens, kv_heads, head_dim)
+    return k, qkv[:, q_width + kv_width :].view(tokens, kv_heads, head_dim)
+
+
+# (8, 128), (2, 64), (1, 256): 16-byte words; (3, 6) fp16: 36-byte rows, 4-byte words; (1, 3) fp16: 2.
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("kv_heads", "head_dim"), [(8, 128), (2, 64), (1, 256), (3, 6), (1, 3)])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 5, 8, 1000])
+@pytest.mark.parametrize("fused_qkv", [False, True])
+def test_kv_cache_write_matches_index_copy(dtype, kv_heads, head_dim, tokens, fused_qkv) -> None:
+    torch.manual_seed(tokens + head_dim)
+    layer, ref = _kv_layer(dtype, kv_heads, head_dim), _kv_layer(dtype, kv_heads, head_dim)
+    ref.keys.data.copy_(layer.keys.data)
+    ref.values.data.copy_(layer.values.data)
+    k, v = _kv(tokens, kv_heads, head_dim, dtype, fused_qkv)
+    slots = torch.randperm(2048, device="cuda")[:tokens]
+    assert ops.kv_cache_write(layer.keys, layer.values, slots, k, v)
+    ref.keys.data.index_copy_(0, slots, k)
+    ref.values.data.index_copy_(0, slots, v)
+    assert torch.equal(layer.keys.data, ref.keys.data) and torch.equal(layer.values.data, ref.values.data)
+
+
+def test_kv_cache_layer_write_takes_the_fused_path(monkeypatch) -> None:
+    layer = _kv_layer(torch.float16, 8, 128)
+    k, v = _kv(4, 8, 128, torch.float16, True)
+    slots = torch.tensor([5, 900, 17, 2047], device="cuda", dtype=torch.int32)
+    calls = []
+    real = ops.kv_cache_write
+    monkeypatch.setattr(ops, "kv_cache_write", lambda *a: calls.append(real(*a)) or calls[-1])
+    layer.write(slots, k, v)
+    assert calls == [True]
+    keys, values = layer.read(slots.long())
+    assert torch.equal(keys, k) and torch.equal(values, v)
+
+
+def test_kv_cache_write_skips_slots_outside_the_cache(cuda_extension) -> None:
+    layer = _kv_layer(torch.bfloat16, 2, 64, slots=64)
+    before_k, before_v = layer.keys.data.clone(), layer.values.data.clone()
+    k, v = _kv(3, 2, 64, torch.bfloat16, False)
+    cuda_extension.kv_cache_write(
+        k, v, torch.tensor([-1, 64, 10], device="cuda"), layer.keys.data, layer.values.data
+    )
+    before_k[10], before_v[10] = k[2], v[2]
+    assert torch.equal(layer.keys.data, before_k) and torch.equal(layer.values.data, before_v)
+
+
+def test_kv_cache_write_in_a_cuda_graph() -> None:
+    layer, ref = _kv_layer(torch.bfloat16, 8, 128), _kv_layer(torch.bfloat16, 8, 128)
+    k, v = _kv(2, 8, 128, torch.bfloat16, True)
+    slots = torch.tensor([3, 4], device="cuda")
+    graph, _ = capture(lambda: layer.write(slots, k, v))
+    new_k, new_v = torch.randn_like(k), torch.randn_like(v)
+    k.copy_(new_k)
+    v.copy_(new_v)
+    slots.copy_(torch.tensor([100, 7], device="cuda"))
+    ref.keys.data.copy_(layer.keys.data)
+    ref.values.data.copy_(layer.values.data)
+    graph.replay()
+    ref.keys.data[[100, 7]] = new_k
+    ref.values.data[[100, 7]] = new_v
+    assert torch.equal(layer.keys.data, ref.keys.data) and torch.equal(layer.values.data, ref.values.data)

@@ -1,4 +1,4 @@
-"""The residual adds fused with the norms that follow them (issue 6).
+"""The residual adds fused with the norms that follow them, and the one-launch KV write (issue 6).
 
 On the CPU the restructured decoder must give bit for bit what the unfused one gave; the dispatch
 to the CUDA kernels is checked with a stand-in extension (their numbers: tests/cuda).
@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from engine import ops
-from engine.cache.paged import PagedKVCache
+from engine.cache.paged import KVCacheLayer, PagedKVCache
+from engine.cache.quantized import DenseStore, QuantizedStore
 from engine.generation.step import StepItem, run_step
 from engine.model import load_model
 from engine.modules.batch import BatchLayout, SequenceSlice
@@ -159,6 +160,11 @@ class FakeExtension(types.SimpleNamespace):
         s = h + delta
         return s, RMSNorm(weight, eps, offset)(s)
 
+    def kv_cache_write(self, k, v, slots, k_cache, v_cache):
+        self.calls.append(("kv_cache_write", k, v, slots, k_cache, v_cache))
+        k_cache.index_copy_(0, slots, k)
+        v_cache.index_copy_(0, slots, v)
+
 
 @pytest.fixture
 def fake(monkeypatch) -> FakeExtension:
@@ -190,3 +196,50 @@ def test_add_rms_norm_leaves_other_cases_to_torch(fake, monkeypatch):
     assert fake.calls == []
     monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: types.SimpleNamespace(rms_norm=None))
     assert ops.add_rms_norm(h, h, w, 1e-5, 0.0) is None  # an extension built before the kernel
+
+
+def _dense_layer(dtype=torch.float16, heads=2, head_dim=8) -> KVCacheLayer:
+    return KVCacheLayer(
+        DenseStore(32, heads, head_dim, dtype, "cpu"), DenseStore(32, heads, head_dim, dtype, "cpu"), dtype
+    )
+
+
+def test_kv_write_of_two_dense_sides_is_one_call(fake):
+    layer = _dense_layer()
+    qkv = torch.randn(3, (4 + 2 + 2) * 8).half()  # k and v as column slices of a fused qkv output
+    k, v = qkv[:, 32:48].view(3, 2, 8), qkv[:, 48:].view(3, 2, 8)
+    slots = torch.tensor([9, 0, 31], dtype=torch.int32)
+    layer.write(slots, k, v)
+    ((name, fk, fv, fslots, kc, vc),) = fake.calls
+    assert name == "kv_cache_write" and fk is k and fv is v
+    assert kc is layer.keys.data and vc is layer.values.data
+    assert fslots.dtype == torch.int64 and fslots.tolist() == [9, 0, 31]
+    keys, values = layer.read(torch.tensor([9, 0, 31]))
+    assert torch.equal(keys, k) and torch.equal(values, v)
+
+
+def test_kv_write_leaves_other_cases_to_the_stores(fake, monkeypatch):
+    slots = torch.tensor([1, 2])
+    k = torch.randn(2, 2, 8).half()
+    mixed = KVCacheLayer(
+        DenseStore(32, 2, 8, torch.float16, "cpu"), QuantizedStore(32, 2, 8, 4, "cpu"), torch.float16
+    )
+    mixed.write(slots, k, k)  # one quantized side
+    layer = _dense_layer()
+    layer.write(slots, k.float(), k.float())  # needs a dtype conversion
+    assert torch.equal(layer.read(slots)[0], k.float().half())
+    layer.write(slots, torch.randn(2, 8, 2).half().transpose(1, 2), k)  # heads not contiguous
+    assert ops.kv_cache_write(layer.keys, layer.values, slots, k[:, :1], k) is False  # wrong head count
+    assert ops.kv_cache_write(layer.keys, layer.values, slots[:1], k, k) is False  # one slot per row
+    assert fake.calls == []
+    monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: types.SimpleNamespace())
+    assert ops.kv_cache_write(layer.keys, layer.values, slots, k, k) is False  # an older extension
+
+
+def test_kv_write_on_the_cpu_is_index_copy():
+    layer = _dense_layer(torch.bfloat16)
+    k, v = torch.randn(4, 2, 8).bfloat16(), torch.randn(4, 2, 8).bfloat16()
+    slots = torch.tensor([3, 1, 30, 7])
+    assert ops.kv_cache_write(layer.keys, layer.values, slots, k, v) is False
+    layer.write(slots, k, v)
+    assert torch.equal(layer.keys.data[slots], k) and torch.equal(layer.values.data[slots], v)
