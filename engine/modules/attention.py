@@ -123,23 +123,30 @@ class Attention(nn.Module):
         cache.write(batch.write_slots, k, v)
         if batch.decode is not None:
             return self.o_proj(self._decode(q, batch, cache).reshape(-1, self.num_heads * self.head_dim))
-        out = torch.empty_like(q)
+        # One sequence owning every row (a lone prompt or decode step) keeps attend's result as
+        # is: no copy into a separate output (a device-to-device memcpy per layer).
+        single = len(batch.sequences) == 1 and batch.sequences[0].length == q.shape[0]
+        out = None if single else torch.empty_like(q)
         for seq in batch.sequences:
             rows = slice(seq.start, seq.start + seq.length)
             first = self._first_visible(seq)
             keys, values = cache.read(seq.slots[first : seq.end_position])
-            out[rows] = attend(
+            o = attend(
                 q[rows],
                 keys,
                 values,
                 batch.positions[rows],
-                torch.arange(first, seq.end_position, device=x.device),
+                batch.key_positions(first, seq.end_position, x.device),
                 self.scale,
                 self.sliding_window,
                 self.softcap,
                 seq.bidirectional,
             )
-        return self.o_proj(out.view(-1, self.num_heads * self.head_dim))
+            if out is None:
+                out = o
+            else:
+                out[rows] = o
+        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
     def _decode(self, q: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
         """Every sequence's one query at once, from the padded block tables (no host sync)."""

@@ -53,6 +53,7 @@ class BatchLayout:
     # instead of looping over ``sequences`` (which may then be empty).
     decode: DecodeTables | None = None
     _rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _key_positions: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -65,3 +66,11 @@ class BatchLayout:
             multimodal = self.rope_positions is not None and getattr(rope, "multimodal", False)
             self._rope_tables[key] = rope.tables(self.rope_positions if multimodal else self.positions, dtype)
         return self._rope_tables[key]
+
+    def key_positions(self, start: int, end: int, device: torch.device) -> torch.Tensor:
+        """``arange(start, end)`` on ``device``: the positions of the cached keys a sequence's
+        queries read, made once per step and shared by all layers (not one kernel per layer)."""
+        key = (start, end, torch.device(device))
+        if key not in self._key_positions:
+            self._key_positions[key] = torch.arange(start, end, device=device)
+        return self._key_positions[key]

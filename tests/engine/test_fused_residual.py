@@ -1,4 +1,5 @@
-"""The residual adds fused with the norms that follow them, and the one-launch KV write (issue 6).
+"""Fewer kernels per decode step (issue 6): the residual adds fused with the norms that follow
+them, the one-launch KV write, the eager path's key positions made once per step.
 
 On the CPU the restructured decoder must give bit for bit what the unfused one gave; the dispatch
 to the CUDA kernels is checked with a stand-in extension (their numbers: tests/cuda).
@@ -141,6 +142,14 @@ def test_add_and_norm_on_the_cpu_is_the_two_torch_steps():
         s, y = add_and_norm(h, d, norm)
         assert s.dtype == torch.bfloat16 and torch.equal(s, h + d)
         assert torch.equal(y, norm(h + d))
+
+
+def test_one_key_positions_tensor_per_step():
+    batch = BatchLayout([], torch.arange(3), torch.arange(3))
+    first = batch.key_positions(2, 9, torch.device("cpu"))
+    assert first.tolist() == list(range(2, 9))
+    assert batch.key_positions(2, 9, "cpu") is first  # shared by every layer
+    assert batch.key_positions(0, 9, "cpu").tolist() == list(range(9))
 
 
 # -- dispatch to the kernels, with a stand-in extension ----------------------------------------
