@@ -20,8 +20,10 @@ each block every linear's input Hessian ``H`` is recorded, and for each linear `
    a few fixed-point steps (error per element capped at the unit signal's variance).
 2. **Measured block error**: iid Gaussian noise ``N`` with ``E[tr(N H N^T)]`` equal to that
    prediction (per-element variance ``P / (out * tr(H))``) is added to the linear's weight, the
-   block runs again, and ``e_l = ||y_noisy - y||^2 / ||y||^2`` is recorded; the weight is
-   restored. The noise comes from a seeded CPU generator, so the pass is deterministic.
+   block runs again, and ``e_l = mean_t ||y_noisy_t - y_t||^2 / ||y_t||^2`` over tokens ``t``
+   is recorded (per token rather than ``||y_noisy - y||^2 / ||y||^2`` over all of them, see
+   :func:`relative_change`); the weight is restored. The noise comes from a seeded CPU
+   generator, so the pass is deterministic.
 3. At another ``K``, ``e_l(K) = e_l(K_ref) * P_l(K) / P_l(K_ref)``: the noise is small enough
    for the block to be linear in it. Without the feedback term that ratio is exactly
    ``mse(K) / mse(K_ref)``; with it, a badly conditioned linear loses more per bit at low K.
@@ -49,11 +51,10 @@ class Sensitivity:
     key: str
     weights: int  # in_features * out_features
     k_ref: int
-    error: float  # e_l(k_ref): relative squared error of the block output
+    error: float  # e_l(k_ref): relative squared error of the block output, mean over tokens
     proxies: dict[int, float]  # predicted relative proxy error tr(E H E^T) / tr(W H W^T) per K
-    # mean(y^2) of the block's unquantized output: error * output_power is the absolute error,
-    # for weighing blocks differently (the residual stream grows with depth) in an analysis.
-    output_power: float = 0.0
+    error_global: float = 0.0  # ||y_noisy - y||^2 / ||y||^2 over all tokens (not used)
+    output_power: float = 0.0  # mean(y^2) of the block's unquantized output
 
     @property
     def proxy(self) -> float:
@@ -133,9 +134,19 @@ def predicted_proxy(weight: torch.Tensor, hessian: torch.Tensor, k: int, **kwarg
     return predicted_proxies(weight, hessian, [k], **kwargs)[k]
 
 
-def _relative_change(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``||a - b||^2 / ||b||^2`` in float64."""
-    return float((a.double() - b.double()).pow(2).sum() / b.double().pow(2).sum().clamp_min(1e-300))
+def relative_change(noisy: torch.Tensor, clean: torch.Tensor) -> tuple[float, float]:
+    """``(per-token, global)`` relative squared change of block outputs ``(rows, cols, dim)``:
+    the mean over tokens of ``||d_t||^2 / ||y_t||^2``, and ``||d||^2 / ||y||^2``.
+
+    The per-token form is the one used: the next block sees each token through an RMSNorm, so
+    what matters is each token's error relative to that token. The global ratio is dominated by
+    the few tokens with massive activations (SmolLM2's residual RMS jumps ~10x at block 12 from
+    a handful of positions), which made every linear past that block look ~100x less sensitive.
+    """
+    d = (noisy.double() - clean.double()).pow(2).sum(-1)
+    y = clean.double().pow(2).sum(-1)
+    per_token = float((d / y.clamp_min(1e-300)).mean())
+    return per_token, float(d.sum() / y.sum().clamp_min(1e-300))
 
 
 def calibration_subset(rows: int, wanted: int) -> torch.Tensor:
@@ -199,9 +210,11 @@ def measure_sensitivity(
             finally:
                 with torch.inference_mode():
                     weight.copy_(original)
-            error = _relative_change(noisy, reference)
+            error, error_global = relative_change(noisy, reference)
             proxies = {k: rel for k, (_, rel) in predicted.items()}
-            out[s.key] = Sensitivity(s.key, s.in_features * s.out_features, k_ref, error, proxies, power)
+            out[s.key] = Sensitivity(
+                s.key, s.in_features * s.out_features, k_ref, error, proxies, error_global, power
+            )
         # The next block sees the unquantized model's activations.
         hidden = reference
         errs = [out[s.key].error for s in block_slots]
@@ -221,4 +234,5 @@ __all__ = [
     "measure_sensitivity",
     "predicted_proxies",
     "predicted_proxy",
+    "relative_change",
 ]

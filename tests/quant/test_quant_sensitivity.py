@@ -27,6 +27,7 @@ from engine.quant.sensitivity import (
     measure_sensitivity,
     predicted_proxies,
     predicted_proxy,
+    relative_change,
 )
 from engine.quant.trellis import pack_states, unpack_states
 
@@ -99,6 +100,17 @@ def test_prediction_scales_with_the_trellis_mse() -> None:
     assert p4x == pytest.approx(9 * p4, rel=1e-3) and r4x == pytest.approx(r4, rel=1e-3)
     # Without feedback (L = I) it is mse * tr(H) per column, exactly.
     assert ldlq_error(h, None, 0.01) == pytest.approx(0.01 * float(h.diagonal().sum()))
+
+
+def test_relative_change_is_per_token() -> None:
+    # One token with a massive activation (as SmolLM2's attention-sink positions) must not hide
+    # the error on all the others; the global ratio is kept for comparison.
+    clean = torch.ones(1, 4, 8)
+    clean[0, 0] *= 100
+    noisy = clean.clone()
+    noisy[0, 1:] += 0.1
+    per_token, global_ = relative_change(noisy, clean)
+    assert per_token == pytest.approx(0.75 * 0.01) and global_ < per_token / 100
 
 
 def test_calibration_subset_spreads_rows() -> None:
