@@ -39,7 +39,9 @@ def _generate(model, batch: int, graphs: bool):
 
 def _assert_same_tokens(model, batch, eager, graphed):
     """Equal greedy tokens; where fp16 rounding differs between the two paths, a divergence is
-    allowed only at a near tie of the eager logits (then the rest of the sequence differs)."""
+    allowed only at a near tie of the eager logits (then the rest of the sequence differs). bf16
+    rounds 8x coarser than fp16: its near ties are wider."""
+    tie = 6e-2 if model.dtype == torch.bfloat16 else 2e-2
     for job, a, b in zip(_jobs(batch), eager, graphed):
         if a == b:
             continue
@@ -47,7 +49,7 @@ def _assert_same_tokens(model, batch, eager, graphed):
         cache = PagedKVCache.for_model(model.spec, 1024, page_size=16, dtype=model.dtype, device="cuda")
         logits = score_tokens(model.module, cache, list(job.input_ids) + a[:i])[-1]
         gap = (logits[a[i]] - logits[b[i]]).abs().item()
-        assert gap < 2e-2 * logits.abs().max().item(), f"diverged at token {i} with a margin of {gap}"
+        assert gap < tie * logits.abs().max().item(), f"diverged at token {i} with a margin of {gap}"
 
 
 # Gemma 3: sandwich norms and q/k norms around the fused residual norms; bf16: the real models' dtype.
