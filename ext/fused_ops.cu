@@ -12,6 +12,9 @@
 #include <cuda_fp16.h>
 #include <torch/extension.h>
 
+#include <initializer_list>
+#include <type_traits>
+
 #include "trellis_ext.h"
 
 namespace trellis {
@@ -38,6 +41,31 @@ __device__ __forceinline__ float from_f<float>(float v) { return v; }
 // Round through T and back: the value torch holds after storing an fp32 result in a T tensor.
 template <typename T>
 __device__ __forceinline__ float rnd(float v) { return to_f<T>(from_f<T>(v)); }
+
+// V consecutive elements moved as one vector (16 bytes when V = 16 / sizeof(T)): at prefill sizes
+// (thousands of rows) the scalar 2-byte accesses, not DRAM, were what bounded these kernels.
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ Pack<T, V> load_pack(const T* p) { return *reinterpret_cast<const Pack<T, V>*>(p); }
+
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, V>& x) { *reinterpret_cast<Pack<T, V>*>(p) = x; }
+
+// True when every pointer is 16-byte aligned and every stride / width is a multiple of a 16-byte
+// vector of T, i.e. the vector kernels may run.
+template <typename T>
+bool vector_ok(std::initializer_list<const void*> ptrs, std::initializer_list<long long> counts) {
+  constexpr long long kV = 16 / sizeof(T);
+  for (const void* p : ptrs)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  for (long long c : counts)
+    if (c % kV != 0) return false;
+  return true;
+}
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
 __device__ float block_sum(float v) {
@@ -105,28 +133,42 @@ __global__ void add_rms_norm_kernel(const T* __restrict__ h, long long h_stride,
 }
 
 // Rotary embedding (rotate-half convention) of q [tokens, hq, d] and k [tokens, hk, d] in one
-// launch; the first `rot` dims of each head rotate, the rest are copied. Grid: (tokens, hq + hk).
-// torch computes x * cos + rotate_half(x) * sin with each product and the sum rounded to T.
-template <typename T>
+// launch; the first `rot` dims of each head rotate, the rest are copied. One block per token; a
+// work item is V dims i of the first half together with dims i + rot/2 (the pair rotate_half
+// mixes), or V pass-through dims. torch computes x * cos + rotate_half(x) * sin with each product
+// and the sum rounded to T.
+template <typename T, int V>
 __global__ void rope_kernel(const T* __restrict__ q, long long q_stride, T* __restrict__ q_out, int hq,
                             const T* __restrict__ k, long long k_stride, T* __restrict__ k_out, int hk,
                             const T* __restrict__ cos, const T* __restrict__ sin, int d, int rot) {
-  const int token = blockIdx.x, head = blockIdx.y;
-  const bool is_q = head < hq;
-  const int h = is_q ? head : head - hq;
-  const T* src = (is_q ? q + token * q_stride : k + token * k_stride) + static_cast<long long>(h) * d;
-  T* dst = (is_q ? q_out + (static_cast<long long>(token) * hq + h) * d
-                 : k_out + (static_cast<long long>(token) * hk + h) * d);
-  const T* c = cos + static_cast<long long>(token) * rot;
-  const T* s = sin + static_cast<long long>(token) * rot;
+  const long long token = blockIdx.x;
   const int half = rot / 2;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    if (i < rot) {
-      const float x = to_f<T>(src[i]);
-      const float other = i < half ? -to_f<T>(src[i + half]) : to_f<T>(src[i - half]);
-      dst[i] = from_f<T>(rnd<T>(x * to_f<T>(c[i])) + rnd<T>(other * to_f<T>(s[i])));
+  const int rot_items = half / V, per_head = rot_items + (d - rot) / V;
+  const T* c = cos + token * rot;
+  const T* s = sin + token * rot;
+  for (int item = threadIdx.x; item < (hq + hk) * per_head; item += blockDim.x) {
+    const int head = item / per_head, j = item - head * per_head;
+    const bool is_q = head < hq;
+    const int h = is_q ? head : head - hq;
+    const T* src = (is_q ? q + token * q_stride : k + token * k_stride) + static_cast<long long>(h) * d;
+    T* dst = is_q ? q_out + (token * hq + h) * d : k_out + (token * hk + h) * d;
+    if (j < rot_items) {
+      const int i = j * V;
+      const Pack<T, V> a = load_pack<T, V>(src + i), b = load_pack<T, V>(src + i + half);
+      const Pack<T, V> ca = load_pack<T, V>(c + i), sa = load_pack<T, V>(s + i);
+      const Pack<T, V> cb = load_pack<T, V>(c + i + half), sb = load_pack<T, V>(s + i + half);
+      Pack<T, V> oa, ob;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float xa = to_f<T>(a.v[e]), xb = to_f<T>(b.v[e]);
+        oa.v[e] = from_f<T>(rnd<T>(xa * to_f<T>(ca.v[e])) + rnd<T>(-xb * to_f<T>(sa.v[e])));
+        ob.v[e] = from_f<T>(rnd<T>(xb * to_f<T>(cb.v[e])) + rnd<T>(xa * to_f<T>(sb.v[e])));
+      }
+      store_pack<T, V>(dst + i, oa);
+      store_pack<T, V>(dst + i + half, ob);
     } else {
-      dst[i] = src[i];
+      const int i = rot + (j - rot_items) * V;
+      store_pack<T, V>(dst + i, load_pack<T, V>(src + i));
     }
   }
 }
@@ -141,17 +183,21 @@ __device__ __forceinline__ float activate(float g) {
   return fmaxf(g, 0.f);
 }
 
-// out = act(gate) * up over rows of width n; gate/up rows may be strided (slices of a fused
-// gate_up output). torch rounds act(gate) to T before the product.
-template <typename T, int ACT>
+// out = act(gate) * up over rows of width n, V consecutive elements per thread; gate/up rows may
+// be strided (slices of a fused gate_up output). torch rounds act(gate) to T before the product.
+template <typename T, int ACT, int V>
 __global__ void act_mul_kernel(const T* __restrict__ gate, long long g_stride, const T* __restrict__ up,
                                long long u_stride, T* __restrict__ out, int n) {
   const long long row = blockIdx.y;
   const T* g = gate + row * g_stride;
   const T* u = up + row * u_stride;
   T* o = out + row * n;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    o[i] = from_f<T>(rnd<T>(activate<ACT>(to_f<T>(g[i]))) * to_f<T>(u[i]));
+  for (int i = (blockIdx.x * blockDim.x + threadIdx.x) * V; i < n; i += gridDim.x * blockDim.x * V) {
+    const Pack<T, V> gv = load_pack<T, V>(g + i), uv = load_pack<T, V>(u + i);
+    Pack<T, V> ov;
+#pragma unroll
+    for (int e = 0; e < V; ++e) ov.v[e] = from_f<T>(rnd<T>(activate<ACT>(to_f<T>(gv.v[e]))) * to_f<T>(uv.v[e]));
+    store_pack<T, V>(o + i, ov);
   }
 }
 
@@ -314,15 +360,23 @@ std::vector<at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at:
   at::Tensor k_out = at::empty({tokens, k.size(1), d}, k.options().memory_format(at::MemoryFormat::Contiguous));
   if (tokens == 0) return {q_out, k_out};
   const int hq = static_cast<int>(q.size(1)), hk = static_cast<int>(k.size(1));
-  const dim3 grid(static_cast<unsigned>(tokens), static_cast<unsigned>(hq + hk));
-  const int threads = std::min(256, std::max(32, ((d + 31) / 32) * 32));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   by_dtype(q, [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<grid, threads, 0, stream>>>(
-        reinterpret_cast<const T*>(q.data_ptr()), q.stride(0), reinterpret_cast<T*>(q_out.data_ptr()), hq,
-        reinterpret_cast<const T*>(k.data_ptr()), k.stride(0), reinterpret_cast<T*>(k_out.data_ptr()), hk,
-        reinterpret_cast<const T*>(cos.data_ptr()), reinterpret_cast<const T*>(sin.data_ptr()), d, rot);
+    constexpr int kV = 16 / sizeof(T);
+    const bool vec = vector_ok<T>({q.data_ptr(), k.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), cos.data_ptr(),
+                                   sin.data_ptr()},
+                                  {q.stride(0), k.stride(0), d, rot / 2, d - rot});
+    const int per_head = vec ? (rot / 2 + d - rot) / kV : rot / 2 + d - rot;
+    const int threads = std::min(256, std::max(32, (((hq + hk) * per_head + 31) / 32) * 32));
+    auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
+          reinterpret_cast<const T*>(q.data_ptr()), q.stride(0), reinterpret_cast<T*>(q_out.data_ptr()), hq,
+          reinterpret_cast<const T*>(k.data_ptr()), k.stride(0), reinterpret_cast<T*>(k_out.data_ptr()), hk,
+          reinterpret_cast<const T*>(cos.data_ptr()), reinterpret_cast<const T*>(sin.data_ptr()), d, rot);
+    };
+    if (vec) launch(rope_kernel<T, kV>);
+    else launch(rope_kernel<T, 1>);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {q_out, k_out};
@@ -338,18 +392,28 @@ at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, int64_t act) {
   at::Tensor out = at::empty({gate.size(0), n}, gate.options().memory_format(at::MemoryFormat::Contiguous));
   if (gate.size(0) == 0 || n == 0) return out;
   const int threads = 256;
-  const dim3 grid(static_cast<unsigned>(std::min((n + threads - 1) / threads, 64)), static_cast<unsigned>(gate.size(0)));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   by_dtype(gate, [&](auto tag) {
     using T = decltype(tag);
+    constexpr int kV = 16 / sizeof(T);
+    const bool vec = vector_ok<T>({gate.data_ptr(), up.data_ptr(), out.data_ptr()}, {gate.stride(0), up.stride(0), n});
+    const int per_block = threads * (vec ? kV : 1);
+    const dim3 grid(static_cast<unsigned>(std::min((n + per_block - 1) / per_block, 64)),
+                    static_cast<unsigned>(gate.size(0)));
     const T* g = reinterpret_cast<const T*>(gate.data_ptr());
     const T* u = reinterpret_cast<const T*>(up.data_ptr());
     T* o = reinterpret_cast<T*>(out.data_ptr());
+    auto launch = [&](auto kernel) { kernel<<<grid, threads, 0, stream>>>(g, gate.stride(0), u, up.stride(0), o, n); };
+    auto by_width = [&](auto act_tag) {
+      constexpr int A = decltype(act_tag)::value;
+      if (vec) launch(act_mul_kernel<T, A, kV>);
+      else launch(act_mul_kernel<T, A, 1>);
+    };
     switch (act) {
-      case kSilu: act_mul_kernel<T, kSilu><<<grid, threads, 0, stream>>>(g, gate.stride(0), u, up.stride(0), o, n); break;
-      case kGeluTanh: act_mul_kernel<T, kGeluTanh><<<grid, threads, 0, stream>>>(g, gate.stride(0), u, up.stride(0), o, n); break;
-      case kGeluErf: act_mul_kernel<T, kGeluErf><<<grid, threads, 0, stream>>>(g, gate.stride(0), u, up.stride(0), o, n); break;
-      default: act_mul_kernel<T, kRelu><<<grid, threads, 0, stream>>>(g, gate.stride(0), u, up.stride(0), o, n); break;
+      case kSilu: by_width(std::integral_constant<int, kSilu>{}); break;
+      case kGeluTanh: by_width(std::integral_constant<int, kGeluTanh>{}); break;
+      case kGeluErf: by_width(std::integral_constant<int, kGeluErf>{}); break;
+      default: by_width(std::integral_constant<int, kRelu>{}); break;
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -23,7 +23,8 @@ class ReferenceExtension(types.SimpleNamespace):
     def __init__(self) -> None:
         super().__init__(calls=[])
 
-    def exl3_weight_into(self, trellis, suh, svh, codebook, w, col0):
+    def exl3_weight_into(self, trellis, suh, svh, codebook, w, col0, version):
+        assert version == ops.WEIGHT_KERNEL  # the default kernel unless a caller asks otherwise
         self.calls.append((trellis.shape, codebook, col0))
         ref = apply_scales(decode_trellis(trellis, CODEBOOK_NAMES[codebook]), suh, svh, torch.float32)
         w[:, col0 : col0 + ref.shape[1]] = ref.to(w.dtype)
