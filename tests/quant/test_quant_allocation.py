@@ -108,7 +108,9 @@ def test_uniform_allocation_is_the_kind_priority() -> None:
 
 
 def test_options_and_flags() -> None:
-    from engine.cli import build_parser
+    import argparse
+
+    from engine.commands import convert, quality
 
     options = ConvertOptions(bits=4.0)
     assert options.allocation == "sensitivity" and options.sensitivity_rows == 32
@@ -116,7 +118,10 @@ def test_options_and_flags() -> None:
     assert key["allocation"] == "sensitivity" and key["sensitivity_rows"] == 32  # resume checks them
     assert ConvertOptions(bits=4.0, allocation="uniform").job_key() != key
 
-    parser = build_parser()
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    convert.register(sub)
+    quality.register(sub)
     args = parser.parse_args(["convert", "-i", "a", "-o", "b", "-b", "4"])
     assert args.allocation == "sensitivity" and args.sensitivity_rows == 32
     args = parser.parse_args(["convert", "-i", "a", "-o", "b", "-b", "4", "--allocation", "uniform"])
