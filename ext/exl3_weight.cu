@@ -88,7 +88,16 @@ __device__ __forceinline__ void store_pair<float>(float* p, float a, float b) {
   *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }
 
-constexpr int kWeightSmemV2 = 8 * 8 * 2 * 32 * sizeof(float4);  // [tile row][tile col][half][lane]
+constexpr int kExchangeBytes = 8 * 8 * 2 * 32 * sizeof(float4);  // [tile row][tile col][half][lane]
+// The finished piece is staged row-major in the same buffer so that the global stores are whole
+// 16-byte vectors of consecutive output features. The row pitch is padded by 16 bytes: the pair
+// stores of a warp (8 rows x 4 pairs) then hit 32 different banks.
+template <typename T>
+constexpr int kStagePitch = 128 + 16 / static_cast<int>(sizeof(T));  // elements
+template <typename T>
+constexpr int kWeightSmemV2 =
+    kExchangeBytes > 128 * kStagePitch<T> * static_cast<int>(sizeof(T)) ? kExchangeBytes
+                                                                        : 128 * kStagePitch<T> * static_cast<int>(sizeof(T));
 
 // Fragment positions used below (g = lane / 4, t = lane % 4), for a 16 x 16 tile with rows =
 // input features i and columns = output features o:
@@ -96,12 +105,13 @@ constexpr int kWeightSmemV2 = 8 * 8 * 2 * 32 * sizeof(float4);  // [tile row][ti
 //    for o in 8..15 (q1, q3);
 //  - accumulator c[n][0..3] of an n8 tile n: (i, o) = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1),
 //    o offset by 8n.
+// 3 blocks per SM (<= 80 registers, with the shared memory carveout at its maximum).
 template <int K, int CB, typename T>
-__global__ void __launch_bounds__(256) weight_kernel_v2(const uint32_t* __restrict__ trellis,
+__global__ void __launch_bounds__(256, 3) weight_kernel_v2(const uint32_t* __restrict__ trellis,
                                                         const __half* __restrict__ suh,
                                                         const __half* __restrict__ svh, T* __restrict__ w,
                                                         int out, long long ld, int col0) {
-  extern __shared__ float4 x4[];  // exchange buffer, kWeightSmemV2 bytes
+  extern __shared__ float4 x4[];  // exchange buffer, then the staged piece (kWeightSmemV2<T> bytes)
   constexpr int TW = TileGeom<K>::kWords;
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr bool kSplit = !std::is_same<T, __nv_bfloat16>::value;  // keep ~fp32 accuracy
@@ -188,24 +198,37 @@ __global__ void __launch_bounds__(256) weight_kernel_v2(const uint32_t* __restri
 #pragma unroll
       for (int ti = 0; ti < 8; ++ti) y[ti][n][i] = v[ti];
     }
-  const int in0 = blockIdx.y * 128, oc = blockIdx.x * 128 + warp * 16 + 2 * t;
+  const int oc = warp * 16 + 2 * t;  // this lane's first output feature in the piece
   float cs[2][2];
 #pragma unroll
   for (int n = 0; n < 2; ++n) {
-    cs[n][0] = __half2float(svh[oc + 8 * n]) * (1.0f / 128.0f);
-    cs[n][1] = __half2float(svh[oc + 8 * n + 1]) * (1.0f / 128.0f);
+    cs[n][0] = __half2float(svh[blockIdx.x * 128 + oc + 8 * n]) * (1.0f / 128.0f);
+    cs[n][1] = __half2float(svh[blockIdx.x * 128 + oc + 8 * n + 1]) * (1.0f / 128.0f);
   }
+  __syncthreads();  // every warp has its exchange values in registers: the buffer is free
+  T* stage = reinterpret_cast<T*>(x4);
 #pragma unroll
   for (int ti = 0; ti < 8; ++ti) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // input feature g or g + 8 of the tile
-      const int row = in0 + ti * 16 + g + 8 * half;
-      const float rs = __half2float(suh[row]);
-      T* dst = w + (size_t)row * ld + col0 + oc;
+      const int row = ti * 16 + g + 8 * half;
+      const float rs = __half2float(suh[blockIdx.y * 128 + row]);
 #pragma unroll
       for (int n = 0; n < 2; ++n)
-        store_pair<T>(dst + 8 * n, y[ti][n][2 * half] * rs * cs[n][0], y[ti][n][2 * half + 1] * rs * cs[n][1]);
+        store_pair<T>(stage + row * kStagePitch<T> + oc + 8 * n, y[ti][n][2 * half] * rs * cs[n][0],
+                      y[ti][n][2 * half + 1] * rs * cs[n][1]);
     }
+  }
+  __syncthreads();
+
+  // 3. Warp w stores rows 16w .. 16w+15 of the piece, 16 bytes per lane.
+  constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte vector
+  constexpr int kLanesPerRow = 128 / kVec;
+#pragma unroll
+  for (int r = warp * 16 + lane / kLanesPerRow; r < warp * 16 + 16; r += 32 / kLanesPerRow) {
+    const int c = (lane % kLanesPerRow) * kVec;
+    *reinterpret_cast<uint4*>(w + (size_t)(blockIdx.y * 128 + r) * ld + col0 + blockIdx.x * 128 + c) =
+        *reinterpret_cast<const uint4*>(stage + r * kStagePitch<T> + c);
   }
 }
 
@@ -283,15 +306,16 @@ void launch_weight_cb(const uint32_t* t, const __half* suh, const __half* svh, T
                       long long ld, int col0, int version, cudaStream_t stream) {
   const dim3 grid(out / 128, in / 128);
   switch (K) {
-#define TRELLIS_LAUNCH(kernel, smem, k)                                                   \
-  cudaFuncSetAttribute(kernel<k, CB, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); \
+#define TRELLIS_LAUNCH(kernel, smem, k)                                                         \
+  cudaFuncSetAttribute(kernel<k, CB, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);       \
+  cudaFuncSetAttribute(kernel<k, CB, T>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);     \
   kernel<k, CB, T><<<grid, 256, smem, stream>>>(t, suh, svh, w, out, ld, col0);
 #define TRELLIS_CASE(k)                                     \
   case k:                                                   \
     if (version == 1) {                                     \
       TRELLIS_LAUNCH(weight_kernel, kWeightSmem, k)         \
     } else {                                                \
-      TRELLIS_LAUNCH(weight_kernel_v2, kWeightSmemV2, k)    \
+      TRELLIS_LAUNCH(weight_kernel_v2, kWeightSmemV2<T>, k) \
     }                                                       \
     break;
     TRELLIS_CASE(1) TRELLIS_CASE(2) TRELLIS_CASE(3) TRELLIS_CASE(4)
@@ -331,9 +355,10 @@ void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at
   TORCH_CHECK(w.is_cuda() && w.dim() == 2 && w.stride(1) == 1 && w.size(0) == in, "w must be (", in,
               ", n) with unit column stride");
   TORCH_CHECK(col0 >= 0 && col0 + out <= w.size(1), "columns [", col0, ", ", col0 + out, ") do not fit in w");
-  // Version 2 stores pairs of output features: even column offsets and row pitch.
-  TORCH_CHECK(col0 % 2 == 0 && w.stride(0) % 2 == 0 && w.storage_offset() % 2 == 0,
-              "w's row pitch, offset and col0 must be even");
+  // Version 2 stores 16-byte vectors: w's start, row pitch and col0 must keep them aligned.
+  const int64_t vec = 16 / w.element_size();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0 && w.stride(0) % vec == 0 && col0 % vec == 0,
+              "w must be 16-byte aligned, with row pitch and col0 multiples of 16 bytes");
   TORCH_CHECK(version == 1 || version == 2, "version must be 1 or 2");
   const c10::cuda::CUDAGuard guard(trellis.device());
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
