@@ -92,28 +92,38 @@ __device__ __forceinline__ T norm_out(float v, float wi, float offset) {
   return offset != 0.f ? from_f<T>(v * (offset + wi)) : from_f<T>(wi * rnd<T>(v));
 }
 
-// y = x / rms(x) * scale (rounded as norm_out says), one block per row. Same as
-// engine/modules/norms.py.
-template <typename T>
+// y = x / rms(x) * scale (rounded as norm_out says), one block per row, V elements per access.
+// Same as engine/modules/norms.py.
+template <typename T, int V>
 __global__ void rms_norm_kernel(const T* __restrict__ x, long long x_stride, const T* __restrict__ w,
                                 T* __restrict__ y, int n, float eps, float offset) {
   const T* xr = x + static_cast<long long>(blockIdx.x) * x_stride;
   T* yr = y + static_cast<long long>(blockIdx.x) * n;
   float ss = 0.f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = to_f<T>(xr[i]);
-    ss += v * v;
+  for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+    const Pack<T, V> p = load_pack<T, V>(xr + i);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float v = to_f<T>(p.v[e]);
+      ss += v * v;
+    }
   }
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = norm_out<T>(to_f<T>(xr[i]) * r, to_f<T>(w[i]), offset);
+  for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+    const Pack<T, V> p = load_pack<T, V>(xr + i), wv = load_pack<T, V>(w + i);
+    Pack<T, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = norm_out<T>(to_f<T>(p.v[e]) * r, to_f<T>(wv.v[e]), offset);
+    store_pack<T, V>(yr + i, o);
+  }
 }
 
 // Residual add and the next RMSNorm in one launch: h_out = h + delta, y = rms_norm(h_out), one
 // block per row. The sum is rounded to T before it is squared and normalised, exactly the value
 // torch's `h + delta` stores, and the loops and reduction are rms_norm_kernel's, so with the same
-// block size y equals rms_norm_kernel(h_out) bit for bit. h_out is re-read by the thread that
-// wrote it (no __restrict__ on it); it must not alias h or delta of another row.
-template <typename T>
+// V and block size y equals rms_norm_kernel(h_out) bit for bit. h_out is re-read by the thread
+// that wrote it (no __restrict__ on it); it must not alias h or delta of another row.
+template <typename T, int V>
 __global__ void add_rms_norm_kernel(const T* __restrict__ h, long long h_stride, const T* __restrict__ delta,
                                     long long d_stride, const T* __restrict__ w, T* h_out, T* __restrict__ y,
                                     int n, float eps, float offset) {
@@ -122,14 +132,25 @@ __global__ void add_rms_norm_kernel(const T* __restrict__ h, long long h_stride,
   T* sr = h_out + static_cast<long long>(blockIdx.x) * n;
   T* yr = y + static_cast<long long>(blockIdx.x) * n;
   float ss = 0.f;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const T s = from_f<T>(to_f<T>(hr[i]) + to_f<T>(dr[i]));
-    sr[i] = s;
-    const float v = to_f<T>(s);
-    ss += v * v;
+  for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+    const Pack<T, V> a = load_pack<T, V>(hr + i), b = load_pack<T, V>(dr + i);
+    Pack<T, V> sum;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      sum.v[e] = from_f<T>(to_f<T>(a.v[e]) + to_f<T>(b.v[e]));
+      const float v = to_f<T>(sum.v[e]);
+      ss += v * v;
+    }
+    store_pack<T, V>(sr + i, sum);
   }
   const float r = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = norm_out<T>(to_f<T>(sr[i]) * r, to_f<T>(w[i]), offset);
+  for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+    const Pack<T, V> p = load_pack<T, V>(sr + i), wv = load_pack<T, V>(w + i);
+    Pack<T, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = norm_out<T>(to_f<T>(p.v[e]) * r, to_f<T>(wv.v[e]), offset);
+    store_pack<T, V>(yr + i, o);
+  }
 }
 
 // Rotary embedding (rotate-half convention) of q [tokens, hq, d] and k [tokens, hk, d] in one
@@ -235,9 +256,17 @@ void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda() && t.dim() == 2 && t.stride(1) == 1, name, " must be a 2-D CUDA tensor with unit inner stride");
 }
 
-// Block size of the norm kernels: ~4 elements per thread. rms_norm and add_rms_norm use the same,
-// so their sums of squares add in the same order.
-int norm_threads(int n) { return std::min(1024, std::max(32, ((n / 4 + 31) / 32) * 32)); }
+// Block size of the norm kernels for width n and V elements per access (~4 accesses per thread). rms_norm and add_rms_norm launch the same way for the same width and
+// vector size, so their sums of squares add in the same order.
+int norm_threads(int n, int v) { return std::min(1024, std::max(32, ((n / (4 * v) + 31) / 32) * 32)); }
+
+// Launches norm kernel K<T, V> with 16-byte vectors when every pointer and width allows it.
+template <typename T, typename Launch>
+void launch_norm(bool vec, int n, Launch&& launch) {
+  constexpr int kV = 16 / sizeof(T);
+  if (vec) launch(std::integral_constant<int, kV>{}, norm_threads(n, kV));
+  else launch(std::integral_constant<int, 1>{}, norm_threads(n, 1));
+}
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
   check_rows(x, "x");
@@ -247,13 +276,15 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({x.size(0), n}, x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.size(0) == 0) return y;
-  const int threads = norm_threads(n);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   by_dtype(x, [&](auto tag) {
     using T = decltype(tag);
-    rms_norm_kernel<T><<<static_cast<unsigned>(x.size(0)), threads, 0, stream>>>(
-        reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<const T*>(weight.data_ptr()),
-        reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
+    const bool vec = vector_ok<T>({x.data_ptr(), weight.data_ptr(), y.data_ptr()}, {x.stride(0), n});
+    launch_norm<T>(vec, n, [&](auto v, int threads) {
+      rms_norm_kernel<T, decltype(v)::value><<<static_cast<unsigned>(x.size(0)), threads, 0, stream>>>(
+          reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<const T*>(weight.data_ptr()),
+          reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
@@ -275,10 +306,14 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& delt
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   by_dtype(h, [&](auto tag) {
     using T = decltype(tag);
-    add_rms_norm_kernel<T><<<static_cast<unsigned>(h.size(0)), norm_threads(n), 0, stream>>>(
-        reinterpret_cast<const T*>(h.data_ptr()), h.stride(0), reinterpret_cast<const T*>(delta.data_ptr()),
-        delta.stride(0), reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(h_out.data_ptr()),
-        reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
+    const bool vec = vector_ok<T>({h.data_ptr(), delta.data_ptr(), weight.data_ptr(), h_out.data_ptr(), y.data_ptr()},
+                                  {h.stride(0), delta.stride(0), n});
+    launch_norm<T>(vec, n, [&](auto v, int threads) {
+      add_rms_norm_kernel<T, decltype(v)::value><<<static_cast<unsigned>(h.size(0)), threads, 0, stream>>>(
+          reinterpret_cast<const T*>(h.data_ptr()), h.stride(0), reinterpret_cast<const T*>(delta.data_ptr()),
+          delta.stride(0), reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(h_out.data_ptr()),
+          reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
+    });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {h_out, y};
