@@ -19,9 +19,10 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
 def _tol(dtype: torch.dtype) -> dict:
-    # One rounding of the output dtype (rsqrt/exp may differ from torch's by an ulp in fp32).
+    # One rounding of the output dtype (rsqrt/exp may differ from torch's by an ulp in fp32); the
+    # Llama RMSNorm rounds twice (x / rms, then * weight), so fp16 allows two ulps.
     return {
-        torch.float16: {"rtol": 1e-3, "atol": 1e-3},
+        torch.float16: {"rtol": 2e-3, "atol": 2e-3},
         torch.bfloat16: {"rtol": 8e-3, "atol": 8e-3},
         torch.float32: {"rtol": 1e-5, "atol": 1e-5},
     }[dtype]
