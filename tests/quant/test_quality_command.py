@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from quant_helpers import cheap_encoder
 
 import engine.quant.convert as convert_mod
 import engine.quant.quantize as quantize_mod
@@ -60,22 +61,6 @@ def _tiny_llama(directory: Path, tied: bool) -> Path:
     return directory
 
 
-def _cheap_encoder(x: torch.Tensor, k: int, table: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """A fast stand-in for the Viterbi (greedy along the trellis), as in test_quant_encoder."""
-    from engine.quant.trellis import pack_states, unpack_states
-
-    values = table.float()
-    codes = torch.arange(1 << k)
-    state = torch.zeros(x.shape[0], dtype=torch.int64)
-    out = torch.empty(x.shape, dtype=torch.int32)
-    for i in range(x.shape[1]):
-        cand = ((state.unsqueeze(1) << k) | codes) & 0xFFFF
-        best = (values[cand] - x[:, i : i + 1]).abs().argmin(dim=1)
-        state = cand.gather(1, best.unsqueeze(1)).squeeze(1)
-        out[:, i] = state.to(torch.int32)
-    return unpack_states(pack_states(out, k))
-
-
 def test_quantized_tensor_names_follow_the_converter(tmp_path: Path) -> None:
     untied = _tiny_llama(tmp_path / "untied", tied=False)
     linears, head, tied = quality.quantized_tensor_names(untied)
@@ -111,7 +96,7 @@ def test_gguf_round_trip_error_shrinks_with_bits() -> None:
 
 def test_quality_table(tmp_path: Path, monkeypatch, capsys) -> None:
     # The EXL3 row's structure, fast: a greedy encoder and no scale search.
-    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     fast = partial(quantize_mod.quantize_weight, search_scale=False)
     monkeypatch.setattr(convert_mod, "quantize_weight", fast)
     src = _tiny_llama(tmp_path / "tiny", tied=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from quant_helpers import cheap_encoder
 
 import engine.quant.quantize as quantize_mod
 from engine.quant import EXL3Linear, load_quantization_config
@@ -74,25 +75,10 @@ def test_block_ldl_factorises() -> None:
     assert 0 < damp < float("inf")
 
 
-def _cheap_encoder(x: torch.Tensor, k: int, table: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """A fast stand-in for the Viterbi: greedy along the trellis (best next code for each value),
-    made tail-biting by pack -> unpack (which only changes the first few states)."""
-    values = table.float()
-    codes = torch.arange(1 << k, device=x.device)
-    state = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-    out = torch.empty(x.shape, dtype=torch.int32, device=x.device)
-    for i in range(x.shape[1]):
-        cand = ((state.unsqueeze(1) << k) | codes) & 0xFFFF
-        best = (values[cand] - x[:, i : i + 1]).abs().argmin(dim=1)
-        state = cand.gather(1, best.unsqueeze(1)).squeeze(1)
-        out[:, i] = state.to(torch.int32)
-    return unpack_states(pack_states(out, k))
-
-
 def test_quantize_weight_round_trip(monkeypatch) -> None:
     # Padding (200 x 300 -> 256 x 384), the scale/sign bookkeeping and the stored layout, with a
     # cheap encoder: what comes back must be the weight up to the (coarse) quantization error.
-    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(300, 200, generator=gen) * 0.02
     w[5] = 0  # a dead output channel
@@ -117,7 +103,7 @@ def test_convert_pipeline(exl3_dir: Path, tmp_path: Path, monkeypatch) -> None:
     from engine.model import load_model
     from engine.quant.convert import ConvertError, ConvertOptions, convert_model
 
-    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     src, dst = exl3_dir / "tiny-llama-hf", tmp_path / "out"
     options = ConvertOptions(bits=2.5, head_bits=4, codebook="mcg", cal_rows=2, cal_cols=32, device="cpu")
     logs: list[str] = []
@@ -160,7 +146,7 @@ def _correlated_problem(gen: torch.Generator, n_in: int = 256, n_out: int = 128)
 def test_ldlq_scale_search_finds_the_lowest_proxy_error(monkeypatch, search_rows: int) -> None:
     # The LDLQ-aware search (a column sample, optionally only the leading rows) must land on a
     # scale whose full LDLQ pass is as good as the best of several forced scales.
-    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     monkeypatch.setattr(quantize_mod, "SEARCH_ROWS", search_rows)
     w, h = _correlated_problem(torch.Generator().manual_seed(5))
     std = float(codebook_table("mul1").float().std())

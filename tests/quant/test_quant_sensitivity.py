@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from quant_helpers import cheap_encoder
 
 import engine.quant.convert as convert_mod
 import engine.quant.quantize as quantize_mod
@@ -29,22 +30,6 @@ from engine.quant.sensitivity import (
     predicted_proxy,
     relative_change,
 )
-from engine.quant.trellis import pack_states, unpack_states
-
-
-def _cheap_encoder(x: torch.Tensor, k: int, table: torch.Tensor, batch: int | None = None) -> torch.Tensor:
-    """Greedy along the trellis (best next code for each value), made tail-biting by pack ->
-    unpack: a fast, valid, low-quality stand-in for the Viterbi."""
-    values = table.float()
-    codes = torch.arange(1 << k, device=x.device)
-    state = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-    out = torch.empty(x.shape, dtype=torch.int32, device=x.device)
-    for i in range(x.shape[1]):
-        cand = ((state.unsqueeze(1) << k) | codes) & 0xFFFF
-        best = (values[cand] - x[:, i : i + 1]).abs().argmin(dim=1)
-        state = cand.gather(1, best.unsqueeze(1)).squeeze(1)
-        out[:, i] = state.to(torch.int32)
-    return unpack_states(pack_states(out, k))
 
 
 def _problem(gen: torch.Generator, n_in: int = 256, n_out: int = 256):
@@ -69,12 +54,12 @@ def _prediction_ratio(monkeypatch, k: int, device: str, encoder_mse: float | Non
 
 @pytest.mark.parametrize("k", [2, 4])
 def test_predicted_proxy_matches_ldlq(monkeypatch, k: int) -> None:
-    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     # The cheap encoder's MSE on unit-Gaussian tiles at the scale quantize_weight uses.
     table = codebook_table("mul1")
     scale = quantize_mod.GAUSSIAN_SCALE[k] * float(table.float().std())
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
-    mse = float(((table[_cheap_encoder(x * scale, k, table).long()].float() / scale - x) ** 2).mean())
+    mse = float(((table[cheap_encoder(x * scale, k, table).long()].float() / scale - x) ** 2).mean())
     ratio = _prediction_ratio(monkeypatch, k, "cpu", mse)
     print(f"K={k}: real / predicted proxy = {ratio:.3f}")
     assert 0.5 < ratio < 2.0
@@ -200,7 +185,7 @@ def test_convert_with_sensitivity_allocation(tiny_dir: Path, tmp_path: Path, mon
     from engine.model import load_model
     from engine.quant import load_quantization_config
 
-    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     monkeypatch.setattr(
         convert_mod, "quantize_weight", partial(quantize_mod.quantize_weight, search_scale=False)
     )
@@ -234,7 +219,7 @@ def test_convert_with_sensitivity_allocation(tiny_dir: Path, tmp_path: Path, mon
 
 
 def test_resume_reuses_the_allocation(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(quantize_mod, "encode_tiles", _cheap_encoder)
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     fast = partial(quantize_mod.quantize_weight, search_scale=False)
     calls = {"n": 0}
 
