@@ -101,6 +101,27 @@ class DecodeGraphs:
         ``to_cpu``: return them on the CPU, all rows in one transfer (the sampler reads them
         there anyway; one copy instead of one per sequence).
         """
+        logits = self._replay(items)
+        if logits is None:
+            return None
+        # The static output is overwritten by the next replay: hand out a copy.
+        rows = logits.cpu() if to_cpu else logits.clone()
+        return [rows[i : i + 1] for i in range(len(items))]
+
+    @torch.inference_mode()
+    def run_greedy(self, items: Sequence[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One decode step through a graph, returning each item's greedy next token as a device
+        tensor ``[len(items)]`` (int64), without waiting for it; or None (run it eagerly).
+
+        ``ids``: the items' input tokens as a device tensor (the previous step's result, not yet
+        on the host); the items' own ``tokens`` are then placeholders. Ties: the first maximum.
+        """
+        logits = self._replay(items, ids)
+        return None if logits is None else logits.argmax(dim=-1)
+
+    def _replay(self, items: Sequence[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Fill the inputs, capture on first use, replay: the graph's static logits ``[n, vocab]``
+        (valid until the next replay), or None when the items do not fit a graph."""
         needed = self._pages(items)
         if needed is None:
             return None
@@ -120,13 +141,12 @@ class DecodeGraphs:
                     DecodeInputs(batch, pages, self.cache.page_size, self.device)
                 )
             entry.inputs.fill(items, scratch)
+            if ids is not None:  # stream-ordered after the step that produced them
+                entry.inputs.buffer[: len(items)].copy_(ids)
             if entry.graph is None and not self._capture(entry):
                 return None
             entry.graph.replay()
-            # The static output is overwritten by the next replay: hand out a copy.
-            n = len(items)
-            rows = entry.logits[:n].cpu() if to_cpu else entry.logits[:n].clone()
-            return [rows[i : i + 1] for i in range(n)]
+            return entry.logits[: len(items)]
         finally:
             if scratch is not None:
                 self.cache.pages.release([scratch])

@@ -6,10 +6,17 @@ jobs still reading their prompt contribute a chunk of it (prefill), the others o
 their pages at once. Full pages are registered by content (see ``engine.cache.pages``), so a
 job whose prompt starts with pages already computed - the previous turn of the same chat - skips
 straight past them.
+
+Greedy decode steps are pipelined on a GPU: the next step is launched from the tokens the last
+one left on the device, before the host reads them, so the host's work per token (stop checks,
+streaming, preparing the step) overlaps the GPU's instead of idling it (``TRELLIS_NO_PIPELINE=1``
+turns this off). A job that ends at a token wastes the one step already launched for it; that
+step only wrote a cache slot past the job's end.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -22,11 +29,14 @@ from engine.cache.pages import page_keys
 from engine.errors import ContextOverflowError
 from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.cuda_graph import DecodeGraphs, graphs_enabled
+from engine.generation.decode_inputs import is_decode_item
 from engine.generation.job import Job, JobResult, Timings
 from engine.generation.sampling import Sampler
 from engine.generation.step import StepItem, run_step
 from engine.generation.stops import StopStringMatcher
 from engine.model import LoadedModel
+
+PIPELINE_DISABLE_ENV = "TRELLIS_NO_PIPELINE"
 
 
 @dataclass(eq=False)
@@ -57,6 +67,30 @@ class _Running:
         return self.in_cache < self.prompt_len
 
 
+@dataclass(eq=False)
+class _InFlight:
+    """A greedy decode step launched but not yet read: its rows' runs and their next tokens."""
+
+    runs: list[_Running]
+    ids: torch.Tensor  # [len(runs)] int64, on the model's device
+    host: torch.Tensor  # the same, being copied to the host
+    copied: torch.cuda.Event | None  # recorded after the copy (None on the CPU)
+
+    @classmethod
+    def start(cls, runs: list[_Running], ids: torch.Tensor) -> _InFlight:
+        if not ids.is_cuda:
+            return cls(runs, ids, ids, None)
+        host = ids.to("cpu", non_blocking=True)  # pinned: really asynchronous
+        copied = torch.cuda.Event()
+        copied.record()
+        return cls(runs, ids, host, copied)
+
+    def tokens(self) -> list[int]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.host.tolist()
+
+
 def _argmax_rows(logits: list) -> dict[int, int]:
     """``{item index: argmax of its last logit row}`` for the items that have logits, in one
     batched argmax and one transfer (ties: the first maximum, as ``torch.argmax`` everywhere)."""
@@ -79,9 +113,12 @@ class Generator:
         page_size: int = 64,
         cache_bits: tuple[int, int] = (16, 16),
         cuda_graphs: bool | None = None,
+        pipeline: bool | None = None,
     ) -> None:
         """``cuda_graphs``: replay decode steps from CUDA graphs on a CUDA model (default: yes,
-        unless ``TRELLIS_NO_GRAPHS=1``)."""
+        unless ``TRELLIS_NO_GRAPHS=1``). ``pipeline``: pipeline greedy decode steps (default: yes
+        where graphs run, unless ``TRELLIS_NO_PIPELINE=1``; elsewhere it only costs syncs, but
+        works, which the CPU tests use)."""
         self.model, self.tokenizer = model, tokenizer
         if cache is None:
             tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
@@ -101,6 +138,10 @@ class Generator:
         use_graphs = graphs_enabled() if cuda_graphs is None else cuda_graphs
         self._use_graphs = use_graphs and model.device.type == "cuda"
         self._graphs: DecodeGraphs | None = None
+        if pipeline is None:
+            pipeline = self._use_graphs and os.environ.get(PIPELINE_DISABLE_ENV, "") in ("", "0")
+        self._pipeline = pipeline
+        self._flight: _InFlight | None = None
 
     # -- queue ------------------------------------------------------------------------------
 
@@ -189,7 +230,10 @@ class Generator:
     # -- stepping ---------------------------------------------------------------------------
 
     def iterate(self) -> list[JobResult]:
-        """Run one forward step; returns one result per job that produced something."""
+        """Run one forward step; returns one result per job that produced something (with a
+        pipelined step in flight: the tokens of that step, the next one already launched)."""
+        if self._flight is not None:
+            return self._land()
         self._admit()
         if not self._active:
             return []
@@ -217,6 +261,11 @@ class Generator:
         # Plain greedy jobs without a constraint need only each row's argmax: taken where the
         # logits are (on a GPU: one kernel and a few bytes back instead of a vocab-sized copy).
         argmax_only = all(run.constraint is None and run.job.sampling.is_plain_greedy for run in runs)
+        if argmax_only and self._pipeline and not self._queue and all(map(is_decode_item, items)):
+            ids = self._launch_greedy(items)
+            if ids is not None:
+                self._flight = _InFlight.start(runs, ids)
+                return []
         logits = self._decode_with_graphs(items, to_cpu=not argmax_only)
         if logits is None:
             logits = run_step(self.model.module, self.cache, items)
@@ -237,6 +286,49 @@ class Generator:
         if self._graphs is None or self._graphs.cache is not self.cache:  # new cache: new graphs
             self._graphs = DecodeGraphs(self.model.module, self.cache, max_batch=8)
         return self._graphs.run(items, to_cpu=to_cpu)
+
+    def _launch_greedy(self, items: list[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Launch a decode-only greedy step; its next tokens as a device tensor (not waited for),
+        or None where it cannot run pipelined. ``ids``: the input tokens on the device (the items'
+        own tokens are then placeholders)."""
+        if self._use_graphs:
+            if self._graphs is None or self._graphs.cache is not self.cache:
+                self._graphs = DecodeGraphs(self.model.module, self.cache, max_batch=8)
+            return self._graphs.run_greedy(items, ids)
+        if ids is not None:  # eager: the step needs the tokens on the host anyway
+            tokens = ids.tolist()
+            items = [StepItem([t], i.past, i.block_table, i.logits, i.media) for i, t in zip(items, tokens)]
+        logits = run_step(self.model.module, self.cache, items)
+        return torch.stack([row[-1] for row in logits]).argmax(dim=-1)
+
+    def _land(self) -> list[JobResult]:
+        """Read the step in flight. Before waiting for it, launch the next one from its tokens on
+        the device for every run that may go on (still active, not at its length limit), unless
+        jobs wait to join (then the next step is a normal one that admits them)."""
+        flight, self._flight = self._flight, None
+        following = None
+        rows = [
+            i for i, run in enumerate(flight.runs) if run in self._active and len(run.tokens) + 1 < run.limit
+        ]
+        if rows and not self._queue:
+            runs = [flight.runs[i] for i in rows]
+            items = [StepItem([0], run.in_cache + 1, run.pages, "last") for run in runs]
+            ids = flight.ids
+            if len(rows) < len(flight.runs):
+                ids = ids[torch.tensor(rows, device=ids.device)]
+            out = self._launch_greedy(items, ids)
+            if out is not None:
+                following = _InFlight.start(runs, out)
+        results = []
+        for run, token in zip(flight.runs, flight.tokens()):
+            if run not in self._active:  # cancelled while its step ran
+                continue
+            run.in_cache += 1
+            self._register_full_pages(run)
+            results.append(self._advance(run, None, token))
+        if following is not None and any(run in self._active for run in following.runs):
+            self._flight = following  # rows of jobs that just ended are skipped when it lands
+        return results
 
     @staticmethod
     def _key_tokens(run: _Running, count: int) -> list:

@@ -1,0 +1,121 @@
+"""Pipelined greedy decode (the next step launched before the host reads the last one's tokens):
+on the CPU it runs the same logic eagerly, so every scheduling case is checked against the
+plain generator here; the GPU test (tests/cuda/test_cuda_graphs.py) checks it with graphs."""
+
+import pytest
+import torch
+
+from engine.generation import generator as generator_mod
+from engine.generation.generator import Generator
+from engine.generation.job import Job
+from engine.generation.sampling import SamplingSettings
+from engine.model import load_model
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_factory):
+    directory, _ = tiny_model_factory("LlamaForCausalLM")
+    return load_model(directory, device="cpu")
+
+
+def _prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 320, (n,), generator=g).tolist() for n in lengths]
+
+
+def _pair(llama, **kwargs):
+    kwargs = {"cache_tokens": 1024, "page_size": 16, "max_batch_size": 4, **kwargs}
+    return Generator(llama, pipeline=True, **kwargs), Generator(llama, pipeline=False, **kwargs)
+
+
+def _summary(results):
+    return [(r.token_ids, r.stop_reason, r.new_tokens) for r in results]
+
+
+def test_pipelined_steps_actually_run(llama, monkeypatch):
+    piped, _ = _pair(llama)
+    landed = []
+    original = Generator._land
+    monkeypatch.setattr(Generator, "_land", lambda self: landed.append(1) or original(self))
+    (result,) = piped.generate([Job(_prompts([12])[0], max_new_tokens=10, stop_token_ids=())])
+    assert result.new_tokens == 10
+    assert len(landed) >= 8  # every decode token after the prefill came through a landing
+
+
+def test_same_tokens_as_plain_decode_for_a_batch_of_lengths(llama):
+    piped, plain = _pair(llama)
+    ps = _prompts([30, 5, 17, 44, 9])  # five jobs, batch of four: the fifth joins later
+    limits = [12, 3, 1, 20, 7]
+    jobs_a = [Job(p, max_new_tokens=n, stop_token_ids=()) for p, n in zip(ps, limits)]
+    jobs_b = [Job(p, max_new_tokens=n, stop_token_ids=()) for p, n in zip(ps, limits)]
+    assert _summary(piped.generate(jobs_a)) == _summary(plain.generate(jobs_b))
+    assert piped.cache.pages.available == piped.cache.num_pages  # nothing leaked
+    assert piped._flight is None
+
+
+def test_stop_token_mid_pipeline(llama):
+    piped, plain = _pair(llama)
+    prompt = _prompts([21], seed=3)[0]
+    (free,) = plain.generate([Job(prompt, max_new_tokens=12, stop_token_ids=())])
+    stop = free.token_ids[5]  # stops at (or before) the sixth new token
+    a = piped.generate([Job(prompt, max_new_tokens=12, stop_token_ids=(stop,))])
+    b = plain.generate([Job(prompt, max_new_tokens=12, stop_token_ids=(stop,))])
+    assert _summary(a) == _summary(b) and a[0].stop_reason == "eos"
+    assert piped.cache.pages.available == piped.cache.num_pages
+
+
+def test_cancel_while_a_step_is_in_flight(llama):
+    piped, _ = _pair(llama)
+    p1, p2 = _prompts([15, 25], seed=4)
+    long_job = Job(p1, max_new_tokens=50, stop_token_ids=())
+    other = Job(p2, max_new_tokens=6, stop_token_ids=())
+    piped.enqueue(long_job)
+    piped.enqueue(other)
+    seen = []
+    while len(seen) < 4:
+        seen += [r for r in piped.iterate() if r.job is long_job]
+    assert piped._flight is not None  # a step for both jobs is running
+    piped.cancel(long_job)
+    finished = []
+    while piped.num_remaining_jobs:
+        finished += [r for r in piped.iterate() if r.job is other and r.done]
+    assert [r.new_tokens for r in finished] == [6]
+    assert long_job not in piped._by_job
+    # Afterwards the generator is clean and gives the plain generator's tokens.
+    _, plain = _pair(llama)
+    job = Job(p2, max_new_tokens=6, stop_token_ids=())
+    assert _summary(piped.generate([job])) == _summary(plain.generate([Job(p2, 6, stop_token_ids=())]))
+    assert piped.cache.pages.available == piped.cache.num_pages
+
+
+def test_job_enqueued_mid_decode_joins_without_changing_tokens(llama):
+    piped, plain = _pair(llama)
+    p1, p2 = _prompts([18, 33], seed=6)
+    first = Job(p1, max_new_tokens=15, stop_token_ids=())
+    piped.enqueue(first)
+    out = {first: []}
+    for _ in range(6):
+        for r in piped.iterate():
+            out[r.job] += r.token_ids
+    second = Job(p2, max_new_tokens=9, stop_token_ids=())
+    piped.enqueue(second)
+    out[second] = []
+    while piped.num_remaining_jobs:
+        for r in piped.iterate():
+            out[r.job] += r.token_ids
+    ref = plain.generate([Job(p1, 15, stop_token_ids=()), Job(p2, 9, stop_token_ids=())])
+    assert [out[first], out[second]] == [r.token_ids for r in ref]
+
+
+def test_sampled_jobs_are_not_pipelined(llama):
+    piped, _ = _pair(llama)
+    sampling = SamplingSettings(temperature=0.8, top_k=20, seed=1)
+    (r,) = piped.generate([Job(_prompts([10])[0], max_new_tokens=5, stop_token_ids=(), sampling=sampling)])
+    assert r.new_tokens == 5 and piped._flight is None
+
+
+def test_env_switch_and_default(llama, monkeypatch):
+    # On the CPU (no graphs) the default is off; on a GPU it follows TRELLIS_NO_PIPELINE.
+    assert Generator(llama, cache_tokens=256)._pipeline is False
+    monkeypatch.setenv(generator_mod.PIPELINE_DISABLE_ENV, "1")
+    assert Generator(llama, cache_tokens=256, pipeline=True)._pipeline is True  # explicit wins
