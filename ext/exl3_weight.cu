@@ -73,6 +73,21 @@ __device__ __forceinline__ void hadamard8(float (&v)[8]) {
   }
 }
 
+// H_8 across 8 tiles held as acc[tile][n8 tile][accumulator register], per register.
+__device__ __forceinline__ void hadamard8_across_tiles(float (&acc)[8][2][4]) {
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v[8];
+#pragma unroll
+      for (int t = 0; t < 8; ++t) v[t] = acc[t][n][i];
+      hadamard8(v);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) acc[t][n][i] = v[t];
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void store_pair(T* p, float a, float b);
 template <>
@@ -158,18 +173,7 @@ __global__ void __launch_bounds__(256, 3) weight_kernel_v2(const uint32_t* __res
       mma_16816(z[tj][1], r, h[1], h[3]);
     }
   }
-  // H_8 along the output features: across the warp's 8 tiles, per register.
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float v[8];
-#pragma unroll
-      for (int tj = 0; tj < 8; ++tj) v[tj] = z[tj][n][i];
-      hadamard8(v);
-#pragma unroll
-      for (int tj = 0; tj < 8; ++tj) z[tj][n][i] = v[tj];
-    }
+  hadamard8_across_tiles(z);  // H_8 along the output features: across the warp's 8 tiles
 #pragma unroll
   for (int tj = 0; tj < 8; ++tj)
 #pragma unroll
@@ -187,17 +191,7 @@ __global__ void __launch_bounds__(256, 3) weight_kernel_v2(const uint32_t* __res
       const float4 f = x4[((ti * 8 + warp) * 2 + n) * 32 + lane];
       y[ti][n][0] = f.x; y[ti][n][1] = f.y; y[ti][n][2] = f.z; y[ti][n][3] = f.w;
     }
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float v[8];
-#pragma unroll
-      for (int ti = 0; ti < 8; ++ti) v[ti] = y[ti][n][i];
-      hadamard8(v);
-#pragma unroll
-      for (int ti = 0; ti < 8; ++ti) y[ti][n][i] = v[ti];
-    }
+  hadamard8_across_tiles(y);
   const int oc = warp * 16 + 2 * t;  // this lane's first output feature in the piece
   float cs[2][2];
 #pragma unroll

@@ -92,6 +92,19 @@ __device__ __forceinline__ T norm_out(float v, float wi, float offset) {
   return offset != 0.f ? from_f<T>(v * (offset + wi)) : from_f<T>(wi * rnd<T>(v));
 }
 
+// Second pass of both norm kernels: y = norm_out(x * r, w) over the block's row.
+template <typename T, int V>
+__device__ __forceinline__ void write_normed(const T* x, const T* __restrict__ w, T* __restrict__ y, int n, float r,
+                                             float offset) {
+  for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
+    const Pack<T, V> p = load_pack<T, V>(x + i), wv = load_pack<T, V>(w + i);
+    Pack<T, V> o;
+#pragma unroll
+    for (int e = 0; e < V; ++e) o.v[e] = norm_out<T>(to_f<T>(p.v[e]) * r, to_f<T>(wv.v[e]), offset);
+    store_pack<T, V>(y + i, o);
+  }
+}
+
 // y = x / rms(x) * scale (rounded as norm_out says), one block per row, V elements per access.
 // Same as engine/modules/norms.py.
 template <typename T, int V>
@@ -108,14 +121,7 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, long long x_stride, con
       ss += v * v;
     }
   }
-  const float r = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
-  for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
-    const Pack<T, V> p = load_pack<T, V>(xr + i), wv = load_pack<T, V>(w + i);
-    Pack<T, V> o;
-#pragma unroll
-    for (int e = 0; e < V; ++e) o.v[e] = norm_out<T>(to_f<T>(p.v[e]) * r, to_f<T>(wv.v[e]), offset);
-    store_pack<T, V>(yr + i, o);
-  }
+  write_normed<T, V>(xr, w, yr, n, rsqrtf(block_sum(ss) / static_cast<float>(n) + eps), offset);
 }
 
 // Residual add and the next RMSNorm in one launch: h_out = h + delta, y = rms_norm(h_out), one
@@ -143,14 +149,7 @@ __global__ void add_rms_norm_kernel(const T* __restrict__ h, long long h_stride,
     }
     store_pack<T, V>(sr + i, sum);
   }
-  const float r = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
-  for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
-    const Pack<T, V> p = load_pack<T, V>(sr + i), wv = load_pack<T, V>(w + i);
-    Pack<T, V> o;
-#pragma unroll
-    for (int e = 0; e < V; ++e) o.v[e] = norm_out<T>(to_f<T>(p.v[e]) * r, to_f<T>(wv.v[e]), offset);
-    store_pack<T, V>(yr + i, o);
-  }
+  write_normed<T, V>(sr, w, yr, n, rsqrtf(block_sum(ss) / static_cast<float>(n) + eps), offset);
 }
 
 // Rotary embedding (rotate-half convention) of q [tokens, hq, d] and k [tokens, hk, d] in one
