@@ -164,3 +164,32 @@ def test_fused_residual_norms_and_kv_writes_change_no_bit(variant, dtype, tmp_pa
     assert len(fused) == len(plain) == 3 + 3 * len(forced)
     for i, (f, p) in enumerate(zip(fused, plain)):
         assert torch.equal(f, p), f"logits {i} differ: max {(f - p).abs().max().item()}"
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_pipelined_graph_decode_equals_unpipelined(batch, tmp_path, monkeypatch):
+    """The pipelined steps feed the graph its tokens from the device: the same graphs, the same
+    inputs, so the same tokens bit for bit; also when jobs end at different steps (limits, a
+    stop token) while the next step is already in flight."""
+    build_tiny_model("LlamaForCausalLM", tmp_path)
+    model = load_model(tmp_path, device="cuda", dtype="bfloat16")
+
+    def run(pipeline: bool, stop: tuple[int, ...] = ()):
+        gen = Generator(model, cache_tokens=1024, page_size=16, cuda_graphs=True, pipeline=pipeline)
+        jobs = [
+            Job(list(range(3 + i, 3 + i + n)), max_new_tokens=32 - 9 * i, stop_token_ids=stop)
+            for i, n in enumerate(PROMPTS[:batch])
+        ]
+        results = gen.generate(jobs)
+        assert gen.cache.pages.available == gen.cache.num_pages and gen._flight is None
+        return [(r.token_ids, r.stop_reason) for r in results], gen
+
+    landed = Counter()
+    original = Generator._land
+    monkeypatch.setattr(Generator, "_land", lambda self: landed.update([1]) or original(self))
+    piped, gen = run(True)
+    assert landed[1] >= 20 and gen._graphs.captured
+    plain, _ = run(False)
+    assert piped == plain
+    stop = (piped[0][0][7],)  # the first job stops at its eighth token (or earlier)
+    assert run(True, stop)[0] == run(False, stop)[0]
