@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "build_ext",
     "bench_kernels",
     "bench_attention",
+    "bench_sampler",
     "convert",
     "quality",
 ]

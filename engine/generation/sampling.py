@@ -2,10 +2,18 @@
 
 The order follows common practice (and Hugging Face's): penalties on the raw logits, then
 temperature, then top-k, top-p and min-p truncation, then sampling. Temperature 0 is greedy.
+
+:func:`truncate` is the plain definition of the truncation rules (a mask over the whole
+vocabulary). The sampler takes the same decision with :func:`kept_tokens`, which never sorts or
+draws over the whole vocabulary (a 128k-token sort costs ~13 ms on a laptop core, a multinomial
+draw ~3 ms, a decode step of an 8B model ~5 ms on the GPU): min-p is a threshold on the logits,
+top-p grows a top-k window until it holds the cutoff, and the draw is one uniform number through
+the kept tokens' cumulative probabilities.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -88,6 +96,49 @@ def truncate(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
     return logits
 
 
+def _top_p_keep(x: torch.Tensor, top_p: float, lse: torch.Tensor) -> torch.Tensor:
+    """Bool mask over ``x``: the tokens top-p keeps (``truncate``'s rule: a token stays when the
+    probability mass of the tokens ranked before it is below ``top_p``), probabilities being
+    ``exp(x - lse)``. Only a top-k window that contains the cutoff is sorted: it starts at 64
+    tokens and grows 8x until its mass reaches ``top_p`` (every token outside it is then dropped),
+    at worst to the whole vector."""
+    n = x.numel()
+    k = min(n, 64)
+    while True:
+        top, order = torch.topk(x, k)
+        p = torch.exp(top - lse)
+        before = p.cumsum(0) - p
+        if k == n or float(before[-1] + p[-1]) >= top_p:
+            keep = torch.zeros(n, dtype=torch.bool)
+            keep[order[before < top_p]] = True
+            return keep
+        k = min(n, k * 8)
+
+
+def kept_tokens(x: torch.Tensor, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token ids, logits)`` of the tokens :func:`truncate` keeps for the temperature-scaled
+    logits ``x`` (1-D, CPU), found without a full sort (see the module docstring)."""
+    ids = None  # None: x is the whole vocabulary, ids are positions
+    if 0 < s.top_k < x.numel():
+        x, ids = torch.topk(x, s.top_k)
+    # Top-p's probabilities are over every token top-k left, min-p's cut included.
+    lse = torch.logsumexp(x, 0) if s.top_p < 1.0 else None
+
+    def select(keep: torch.Tensor) -> None:
+        nonlocal x, ids
+        chosen = keep.nonzero().squeeze(1)
+        x, ids = x[chosen], (chosen if ids is None else ids[chosen])
+
+    if s.min_p > 0.0:
+        # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p): no softmax needed.
+        select(x >= x.max() + math.log(s.min_p))
+    if s.top_p < 1.0:
+        # Every token ranked before a min-p survivor survives too, so the mass before it is the
+        # same among the survivors: top-p may run on what min-p left.
+        select(_top_p_keep(x, s.top_p, lse))
+    return (torch.arange(x.numel()) if ids is None else ids), x
+
+
 class Sampler:
     """Sampling state of one job: its settings and its own random generator."""
 
@@ -114,6 +165,10 @@ class Sampler:
             logits = logits.masked_fill(~mask, float("-inf"))
         if s.is_greedy:
             return int(torch.argmax(logits))
-        logits = truncate(logits / s.temperature, s)
-        probs = torch.softmax(logits, dim=-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        ids, x = kept_tokens(logits / s.temperature, s)
+        # Inverse CDF: the first kept token whose cumulative probability exceeds u (a token of
+        # probability 0 is never chosen: its interval is empty).
+        cdf = torch.softmax(x, dim=-1).cumsum(0)
+        u = torch.rand(1, generator=self.generator) * cdf[-1]
+        i = min(int(torch.searchsorted(cdf, u, right=True)), ids.numel() - 1)
+        return int(ids[i])

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from engine.generation.sampling import Sampler, SamplingSettings, apply_penalties, truncate
+from engine.generation.sampling import Sampler, SamplingSettings, apply_penalties, kept_tokens, truncate
 from engine.generation.stops import StopStringMatcher
 
 
@@ -52,6 +52,50 @@ def test_sampling_follows_distribution():
     sampler = Sampler(SamplingSettings(temperature=1.0, seed=1))
     draws = [sampler.sample(logits, [], []) for _ in range(200)]
     assert draws.count(2) > 190 and 3 not in draws
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        SamplingSettings(top_k=40),
+        SamplingSettings(top_p=0.9),
+        SamplingSettings(min_p=0.05),
+        SamplingSettings(top_p=0.95, min_p=0.05),
+        SamplingSettings(top_k=200, top_p=0.8, min_p=0.01),
+        SamplingSettings(top_p=0.999),  # needs a window far past 64 tokens
+        SamplingSettings(),
+    ],
+)
+@pytest.mark.parametrize("spread", [0.3, 3.0])  # nearly flat (wide top-p windows) or peaked
+def test_kept_tokens_are_exactly_what_truncate_keeps(settings, spread):
+    for seed in range(5):
+        x = torch.randn(20000, generator=torch.Generator().manual_seed(seed)) * spread
+        # float64: the two sum probabilities in different orders, and in float32 a long top-p tail
+        # (10k tokens) moves the cutoff by a token or two either way.
+        x = x.double()
+        ids, vals = kept_tokens(x, settings)
+        expected = torch.isfinite(truncate(x, settings)).nonzero().squeeze(1)
+        assert sorted(ids.tolist()) == expected.tolist()
+        assert torch.equal(vals, x[ids])
+
+
+def test_kept_tokens_respect_masked_out_tokens():
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    x[::2] = float("-inf")  # a constraint allows only the odd ids
+    ids, _ = kept_tokens(x, SamplingSettings(top_p=0.9, min_p=0.01))
+    assert len(ids) and all(i % 2 == 1 for i in ids.tolist())
+
+
+def test_sampling_matches_the_truncated_softmax():
+    # Frequencies over 20000 draws against the probabilities truncate + softmax define.
+    x = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -3.0, -9.0])
+    settings = SamplingSettings(temperature=0.7, top_p=0.95, min_p=0.02, seed=5)
+    sampler = Sampler(settings)
+    expected = torch.softmax(truncate(x / 0.7, settings), -1)
+    counts = torch.bincount(torch.tensor([sampler.sample(x, [], []) for _ in range(20000)]), minlength=7)
+    freq = counts.float() / 20000
+    assert (counts[expected == 0] == 0).all()
+    assert torch.allclose(freq, expected, atol=0.015)
 
 
 def test_invalid_settings_are_rejected():
