@@ -1,0 +1,34 @@
+"""``python -m engine profile-step`` on the CPU: both steps profiled, the matmuls found."""
+
+import json
+
+from engine.commands import profile_step
+
+TINY = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+}
+
+
+def test_profile_step_reports_prefill_and_decode(tmp_path, capsys):
+    shape, out = tmp_path / "tiny.json", tmp_path / "profile.json"
+    shape.write_text(json.dumps(TINY))
+    argv = ["--synthetic", str(shape), "--bpw", "4", "--prompt", "48", "--decode-tokens", "3"]
+    assert profile_step.main([*argv, "--top", "8", "--device", "cpu", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [s["step"] for s in result["steps"]] == ["prefill 48", "decode 3"]
+    for step in result["steps"]:
+        assert step["wall_ms"] > 0 and 0 < len(step["top"]) <= 8
+        assert any("mm" in row["name"] or "linear" in row["name"] for row in step["top"])
+        assert all(row["calls"] > 0 and row["ms"] > 0 for row in step["top"])
+    assert "== decode 3" in capsys.readouterr().out
