@@ -283,18 +283,19 @@ class Generator:
         (see ``engine.generation.cuda_graph``); None: run it eagerly."""
         if not self._use_graphs:
             return None
+        return self._decode_graphs().run(items, to_cpu=to_cpu)
+
+    def _decode_graphs(self) -> DecodeGraphs:
         if self._graphs is None or self._graphs.cache is not self.cache:  # new cache: new graphs
             self._graphs = DecodeGraphs(self.model.module, self.cache, max_batch=8)
-        return self._graphs.run(items, to_cpu=to_cpu)
+        return self._graphs
 
     def _launch_greedy(self, items: list[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """Launch a decode-only greedy step; its next tokens as a device tensor (not waited for),
         or None where it cannot run pipelined. ``ids``: the input tokens on the device (the items'
         own tokens are then placeholders)."""
         if self._use_graphs:
-            if self._graphs is None or self._graphs.cache is not self.cache:
-                self._graphs = DecodeGraphs(self.model.module, self.cache, max_batch=8)
-            return self._graphs.run_greedy(items, ids)
+            return self._decode_graphs().run_greedy(items, ids)
         if ids is not None:  # eager: the step needs the tokens on the host anyway
             tokens = ids.tolist()
             items = [StepItem([t], i.past, i.block_table, i.logits, i.media) for i, t in zip(items, tokens)]
