@@ -63,12 +63,19 @@ class SamplingSettings:
 
 
 def apply_penalties(
-    logits: torch.Tensor, s: SamplingSettings, context: Sequence[int], generated: Sequence[int]
+    logits: torch.Tensor,
+    s: SamplingSettings,
+    context: Sequence[int],
+    generated: Sequence[int],
+    context_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Repetition penalty over the whole context (CTRL-style: divide positive logits, multiply
-    negative ones); presence and frequency penalties over generated tokens (OpenAI-style)."""
+    negative ones); presence and frequency penalties over generated tokens (OpenAI-style).
+    ``context_ids``: the context's distinct ids, when the caller keeps them (any order)."""
     if s.repetition_penalty != 1.0 and len(context):
-        ids = torch.as_tensor(sorted(set(context)), dtype=torch.long, device=logits.device)
+        if context_ids is None:
+            context_ids = torch.as_tensor(sorted(set(context)), dtype=torch.long)
+        ids = context_ids.to(logits.device)
         picked = logits[ids]
         logits[ids] = torch.where(picked > 0, picked / s.repetition_penalty, picked * s.repetition_penalty)
     if (s.presence_penalty or s.frequency_penalty) and len(generated):
@@ -148,6 +155,21 @@ class Sampler:
         self.generator = torch.Generator()
         seed = settings.seed if settings.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
         self.generator.manual_seed(seed)
+        # The context's distinct ids, grown as the job's tokens are appended (the repetition
+        # penalty needs them every token; rebuilding the set costs ~0.4 ms per 1,000 tokens).
+        self._seen: set[int] = set()
+        self._seen_ids = torch.empty(0, dtype=torch.long)
+        self._seen_len = 0
+
+    def _context_ids(self, context: Sequence[int]) -> torch.Tensor:
+        if len(context) < self._seen_len:  # not the context seen so far: start over
+            self._seen, self._seen_ids, self._seen_len = set(), torch.empty(0, dtype=torch.long), 0
+        fresh = [t for t in dict.fromkeys(context[self._seen_len :]) if t not in self._seen]
+        if fresh:
+            self._seen.update(fresh)
+            self._seen_ids = torch.cat([self._seen_ids, torch.tensor(fresh, dtype=torch.long)])
+        self._seen_len = len(context)
+        return self._seen_ids
 
     def sample(
         self,
@@ -160,7 +182,8 @@ class Sampler:
         allowed, at least one True) restricts the choice, e.g. to what a constraint permits. It
         applies before truncation, so top-k/top-p/min-p choose among the allowed tokens."""
         s = self.settings
-        logits = apply_penalties(logits.float().cpu().clone(), s, context, generated)
+        ids = self._context_ids(context) if s.repetition_penalty != 1.0 else None
+        logits = apply_penalties(logits.float().cpu().clone(), s, context, generated, ids)
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))
         if s.is_greedy:

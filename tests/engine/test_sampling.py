@@ -123,3 +123,20 @@ def test_stop_string_releases_false_alarm():
 def test_earliest_stop_string_wins():
     m = StopStringMatcher(["bb", "a"])
     assert m.feed("xxbba") == ("xx", True)
+
+
+def test_sampler_keeps_the_context_ids_as_the_context_grows():
+    # The sampler's incremental distinct-id set gives the penalties apply_penalties computes from
+    # the whole context, step after step, and starts over for a shorter (different) context.
+    g = torch.Generator().manual_seed(2)
+    settings = SamplingSettings(temperature=0.7, repetition_penalty=1.3, presence_penalty=0.2, seed=0)
+    sampler = Sampler(settings)
+    context = torch.randint(0, 300, (50,), generator=g).tolist()
+    for step in range(40):
+        context += torch.randint(0, 300, (1 + step % 3,), generator=g).tolist()
+        logits = torch.randn(300, generator=g)
+        ids = sampler._context_ids(context)
+        cached = apply_penalties(logits.clone(), settings, context, context[-10:], ids)
+        assert torch.equal(cached, apply_penalties(logits.clone(), settings, context, context[-10:]))
+    short = [5, 6, 7]
+    assert sorted(sampler._context_ids(short).tolist()) == short
