@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -49,12 +50,16 @@ def reference_sample(logits: torch.Tensor, settings, context, generated, generat
 
 
 def _ms_per_call(fn: Callable[[], object], repeats: int) -> float:
-    for _ in range(3):
+    """Median milliseconds per call over ``repeats`` calls, after 10 untimed ones (the first calls
+    of a process pay for thread start-up and fresh allocations)."""
+    for _ in range(10):
         fn()
-    start = time.perf_counter()
+    times = []
     for _ in range(repeats):
+        start = time.perf_counter()
         fn()
-    return (time.perf_counter() - start) / repeats * 1e3
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
 
 
 def example_logits(vocab: int) -> dict[str, torch.Tensor]:
