@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from functools import partial
 
 import torch
 
 from engine.commands.common import run_alone
+from engine.commands.timing import median_time
+
+CPU = torch.device("cpu")
+# Untimed calls first: the first calls of a process pay for thread start-up and fresh allocations.
+WARMUP = 10
 
 PRESETS = {  # the app's presets (app/chat/presets.py) and two single rules
     "temperature 0.8": {"temperature": 0.8},
@@ -49,19 +51,6 @@ def reference_sample(logits: torch.Tensor, settings, context, generated, generat
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def _ms_per_call(fn: Callable[[], object], repeats: int) -> float:
-    """Median milliseconds per call over ``repeats`` calls, after 10 untimed ones (the first calls
-    of a process pay for thread start-up and fresh allocations)."""
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def example_logits(vocab: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     peaked = torch.randn(vocab, generator=g) * 2
@@ -86,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
             sampler = Sampler(settings)
             gen = torch.Generator().manual_seed(0)
             definition = partial(reference_sample, logits, settings, context, generated, gen)
-            ref = _ms_per_call(definition, args.repeats)
-            ours = _ms_per_call(partial(sampler.sample, logits, context, generated), args.repeats)
+            ref = median_time(definition, args.repeats, CPU, WARMUP) * 1e3
+            ours_call = partial(sampler.sample, logits, context, generated)
+            ours = median_time(ours_call, args.repeats, CPU, WARMUP) * 1e3
             rows.append({"logits": kind, "settings": name, "definition_ms": ref, "sampler_ms": ours})
             print(f"{kind:<8} {name:<16} {ref:13.2f} {ours:10.2f} {ref / ours:7.1f}x", flush=True)
     if args.json:
