@@ -141,8 +141,9 @@ def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) 
         return False
     if torch.cuda.get_device_capability(x.device)[0] < 9:
         return False
-    # Checked here, not left to the extension: on the GPU machine's torch 2.11 + CUDA 13 a failed
-    # argument check inside the extension kills the process instead of raising (ext/NOTES.md).
+    # Checked here, not left to the extension: a failed argument check inside the extension once
+    # killed the process on the GPU machine instead of raising (not reproduced since, ext/NOTES.md),
+    # and Python can name the problem more clearly anyway.
     chunks = x.shape[-1] // 128
     low, high = -(-chunks // _MAX_CHUNKS_PER_SPLIT), min(chunks, _V5_MAX_CLUSTER)
     if splits and not low <= splits <= high:
