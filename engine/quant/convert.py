@@ -246,10 +246,11 @@ def _allocate(
     options: ConvertOptions,
     work: Path,
     log: Callable[[str], None],
-) -> dict:
+) -> tuple[float, dict]:
     """Set ``bits`` on every slot by ``options.allocation`` and log the result; returns the
-    sensitivities by key (empty for ``uniform`` or when the bits come from an earlier run)."""
-    from engine.quant.allocation import bits_histogram, greedy_bits, k_range
+    achieved bits per weight and the sensitivities by key (empty for ``uniform`` or when the bits
+    come from an earlier run)."""
+    from engine.quant.allocation import achieved_bits, bits_histogram, greedy_bits, k_range
     from engine.quant.sensitivity import calibration_subset, measure_sensitivity
 
     all_slots = [s for slots in per_block for s in slots]
@@ -285,8 +286,7 @@ def _allocate(
             s.bits = k
         how = "sensitivity"
     saved.write_text(json.dumps({"allocation": how, "bits": {s.key: s.bits for s in all_slots}}, indent=1))
-    sizes = [s.in_features * s.out_features for s in all_slots]
-    achieved = sum(s.bits * n for s, n in zip(all_slots, sizes)) / sum(sizes)
+    achieved = achieved_bits([s.in_features * s.out_features for s in all_slots], [s.bits for s in all_slots])
     log(
         f" -- bit allocation ({how}): {achieved:.2f} bits/weight, {len(all_slots)} linears "
         f"(target {options.bits}); {bits_histogram([s.bits for s in all_slots])}"
@@ -295,7 +295,7 @@ def _allocate(
     for s in all_slots:
         by_kind.setdefault(s.kind, []).append(s.bits)
     log("    mean K by kind: " + "  ".join(f"{k} {sum(v) / len(v):.2f}" for k, v in by_kind.items()))
-    return sensitivities
+    return achieved, sensitivities
 
 
 # -- output ----------------------------------------------------------------------------------
@@ -442,10 +442,7 @@ def convert_model(
     with torch.inference_mode():
         hidden = torch.cat([model.embed(ids[r : r + 1].to(device)) for r in range(ids.shape[0])])
         hidden = hidden.view(ids.shape[0], ids.shape[1], -1)
-    sensitivities = _allocate(model.blocks, per_block, hidden, chunk_rows, options, work, log)
-    achieved = sum(s.bits * s.in_features * s.out_features for s in all_slots) / sum(
-        s.in_features * s.out_features for s in all_slots
-    )
+    achieved, sensitivities = _allocate(model.blocks, per_block, hidden, chunk_rows, options, work, log)
     report = ConvertReport(bits=round(achieved, 2))
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
     block_times: list[float] = []
