@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "exl3_common.cuh"
+#include "hadamard.cuh"
 #include "trellis_ext.h"
 
 namespace trellis {
@@ -58,20 +59,6 @@ __device__ __forceinline__ uint32_t h16_pair(int i, int j) {
 }
 
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) { return h2_as_u32(__floats2half2_rn(lo, hi)); }
-
-// In-register 8-point Sylvester Hadamard over v[0..8) (unnormalised): lower x + y, upper x - y.
-__device__ __forceinline__ void hadamard8(float (&v)[8]) {
-#pragma unroll
-  for (int h = 1; h < 8; h <<= 1) {
-#pragma unroll
-    for (int a = 0; a < 8; ++a) {
-      if (a & h) continue;
-      const float x = v[a], y = v[a + h];
-      v[a] = x + y;
-      v[a + h] = x - y;
-    }
-  }
-}
 
 // H_8 across 8 tiles held as acc[tile][n8 tile][accumulator register], per register.
 __device__ __forceinline__ void hadamard8_across_tiles(float (&acc)[8][2][4]) {

@@ -24,9 +24,12 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "hadamard.cuh"
 #include "trellis_ext.h"
 
 namespace {
+
+using trellis::hadamard32_lanes;  // hadamard.cuh
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -162,30 +165,8 @@ __device__ __forceinline__ void unpack_codes8(unsigned lo, unsigned hi, float (&
   }
 }
 
-// Unnormalised Walsh-Hadamard transform of a 32-number group held as 8 numbers per lane by 4
-// consecutive lanes (lane bits 0-1 are bits 3-4 of the index in the group): Sylvester order.
-__device__ __forceinline__ void hadamard32_lanes(float (&x)[8], int lane) {
-#pragma unroll
-  for (int s = 1; s < 8; s <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (i & s) continue;
-      const float a = x[i], b = x[i + s];
-      x[i] = a + b;
-      x[i + s] = a - b;
-    }
-  }
-#pragma unroll
-  for (int m = 1; m < 4; m <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float o = __shfl_xor_sync(kFull, x[i], m);
-      x[i] = (lane & m) ? o - x[i] : x[i] + o;
-    }
-  }
-}
-
-// The same transform when lane l of a warp holds number l of the group.
+// The 32-number transform of hadamard32_lanes (hadamard.cuh) when lane l of a warp holds number l
+// of the group.
 __device__ __forceinline__ float hadamard32_warp(float x, int lane) {
 #pragma unroll
   for (int m = 1; m < 32; m <<= 1) {

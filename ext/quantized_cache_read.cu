@@ -27,14 +27,16 @@
 #include <climits>
 #include <cstdint>
 
+#include "hadamard.cuh"
 #include "trellis_ext.h"
 
 namespace {
 
+using trellis::hadamard32_lanes;  // hadamard.cuh
+
 constexpr int kThreads = 256;
 constexpr int kGroup = 32;  // quantization group = Hadamard size
 constexpr float kInvSqrtGroup = 0.17677669529663687f;
-constexpr unsigned kFull = 0xffffffffu;
 
 // The plane bytes of one unit as two words: byte j of (lo, hi) = plane j (planes 4-7 in hi). The
 // unit starts `BITS * unit` bytes into the codes, so 2/4/8-bit units take one aligned 2/4/8-byte
@@ -94,30 +96,6 @@ __device__ __forceinline__ float byte_to_float(unsigned w, int i) {
   return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
 }
 
-// Unnormalised Sylvester Walsh-Hadamard transform of a 32-number group spread over 4 consecutive
-// lanes, 8 numbers each: number k of the group is x[k % 8] of the lane with (lane & 3) == k / 8.
-// Every lane of the warp must call it (the shuffles use the full mask).
-__device__ __forceinline__ void hadamard32(float (&x)[8], int lane) {
-#pragma unroll
-  for (int s = 1; s < 8; s <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      if (i & s) continue;
-      const float a = x[i], b = x[i + s];
-      x[i] = a + b;
-      x[i + s] = a - b;
-    }
-  }
-#pragma unroll
-  for (int m = 1; m < 4; m <<= 1) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float o = __shfl_xor_sync(kFull, x[i], m);
-      x[i] = (lane & m) ? o - x[i] : x[i] + o;
-    }
-  }
-}
-
 template <typename T>
 struct Pack;
 template <>
@@ -169,7 +147,7 @@ __global__ void __launch_bounds__(kThreads) quantized_cache_read_kernel(
 #pragma unroll
     for (int i = 0; i < 8; ++i) x[i] = 0.0f;
   }
-  hadamard32(x, lane);
+  hadamard32_lanes(x, lane);
   if (!active) return;
   // Scale row of the source = its unit / 4 (4 units per group): lanes of a group read one address.
   const float s = __half2float(__ldg(scales + src_unit / 4)) * kInvSqrtGroup;
