@@ -38,6 +38,7 @@ SOURCES = (
     "fused_ops.cu",
     "quantized_cache_read.cu",
     "exl3_weight.cu",
+    "sampling.cu",
 )
 HEADERS = ("trellis_ext.h", "exl3_common.cuh", "exl3_gemv.cuh", "exl3_gemv_v5.cuh", "hadamard.cuh")
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulation, cp.async-era GPUs

@@ -634,3 +634,80 @@ def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tens
         return None
     g, u = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
     return ext.act_mul(g, u, act).view(gate.shape)
+
+
+# Sampling on the device (ext/sampling.cu): one block per row.
+def sample_tokens(
+    logits: torch.Tensor, rows: Any, u: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """One token id per row of ``logits`` ``[rows, vocab]`` (fp32/bf16/fp16) after penalties,
+    temperature, top-k, min-p and top-p, drawn with the uniform ``u`` ``[rows]`` (float32, one per
+    row): :func:`engine.generation.device_sampling.sample_reference`'s decision. ``rows``: the
+    batch's :class:`~engine.generation.device_sampling.SamplingRows` on the logits' device.
+
+    On a GPU with the extension: one launch, no host sync, no allocation outside torch's
+    allocator (CUDA-graph capturable); ``out`` (int64 or int32 ``[rows]``) receives the ids.
+    Elsewhere the torch reference computes them. Returns ``out`` (a new int64 tensor if None)."""
+    from engine.generation.device_sampling import SETTING_FIELDS, sample_reference
+
+    if logits.ndim != 2 or logits.shape[0] < 1 or logits.shape[1] < 1:
+        raise ValueError(f"sample_tokens takes [rows, vocab] logits, got {tuple(logits.shape)}")
+    n, vocab = logits.shape
+    if logits.dtype not in KERNEL_DTYPES:
+        raise ValueError(f"sample_tokens takes fp32, bf16 or fp16 logits, not {logits.dtype}")
+    if vocab >= 2**31:
+        raise ValueError(f"sample_tokens: vocabulary of {vocab} tokens does not fit int32 ids")
+    if rows.settings.shape != (n, len(SETTING_FIELDS)) or rows.settings.dtype != torch.float32:
+        raise ValueError(
+            f"sample_tokens: settings must be float32 [{n}, {len(SETTING_FIELDS)}], "
+            f"got {rows.settings.dtype} {tuple(rows.settings.shape)}"
+        )
+    if u.shape != (n,) or u.dtype != torch.float32:
+        raise ValueError(f"sample_tokens: u must be float32 [{n}], got {u.dtype} {tuple(u.shape)}")
+    lists = {"rep_ids": rows.rep_ids, "gen_ids": rows.gen_ids, "gen_counts": rows.gen_counts}
+    for name, t in (*lists.items(), ("rep_len", rows.rep_len), ("gen_len", rows.gen_len)):
+        if t.dtype != torch.int32 or t.shape[0] != n:
+            raise ValueError(
+                f"sample_tokens: {name} must be int32 with {n} rows, got {t.dtype} {tuple(t.shape)}"
+            )
+    for name, t in lists.items():
+        if t.ndim != 2:
+            raise ValueError(f"sample_tokens: {name} must be [rows, capacity], got {tuple(t.shape)}")
+    if rows.gen_counts.shape != rows.gen_ids.shape:
+        raise ValueError("sample_tokens: gen_counts must have gen_ids' shape")
+    for name, t in (("rep_len", rows.rep_len), ("gen_len", rows.gen_len)):
+        if t.ndim != 1:
+            raise ValueError(f"sample_tokens: {name} must be [rows], got {tuple(t.shape)}")
+    if out is not None and (out.shape != (n,) or out.dtype not in (torch.int64, torch.int32)):
+        raise ValueError(
+            f"sample_tokens: out must be int64 or int32 [{n}], got {out.dtype} {tuple(out.shape)}"
+        )
+    tensors = (logits, u, rows.settings, *lists.values(), rows.rep_len, rows.gen_len)
+    if out is not None:
+        tensors += (out,)
+    if any(t.device != logits.device for t in tensors):
+        raise ValueError("sample_tokens: every tensor must be on the logits' device")
+
+    ext = _kernel_ready(logits)
+    if ext is None or not hasattr(ext, "sample_tokens") or logits.stride(1) != 1:
+        ids = sample_reference(logits, rows, u)
+        if out is None:
+            return ids
+        out.copy_(ids)
+        return out
+    if out is None:
+        out = torch.empty(n, dtype=torch.int64, device=logits.device)
+    work = torch.empty(n, vocab, dtype=torch.float32, device=logits.device)
+    ext.sample_tokens(
+        logits,
+        rows.settings.contiguous(),
+        u.contiguous(),
+        rows.rep_ids.contiguous(),
+        rows.rep_len.contiguous(),
+        rows.gen_ids.contiguous(),
+        rows.gen_counts.contiguous(),
+        rows.gen_len.contiguous(),
+        work,
+        out,
+    )
+    return out

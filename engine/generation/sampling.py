@@ -8,7 +8,13 @@ vocabulary). The sampler takes the same decision with :func:`kept_tokens`, which
 draws over the whole vocabulary (a 128k-token sort costs ~13 ms on a laptop core, a multinomial
 draw ~3 ms, a decode step of an 8B model ~5 ms on the GPU): min-p is a threshold on the logits,
 top-p grows a top-k window until it holds the cutoff, and the draw is one uniform number through
-the kept tokens' cumulative probabilities.
+the kept tokens' cumulative probabilities, in ascending id order (the order the GPU sampler,
+``ext/sampling.cu``, and its torch reference, :mod:`engine.generation.device_sampling`, use too:
+the same uniform gives the same token on all three, up to float rounding at a boundary).
+
+Ties (equal logits at a boundary) are kept or dropped together: top-k keeps every token equal to
+the k-th largest, and top-p's "tokens ranked strictly before" are those of strictly greater
+logit.
 """
 
 from __future__ import annotations
@@ -96,26 +102,35 @@ def truncate(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
         if s.top_p < 1.0:
             sorted_probs, order = probs.sort(descending=True)
             # Keep a token if the mass of the tokens strictly before it is below top_p.
-            before = sorted_probs.cumsum(-1) - sorted_probs
+            before = _before_ties(sorted_probs, logits[order])
             drop = torch.zeros_like(probs, dtype=torch.bool)
             drop[order] = before >= s.top_p
             logits = logits.masked_fill(drop, float("-inf"))
     return logits
 
 
+def _before_ties(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """For probabilities ``p`` of the logits ``x`` sorted in descending order, the mass of the
+    tokens of strictly greater logit than each (tokens of equal logit share the mass before the
+    first of them: ties stay or go together)."""
+    before = p.cumsum(-1) - p
+    first = torch.searchsorted(-x, -x, side="left")  # first index of each tie group
+    return before[first]
+
+
 def _top_p_keep(x: torch.Tensor, top_p: float, lse: torch.Tensor) -> torch.Tensor:
     """Bool mask over ``x``: the tokens top-p keeps (``truncate``'s rule: a token stays when the
     probability mass of the tokens ranked before it is below ``top_p``), probabilities being
     ``exp(x - lse)``. Only a top-k window that contains the cutoff is sorted: it starts at 64
-    tokens and grows 8x until its mass reaches ``top_p`` (every token outside it is then dropped),
-    at worst to the whole vector."""
+    tokens and grows 8x until its last token is dropped (every token outside it, of a logit no
+    greater, is then dropped too, ties included), at worst to the whole vector."""
     n = x.numel()
     k = min(n, 64)
     while True:
         top, order = torch.topk(x, k)
         p = torch.exp(top - lse)
-        before = p.cumsum(0) - p
-        if k == n or float(before[-1] + p[-1]) >= top_p:
+        before = _before_ties(p, top)
+        if k == n or float(before[-1]) >= top_p:
             keep = torch.zeros(n, dtype=torch.bool)
             keep[order[before < top_p]] = True
             return keep
@@ -124,10 +139,13 @@ def _top_p_keep(x: torch.Tensor, top_p: float, lse: torch.Tensor) -> torch.Tenso
 
 def kept_tokens(x: torch.Tensor, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
     """``(token ids, logits)`` of the tokens :func:`truncate` keeps for the temperature-scaled
-    logits ``x`` (1-D, CPU), found without a full sort (see the module docstring)."""
+    logits ``x`` (1-D, CPU), ids in ascending order, found without a full sort (see the module
+    docstring)."""
     ids = None  # None: x is the whole vocabulary, ids are positions
     if 0 < s.top_k < x.numel():
-        x, ids = torch.topk(x, s.top_k)
+        kth = torch.topk(x, s.top_k).values[-1]
+        ids = (x >= kth).nonzero().squeeze(1)  # every token tied with the k-th stays
+        x = x[ids]
     # Top-p's probabilities are over every token top-k left, min-p's cut included.
     lse = torch.logsumexp(x, 0) if s.top_p < 1.0 else None
 
@@ -177,10 +195,12 @@ class Sampler:
         context: Sequence[int],
         generated: Sequence[int],
         mask: torch.Tensor | None = None,
+        u: float | None = None,
     ) -> int:
         """One token id from the float32 ``[vocab]`` ``logits``; ``mask`` (bool ``[vocab]``, True =
         allowed, at least one True) restricts the choice, e.g. to what a constraint permits. It
-        applies before truncation, so top-k/top-p/min-p choose among the allowed tokens."""
+        applies before truncation, so top-k/top-p/min-p choose among the allowed tokens. ``u``:
+        the draw's uniform in [0, 1) (default: :meth:`next_uniform`; greedy draws none)."""
         s = self.settings
         ids = self._context_ids(context) if s.repetition_penalty != 1.0 else None
         logits = apply_penalties(logits.float().cpu().clone(), s, context, generated, ids)
@@ -189,9 +209,16 @@ class Sampler:
         if s.is_greedy:
             return int(torch.argmax(logits))
         ids, x = kept_tokens(logits / s.temperature, s)
-        # Inverse CDF: the first kept token whose cumulative probability exceeds u (a token of
-        # probability 0 is never chosen: its interval is empty).
+        # Inverse CDF over the kept tokens in ascending id order: the first whose cumulative
+        # probability exceeds u (a token of probability 0 is never chosen: its interval is empty).
         cdf = torch.softmax(x, dim=-1).cumsum(0)
-        u = torch.rand(1, generator=self.generator) * cdf[-1]
-        i = min(int(torch.searchsorted(cdf, u, right=True)), ids.numel() - 1)
+        if u is None:
+            u = self.next_uniform()
+        target = torch.tensor([u], dtype=torch.float32) * cdf[-1]
+        i = min(int(torch.searchsorted(cdf, target, right=True)), ids.numel() - 1)
         return int(ids[i])
+
+    def next_uniform(self) -> float:
+        """The next uniform in [0, 1) of the job's generator (a float32 value): what a draw uses,
+        here or on the device (the same stream of numbers either way)."""
+        return float(torch.rand(1, generator=self.generator))

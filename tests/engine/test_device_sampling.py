@@ -1,0 +1,226 @@
+"""The batched torch reference of the GPU sampler (engine.generation.device_sampling) against the
+host Sampler: the same token for the same uniform, whatever the settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine import ops
+from engine.generation.device_sampling import SamplingRows, pack_rows, sample_reference
+from engine.generation.sampling import Sampler, SamplingSettings, kept_tokens, truncate
+
+
+def _reference(logits: torch.Tensor, s: SamplingSettings, context, generated, u: float) -> int:
+    rows = pack_rows([s], [sorted(set(context))], [generated])
+    return int(sample_reference(logits[None], rows, torch.tensor([u], dtype=torch.float32))[0])
+
+
+def _host(logits: torch.Tensor, s: SamplingSettings, context, generated, u: float) -> int:
+    return Sampler(dataclasses.replace(s, seed=0)).sample(logits, context, generated, u=u)
+
+
+def _near_boundary_answers(logits, s, context, generated, u, eps=1e-4) -> set[int]:
+    """The reference's tokens with u, top_p and min_p nudged by a relative eps: the answers a
+    float rounding at a boundary (summation order, float32 settings) may legitimately give."""
+    answers = set()
+    for du, dp, dm in [
+        (0, 0, 0),
+        (eps, 0, 0),
+        (-eps, 0, 0),
+        (0, eps, 0),
+        (0, -eps, 0),
+        (0, 0, eps),
+        (0, 0, -eps),
+    ]:
+        nudged = dataclasses.replace(
+            s,
+            top_p=min(1.0, s.top_p * (1 + dp)) if s.top_p < 1.0 else 1.0,
+            min_p=s.min_p * (1 + dm),
+        )
+        answers.add(_reference(logits, nudged, context, generated, min(u * (1 + du), 0.9999999)))
+    return answers
+
+
+def _random_case(g: torch.Generator, vocab: int) -> tuple[torch.Tensor, SamplingSettings, list, list, float]:
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=g))]
+
+    s = SamplingSettings(
+        temperature=pick([0.0, 0.3, 0.7, 1.0, 1.5]),
+        top_k=pick([0, 0, 1, 5, 40, vocab - 1, vocab, vocab + 10]),
+        top_p=pick([1.0, 1.0, 0.5, 0.9, 0.95]),
+        min_p=pick([0.0, 0.0, 0.02, 0.1, 0.5]),
+        repetition_penalty=pick([1.0, 1.0, 1.3, 0.8]),
+        presence_penalty=pick([0.0, 0.0, 0.5, -0.4]),
+        frequency_penalty=pick([0.0, 0.0, 0.3]),
+    )
+    logits = torch.randn(vocab, generator=g) * pick([0.5, 2.0, 5.0])
+    context = torch.randint(0, vocab, (int(torch.randint(0, 60, (1,), generator=g)),), generator=g).tolist()
+    generated = context[len(context) // 2 :]
+    u = float(torch.rand(1, generator=g))
+    return logits, s, context, generated, u
+
+
+@pytest.mark.parametrize("vocab", [7, 1000, 5000])
+def test_reference_takes_the_host_samplers_decision(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    cases = [_random_case(g, vocab) for _ in range(60)]
+    exact = 0
+    for logits, s, context, generated, u in cases:
+        host = _host(logits, s, context, generated, u)
+        ref = _reference(logits, s, context, generated, u)
+        exact += host == ref
+        if host != ref:  # only a float rounding at a boundary may make them differ
+            assert host in _near_boundary_answers(logits, s, context, generated, u), (s, u)
+    assert exact >= 57
+
+    # The same cases as one batch: each row's decision is its own.
+    rows = pack_rows([c[1] for c in cases], [sorted(set(c[2])) for c in cases], [c[3] for c in cases])
+    batch = sample_reference(torch.stack([c[0] for c in cases]), rows, torch.tensor([c[4] for c in cases]))
+    assert batch.tolist() == [_reference(*c) for c in cases]
+
+
+def test_many_uniforms_walk_the_kept_tokens_in_ascending_id_order():
+    # Kept tokens 0..3 with probabilities 0.1, 0.4, 0.2, 0.3 (token 4 cut by top-k): u sweeps the
+    # cumulative distribution in id order, on the host and in the reference alike.
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.3, 0.0001])
+    logits = probs.log()
+    s = SamplingSettings(temperature=1.0, top_k=4)
+    for u, token in [(0.05, 0), (0.11, 1), (0.49, 1), (0.51, 2), (0.69, 2), (0.71, 3), (0.999, 3)]:
+        assert _reference(logits, s, [], [], u) == token
+        assert _host(logits, s, [], [], u) == token
+
+
+def test_top_k_above_the_vocabulary_and_top_p_one_change_nothing():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(300, generator=g) * 2
+    plain = SamplingSettings(temperature=0.9)
+    for u in torch.rand(50, generator=g).tolist():
+        expected = _reference(logits, plain, [], [], u)
+        assert _reference(logits, dataclasses.replace(plain, top_k=301), [], [], u) == expected
+        assert _reference(logits, dataclasses.replace(plain, top_k=300), [], [], u) == expected
+        assert _reference(logits, dataclasses.replace(plain, top_p=1.0), [], [], u) == expected
+
+
+def test_min_p_cutting_all_but_one_is_the_argmax():
+    logits = torch.tensor([0.0, 5.0, 1.0, 4.0, -2.0])  # p(3) / p(1) = e^-1 ~ 0.37
+    s = SamplingSettings(temperature=1.0, min_p=0.5)
+    for u in [0.0, 0.3, 0.9999]:
+        assert _reference(logits, s, [], [], u) == 1
+        assert _host(logits, s, [], [], u) == 1
+
+
+def test_greedy_is_the_first_argmax_after_penalties():
+    logits = torch.tensor([1.0, 3.0, 3.0, 2.9])
+    for s in [SamplingSettings.greedy(), SamplingSettings(temperature=0.8, top_k=1)]:
+        assert _reference(logits, s, [], [], 0.5) == 1  # the first of the tied maxima
+    # Penalties first: tokens 1 and 2 repeated, 3 wins.
+    s = SamplingSettings(temperature=0.0, repetition_penalty=1.2)
+    assert _reference(logits, s, [1, 2], [], 0.5) == 3 == _host(logits, s, [1, 2], [], 0.5)
+
+
+def test_penalties_match_the_host():
+    s = SamplingSettings(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25)
+    logits = torch.tensor([2.0, -2.0, 1.0, 1.0])
+    from engine.generation.device_sampling import apply_penalties_rows
+    from engine.generation.sampling import apply_penalties
+
+    rows = pack_rows([s], [[0, 1, 2]], [[2, 2]])
+    got = apply_penalties_rows(logits[None], rows)[0]
+    assert torch.equal(got, apply_penalties(logits.clone(), s, [0, 1, 2], [2, 2]))
+
+
+def test_top_k_ties_at_the_boundary_are_kept_together():
+    logits = torch.tensor([3.0, 2.0, 2.0, 2.0, 1.0])
+    s = SamplingSettings(temperature=1.0, top_k=2)
+    assert kept_tokens(logits, s)[0].tolist() == [0, 1, 2, 3]
+    assert torch.isfinite(truncate(logits, s)).tolist() == [True, True, True, True, False]
+    drawn = {_reference(logits, s, [], [], u) for u in torch.linspace(0, 0.999, 200).tolist()}
+    assert drawn == {0, 1, 2, 3}
+    assert drawn == {_host(logits, s, [], [], u) for u in torch.linspace(0, 0.999, 200).tolist()}
+
+
+def test_top_p_ties_stay_or_go_together():
+    # p = 0.5, 0.2, 0.2, 0.1: with top_p 0.6 the mass before token 1 (0.5) is below it, so token 1
+    # stays, and token 2 has the same logit: it stays too (ranked after token 1 it would see 0.7).
+    logits = torch.tensor([0.5, 0.2, 0.2, 0.1]).log()
+    s = SamplingSettings(temperature=1.0, top_p=0.6)
+    assert kept_tokens(logits, s)[0].tolist() == [0, 1, 2]
+    assert torch.isfinite(truncate(logits, s)).tolist() == [True, True, True, False]
+    drawn = {_reference(logits, s, [], [], u) for u in torch.linspace(0, 0.999, 200).tolist()}
+    assert drawn == {0, 1, 2}
+    assert drawn == {_host(logits, s, [], [], u) for u in torch.linspace(0, 0.999, 200).tolist()}
+
+
+def test_reference_draw_frequencies_follow_the_truncated_softmax():
+    x = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -3.0, -9.0])
+    s = SamplingSettings(temperature=0.7, top_p=0.95, min_p=0.02)
+    expected = torch.softmax(truncate(x / 0.7, s), -1)
+    u = torch.rand(20000, generator=torch.Generator().manual_seed(5))
+    rows = pack_rows([s] * 20000, [[]] * 20000, [[]] * 20000)
+    draws = sample_reference(x.expand(20000, -1), rows, u)
+    freq = torch.bincount(draws, minlength=7).float() / 20000
+    assert (freq[expected == 0] == 0).all()
+    assert torch.allclose(freq, expected, atol=0.015)
+
+
+def test_masked_tokens_are_never_drawn():
+    logits = torch.randn(2, 500, generator=torch.Generator().manual_seed(4))
+    logits[:, ::2] = float("-inf")
+    s = [SamplingSettings(temperature=1.0), SamplingSettings(temperature=1.3, top_p=0.9, top_k=300)]
+    rows = pack_rows(s, [[], []], [[], []])
+    for u in torch.rand(100, generator=torch.Generator().manual_seed(0)).tolist():
+        ids = sample_reference(logits, rows, torch.tensor([u, u]))
+        assert all(i % 2 == 1 for i in ids.tolist())
+
+
+def test_ops_sample_tokens_on_the_cpu_is_the_reference():
+    g = torch.Generator().manual_seed(9)
+    logits = torch.randn(3, 400, generator=g).to(torch.bfloat16)
+    s = [
+        SamplingSettings(top_k=20),
+        SamplingSettings(top_p=0.8, repetition_penalty=1.2),
+        SamplingSettings.greedy(),
+    ]
+    rows = pack_rows(s, [[1, 2, 3]] * 3, [[3, 3, 9]] * 3)
+    u = torch.rand(3, generator=g)
+    expected = sample_reference(logits, rows, u)
+    assert torch.equal(ops.sample_tokens(logits, rows, u), expected)
+    out = torch.zeros(3, dtype=torch.int32)
+    assert ops.sample_tokens(logits, rows, u, out) is out and out.tolist() == expected.tolist()
+
+
+def test_ops_sample_tokens_names_bad_arguments():
+    rows = pack_rows([SamplingSettings()], [[]], [[]])
+    logits, u = torch.randn(1, 10), torch.rand(1)
+    with pytest.raises(ValueError, match="logits"):
+        ops.sample_tokens(logits[0], rows, u)
+    with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
+        ops.sample_tokens(logits.double(), rows, u)
+    with pytest.raises(ValueError, match="u must be"):
+        ops.sample_tokens(logits, rows, u.double())
+    with pytest.raises(ValueError, match="settings"):
+        ops.sample_tokens(torch.randn(2, 10), rows, torch.rand(2))
+    bad = SamplingRows(
+        rows.settings, rows.rep_ids.long(), rows.rep_len, rows.gen_ids, rows.gen_counts, rows.gen_len
+    )
+    with pytest.raises(ValueError, match="rep_ids"):
+        ops.sample_tokens(logits, bad, u)
+    with pytest.raises(ValueError, match="out"):
+        ops.sample_tokens(logits, rows, u, torch.zeros(1, dtype=torch.float32))
+
+
+def test_pack_rows_lists_only_what_the_settings_use():
+    s = [
+        SamplingSettings(repetition_penalty=1.5),
+        SamplingSettings(frequency_penalty=0.2),
+        SamplingSettings(),
+    ]
+    rows = pack_rows(s, [[4, 7], [4, 7], [4, 7]], [[7, 7, 2], [7, 7, 2], [7, 7, 2]])
+    assert rows.rep_len.tolist() == [2, 0, 0] and rows.rep_ids[0].tolist() == [4, 7]
+    assert rows.gen_len.tolist() == [0, 2, 0]
+    assert rows.gen_ids[1].tolist() == [2, 7] and rows.gen_counts[1].tolist() == [1, 2]
+    assert rows.settings.dtype == torch.float32 and rows.settings.shape == (3, 7)
