@@ -120,6 +120,15 @@ __device__ int block_argmax(float v, int i, float* fscratch, int* iscratch) {
   return i;
 }
 
+// Sum of w over the lanes in `peers` (every one of them calls with the same mask; sm_80+).
+__device__ __forceinline__ uint32_t group_sum(unsigned peers, uint32_t w) { return __reduce_add_sync(peers, w); }
+__device__ __forceinline__ unsigned long long group_sum(unsigned peers, unsigned long long w) {
+  // Weights are below 2^45: 22-bit halves, each summed over at most 32 lanes in 32 bits.
+  const unsigned lo = __reduce_add_sync(peers, static_cast<unsigned>(w & 0x3fffffu));
+  const unsigned hi = __reduce_add_sync(peers, static_cast<unsigned>(w >> 22));
+  return (static_cast<unsigned long long>(hi) << 22) + lo;
+}
+
 // Shared state of the threshold search.
 template <typename W>
 struct Search {
@@ -139,14 +148,24 @@ __device__ bool threshold_search(int n, W target, Search<W>& s, F weight_of, uin
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) s.hist[b] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      uint32_t key;
-      const W w = weight_of(i, key);
-      if (w != 0 && (key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255u], w);
+    // Most tokens share the first digits (the exponent bits of similar logits): lanes adding to
+    // the same bin sum their weights first and one of them adds, else the atomics serialize.
+    const int lane = threadIdx.x & 31;
+    for (int base = 0; base < n; base += blockDim.x) {  // warp-uniform trip count
+      const int i = base + threadIdx.x;
+      uint32_t key = 0;
+      const W w = i < n ? weight_of(i, key) : W(0);
+      const bool counts = w != 0 && (key & mask) == prefix;
+      const int bin = counts ? static_cast<int>((key >> shift) & 255u) : 256 + lane;
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (counts) {
+        const W sum = group_sum(peers, w);
+        if (lane == __ffs(peers) - 1) atomicAdd(&s.hist[bin], sum);
+      }
     }
     __syncthreads();
     if (threadIdx.x < 32) {
-      const int lane = threadIdx.x, hi = 255 - 8 * lane;
+      const int hi = 255 - 8 * lane;
       W mine = 0;
       for (int b = hi; b > hi - 8; --b) mine += s.hist[b];
       W incl = mine;  // inclusive scan from lane 0 (the top bins) upwards
@@ -304,64 +323,74 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
     if (found) t_key = max(t_key, p_key);
   }
 
-  // 8. The draw, in ascending id order. Warp w owns a contiguous chunk of ids (read 32 at a time);
-  // warp 0 scans the chunk totals and finds the chunk where the cumulative weight passes the
-  // target; that chunk's warp scans it 32 ids at a time.
-  __shared__ int draw_warp;
+  // 8. The draw, in ascending id order. The row is cut into kThreads segments of whole 32-id
+  // groups; each warp sums its segments (coalesced reads), a block-wide scan of the segment sums
+  // finds the one segment where the cumulative weight passes the target, and one warp scans it.
+  __shared__ unsigned long long segment_sum[kThreads];
+  __shared__ int draw_segment;
   __shared__ unsigned long long draw_carry, draw_target;
   const int lane = tid & 31, warp = tid >> 5;
-  const int chunk = (n + kWarps * 32 - 1) / (kWarps * 32) * 32;
-  const int begin = warp * chunk, end = min(n, begin + chunk);
-  auto kept_weight = [&](int i) -> unsigned long long {
+  const int seg_len = ((n + kThreads - 1) / kThreads + 31) / 32 * 32;
+  auto kept_weight = [&](int i, int end) -> unsigned long long {
     uint32_t key;
     return i < end ? weight_of(i, key, t_key) : 0ull;
   };
-  unsigned long long mine = 0;
-  for (int i = begin + lane; i < end; i += 32) mine += kept_weight(i);
-  mine = warp_sum(mine);
-  __syncthreads();  // uscratch was read by block_sum
-  if (lane == 0) uscratch[warp] = mine;
-  __syncthreads();
-  if (warp == 0) {
-    const unsigned long long own = uscratch[lane];
-    unsigned long long incl = own;
-    for (int o = 1; o < 32; o <<= 1) {
-      const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += t;
-    }
-    const unsigned long long total = __shfl_sync(0xffffffffu, incl, 31);
-    // u in [0, 1) gives a target below the total; clamp anyway (u = 1 picks the last kept token).
-    unsigned long long target = static_cast<unsigned long long>(floor(static_cast<double>(a.u[row]) * static_cast<double>(total)));
-    if (total > 0 && target >= total) target = total - 1;
-    const unsigned crossed = __ballot_sync(0xffffffffu, incl > target);
-    if (lane == 0) draw_warp = crossed ? __ffs(crossed) - 1 : -1;
-    if (crossed && lane == __ffs(crossed) - 1) draw_carry = incl - own;
-    if (lane == 0) draw_target = target;
+  for (int sgm = warp; sgm < kThreads; sgm += kWarps) {
+    const int b = sgm * seg_len, e = min(n, b + seg_len);
+    unsigned long long acc = 0;
+    for (int i = b + lane; i < b + seg_len && b < n; i += 32) acc += kept_weight(i, e);
+    acc = warp_sum(acc);
+    if (lane == 0) segment_sum[sgm] = acc;
   }
   __syncthreads();
-  if (warp == draw_warp) {
+  // Exclusive scan of segment_sum over the block: within warps, then over the warp totals.
+  const unsigned long long own = segment_sum[tid];
+  unsigned long long incl = own;
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  __syncthreads();  // uscratch was read by block_sum
+  if (lane == 31) uscratch[warp] = incl;
+  __syncthreads();
+  unsigned long long before = 0, total = 0;
+  for (int w = 0; w < kWarps; ++w) {  // 32 shared reads, the same for every thread of a warp
+    const unsigned long long t = uscratch[w];
+    if (w < warp) before += t;
+    total += t;
+  }
+  before += incl - own;
+  // u in [0, 1) gives a target below the total; clamp anyway (u = 1 picks the last kept token).
+  unsigned long long target = static_cast<unsigned long long>(floor(static_cast<double>(a.u[row]) * static_cast<double>(total)));
+  if (total > 0 && target >= total) target = total - 1;
+  if (tid == 0) draw_segment = -1;
+  __syncthreads();
+  if (before <= target && target < before + own) {  // exactly one segment (own > 0 there)
+    draw_segment = tid;
+    draw_carry = before;
+    draw_target = target;
+  }
+  __syncthreads();
+  if (draw_segment < 0) {
+    write(0);  // total weight 0: cannot happen (the best token weighs 2^44)
+  } else if (warp == 0) {
+    const int b = draw_segment * seg_len, e = min(n, b + seg_len);
     unsigned long long carry = draw_carry;
-    const unsigned long long target = draw_target;
-    for (int i0 = begin; i0 < end; i0 += 32) {
-      const unsigned long long own = kept_weight(i0 + lane);
-      unsigned long long incl = own;
+    const unsigned long long goal = draw_target;
+    for (int i0 = b; i0 < e; i0 += 32) {
+      const unsigned long long mine = kept_weight(i0 + lane, e);
+      unsigned long long cum = mine;
       for (int o = 1; o < 32; o <<= 1) {
-        const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += t;
+        const unsigned long long t = __shfl_up_sync(0xffffffffu, cum, o);
+        if (lane >= o) cum += t;
       }
-      const unsigned crossed = __ballot_sync(0xffffffffu, carry + incl > target);
+      const unsigned crossed = __ballot_sync(0xffffffffu, carry + cum > goal);
       if (crossed) {
-        if (lane == 0) {
-          const int token = i0 + __ffs(crossed) - 1;
-          if (a.out64) static_cast<long long*>(a.out)[row] = token;
-          else static_cast<int*>(a.out)[row] = token;
-        }
+        write(i0 + __ffs(crossed) - 1);  // lane 0 is thread 0: it writes
         break;
       }
-      carry += __shfl_sync(0xffffffffu, incl, 31);
+      carry += __shfl_sync(0xffffffffu, cum, 31);
     }
-  } else if (draw_warp < 0) {
-    write(0);  // total weight 0: cannot happen (the best token weighs 2^44)
   }
 }
 
