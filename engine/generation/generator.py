@@ -12,6 +12,12 @@ one left on the device, before the host reads them, so the host's work per token
 streaming, preparing the step) overlaps the GPU's instead of idling it (``TRELLIS_NO_PIPELINE=1``
 turns this off). A job that ends at a token wastes the one step already launched for it; that
 step only wrote a cache slot past the job's end.
+
+Sampled jobs without a constraint draw on the GPU (``engine.ops.sample_tokens``): each job's
+uniform comes from its own seeded generator on the host, as the host sampler would draw it, and
+only the chosen ids come back instead of a vocabulary-sized row per job (``TRELLIS_HOST_SAMPLING=1``
+samples on the host instead). Constrained jobs need their mask on the host: a step with any of
+them samples every row there.
 """
 
 from __future__ import annotations
@@ -24,12 +30,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine import ops
 from engine.cache.paged import PagedKVCache
 from engine.cache.pages import page_keys
 from engine.errors import ContextOverflowError
 from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.cuda_graph import DecodeGraphs, graphs_enabled
 from engine.generation.decode_inputs import is_decode_item
+from engine.generation.device_sampling import pack_rows
 from engine.generation.job import Job, JobResult, Timings
 from engine.generation.sampling import Sampler
 from engine.generation.step import StepItem, run_step
@@ -37,6 +45,7 @@ from engine.generation.stops import StopStringMatcher
 from engine.model import LoadedModel
 
 PIPELINE_DISABLE_ENV = "TRELLIS_NO_PIPELINE"
+HOST_SAMPLING_ENV = "TRELLIS_HOST_SAMPLING"
 
 
 @dataclass(eq=False)
@@ -101,6 +110,31 @@ def _argmax_rows(logits: list) -> dict[int, int]:
     return {i: int(token) for (i, _), token in zip(present, ids)}
 
 
+def _sample_rows(runs: list[_Running], logits: list) -> dict[int, int]:
+    """``{item index: token}`` for the items that have logits, sampled where the logits are
+    (:func:`engine.ops.sample_tokens`, one launch): each job's uniform from its own generator
+    (drawn only where the host sampler would draw one), its settings and penalty lists packed on
+    the host, and a few bytes back."""
+    present = [(i, row[-1]) for i, row in enumerate(logits) if row is not None]
+    if not present:
+        return {}
+    picked = [runs[i] for i, _ in present]
+    settings = [run.sampler.settings for run in picked]
+    contexts = [
+        run.sampler.context_ids(run.tokens) if s.repetition_penalty != 1.0 else ()
+        for run, s in zip(picked, settings)
+    ]
+    rows = pack_rows(settings, contexts, [run.generated for run in picked])
+    u = [0.0 if s.is_greedy else run.sampler.next_uniform() for run, s in zip(picked, settings)]
+    device = present[0][1].device
+    ids = ops.sample_tokens(
+        torch.stack([row for _, row in present]),
+        rows.to(device, non_blocking=True),
+        torch.tensor(u, dtype=torch.float32).to(device),
+    )
+    return {i: int(token) for (i, _), token in zip(present, ids.tolist())}
+
+
 class Generator:
     def __init__(
         self,
@@ -114,11 +148,14 @@ class Generator:
         cache_bits: tuple[int, int] = (16, 16),
         cuda_graphs: bool | None = None,
         pipeline: bool | None = None,
+        device_sampling: bool | None = None,
     ) -> None:
         """``cuda_graphs``: replay decode steps from CUDA graphs on a CUDA model (default: yes,
         unless ``TRELLIS_NO_GRAPHS=1``). ``pipeline``: pipeline greedy decode steps (default: yes
         where graphs run, unless ``TRELLIS_NO_PIPELINE=1``; elsewhere it only costs syncs, but
-        works, which the CPU tests use)."""
+        works, which the CPU tests use). ``device_sampling``: sample unconstrained jobs where the
+        logits are (default: on a CUDA model, unless ``TRELLIS_HOST_SAMPLING=1``; on the CPU it
+        runs the torch reference, which the CPU tests use)."""
         self.model, self.tokenizer = model, tokenizer
         if cache is None:
             tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
@@ -142,6 +179,10 @@ class Generator:
             pipeline = self._use_graphs and os.environ.get(PIPELINE_DISABLE_ENV, "") in ("", "0")
         self._pipeline = pipeline
         self._flight: _InFlight | None = None
+        if device_sampling is None:
+            host_only = os.environ.get(HOST_SAMPLING_ENV, "") not in ("", "0")
+            device_sampling = model.device.type == "cuda" and not host_only
+        self._device_sampling = device_sampling
 
     # -- queue ------------------------------------------------------------------------------
 
@@ -266,10 +307,14 @@ class Generator:
             if ids is not None:
                 self._flight = _InFlight.start(runs, ids)
                 return []
-        logits = self._decode_with_graphs(items, to_cpu=not argmax_only)
+        on_device = not argmax_only and self._device_sampling and all(run.constraint is None for run in runs)
+        logits = self._decode_with_graphs(items, to_cpu=not (argmax_only or on_device))
         if logits is None:
             logits = run_step(self.model.module, self.cache, items)
-        chosen = _argmax_rows(logits) if argmax_only else {}
+        if argmax_only:
+            chosen = _argmax_rows(logits)
+        else:
+            chosen = _sample_rows(runs, logits) if on_device else {}
         results = []
         for i, (run, item, row) in enumerate(zip(runs, items, logits)):
             run.in_cache += len(item.tokens)

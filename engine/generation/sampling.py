@@ -179,6 +179,11 @@ class Sampler:
         self._seen_ids = torch.empty(0, dtype=torch.long)
         self._seen_len = 0
 
+    def context_ids(self, context: Sequence[int]) -> torch.Tensor:
+        """The distinct ids of ``context`` (what the repetition penalty divides), kept up to date
+        as the context grows: the host draw and the device one (``pack_rows``) both use them."""
+        return self._context_ids(context)
+
     def _context_ids(self, context: Sequence[int]) -> torch.Tensor:
         if len(context) < self._seen_len:  # not the context seen so far: start over
             self._seen, self._seen_ids, self._seen_len = set(), torch.empty(0, dtype=torch.long), 0
