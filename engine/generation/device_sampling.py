@@ -104,7 +104,7 @@ def pack_rows(
     gen_counts, _ = _padded(counts)
     rows = SamplingRows(table, rep_ids, rep_len, gen_ids, gen_counts, gen_len)
     if torch.cuda.is_available():
-        rows = SamplingRows(*(t.pin_memory() for t in rows._tensors()))
+        rows = SamplingRows(*(t.pin_memory() if t.numel() else t for t in rows._tensors()))
     return rows
 
 
