@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "bench_kernels",
     "bench_attention",
     "bench_sampler",
+    "bench_device_sampler",
     "profile_step",
     "convert",
     "quality",
