@@ -38,6 +38,7 @@ import torch
 from engine.commands.common import add_cache_args, add_model_args, cache_bits, run_alone
 from engine.commands.roofline import DecodeBytes, module_decode_bytes
 from engine.commands.timing import copy_bandwidth, median_of
+from engine.generation.sampling import SamplingSettings
 
 
 def register(sub) -> None:
@@ -67,6 +68,11 @@ def register(sub) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="our decode steps from CUDA graphs (default: the Generator's default)",
+    )
+    p.add_argument(
+        "--sampled",
+        action="store_true",
+        help="also time decode (empty context) with the app's 'balanced' sampling instead of greedy",
     )
     p.add_argument("--no-peer", action="store_true", help="skip the transformers comparison")
     p.add_argument(
@@ -100,8 +106,9 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
     rng = torch.Generator().manual_seed(0)
     vocab = model.spec.vocab_size
 
-    def decode(prompt: list[int]) -> float:
-        results = gen.generate([Job(prompt, n, stop_token_ids=()) for _ in range(b)])
+    def decode(prompt: list[int], sampling: SamplingSettings | None = None) -> float:
+        sampling = sampling or SamplingSettings.greedy()
+        results = gen.generate([Job(prompt, n, sampling=sampling, stop_token_ids=()) for _ in range(b)])
         return b * (n - 1) / max(max(r.timings.decode_s for r in results), 1e-9)
 
     def prefill() -> float:
@@ -115,6 +122,12 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
         "decode_ctx_tokens_per_s": median_of(lambda: decode(ctx_prompt), args.repeats),
         "prefill_tokens_per_s": median_of(prefill, args.repeats),
     }
+    if getattr(args, "sampled", False):
+        # The app's default preset: what a chat user's tokens cost (penalties, truncation, a draw).
+        from engine.commands.bench_sampler import PRESETS
+
+        balanced = SamplingSettings(**PRESETS["app balanced"], seed=0)
+        row["decode_sampled_tokens_per_s"] = median_of(lambda: decode(ctx_prompt[:1], balanced), args.repeats)
     kvb = gen.cache.nbytes / gen.cache.capacity
     decode_bytes = module_decode_bytes(model.module, model.module.embedding.weight, kvb)
     row.update(roofline_fields(decode_bytes, bandwidth, row, args))
@@ -336,6 +349,10 @@ def format_table(r: dict) -> str:
                 f"at context {vs.get('decode_ctx_tokens_per_s', 0):.2f}x, "
                 f"prefill {vs.get('prefill_tokens_per_s', 0):.2f}x"
             )
+    for row in r["rows"]:
+        if "decode_sampled_tokens_per_s" in row:
+            sampled = row["decode_sampled_tokens_per_s"]
+            lines.append(f"{row['label']} decode with the app's 'balanced' sampling: {sampled:.1f} tok/s")
     if r.get("transformers", {}).get("note"):
         lines.append(f"note: {r['transformers']['note']}")
     return "\n".join(lines)

@@ -227,3 +227,12 @@ def test_checkpoint_bench_reports_the_same_fields(tiny_model_factory, tmp_path):
     assert row["label"] == "model"
     for key in FIGURES + ROOFLINE:
         assert row[key] > 0, key
+
+
+def test_sampled_decode_figure(tiny_json, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    args = ["--synthetic", str(tiny_json), "--bpw", "4", "--no-peer", "--sampled", "--json", str(out)]
+    assert bench.main([*args, "--device", "cpu", *SMALL_RUN]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["decode_sampled_tokens_per_s"] > 0
+    assert "'balanced' sampling" in capsys.readouterr().out
