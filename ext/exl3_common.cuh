@@ -17,6 +17,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cstdint>
+#include <utility>
 
 namespace trellis {
 
@@ -67,27 +68,107 @@ struct LanePlan {
   }
 };
 
-// The 8 states of a lane from its raw words. n[] is the stream re-aligned so that its MSB is
-// the lane's first needed bit; state j is then bits [jK, jK+16) of n (constant shifts).
+// Where each of a lane's 8 states is cut from (compile time). The states lie at offsets
+// base + jK of a stream held in `words` 32-bit words, MSB first. A "view" at offset v is the
+// 32-bit word holding stream bits [v, v+32): free when v is a multiple of 32 (a word itself),
+// one funnel shift otherwise. A state at offset o takes ONE instruction from a view at v = o,
+// o-8 or o-16 (d = o - v): >> 16, a byte permute of bytes 1-2, or & 0xFFFF, each zero-filling
+// the upper half (a shift-and-mask per state would be two). The views are picked greedily:
+// free ones first, then the view that serves the most remaining states. K=4 needs 3 funnel
+// shifts for its 8 states instead of 8.
+struct StatePlan {
+  int view[8];  // stream offset of the view state j is cut from
+  int d[8];     // 0, 8 or 16: the state's offset inside that view
+};
+
+__host__ __device__ constexpr bool plan_d_ok(int e) { return e == 0 || e == 8 || e == 16; }
+
+__host__ __device__ constexpr StatePlan plan_states(int K, int base, int words) {
+  StatePlan p{};
+  bool done[8] = {false, false, false, false, false, false, false, false};
+  for (int j = 0; j < 8; ++j) {  // free views first
+    for (int d = 0; d <= 16 && !done[j]; d += 8) {
+      const int v = base + j * K - d;
+      if (v >= 0 && v % 32 == 0 && v / 32 < words) {
+        p.view[j] = v; p.d[j] = d; done[j] = true;
+      }
+    }
+  }
+  for (int round = 0; round < 8; ++round) {  // then the shifted view serving most states
+    int best_v = -1, best_count = 0;
+    for (int j = 0; j < 8; ++j) {
+      if (done[j]) continue;
+      for (int d = 0; d <= 16; d += 8) {
+        const int v = base + j * K - d;
+        if (v < 0 || (v % 32 == 0 && v / 32 >= words)) continue;
+        int count = 0;
+        for (int i = 0; i < 8; ++i) count += (!done[i] && plan_d_ok(base + i * K - v)) ? 1 : 0;
+        if (count > best_count) { best_count = count; best_v = v; }
+      }
+    }
+    if (best_v < 0) break;
+    for (int i = 0; i < 8; ++i) {
+      if (!done[i] && plan_d_ok(base + i * K - best_v)) {
+        p.view[i] = best_v; p.d[i] = base + i * K - best_v; done[i] = true;
+      }
+    }
+  }
+  return p;
+}
+
+// True when every lane's first bit has the same offset inside its first raw word (K = 4, 8):
+// the states can then be cut from the raw words with constant shifts, no re-alignment.
+__host__ __device__ constexpr bool lane_offset_uniform(int K) {
+  for (int l = 1; l < 32; ++l)
+    if (((lane_first_bit(K, l) % 32) + 32) % 32 != ((lane_first_bit(K, 0) % 32) + 32) % 32) return false;
+  return true;
+}
+
+// The view at stream offset V of words w[0..W) (words past the end read as 0: the states cut
+// from such a view never reach them).
+template <int V, int W>
+__device__ __forceinline__ uint32_t stream_view(const uint32_t (&w)[W]) {
+  constexpr int q = V >> 5, b = V & 31;
+  if constexpr (b == 0) {
+    return w[q];
+  } else {
+    const uint32_t lo = (q + 1 < W) ? w[q + 1] : 0u;
+    return __funnelshift_l(lo, w[q], b);
+  }
+}
+
+template <int K, int BASE, int W, int J>
+__device__ __forceinline__ uint32_t cut_state(const uint32_t (&w)[W]) {
+  constexpr StatePlan p = plan_states(K, BASE, W);
+  const uint32_t v = stream_view<p.view[J], W>(w);
+  if constexpr (p.d[J] == 0) return v >> 16;
+  else if constexpr (p.d[J] == 8) return __byte_perm(v, 0u, 0x4421);  // bytes 1, 2; zero above
+  else return v & 0xFFFFu;
+}
+
+template <int K, int BASE, int W, int... J>
+__device__ __forceinline__ void cut_states(const uint32_t (&w)[W], uint32_t (&st)[8],
+                                           std::integer_sequence<int, J...>) {
+  ((st[J] = cut_state<K, BASE, W, J>(w)), ...);
+}
+
+// The 8 states of a lane from its raw words: state j is stream bits [r + jK, r + jK + 16).
+// Where r differs between lanes, the stream is first re-aligned (n[] with the lane's first
+// needed bit as MSB), so that every cut is a constant shift.
 template <int K>
 __device__ __forceinline__ void lane_states(const uint32_t (&raw)[TileGeom<K>::kRaw], int r, uint32_t (&st)[8]) {
-  constexpr int NN = TileGeom<K>::kNorm;
-  uint32_t n[NN];
+  if constexpr (lane_offset_uniform(K)) {
+    constexpr int R = ((lane_first_bit(K, 0) % 32) + 32) % 32;
+    cut_states<K, R, TileGeom<K>::kRaw>(raw, st, std::make_integer_sequence<int, 8>{});
+  } else {
+    constexpr int NN = TileGeom<K>::kNorm;
+    uint32_t n[NN];
 #pragma unroll
-  for (int i = 0; i < NN; ++i) {
-    const uint32_t lo = (i + 1 < TileGeom<K>::kRaw) ? raw[i + 1] : 0u;
-    n[i] = __funnelshift_l(lo, raw[i], r);
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int o = j * K;
-    const int q = o >> 5;
-    const int off = o & 31;
-    if (off <= 16) {
-      st[j] = (n[q] >> (16 - off)) & 0xFFFFu;
-    } else {
-      st[j] = __funnelshift_l(n[q + 1], n[q], off) >> 16;
+    for (int i = 0; i < NN; ++i) {
+      const uint32_t lo = (i + 1 < TileGeom<K>::kRaw) ? raw[i + 1] : 0u;
+      n[i] = __funnelshift_l(lo, raw[i], r);
     }
+    cut_states<K, 0, NN>(n, st, std::make_integer_sequence<int, 8>{});
   }
 }
 
@@ -143,6 +224,13 @@ template <int CB>
 __device__ __forceinline__ uint32_t inst_halves(uint32_t s) {
   uint32_t x = (CB == CB_3INST) ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
   return (x & 0x8FFF8FFFu) ^ kInstXor;
+}
+
+// MUL1 without the affine map, one weight per register: (h, 0) with h = 1024 + byte_sum (exact
+// fp16). Paired with a B fragment holding each input twice (as inst_halves is), the MMA adds
+// h * u + 0 * u: no instruction packs two weights into one register.
+__device__ __forceinline__ uint32_t mul1_halves(uint32_t s) {
+  return __dp4a(s * 0x83DCD12Du, 0x01010101u, 0x6400u);
 }
 
 // MUL1 without the affine map: registers of h = 1024 + byte_sum (exact fp16), fragment order.

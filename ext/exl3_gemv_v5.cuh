@@ -183,7 +183,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     issue_next();  // row i + ST - 1 into the slot of row i - 1
     uint2 b = u_lane[i * u_step];
     if (!b_live) b = make_uint2(0u, 0u);
-    if constexpr (FAST && CB != CB_MUL1) {
+    if constexpr (FAST) {
+      // One weight per A register, each input twice in B (see inst_halves / mul1_halves).
       const uint32_t be0 = __byte_perm(b.x, 0, 0x1010), be1 = __byte_perm(b.y, 0, 0x1010);
       const uint32_t bo0 = __byte_perm(b.x, 0, 0x3232), bo1 = __byte_perm(b.y, 0, 0x3232);
 #pragma unroll
@@ -192,7 +193,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
         lane_states<K>(cur[t], plan.r, st);
         uint32_t x[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) x[j] = inst_halves<CB>(st[j]);
+        for (int j = 0; j < 8; ++j) x[j] = CB == CB_MUL1 ? mul1_halves(st[j]) : inst_halves<CB>(st[j]);
         const uint32_t ae[4] = {x[0], x[4], x[2], x[6]};
         const uint32_t ao[4] = {x[1], x[5], x[3], x[7]};
         mma_16816(acc[t], ae, be0, be1);
@@ -202,8 +203,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
         uint32_t a[4];
-        if constexpr (FAST) decode_fragment_mul1_raw<K>(cur[t], plan.r, a);
-        else decode_fragment<K, CB>(cur[t], plan.r, a);
+        decode_fragment<K, CB>(cur[t], plan.r, a);
         mma_16816(acc[t], a, b.x, b.y);
       }
     }
