@@ -21,8 +21,9 @@ the kernel's atomics give the same result every run and this reference reproduce
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.generation.sampling import SamplingSettings
@@ -47,7 +48,10 @@ class SamplingRows:
     :data:`SETTING_FIELDS` order; the repetition penalty's distinct context ids ``rep_ids``
     ``[rows, cap]`` int32, ``rep_len[r]`` of them valid; the generated tokens' distinct ids
     ``gen_ids`` and their occurrence counts ``gen_counts`` ``[rows, cap]`` int32, ``gen_len[r]``
-    valid. Ids must be distinct within a row (the kernel would penalise a repeated id twice)."""
+    valid. Ids must be distinct within a row (the kernel would penalise a repeated id twice).
+
+    :func:`pack_rows` makes every field a view of one int32 buffer (``buffer``), so that moving
+    a batch to the GPU is one copy, not six: this runs once per sampled token."""
 
     settings: torch.Tensor
     rep_ids: torch.Tensor
@@ -55,24 +59,52 @@ class SamplingRows:
     gen_ids: torch.Tensor
     gen_counts: torch.Tensor
     gen_len: torch.Tensor
+    buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def rows(self) -> int:
         return self.settings.shape[0]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> SamplingRows:
-        return SamplingRows(*(t.to(device, non_blocking=non_blocking) for t in self._tensors()))
+        if self.buffer is None:
+            return SamplingRows(*(t.to(device, non_blocking=non_blocking) for t in self._tensors()))
+        return _views(self.buffer.to(device, non_blocking=non_blocking), self.rows, *self._caps())
+
+    def _caps(self) -> tuple[int, int]:
+        return self.rep_ids.shape[1], self.gen_ids.shape[1]
 
     def _tensors(self) -> tuple[torch.Tensor, ...]:
         return (self.settings, self.rep_ids, self.rep_len, self.gen_ids, self.gen_counts, self.gen_len)
 
 
-def _padded(lists: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    cap = max((len(x) for x in lists), default=0)
-    out = torch.zeros(len(lists), cap, dtype=torch.int32)
+def _views(buffer: torch.Tensor, rows: int, rep_cap: int, gen_cap: int) -> SamplingRows:
+    """The fields of a batch packed in ``buffer`` (int32): settings (float32 bits), rep_ids,
+    rep_len, gen_ids, gen_counts, gen_len, one after another."""
+    sizes = (rows * len(SETTING_FIELDS), rows * rep_cap, rows, rows * gen_cap, rows * gen_cap, rows)
+    parts = buffer.split(sizes)
+    return SamplingRows(
+        parts[0].view(torch.float32).view(rows, len(SETTING_FIELDS)),
+        parts[1].view(rows, rep_cap),
+        parts[2],
+        parts[3].view(rows, gen_cap),
+        parts[4].view(rows, gen_cap),
+        parts[5],
+        buffer,
+    )
+
+
+def _padded(lists: Sequence[np.ndarray], cap: int) -> np.ndarray:
+    """``lists`` as one flat ``[len(lists) * cap]`` int32 array, each padded with zeros to ``cap``."""
+    out = np.zeros((len(lists), cap), dtype=np.int32)
     for r, x in enumerate(lists):
         out[r, : len(x)] = x
-    return out, torch.tensor([len(x) for x in lists], dtype=torch.int32)
+    return out.reshape(-1)
+
+
+def _ids(values: torch.Tensor | Sequence[int]) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.numpy().astype(np.int32, copy=False)
+    return np.asarray(values, dtype=np.int32)
 
 
 def pack_rows(
@@ -80,32 +112,46 @@ def pack_rows(
     context_ids: Sequence[torch.Tensor | Sequence[int]],
     generated: Sequence[Sequence[int]],
 ) -> SamplingRows:
-    """The batch's :class:`SamplingRows` on the CPU (pinned where CUDA is present, so a
-    non-blocking copy to the GPU is really asynchronous). ``context_ids``: each row's distinct
-    context ids (what the repetition penalty divides; e.g. ``Sampler._context_ids``);
-    ``generated``: each row's generated tokens (repeats counted for the frequency penalty).
-    Lists a row's settings do not use stay empty."""
-    values = [[float(getattr(s, f)) for f in SETTING_FIELDS] for s in settings]
-    table = torch.tensor(values, dtype=torch.float32).reshape(len(settings), len(SETTING_FIELDS))
-    table[:, SETTING_FIELDS.index("top_k")].clamp_(max=_TOP_K_CAP)
-    empty = torch.empty(0, dtype=torch.int32)
+    """The batch's :class:`SamplingRows` on the CPU, every field a view of one int32 buffer
+    (pinned where CUDA is present, so a non-blocking copy to the GPU is really asynchronous).
+    ``context_ids``: each row's distinct context ids (what the repetition penalty divides; e.g.
+    ``Sampler.context_ids``); ``generated``: each row's generated tokens (repeats counted for the
+    frequency penalty). Lists a row's settings do not use stay empty.
+
+    Built in numpy and handed to torch once: this runs every sampled token, and a dozen small
+    torch operations cost ~0.2 ms on a laptop core."""
+    n = len(settings)
+    table = np.array([[float(getattr(s, f)) for f in SETTING_FIELDS] for s in settings], dtype=np.float32)
+    table = table.reshape(n, len(SETTING_FIELDS))
+    top_k = SETTING_FIELDS.index("top_k")
+    table[:, top_k] = np.minimum(table[:, top_k], _TOP_K_CAP)
+    empty = np.zeros(0, dtype=np.int32)
     reps, gens, counts = [], [], []
     for s, ctx, gen in zip(settings, context_ids, generated):
-        reps.append(torch.as_tensor(ctx, dtype=torch.int32) if s.repetition_penalty != 1.0 else empty)
+        reps.append(_ids(ctx) if s.repetition_penalty != 1.0 else empty)
         if (s.presence_penalty or s.frequency_penalty) and len(gen):
-            ids, n = torch.as_tensor(list(gen), dtype=torch.int32).unique(return_counts=True)
+            ids, k = np.unique(_ids(list(gen)), return_counts=True)
             gens.append(ids)
-            counts.append(n.to(torch.int32))
+            counts.append(k.astype(np.int32))
         else:
             gens.append(empty)
             counts.append(empty)
-    rep_ids, rep_len = _padded(reps)
-    gen_ids, gen_len = _padded(gens)
-    gen_counts, _ = _padded(counts)
-    rows = SamplingRows(table, rep_ids, rep_len, gen_ids, gen_counts, gen_len)
+    rep_cap = max((len(x) for x in reps), default=0)
+    gen_cap = max((len(x) for x in gens), default=0)
+    flat = np.concatenate(
+        [
+            table.view(np.int32).reshape(-1),
+            _padded(reps, rep_cap),
+            np.array([len(x) for x in reps], dtype=np.int32),
+            _padded(gens, gen_cap),
+            _padded(counts, gen_cap),
+            np.array([len(x) for x in gens], dtype=np.int32),
+        ]
+    )
+    buffer = torch.from_numpy(flat)
     if torch.cuda.is_available():
-        rows = SamplingRows(*(t.pin_memory() if t.numel() else t for t in rows._tensors()))
-    return rows
+        buffer = buffer.pin_memory()
+    return _views(buffer, n, rep_cap, gen_cap)
 
 
 def apply_penalties_rows(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:

@@ -224,3 +224,19 @@ def test_pack_rows_lists_only_what_the_settings_use():
     assert rows.gen_len.tolist() == [0, 2, 0]
     assert rows.gen_ids[1].tolist() == [2, 7] and rows.gen_counts[1].tolist() == [1, 2]
     assert rows.settings.dtype == torch.float32 and rows.settings.shape == (3, 7)
+
+
+def test_pack_rows_fields_are_views_of_one_buffer_that_moves_in_one_copy():
+    s = [SamplingSettings(repetition_penalty=1.2, presence_penalty=0.5), SamplingSettings(top_k=5)]
+    rows = pack_rows(s, [torch.tensor([9, 3, 5]), [1]], [[3, 3], [8]])
+    start = rows.buffer.data_ptr()
+    end = start + rows.buffer.numel() * 4
+    for t in rows._tensors():
+        assert t.numel() == 0 or start <= t.data_ptr() < end
+    assert rows.settings[1, 1].item() == 5.0 and rows.settings[0, 4].item() == pytest.approx(1.2)
+    moved = rows.to("cpu")
+    assert moved.buffer is not None
+    for a, b in zip(rows._tensors(), moved._tensors()):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    assert moved.rep_ids.tolist() == [[9, 3, 5], [0, 0, 0]] and moved.rep_len.tolist() == [3, 0]
+    assert moved.gen_ids.tolist() == [[3]] * 1 + [[0]] and moved.gen_counts[0].tolist() == [2]
