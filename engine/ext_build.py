@@ -40,7 +40,14 @@ SOURCES = (
     "exl3_weight.cu",
     "sampling.cu",
 )
-HEADERS = ("trellis_ext.h", "exl3_common.cuh", "exl3_gemv.cuh", "exl3_gemv_v5.cuh", "hadamard.cuh")
+HEADERS = (
+    "trellis_ext.h",
+    "exl3_common.cuh",
+    "exl3_gemv.cuh",
+    "exl3_gemv_v5.cuh",
+    "float_types.cuh",
+    "hadamard.cuh",
+)
 MIN_CAPABILITY = (8, 0)  # mma.sync m16n8k16 with fp32 accumulation, cp.async-era GPUs
 CUDA_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
 CXX_FLAGS = ["-O3", "-std=c++17"]

@@ -33,6 +33,7 @@
 #include <type_traits>
 
 #include "exl3_common.cuh"
+#include "float_types.cuh"
 #include "hadamard.cuh"
 #include "trellis_ext.h"
 
@@ -41,15 +42,6 @@ namespace {
 
 constexpr int kPitch = 129;  // floats per shared row: column reads hit 32 different banks
 constexpr int kWeightSmem = 128 * kPitch * sizeof(float);
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
 
 // (H[i][j], H[i][j + 1]) of the unnormalised Sylvester H_16 as a half2: H[i][j] = (-1)^popc(i & j).
 __device__ __forceinline__ uint32_t h16_pair(int i, int j) {
@@ -278,7 +270,7 @@ __global__ void __launch_bounds__(256) weight_kernel(const uint32_t* __restrict_
   for (int r = warp * 16; r < warp * 16 + 16; ++r) {
     T* dst = w + (size_t)(in0 + r) * ld + col0 + out0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) dst[lane + 32 * i] = from_float<T>(s[r * kPitch + lane + 32 * i]);
+    for (int i = 0; i < 4; ++i) dst[lane + 32 * i] = from_f<T>(s[r * kPitch + lane + 32 * i]);
   }
 }
 
