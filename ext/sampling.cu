@@ -447,6 +447,8 @@ struct ClusterShared {
   float fscratch[kWarps];
   int iscratch[kWarps];
   unsigned long long uscratch[kWarps];
+  unsigned long long above;  // threshold search: the pass's result, from warp 0 to the block
+  int digit;  // -1: the total weight is below the target
 };
 static_assert(sizeof(unsigned) * 256 * kCountCopies <= sizeof(ClusterShared::copies), "count copies fit");
 
@@ -510,9 +512,9 @@ __device__ int cluster_argmax(ClusterCtx& c, float v, int i) {
 
 // threshold_search over the cluster's row: the largest key v with weight(keys >= v) >= target,
 // weight_of(x, key) giving each element of the block's slice `xs` its weight (0: not a candidate).
-// Per 8-bit digit: the block's histogram in lane-private copies, folded into 256 sums and published;
-// the cluster barrier; every block adds the kCluster histograms and every warp picks the digit
-// (the same one: the same integers, the same scan), so no broadcast is needed.
+// Per 8-bit digit: the block's histogram in lane-private copies, folded into 256 sums and
+// published; the cluster barrier; every block adds the kCluster histograms (rank order) and picks
+// the digit (every block the same one: the same integers, the same scan).
 template <typename W, typename F>
 __device__ bool cluster_threshold_search(ClusterCtx& c, const float* xs, int len, unsigned long long target,
                                          F weight_of, uint32_t* result) {
@@ -558,34 +560,37 @@ __device__ bool cluster_threshold_search(ClusterCtx& c, const float* xs, int len
       hist[tid] = h;
     }
     __syncthreads();
-    // Every warp: lane l owns bins 255-8l .. 248-8l (read from a lane-rotated start: distinct
-    // banks); a scan from the top bins down finds the lane whose bins cross the target, and that
-    // lane walks its eight bins.
-    const int hi = 255 - 8 * lane;
-    unsigned long long own = 0;
+    // Warp 0 picks the digit: lane l owns bins 255-8l .. 248-8l (read from a start rotated by
+    // l / 2, so the warp's 64-bit reads take two wavefronts, the least); a scan from the top bins
+    // down finds the lane whose bins cross the target, and that lane walks its eight bins.
+    if (tid < 32) {
+      const int hi = 255 - 8 * lane;
+      unsigned long long own = 0;
 #pragma unroll
-    for (int b = 0; b < 8; ++b) own += hist[hi - (b + lane) % 8];
-    unsigned long long incl = own;
-    for (int o = 1; o < 32; o <<= 1) {
-      const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += t;
-    }
-    const unsigned crossed = __ballot_sync(0xffffffffu, above + incl >= target);
-    if (crossed == 0) return false;  // the same in every thread of the cluster
-    const int src = __ffs(crossed) - 1;
-    int digit = 0;
-    unsigned long long acc = 0;
-    if (lane == src) {
-      acc = above + incl - own;
-      int b = hi;
-      for (; b > hi - 7; --b) {  // the last bin crosses if no other does
-        if (acc + hist[b] >= target) break;
-        acc += hist[b];
+      for (int b = 0; b < 8; ++b) own += hist[hi - (b + (lane >> 1)) % 8];
+      unsigned long long incl = own;
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
       }
-      digit = b;
+      const unsigned crossed = __ballot_sync(0xffffffffu, above + incl >= target);
+      if (crossed == 0) {
+        if (lane == 0) c.sh->digit = -1;
+      } else if (lane == __ffs(crossed) - 1) {
+        unsigned long long acc = above + incl - own;
+        int b = hi;
+        for (; b > hi - 7; --b) {  // the last bin crosses if no other does
+          if (acc + hist[b] >= target) break;
+          acc += hist[b];
+        }
+        c.sh->digit = b;
+        c.sh->above = acc;
+      }
     }
-    digit = __shfl_sync(0xffffffffu, digit, src);
-    above = __shfl_sync(0xffffffffu, acc, src);
+    __syncthreads();
+    const int digit = c.sh->digit;
+    if (digit < 0) return false;  // the same in every thread of the cluster
+    above = c.sh->above;
     prefix |= static_cast<uint32_t>(digit) << shift;
     mask |= 255u << shift;
   }
