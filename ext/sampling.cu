@@ -426,19 +426,21 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
 // block ever has to wait for a broadcast.
 // ================================================================================================
 constexpr int kCluster = 8;  // blocks per row: the portable cluster size
-constexpr int kCountCopies = 32;  // lane-private copies of a count histogram (uint32)
-constexpr int kMassCopies = 16;  // copies of a mass histogram (uint64): lanes l and l + 16 share one
+constexpr int kCountCopies = 32;  // lane-private copies of a count histogram
+constexpr int kMassCopies = 16;  // copies of a mass histogram: lanes l and l + 16 share one
 constexpr int kCandidatesPerWarp = 64;  // top-p candidate list: room per warp segment
 static_assert(kThreads == 1024, "the histogram fold gives each of the 256 bins four threads");
 
 // Shared memory of a block besides its slice of x (the dynamic part).
 struct ClusterShared {
-  // Radix histogram of this block's elements: uint32[256][kCountCopies] (counts) or
-  // uint64[256][kMassCopies] (weights), copy = lane % copies. A digit is usually shared by many
-  // lanes of a warp (similar logits share their exponent bits): with one copy per lane (per two for
-  // weights) the adds of a warp hit distinct words in distinct banks, so they never serialize.
-  // Zero between passes (the fold that reads them clears them).
-  unsigned long long copies[256 * kMassCopies];
+  // Radix histogram of this block's elements, copy = lane % copies: counts as
+  // uint32[256][kCountCopies]; weights as two uint32[256][kMassCopies], the low and the high
+  // words of 64-bit sums (a 64-bit shared atomicAdd is a compare-and-swap loop on sm_90, which
+  // retries when warps hit one word; two 32-bit adds with an explicit carry are native and exact).
+  // A digit is usually shared by many lanes of a warp (similar logits share their exponent bits):
+  // with one copy per lane (per two for weights) the adds of a warp do not serialize. Zero between
+  // passes (the fold that reads them clears them).
+  uint32_t copies[256 * kCountCopies];
   unsigned long long slot[2][256];  // published to the cluster; alternate exchanges use alternate slots
   unsigned long long hist[256];  // the cluster's histogram of the current pass
   unsigned long long segment[kWarps];  // the draw: weight of each warp's segment
@@ -450,7 +452,7 @@ struct ClusterShared {
   unsigned long long above;  // threshold search: the pass's result, from warp 0 to the block
   int digit;  // -1: the total weight is below the target
 };
-static_assert(sizeof(unsigned) * 256 * kCountCopies <= sizeof(ClusterShared::copies), "count copies fit");
+static_assert(2 * kMassCopies <= kCountCopies, "the mass histogram's two words fit the copies");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 namespace cg = cooperative_groups;
@@ -518,35 +520,51 @@ __device__ int cluster_argmax(ClusterCtx& c, float v, int i) {
 template <typename W, typename F>
 __device__ bool cluster_threshold_search(ClusterCtx& c, const float* xs, int len, unsigned long long target,
                                          F weight_of, uint32_t* result) {
-  constexpr int kCopies = sizeof(W) == 4 ? kCountCopies : kMassCopies;
+  constexpr bool kCounts = sizeof(W) == 4;  // else 64-bit weights
+  constexpr int kCopies = kCounts ? kCountCopies : kMassCopies;
   constexpr int kPerThread = kCopies / 4;  // copies each of a bin's four threads folds
-  W* copies = reinterpret_cast<W*>(c.sh->copies);
+  uint32_t* low = c.sh->copies;  // counts, or the low words of the weights
+  uint32_t* high = c.sh->copies + 256 * kMassCopies;  // the high words of the weights
   unsigned long long* hist = c.sh->hist;
   const int tid = threadIdx.x, lane = tid & 31;
   uint32_t prefix = 0, mask = 0;
   unsigned long long above = 0;  // weight of the keys above the chosen prefix
   for (int shift = 24; shift >= 0; shift -= 8) {
-    W* mine = copies + lane % kCopies;
+    const int copy = lane % kCopies;
     for (int j = tid; j < len; j += kThreads) {
       const float x = xs[j];
       const uint32_t key = key_of(x);
       if ((key & mask) != prefix) continue;  // decided by an earlier digit: no weight to compute
       const W w = weight_of(x, key);
-      if (w != 0) atomicAdd(mine + ((key >> shift) & 255u) * kCopies, w);
+      if (w == 0) continue;
+      const int at = static_cast<int>((key >> shift) & 255u) * kCopies + copy;
+      if constexpr (kCounts) {
+        atomicAdd(low + at, w);
+      } else {
+        // The add that wraps the low word sees it in the old value and carries one (the adds of
+        // one word are serialized); the high words sum to at most 2^64 / 2^32.
+        const uint32_t w_low = static_cast<uint32_t>(w), old = atomicAdd(low + at, w_low);
+        atomicAdd(high + at, static_cast<uint32_t>(w >> 32) + (old + w_low < old ? 1u : 0u));
+      }
     }
     __syncthreads();
-    // Fold: thread t sums a quarter of bin t / 4's copies (the start rotated by the bin, so a
-    // warp's eight bins read distinct banks) and clears them for the next pass.
+    // Fold: thread t sums a quarter of bin t / 4's copies and clears them for the next pass. The
+    // start is rotated so that a warp's eight bins read distinct banks (32 copies: bank = copy;
+    // 16: bins 2b and 2b + 1 share a row of banks).
     unsigned long long* out = c.next_slot();
     {
       const int bin = tid >> 2, part = tid & 3;
-      W* row = copies + bin * kCopies + part * kPerThread;
+      const int row = bin * kCopies + part * kPerThread, rotation = bin * kCopies / 32;
       unsigned long long sum = 0;
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i) {
-        W* p = row + (i + bin) % kPerThread;
-        sum += *p;
-        *p = 0;
+        const int at = row + (i + rotation) % kPerThread;
+        sum += low[at];
+        low[at] = 0;
+        if constexpr (!kCounts) {
+          sum += static_cast<unsigned long long>(high[at]) << 32;
+          high[at] = 0;
+        }
       }
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -618,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_sample_kernel(SampleArgs 
   const float temperature = st[0], top_p = st[2], min_p = st[3], rep = st[4], presence = st[5], frequency = st[6];
   const int top_k = static_cast<int>(st[1]);
 
-  for (int i = tid; i < 256 * kMassCopies; i += kThreads) sh.copies[i] = 0;
+  for (int i = tid; i < 256 * kCountCopies; i += kThreads) sh.copies[i] = 0;
 
   // 1. The slice's logits and their penalties (each block applies those of its ids; the ids of a
   // list are distinct, so no two threads touch one element).

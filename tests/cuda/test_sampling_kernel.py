@@ -249,10 +249,11 @@ def test_cluster_and_single_block_kernels_agree_bit_for_bit(vocab, monkeypatch):
 
 
 def test_flat_rows_and_masked_slices():
-    # Every logit equal (each token weighs 2^44: the largest sums), and rows where whole blocks'
-    # slices are -inf (their blocks contribute nothing to any search or to the draw).
+    # Every logit equal (each token weighs 2^44: the largest sums; with min-p every token is a
+    # top-p candidate, more than the cluster kernel's candidate lists hold), and rows where whole
+    # blocks' slices are -inf (their blocks contribute nothing to any search or to the draw).
     vocab = 128256
-    flat = torch.zeros(2, vocab)
+    flat = torch.zeros(3, vocab)
     masked = torch.full((2, vocab), float("-inf"))
     masked[0, 100_000:100_010] = torch.arange(10, dtype=torch.float32)
     masked[1, 5] = 1.0
@@ -261,13 +262,14 @@ def test_flat_rows_and_masked_slices():
     settings = [
         SamplingSettings(temperature=1.0, top_k=1000),
         SamplingSettings(temperature=1.0, top_p=0.5),
+        SamplingSettings(temperature=1.0, top_p=0.9, min_p=0.5),
         SamplingSettings(temperature=0.7, top_p=0.95, min_p=0.05),
         SamplingSettings(temperature=1.0),
     ]
-    rows = pack_rows(settings, [[]] * 4, [[]] * 4).to("cuda")
+    rows = pack_rows(settings, [[]] * 5, [[]] * 5).to("cuda")
     g = torch.Generator().manual_seed(13)
     for _ in range(20):
-        u = torch.rand(4, generator=g).cuda()
+        u = torch.rand(5, generator=g).cuda()
         got = ops.sample_tokens(logits, rows, u)
         assert torch.equal(got, sample_reference(logits, rows, u))
-        assert 100_000 <= int(got[2]) < 100_010 and int(got[3]) in (5, vocab - 1)
+        assert 100_000 <= int(got[3]) < 100_010 and int(got[4]) in (5, vocab - 1)
