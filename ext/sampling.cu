@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "float_types.cuh"
 #include "trellis_ext.h"
 
 namespace trellis {
@@ -57,15 +58,6 @@ constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
 constexpr int kSettings = 7;  // temperature, top_k, top_p, min_p, repetition, presence, frequency
 constexpr float kWeightScale = 17592186044416.0f;  // 2^44
-
-template <typename T>
-__device__ __forceinline__ float to_f(T v);
-template <>
-__device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <>
-__device__ __forceinline__ float to_f<float>(float v) { return v; }
 
 // Monotonic key of a float: a < b (as floats) <=> key(a) < key(b); -0.0 maps to +0.0's key.
 __device__ __forceinline__ uint32_t key_of(float x) {
