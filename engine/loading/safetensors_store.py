@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -51,7 +51,24 @@ def _check_header(path: Path) -> None:
             )
 
 
-class WeightStore:
+class TensorIndex:
+    """Name lookups over a store's index of tensor names (``_index()``): what the model builder
+    asks of any store (the safetensors files, or random weights of a shape)."""
+
+    def _index(self) -> Mapping[str, object]:
+        raise NotImplementedError
+
+    def keys(self) -> set[str]:
+        return set(self._index())
+
+    def has(self, key: str) -> bool:
+        return key in self._index()
+
+    def has_prefix(self, prefix: str) -> bool:
+        return any(k.startswith(prefix) for k in self._index())
+
+
+class WeightStore(TensorIndex):
     """All tensors of a model directory, by name, read lazily from memory-mapped shards."""
 
     def __init__(self, directory: str | Path) -> None:
@@ -90,14 +107,8 @@ class WeightStore:
             raise ModelLoadError(f"no safetensors weights found in {self.directory}")
         return found
 
-    def keys(self) -> set[str]:
-        return set(self._file_of)
-
-    def has(self, key: str) -> bool:
-        return key in self._file_of
-
-    def has_prefix(self, prefix: str) -> bool:
-        return any(k.startswith(prefix) for k in self._file_of)
+    def _index(self) -> dict[str, Path]:
+        return self._file_of
 
     def shape(self, key: str) -> list[int]:
         return list(self._handle(key).get_slice(key).get_shape())

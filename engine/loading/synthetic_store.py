@@ -31,6 +31,7 @@ import torch
 from engine.architectures import architecture_for
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
+from engine.loading.safetensors_store import TensorIndex
 from engine.quant.trellis import MAX_BITS, TILE
 
 HADAMARD = 128  # stored EXL3 dims are padded to multiples of this (section 3.3)
@@ -56,7 +57,7 @@ def check_bits(bits: Iterable[float]) -> list[int]:
     return out
 
 
-class SyntheticWeightStore:
+class SyntheticWeightStore(TensorIndex):
     """Answers :class:`WeightStore`'s ``has``/``get`` with random tensors of the right shape."""
 
     def __init__(
@@ -124,14 +125,8 @@ class SyntheticWeightStore:
             head_k = head_bits if bits is not None and head_bits is not None and head_bits < 16 else None
             linear(n.lm_head, h, s.vocab_size, False, head_k)
 
-    def keys(self) -> set[str]:
-        return set(self._plan)
-
-    def has(self, key: str) -> bool:
-        return key in self._plan
-
-    def has_prefix(self, prefix: str) -> bool:
-        return any(k.startswith(prefix) for k in self._plan)
+    def _index(self) -> dict[str, tuple]:
+        return self._plan
 
     def total_bytes(self) -> int:
         return 0  # nothing on disk
