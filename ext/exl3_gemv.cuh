@@ -396,6 +396,35 @@ void gemv_multi_run(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int
   exl3_gemv_multi_kernel<CB, FAST, ILP><<<blocks, kGemvThreads, smem, stream>>>(a);
 }
 
+// The single-matrix GEMV of codebook CB for a runtime K (launch, or query occupancy when
+// blocks_per_sm is set). Each codebook's .cu file instantiates it, so ninja compiles them in parallel.
+template <int CB, bool FAST, bool ILP = false>
+void gemv_dispatch_k(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm) {
+  switch (K) {
+#define TRELLIS_CASE(k)                                                            \
+  case k:                                                                          \
+    if (blocks_per_sm) *blocks_per_sm = gemv_blocks_per_sm<k, CB, FAST, ILP>();    \
+    else launch_gemv<k, CB, FAST, ILP>(a, stream);                                 \
+    break;
+    TRELLIS_CASE(1) TRELLIS_CASE(2) TRELLIS_CASE(3) TRELLIS_CASE(4)
+    TRELLIS_CASE(5) TRELLIS_CASE(6) TRELLIS_CASE(7) TRELLIS_CASE(8)
+#undef TRELLIS_CASE
+    default: break;
+  }
+}
+
+template <int CB>
+void gemv_dispatch(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm) {
+  if constexpr (CB != CB_MUL1) {  // the ILP variant exists for the fast 3INST/MCG path only
+    if (fast && gemv_ilp()) {  // TRELLIS_GEMV_ILP=1
+      gemv_dispatch_k<CB, true, true>(K, a, stream, blocks_per_sm);
+      return;
+    }
+  }
+  if (fast) gemv_dispatch_k<CB, true>(K, a, stream, blocks_per_sm);
+  else gemv_dispatch_k<CB, false>(K, a, stream, blocks_per_sm);
+}
+
 template <int CB>
 void gemv_multi_dispatch(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm) {
   if constexpr (CB != CB_MUL1) {  // the ILP variant exists for the fast 3INST/MCG path only
