@@ -110,27 +110,11 @@ __device__ __forceinline__ unsigned long long load_planes(const uint8_t* p, int 
   }
 }
 
-// Codes of one unit as floats 0..2^bits-1. Byte j of `planes` holds bit j of all 8 numbers; an
-// 8x8 bit-matrix transpose makes byte i the code of number i, and OR-ing a byte under the
-// exponent of 2^23 turns it into a float with one PRMT and one FADD (no int-to-float unit).
-__device__ __forceinline__ void unpack_codes(unsigned long long x, float (&c)[8]) {
-  unsigned long long t = (x ^ (x >> 7)) & 0x00AA00AA00AA00AAull;
-  x ^= t ^ (t << 7);
-  t = (x ^ (x >> 14)) & 0x0000CCCC0000CCCCull;
-  x ^= t ^ (t << 14);
-  t = (x ^ (x >> 28)) & 0x00000000F0F0F0F0ull;
-  x ^= t ^ (t << 28);
-  const unsigned lo = static_cast<unsigned>(x), hi = static_cast<unsigned>(x >> 32);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    c[i] = __uint_as_float(__byte_perm(lo, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
-    c[4 + i] = __uint_as_float(__byte_perm(hi, 0x4B000000u, 0x7540 + i)) - 8388608.0f;
-  }
-}
-
-// unpack_codes for at most 4 planes (bytes 0-3 of x; the upper four planes are zero): the same
-// transpose's first two swaps stay inside 32 bits and the third reduces to splitting nibbles, so
-// 2-4 bit units cost about half the 64-bit transpose.
+// Codes of one unit as floats 0..2^bits-1, for at most 4 planes (byte j of x holds bit j of all 8
+// numbers; the upper four planes are zero). An 8x8 bit-matrix transpose makes byte i the code of
+// number i, and OR-ing a byte under the exponent of 2^23 turns it into a float with one PRMT and
+// one FADD (no int-to-float unit). With 4 planes the transpose's first two swaps stay inside 32
+// bits and the third reduces to splitting nibbles.
 __device__ __forceinline__ void unpack_codes4(unsigned x, float (&c)[8]) {
   unsigned t = (x ^ (x >> 7)) & 0x00AA00AAu;
   x ^= t ^ (t << 7);
@@ -144,9 +128,9 @@ __device__ __forceinline__ void unpack_codes4(unsigned x, float (&c)[8]) {
   }
 }
 
-// unpack_codes on the two 32-bit halves (lo: planes 0-3, hi: planes 4-7), for 5-8 planes: the
-// first two swaps never cross the halves and the third is one exchange of nibbles between them,
-// so no 64-bit shifts (same result bit for bit).
+// unpack_codes4's transpose for 5-8 planes on the two 32-bit halves (lo: planes 0-3, hi: planes
+// 4-7): the first two swaps never cross the halves and the third is one exchange of nibbles
+// between them, so no 64-bit shifts.
 __device__ __forceinline__ void unpack_codes8(unsigned lo, unsigned hi, float (&c)[8]) {
   unsigned t = (lo ^ (lo >> 7)) & 0x00AA00AAu, v = (hi ^ (hi >> 7)) & 0x00AA00AAu;
   lo ^= t ^ (t << 7);
@@ -176,204 +160,9 @@ __device__ __forceinline__ float hadamard32_warp(float x, int lane) {
   return x;
 }
 
-// One 8-number unit of one side at cache row `row` (= slot * kv_heads + kv_head): dense values
-// (*scale = 1, *offset = 0), or codes with the group's scale and *offset = -midpoint * scale, so
-// that x * scale + offset is the stored (rotated) number: one FFMA each.
-template <int D, typename T>
-__device__ __forceinline__ void load_unit(const Side& s, size_t row, int u, float (&x)[8], float* scale,
-                                          float* offset) {
-  if (s.bits >= 16) {
-    load8(static_cast<const T*>(s.dense) + row * D + u * 8, x);
-    *scale = 1.0f;
-    *offset = 0.0f;
-    return;
-  }
-  unpack_codes(load_planes(s.codes + (row * (D / 8) + u) * s.bits, s.bits), x);
-  *scale = __half2float(s.scales[row * (D / kGroup) + u / 4]);
-  *offset = -0.5f * static_cast<float>((1 << s.bits) - 1) * *scale;
-}
-
-template <int D, typename T, int MAXH>
-__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const Params p) {
-  constexpr int L = D / 8;        // lanes per key
-  constexpr int KPW = 32 / L;     // keys side by side in a warp
-  constexpr int KPI = KPW * kSteps;
-  static_assert(D % kGroup == 0 && L <= 32, "head_dim must be 64, 128 or 256");
-  __shared__ float s_m[kWarps][MAXH], s_l[kWarps][MAXH];
-  __shared__ float s_acc[kWarps][MAXH][D];
-
-  const int split = blockIdx.x, b = blockIdx.z;
-  const int kvh = blockIdx.y / p.head_chunks, chunk = blockIdx.y % p.head_chunks;
-  const int h0 = kvh * p.group + chunk * MAXH;
-  const int nh = min(MAXH, p.group - chunk * MAXH);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int u = lane % L, sub = lane / L;
-  const int len = p.lengths[b];
-  const int lo = p.window > 0 ? max(0, len - p.window) : 0;
-  const int span = p.pages_per_split * p.page_size;
-  const int start = max(lo, split * span), end = min(len, (split + 1) * span);
-  const size_t part = (static_cast<size_t>(b) * p.heads + h0) * p.splits + split;  // head stride: splits
-  if (start >= end) {
-    if (threadIdx.x < nh) {
-      p.part_m[part + threadIdx.x * p.splits] = -INFINITY;
-      p.part_l[part + threadIdx.x * p.splits] = 0.0f;
-    }
-    return;
-  }
-
-  // The query, rotated like the keys where they are quantized, with the scale (and log2 e when
-  // there is no softcap to apply first) folded in.
-  const bool krot = p.k.bits < 16;
-  const float qmul = p.scale * (p.softcap > 0.0f ? 1.0f : kLog2e) * (krot ? kInvSqrtGroup : 1.0f);
-  float qr[MAXH][8], qsum[MAXH];
-#pragma unroll
-  for (int h = 0; h < MAXH; ++h) {
-    qsum[h] = 0.0f;
-    if (h < nh) {
-      load8(static_cast<const T*>(p.q) + (static_cast<size_t>(b) * p.heads + h0 + h) * D + u * 8, qr[h]);
-      if (krot) hadamard32_lanes(qr[h], lane);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        qr[h][i] *= qmul;
-        qsum[h] += qr[h][i];
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qr[h][i] = 0.0f;
-    }
-  }
-  const float khalf = krot ? 0.5f * static_cast<float>((1 << p.k.bits) - 1) : 0.0f;
-  const float cap = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
-  const float inv_cap = p.softcap > 0.0f ? 1.0f / p.softcap : 0.0f;
-
-  float m[MAXH], l[MAXH], acc[MAXH][8];
-#pragma unroll
-  for (int h = 0; h < MAXH; ++h) {
-    m[h] = -INFINITY;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
-  }
-
-  const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
-  for (int base = start + warp * KPI; base < end; base += kWarps * KPI) {
-    float s[kSteps][MAXH], vx[kSteps][8];
-    bool valid[kSteps];
-#pragma unroll
-    for (int k = 0; k < kSteps; ++k) {
-      const int pos = base + k * KPW + sub;
-      valid[k] = pos < end;
-      float kx[8], ks = 0.0f, vs = 0.0f, unused, voff = 0.0f;
-      if (valid[k]) {
-        // Power-of-two pages (the usual case) avoid an integer division per key.
-        const int page_idx = p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
-        const int in_page = pos - page_idx * p.page_size;
-        const int page = __ldg(table + page_idx);
-        const size_t row = (static_cast<size_t>(page) * p.page_size + in_page) * p.kv_heads + kvh;
-        load_unit<D, T>(p.k, row, u, kx, &ks, &unused);
-        load_unit<D, T>(p.v, row, u, vx[k], &vs, &voff);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) kx[i] = vx[k][i] = 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) vx[k][i] = fmaf(vx[k][i], vs, voff);
-#pragma unroll
-      for (int h = 0; h < MAXH; ++h) {
-        float d = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) d = fmaf(qr[h][i], kx[i], d);
-        s[k][h] = (d - khalf * qsum[h]) * ks;  // dense: khalf = 0, ks = 1
-      }
-    }
-    // Sum each score over the key's lanes (every lane of the key ends with the total).
-#pragma unroll
-    for (int off = 1; off < L; off <<= 1) {
-#pragma unroll
-      for (int k = 0; k < kSteps; ++k)
-#pragma unroll
-        for (int h = 0; h < MAXH; ++h)
-          if (h < nh) s[k][h] += __shfl_xor_sync(kFull, s[k][h], off);
-    }
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h) {
-      if (h >= nh) continue;
-      float mx = m[h];
-#pragma unroll
-      for (int k = 0; k < kSteps; ++k) {
-        if (cap > 0.0f) s[k][h] = cap * tanhf(s[k][h] * inv_cap);
-        if (!valid[k]) s[k][h] = -INFINITY;
-        mx = fmaxf(mx, s[k][h]);
-      }
-      if (mx == -INFINITY) continue;  // no visible key in this lane's share yet
-      const float corr = exp2f(m[h] - mx);
-      m[h] = mx;
-      l[h] *= corr;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[h][i] *= corr;
-#pragma unroll
-      for (int k = 0; k < kSteps; ++k) {
-        const float pk = exp2f(s[k][h] - mx);
-        l[h] += pk;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[h][i] = fmaf(pk, vx[k][i], acc[h][i]);
-      }
-    }
-  }
-
-  // Merge the warp's side-by-side keys (lanes L apart), then the warps (shared memory).
-#pragma unroll
-  for (int off = L; off < 32; off <<= 1) {
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h) {
-      if (h >= nh) continue;
-      const float om = __shfl_xor_sync(kFull, m[h], off), ol = __shfl_xor_sync(kFull, l[h], off);
-      const float mx = fmaxf(m[h], om);
-      const float a = mx == -INFINITY ? 0.0f : exp2f(m[h] - mx);
-      const float c = mx == -INFINITY ? 0.0f : exp2f(om - mx);
-      l[h] = l[h] * a + ol * c;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[h][i] = acc[h][i] * a + __shfl_xor_sync(kFull, acc[h][i], off) * c;
-      m[h] = mx;
-    }
-  }
-  if (sub == 0) {
-#pragma unroll
-    for (int h = 0; h < MAXH; ++h) {
-      if (h >= nh) continue;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) s_acc[warp][h][u * 8 + i] = acc[h][i];
-      if (u == 0) {
-        s_m[warp][h] = m[h];
-        s_l[warp][h] = l[h];
-      }
-    }
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
-    const int h = idx / D, d = idx % D;
-    float mx = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
-    float a = 0.0f, den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float c = s_m[w][h] == -INFINITY ? 0.0f : exp2f(s_m[w][h] - mx);
-      a += c * s_acc[w][h][d];
-      den += c * s_l[w][h];
-    }
-    const size_t at = part + static_cast<size_t>(h) * p.splits;
-    p.part_acc[at * D + d] = a;
-    if (d == 0) {
-      p.part_m[at] = mx;
-      p.part_l[at] = den;
-    }
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
-// Version 2 (the default; TRELLIS_ATTN_V1=1 selects the kernel above). Same lanes, same math, but
-// built for memory-level parallelism: version 1 loaded each step's key/value inside a branch and
+// Version 2 (fp16/bf16 caches and the widths version 3 does not take). Built for memory-level
+// parallelism: version 1 (removed; see ext/NOTES.md) loaded each step's key/value inside a branch and
 // used it at once, so a warp waited for four serial page-table + cache round trips per loop
 // iteration (~6 us measured per iteration, whatever the load). Here every load of an iteration is
 // issued unconditionally (positions past the end are clamped to the last key and masked to -inf),
@@ -1234,12 +1023,11 @@ void (*mma_kernel(const Params& p))(const Params) {
 
 template <int D, typename T>
 void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupancy) {
-  // TRELLIS_ATTN_V1=1: the first version; TRELLIS_ATTN_V2=1: version 2 where version 3 (tensor
-  // cores, quantized caches) would run. Read per call, so one process can time them side by side.
-  const bool v1 = env_flag("TRELLIS_ATTN_V1");
-  auto kernel = p.group <= 4 ? (v1 ? paged_decode_kernel<D, T, 4> : paged_decode_kernel_v2<D, T, 4>)  // Llama: 4
-                             : (v1 ? paged_decode_kernel<D, T, kMaxHeads> : paged_decode_kernel_v2<D, T, kMaxHeads>);
-  if (!v1 && !env_flag("TRELLIS_ATTN_V2")) {
+  // TRELLIS_ATTN_V2=1: version 2 where version 3 (tensor cores, quantized caches) would run. Read
+  // per call, so one process can time them side by side.
+  auto kernel = p.group <= 4 ? paged_decode_kernel_v2<D, T, 4>  // Llama: 4
+                             : paged_decode_kernel_v2<D, T, kMaxHeads>;
+  if (!env_flag("TRELLIS_ATTN_V2")) {
     if (auto v3 = mma_kernel<D, T>(p)) kernel = v3;
   }
   if (occupancy) {

@@ -4,11 +4,10 @@ For each context, batch and cache width it reports the time of one layer's decod
 (``ops.paged_decode_attention``: the CUDA kernel reading the paged cache directly), the bytes
 that call must read (keys + values + scales of every visible position) and the bandwidth that
 makes, beside its peers on the same shapes: torch SDPA on a contiguous fp16 cache (no paging, no
-quantization: what a plain dense decoder pays), with ``--compare-v1`` the first kernel version
-(``TRELLIS_ATTN_V1=1``), with ``--compare-v2`` version 2 where version 3 (tensor cores, 2/4/8-bit
-caches) runs by default (``TRELLIS_ATTN_V2=1``), with ``--reference`` the slow torch reference
-(gathers and dequantizes the padded table, then SDPA). Also the fused quantize-and-write of one
-decode step's keys and values against the torch path it replaces.
+quantization: what a plain dense decoder pays), with ``--compare-v2`` version 2 where version 3
+(tensor cores, 2/4/8-bit caches) runs by default (``TRELLIS_ATTN_V2=1``), with ``--reference`` the
+slow torch reference (gathers and dequantizes the padded table, then SDPA). Also the fused
+quantize-and-write of one decode step's keys and values against the torch path it replaces.
 
 Timing: CUDA events around CUDA-graph replays of many calls, cycling through enough cache
 copies that one pass reads several times the L2 (the graph bakes in which copy each call read).
@@ -42,9 +41,6 @@ def register(sub) -> None:
     p.add_argument("--repeats", type=int, default=7, help="timed replays (median reported)")
     p.add_argument("--reference", action="store_true", help="also time the (slow) torch reference")
     p.add_argument("--no-reference", action="store_true", help=argparse.SUPPRESS)  # the default now
-    p.add_argument(
-        "--compare-v1", action="store_true", help="also time the first kernel version (TRELLIS_ATTN_V1=1)"
-    )
     p.add_argument(
         "--compare-v2",
         action="store_true",
@@ -149,7 +145,6 @@ def bench_one(args, ctx: int, batch: int, bits: tuple[int, int], dtype) -> dict:
         finally:
             os.environ.pop(name, None)
 
-    t_v1 = with_env("TRELLIS_ATTN_V1") if args.compare_v1 else None
     t_v2 = with_env("TRELLIS_ATTN_V2") if args.compare_v2 else None
     t_ref = None
     if args.reference and not args.no_reference:
@@ -186,7 +181,6 @@ def bench_one(args, ctx: int, batch: int, bits: tuple[int, int], dtype) -> dict:
         "read_MB": read_bytes / 1e6,
         "GBps": read_bytes / t_kernel / 1e9,
         "reference_us": None if t_ref is None else t_ref * 1e6,
-        "v1_us": None if t_v1 is None else t_v1 * 1e6,
         "v2_us": None if t_v2 is None else t_v2 * 1e6,
         "sdpa_fp16_us": t_sdpa * 1e6,
         "x_sdpa": t_sdpa / t_kernel,
@@ -234,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"{'ctx':>6} {'B':>2} {'bits':>5} {'us':>8} {'MB':>7} {'GB/s':>6} {'ref us':>9} {'SDPA us':>8} "
-        f"{'x SDPA':>6} {'x fp16':>6} {'v1 us':>8} {'v2 us':>8}"
+        f"{'x SDPA':>6} {'x fp16':>6} {'v2 us':>8}"
     )
     rows, writes = [], []
     for ctx in (int(c) for c in args.contexts.split(",")):
@@ -248,11 +242,10 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(r)
                 ref = "-" if r["reference_us"] is None else f"{r['reference_us']:9.1f}"
                 x16 = "-" if r["x_fp16_cache"] is None else f"{r['x_fp16_cache']:6.2f}"
-                v1 = "-" if r["v1_us"] is None else f"{r['v1_us']:8.2f}"
                 v2 = "-" if r["v2_us"] is None else f"{r['v2_us']:8.2f}"
                 print(
                     f"{ctx:>6} {batch:>2} {r['bits']:>5} {r['us']:8.2f} {r['read_MB']:7.1f} {r['GBps']:6.0f} "
-                    f"{ref:>9} {r['sdpa_fp16_us']:8.2f} {r['x_sdpa']:6.2f} {x16:>6} {v1:>8} {v2:>8}",
+                    f"{ref:>9} {r['sdpa_fp16_us']:8.2f} {r['x_sdpa']:6.2f} {x16:>6} {v2:>8}",
                     flush=True,
                 )
                 torch.cuda.empty_cache()

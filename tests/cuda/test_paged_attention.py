@@ -94,19 +94,6 @@ def test_page_size_one_and_large_padding():
     _check(layer, tables, lens, q, page=1)
 
 
-@pytest.mark.parametrize("kbits,vbits", [(16, 16), (8, 8), (4, 4), (4, 6), (3, 5), (2, 2)])
-@pytest.mark.parametrize("heads,kv_heads", [(32, 8), (16, 2)])
-def test_first_kernel_version_still_right(kbits, vbits, heads, kv_heads, monkeypatch):
-    """TRELLIS_ATTN_V1=1 keeps the first kernel selectable (benchmarks compare both); both agree."""
-    lengths = [16384 - 63, 1, 700, 64 * 3 + 5]
-    case = _case(kbits, vbits, 128, heads, kv_heads, lengths, torch.float16, page=64, seed=5)
-    layer, tables, lens, q = case
-    v2 = _check(layer, tables, lens, q, page=64)
-    monkeypatch.setenv("TRELLIS_ATTN_V1", "1")
-    v1 = _check(layer, tables, lens, q, page=64)
-    assert rel_fro(v1, v2) < 2e-3
-
-
 # Version 3 (tensor cores) takes keys and values quantized to the same 2, 4 or 8 bits; every test
 # above runs it for those widths. TRELLIS_ATTN_V2=1 keeps version 2 selectable for them.
 V3_BITS = [(2, 2), (4, 4), (8, 8)]
