@@ -182,9 +182,6 @@ class Sampler:
     def context_ids(self, context: Sequence[int]) -> torch.Tensor:
         """The distinct ids of ``context`` (what the repetition penalty divides), kept up to date
         as the context grows: the host draw and the device one (``pack_rows``) both use them."""
-        return self._context_ids(context)
-
-    def _context_ids(self, context: Sequence[int]) -> torch.Tensor:
         if len(context) < self._seen_len:  # not the context seen so far: start over
             self._seen, self._seen_ids, self._seen_len = set(), torch.empty(0, dtype=torch.long), 0
         fresh = [t for t in dict.fromkeys(context[self._seen_len :]) if t not in self._seen]
@@ -207,7 +204,7 @@ class Sampler:
         applies before truncation, so top-k/top-p/min-p choose among the allowed tokens. ``u``:
         the draw's uniform in [0, 1) (default: :meth:`next_uniform`; greedy draws none)."""
         s = self.settings
-        ids = self._context_ids(context) if s.repetition_penalty != 1.0 else None
+        ids = self.context_ids(context) if s.repetition_penalty != 1.0 else None
         logits = apply_penalties(logits.float().cpu().clone(), s, context, generated, ids)
         if mask is not None:
             logits = logits.masked_fill(~mask, float("-inf"))

@@ -135,8 +135,8 @@ def test_sampler_keeps_the_context_ids_as_the_context_grows():
     for step in range(40):
         context += torch.randint(0, 300, (1 + step % 3,), generator=g).tolist()
         logits = torch.randn(300, generator=g)
-        ids = sampler._context_ids(context)
+        ids = sampler.context_ids(context)
         cached = apply_penalties(logits.clone(), settings, context, context[-10:], ids)
         assert torch.equal(cached, apply_penalties(logits.clone(), settings, context, context[-10:]))
     short = [5, 6, 7]
-    assert sorted(sampler._context_ids(short).tolist()) == short
+    assert sorted(sampler.context_ids(short).tolist()) == short
