@@ -737,7 +737,7 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_sample_kernel(SampleArgs 
       }
     }
     if (try_list)
-      for (int k = count + lane; k < kCandidatesPerWarp; k += 32) list_x[k] = -INFINITY;
+      for (int k = count + lane; k < kCandidatesPerWarp; k += 32) list_x[k] = -INFINITY, list_id[k] = lo;
     listed = try_list && __syncthreads_or(count > kCandidatesPerWarp) == 0;  // also publishes the list
     if (listed) dx = sh.cand_x, dlen = kCandidatesPerWarp * kWarps, seg_len = kCandidatesPerWarp;
     z = cluster_sum(c, z);
@@ -789,7 +789,8 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_sample_kernel(SampleArgs 
     const unsigned crossed = __ballot_sync(0xffffffffu, before + incl > target);
     const int seg = __ffs(crossed) - 1;
     if (warp == seg) {
-      unsigned long long carry = before + incl - own;
+      // The weight before segment seg: lane seg's exclusive prefix (incl and own are per lane).
+      unsigned long long carry = before + __shfl_sync(0xffffffffu, incl - own, seg);
       for (int j0 = seg_b; j0 < seg_e; j0 += 32) {
         const unsigned long long w = kept(j0 + lane, seg_e);
         unsigned long long cum = w;

@@ -97,6 +97,8 @@ def _check(logits: torch.Tensor, rows: SamplingRows, u: torch.Tensor) -> int:
     got = ops.sample_tokens(logits, rows, u)
     want = sample_reference(logits, rows, u)
     assert got.dtype == torch.int64 and got.device == logits.device
+    # A drawn id must exist and carry weight (a wrong draw can point past the kept tokens).
+    assert bool(((got >= 0) & (got < logits.shape[1])).all()), got.tolist()
     differ = (got != want).nonzero().squeeze(1).tolist()
     if differ:
         alternatives = [sample_reference(logits, r, v) for r, v in _nudged(rows, u)]
