@@ -1,11 +1,14 @@
 // Sampling on the GPU: penalties, temperature, top-k, min-p, top-p and the draw in one launch.
 //
 // Why: without it every sampled token copies a [vocab] fp32 row to the host (1 MB for a 262k
-// vocabulary) and runs the host sampler there. Here one block per batch row takes the same
-// decision as the host sampler (engine/generation/sampling.py) and the torch reference
+// vocabulary) and runs the host sampler there. Here the GPU takes the same decision as the host
+// sampler (engine/generation/sampling.py) and the torch reference
 // (engine/generation/device_sampling.py, the test oracle) and writes one token id; the row never
-// leaves the device. Every input is a device tensor (the per-row settings, the penalty lists, the
-// uniform u), so a CUDA graph can capture the launch and replay it with new values.
+// leaves the device. Two kernels take it, bit for bit alike: on sm_90+ a cluster of 8 blocks per
+// row (the second half of this file: the row's x computed once and kept in shared memory), and
+// elsewhere one block per row (the first half). Every input is a device tensor (the per-row
+// settings, the penalty lists, the uniform u), so a CUDA graph can capture the launch and replay
+// it with new values.
 //
 // The decision, in order (the host sampler's):
 //   1. penalties on the raw logits w: repetition (CTRL-style: w > 0 ? w / r : w * r) over the
@@ -35,7 +38,7 @@
 // below 6e-14).
 //
 // Thresholds are found by radix search over the tokens' keys (the float bits made monotonic:
-// a larger float, a larger uint32), 8 bits per pass, with a block-wide 256-bin histogram each pass
+// a larger float, a larger uint32), 8 bits per pass, with a 256-bin histogram of the row each pass
 // (counts for top-k, weights for top-p): four passes over the row instead of a sort.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -44,9 +47,14 @@
 #include <cuda_fp16.h>
 #include <torch/extension.h>
 
+#include <cooperative_groups.h>
+
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
+#include <mutex>
+#include <unordered_map>
 
 #include "float_types.cuh"
 #include "trellis_ext.h"
@@ -111,6 +119,10 @@ __device__ int block_argmax(float v, int i, float* fscratch, int* iscratch) {
   for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
   return i;
 }
+
+// ================================================================================================
+// The single-block kernel (sm_80-89, and the fallback): one 1024-thread block per row.
+// ================================================================================================
 
 // Sum of w over the lanes in `peers` (every one of them calls with the same mask; sm_80+).
 __device__ __forceinline__ uint32_t group_sum(unsigned peers, uint32_t w) { return __reduce_add_sync(peers, w); }
@@ -386,6 +398,491 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   }
 }
 
+// ================================================================================================
+// The cluster kernel (sm_90+): one row per thread-block cluster.
+//
+// Which kernel runs where: on sm_90 and newer, with a slice of the row that fits a block's shared
+// memory (vocabularies up to ~380k tokens on an H100/H200), this one; on sm_80-89, a build
+// without sm_90 code, a larger vocabulary, or TRELLIS_SAMPLING_SINGLE_BLOCK=1 (tests, A/B), the
+// single-block kernel above. Both take the same decision, bit for bit.
+//
+// Why: one 1024-thread block per row uses one of the GPU's SMs and re-derived x, its key and its
+// weight (a correctly rounded division, expf, a float->u64 conversion) from the logits in every
+// pass. Here kCluster blocks share a row, each owning a contiguous slice of it (rank r: ids
+// [r * slice, (r + 1) * slice)), and each keeps its slice of x = w / temperature in shared memory:
+// the logits are read once, divided once, and every later pass is a shared-memory read plus a few
+// instructions. Block results (maxima, sums, histograms) meet through distributed shared memory:
+// every block publishes its value in its own shared memory, the cluster barrier makes them
+// visible, and every block reads all kCluster of them in rank order and derives the same
+// cluster-wide value (integer sums and float maxima do not depend on the order anyway), so no
+// block ever has to wait for a broadcast.
+// ================================================================================================
+constexpr int kCluster = 8;  // blocks per row: the portable cluster size
+constexpr int kCountCopies = 32;  // lane-private copies of a count histogram
+constexpr int kMassCopies = 16;  // copies of a mass histogram: lanes l and l + 16 share one
+constexpr int kCandidatesPerWarp = 64;  // top-p candidate list: room per warp segment
+static_assert(kThreads == 1024, "the histogram fold gives each of the 256 bins four threads");
+
+// Shared memory of a block besides its slice of x (the dynamic part).
+struct ClusterShared {
+  // Radix histogram of this block's elements, copy = lane % copies: counts as
+  // uint32[256][kCountCopies]; weights as two uint32[256][kMassCopies], the low and the high
+  // words of 64-bit sums (a 64-bit shared atomicAdd is a compare-and-swap loop on sm_90, which
+  // retries when warps hit one word; two 32-bit adds with an explicit carry are native and exact).
+  // A digit is usually shared by many lanes of a warp (similar logits share their exponent bits):
+  // with one copy per lane (per two for weights) the adds of a warp do not serialize. Zero between
+  // passes (the fold that reads them clears them).
+  uint32_t copies[256 * kCountCopies];
+  unsigned long long slot[2][256];  // published to the cluster; alternate exchanges use alternate slots
+  unsigned long long hist[256];  // the cluster's histogram of the current pass
+  unsigned long long segment[kWarps];  // the draw: weight of each warp's segment
+  float cand_x[kCandidatesPerWarp * kWarps];  // top-p candidates (x, id), warp segment by segment
+  int cand_id[kCandidatesPerWarp * kWarps];
+  float fscratch[kWarps];
+  int iscratch[kWarps];
+  unsigned long long uscratch[kWarps];
+  unsigned long long above;  // threshold search: the pass's result, from warp 0 to the block
+  int digit;  // -1: the total weight is below the target
+};
+static_assert(2 * kMassCopies <= kCountCopies, "the mass histogram's two words fit the copies");
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+namespace cg = cooperative_groups;
+
+// The cluster and the exchange slot to use next. Exchange k writes slot k % 2 before the cluster
+// barrier and reads the others' after it; exchange k + 2 writes the same slot only after exchange
+// k + 1's barrier, which every block reaches after its reads of exchange k: one barrier per
+// exchange suffices.
+struct ClusterCtx {
+  cg::cluster_group cluster;
+  int rank;
+  int parity;
+  ClusterShared* sh;
+  __device__ unsigned long long* next_slot() {
+    unsigned long long* s = sh->slot[parity];
+    parity ^= 1;
+    return s;
+  }
+};
+
+// Every block publishes one value (thread 0's `mine`); after the barrier, lane r (< kCluster) of
+// every warp holds block r's value and the other lanes `pad`.
+__device__ unsigned long long cluster_gather(ClusterCtx& c, unsigned long long mine, unsigned long long pad) {
+  unsigned long long* s = c.next_slot();
+  if (threadIdx.x == 0) s[0] = mine;
+  c.cluster.sync();
+  const int lane = threadIdx.x & 31;
+  return lane < kCluster ? *c.cluster.map_shared_rank(s, lane) : pad;
+}
+
+__device__ float cluster_max(ClusterCtx& c, float v) {
+  v = block_max(v, c.sh->fscratch);
+  const unsigned long long g = cluster_gather(c, __float_as_uint(v), __float_as_uint(-INFINITY));
+  return warp_max(__uint_as_float(static_cast<uint32_t>(g)));
+}
+
+__device__ unsigned long long cluster_sum(ClusterCtx& c, unsigned long long v) {
+  v = block_sum(v, c.sh->uscratch);
+  return warp_sum(cluster_gather(c, v, 0ull));
+}
+
+// The first (lowest id) maximum of the row: (value, id) pairs meet as one 64-bit word.
+__device__ int cluster_argmax(ClusterCtx& c, float v, int i) {
+  for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) c.sh->fscratch[warp] = v, c.sh->iscratch[warp] = i;
+  __syncthreads();
+  v = c.sh->fscratch[lane], i = c.sh->iscratch[lane];
+  for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  const auto pack = [](float fv, int fi) {
+    return (static_cast<unsigned long long>(__float_as_uint(fv)) << 32) | static_cast<uint32_t>(fi);
+  };
+  const unsigned long long g = cluster_gather(c, pack(v, i), pack(-INFINITY, INT_MAX));
+  v = __uint_as_float(static_cast<uint32_t>(g >> 32)), i = static_cast<int>(static_cast<uint32_t>(g));
+  for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+  return i;
+}
+
+// threshold_search over the cluster's row: the largest key v with weight(keys >= v) >= target,
+// weight_of(x, key) giving each element of the block's slice `xs` its weight (0: not a candidate).
+// Per 8-bit digit: the block's histogram in lane-private copies, folded into 256 sums and
+// published; the cluster barrier; every block adds the kCluster histograms (rank order) and picks
+// the digit (every block the same one: the same integers, the same scan).
+template <typename W, typename F>
+__device__ bool cluster_threshold_search(ClusterCtx& c, const float* xs, int len, unsigned long long target,
+                                         F weight_of, uint32_t* result) {
+  constexpr bool kCounts = sizeof(W) == 4;  // else 64-bit weights
+  constexpr int kCopies = kCounts ? kCountCopies : kMassCopies;
+  constexpr int kPerThread = kCopies / 4;  // copies each of a bin's four threads folds
+  uint32_t* low = c.sh->copies;  // counts, or the low words of the weights
+  uint32_t* high = c.sh->copies + 256 * kMassCopies;  // the high words of the weights
+  unsigned long long* hist = c.sh->hist;
+  const int tid = threadIdx.x, lane = tid & 31;
+  uint32_t prefix = 0, mask = 0;
+  unsigned long long above = 0;  // weight of the keys above the chosen prefix
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    const int copy = lane % kCopies;
+    for (int j = tid; j < len; j += kThreads) {
+      const float x = xs[j];
+      const uint32_t key = key_of(x);
+      if ((key & mask) != prefix) continue;  // decided by an earlier digit: no weight to compute
+      const W w = weight_of(x, key);
+      if (w == 0) continue;
+      const int at = static_cast<int>((key >> shift) & 255u) * kCopies + copy;
+      if constexpr (kCounts) {
+        atomicAdd(low + at, w);
+      } else {
+        // The add that wraps the low word sees it in the old value and carries one (the adds of
+        // one word are serialized); the high words sum to at most 2^64 / 2^32.
+        const uint32_t w_low = static_cast<uint32_t>(w), old = atomicAdd(low + at, w_low);
+        atomicAdd(high + at, static_cast<uint32_t>(w >> 32) + (old + w_low < old ? 1u : 0u));
+      }
+    }
+    __syncthreads();
+    // Fold: thread t sums a quarter of bin t / 4's copies and clears them for the next pass. The
+    // start is rotated so that a warp's eight bins read distinct banks (32 copies: bank = copy;
+    // 16: bins 2b and 2b + 1 share a row of banks).
+    unsigned long long* out = c.next_slot();
+    {
+      const int bin = tid >> 2, part = tid & 3;
+      const int row = bin * kCopies + part * kPerThread, rotation = bin * kCopies / 32;
+      unsigned long long sum = 0;
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        const int at = row + (i + rotation) % kPerThread;
+        sum += low[at];
+        low[at] = 0;
+        if constexpr (!kCounts) {
+          sum += static_cast<unsigned long long>(high[at]) << 32;
+          high[at] = 0;
+        }
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      if (part == 0) out[bin] = sum;
+    }
+    c.cluster.sync();
+    if (tid < 256) {
+      unsigned long long h = 0;
+#pragma unroll
+      for (int r = 0; r < kCluster; ++r) h += c.cluster.map_shared_rank(out, r)[tid];
+      hist[tid] = h;
+    }
+    __syncthreads();
+    // Warp 0 picks the digit: lane l owns bins 255-8l .. 248-8l (read from a start rotated by
+    // l / 2, so the warp's 64-bit reads take two wavefronts, the least); a scan from the top bins
+    // down finds the lane whose bins cross the target, and that lane walks its eight bins.
+    if (tid < 32) {
+      const int hi = 255 - 8 * lane;
+      unsigned long long own = 0;
+#pragma unroll
+      for (int b = 0; b < 8; ++b) own += hist[hi - (b + (lane >> 1)) % 8];
+      unsigned long long incl = own;
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += t;
+      }
+      const unsigned crossed = __ballot_sync(0xffffffffu, above + incl >= target);
+      if (crossed == 0) {
+        if (lane == 0) c.sh->digit = -1;
+      } else if (lane == __ffs(crossed) - 1) {
+        unsigned long long acc = above + incl - own;
+        int b = hi;
+        for (; b > hi - 7; --b) {  // the last bin crosses if no other does
+          if (acc + hist[b] >= target) break;
+          acc += hist[b];
+        }
+        c.sh->digit = b;
+        c.sh->above = acc;
+      }
+    }
+    __syncthreads();
+    const int digit = c.sh->digit;
+    if (digit < 0) return false;  // the same in every thread of the cluster
+    above = c.sh->above;
+    prefix |= static_cast<uint32_t>(digit) << shift;
+    mask |= 255u << shift;
+  }
+  *result = prefix;
+  return true;
+}
+#endif  // __CUDA_ARCH__ >= 900
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) cluster_sample_kernel(SampleArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Dynamic shared memory: the ClusterShared state, then this block's slice of the row (the
+  // penalized w, then x = w / T).
+  extern __shared__ __align__(16) unsigned char smem[];
+  ClusterShared& sh = *reinterpret_cast<ClusterShared*>(smem);
+  float* xs = reinterpret_cast<float*>(smem + sizeof(ClusterShared));
+  ClusterCtx c{cg::this_cluster(), 0, 0, &sh};
+  c.rank = static_cast<int>(c.cluster.block_rank());
+
+  const int row = blockIdx.x / kCluster, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n = a.vocab;
+  const int slice = (n + kCluster - 1) / kCluster;
+  const int lo = min(n, c.rank * slice), len = min(n, lo + slice) - lo;
+  const T* logits = static_cast<const T*>(a.logits) + row * a.row_stride + lo;
+  const float* st = a.settings + row * kSettings;
+  const float temperature = st[0], top_p = st[2], min_p = st[3], rep = st[4], presence = st[5], frequency = st[6];
+  const int top_k = static_cast<int>(st[1]);
+
+  for (int i = tid; i < 256 * kCountCopies; i += kThreads) sh.copies[i] = 0;
+
+  // 1. The slice's logits and their penalties (each block applies those of its ids; the ids of a
+  // list are distinct, so no two threads touch one element).
+  for (int j = tid; j < len; j += kThreads) xs[j] = to_f<T>(logits[j]);
+  const int n_rep = rep != 1.0f ? a.rep_len[row] : 0;
+  const int n_gen = (presence != 0.0f || frequency != 0.0f) ? a.gen_len[row] : 0;
+  if (n_rep > 0 || n_gen > 0) {
+    __syncthreads();
+    for (int j = tid; j < n_rep; j += kThreads) {
+      const int id = a.rep_ids[row * a.rep_cap + j] - lo;
+      if (id < 0 || id >= len) continue;  // another block's id, or out of range
+      const float v = xs[id];
+      xs[id] = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+    }
+    __syncthreads();
+    for (int j = tid; j < n_gen; j += kThreads) {
+      const int id = a.gen_ids[row * a.gen_cap + j] - lo;
+      if (id < 0 || id >= len) continue;
+      const float count = static_cast<float>(a.gen_counts[row * a.gen_cap + j]);
+      xs[id] = __fsub_rn(xs[id], __fadd_rn(presence, __fmul_rn(frequency, count)));
+    }
+  }
+  __syncthreads();
+
+  auto store = [&](int token) {
+    if (a.out64) static_cast<long long*>(a.out)[row] = token;
+    else static_cast<int*>(a.out)[row] = token;
+  };
+  // Every exit: one thread of the cluster has stored the token; no block may exit while another
+  // can still read its shared memory, hence the barrier.
+  auto finish = [&](bool writer, int token) {
+    if (writer) store(token);
+    c.cluster.sync();
+  };
+
+  // 2. Greedy.
+  if (temperature <= 0.0f || top_k == 1) {
+    float best = -INFINITY;
+    int at = INT_MAX;
+    for (int j = tid; j < len; j += kThreads) better(best, at, xs[j], lo + j);
+    const int token = cluster_argmax(c, best, at);
+    finish(c.rank == 0 && tid == 0, token == INT_MAX ? 0 : token);
+    return;
+  }
+
+  // 3. Temperature (once per element) and the maximum.
+  float m = -INFINITY;
+  for (int j = tid; j < len; j += kThreads) {
+    const float x = __fdiv_rn(xs[j], temperature);
+    xs[j] = x;
+    m = fmaxf(m, x);
+  }
+  m = cluster_max(c, m);  // its block_max synchronizes the block: xs holds x from here on
+  if (m == -INFINITY) {
+    finish(c.rank == 0 && tid == 0, 0);
+    return;
+  }
+  auto weight = [m](float x) -> unsigned long long {
+    return __float2ull_rz(__fmul_rn(expf(__fsub_rn(x, m)), kWeightScale));
+  };
+
+  // 4. Top-k: the key of the k-th largest x.
+  uint32_t k_key = 0;
+  if (top_k > 0 && top_k < n) {
+    cluster_threshold_search<uint32_t>(
+        c, xs, len, static_cast<unsigned long long>(top_k), [](float, uint32_t) { return 1u; }, &k_key);
+  }
+
+  // 5./6. Min-p: x >= m + log(min_p). floor_key: the smallest key top-k and min-p keep.
+  uint32_t floor_key = k_key;
+  if (min_p > 0.0f) floor_key = max(floor_key, key_of(__fadd_rn(m, logf(min_p))));
+  uint32_t t_key = floor_key;
+
+  // 7. Top-p, with Z over what top-k kept. The search only looks at keys >= floor_key: where the
+  // single-block kernel's threshold p (over everything top-k kept) is >= floor_key, the weight of
+  // the keys >= v is the same for every v >= floor_key, so this search finds p too; where p is
+  // below floor_key, the weight of the keys >= floor_key is below the target, this search finds
+  // nothing and the threshold stays floor_key = max(floor_key, p).
+  //
+  // Those candidates are usually few (min-p 0.05 keeps x >= m - 3; top-k keeps k): while summing
+  // Z, each warp copies its segment's candidates, in id order, into its part of the candidate list
+  // (-inf pads the rest: weight 0, never counted, never drawn). If every warp's fit, the four
+  // search passes and the draw scan the list instead of the slice. The choice is the block's own:
+  // either way its histograms and sums are the same.
+  const float* dx = xs;  // what the top-p search and the draw scan: the slice or the list
+  int dlen = len, seg_len = (len + kWarps - 1) / kWarps;
+  bool listed = false;
+  const int seg_b0 = min(len, warp * seg_len), seg_e0 = min(len, seg_b0 + seg_len);
+  if (top_p < 1.0f) {
+    const bool try_list = floor_key != 0;  // else every token is a candidate
+    float* list_x = sh.cand_x + warp * kCandidatesPerWarp;
+    int* list_id = sh.cand_id + warp * kCandidatesPerWarp;
+    int count = 0;  // this warp's candidates so far
+    unsigned long long z = 0;
+    for (int j0 = seg_b0; j0 < seg_e0; j0 += 32) {  // warp-uniform trip count
+      const int j = j0 + lane;
+      const float x = j < seg_e0 ? xs[j] : -INFINITY;  // weighs 0
+      const uint32_t key = key_of(x);
+      if (key >= k_key) z += weight(x);
+      if (try_list) {
+        const bool candidate = j < seg_e0 && key >= floor_key;
+        const unsigned ballot = __ballot_sync(0xffffffffu, candidate);
+        const int at = count + __popc(ballot & ((1u << lane) - 1u));
+        if (candidate && at < kCandidatesPerWarp) list_x[at] = x, list_id[at] = lo + j;
+        count += __popc(ballot);
+      }
+    }
+    if (try_list)
+      for (int k = count + lane; k < kCandidatesPerWarp; k += 32) list_x[k] = -INFINITY, list_id[k] = lo;
+    listed = try_list && __syncthreads_or(count > kCandidatesPerWarp) == 0;  // also publishes the list
+    if (listed) dx = sh.cand_x, dlen = kCandidatesPerWarp * kWarps, seg_len = kCandidatesPerWarp;
+    z = cluster_sum(c, z);
+    const auto target = static_cast<unsigned long long>(ceil(static_cast<double>(top_p) * static_cast<double>(z)));
+    uint32_t p_key;
+    const bool found = cluster_threshold_search<unsigned long long>(
+        c, dx, dlen, target,
+        [&](float x, uint32_t key) { return key >= floor_key ? weight(x) : 0ull; }, &p_key);
+    if (found) t_key = max(t_key, p_key);
+  }
+
+  // 8. The draw, in ascending id order: the blocks' slices are in rank order, each slice (or the
+  // candidate list) is cut into kWarps segments in id order. Each warp sums its segment; the
+  // blocks' totals meet in the cluster; the block holding the target finds the segment, and that
+  // segment's warp scans it 32 elements a step.
+  auto kept = [&](int j, int end) -> unsigned long long {
+    if (j >= end) return 0ull;
+    const float x = dx[j];
+    return key_of(x) >= t_key ? weight(x) : 0ull;
+  };
+  const int seg_b = min(dlen, warp * seg_len), seg_e = min(dlen, seg_b + seg_len);
+  {
+    unsigned long long acc = 0;
+    for (int j = seg_b + lane; j < seg_e; j += 32) acc += kept(j, seg_e);
+    acc = warp_sum(acc);
+    if (lane == 0) sh.segment[warp] = acc;
+  }
+  __syncthreads();
+  const unsigned long long own = sh.segment[lane];
+  unsigned long long incl = own;  // every warp scans the segment sums: lane l, segments 0..l
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  const unsigned long long block_total = __shfl_sync(0xffffffffu, incl, 31);
+  const unsigned long long g = cluster_gather(c, block_total, 0ull);
+  unsigned long long before = 0, total = 0;  // weight of the lower ranks' slices; of the row
+#pragma unroll
+  for (int r = 0; r < kCluster; ++r) {
+    const unsigned long long t = __shfl_sync(0xffffffffu, g, r);
+    if (r < c.rank) before += t;
+    total += t;
+  }
+  // u in [0, 1) gives a target below the total; clamp anyway (u = 1 picks the last kept token).
+  unsigned long long target = static_cast<unsigned long long>(floor(static_cast<double>(a.u[row]) * static_cast<double>(total)));
+  if (total > 0 && target >= total) target = total - 1;
+  if (total > 0 && before <= target && target < before + block_total) {
+    // This block's slice holds the token; the first segment whose running sum passes the target.
+    const unsigned crossed = __ballot_sync(0xffffffffu, before + incl > target);
+    const int seg = __ffs(crossed) - 1;
+    if (warp == seg) {
+      // The weight before segment seg: lane seg's exclusive prefix (incl and own are per lane).
+      unsigned long long carry = before + __shfl_sync(0xffffffffu, incl - own, seg);
+      for (int j0 = seg_b; j0 < seg_e; j0 += 32) {
+        const unsigned long long w = kept(j0 + lane, seg_e);
+        unsigned long long cum = w;
+        for (int o = 1; o < 32; o <<= 1) {
+          const unsigned long long t = __shfl_up_sync(0xffffffffu, cum, o);
+          if (lane >= o) cum += t;
+        }
+        const unsigned hit = __ballot_sync(0xffffffffu, carry + cum > target);
+        if (hit) {
+          const int j = j0 + __ffs(hit) - 1;
+          if (lane == 0) store(listed ? sh.cand_id[j] : lo + j);
+          break;
+        }
+        carry += __shfl_sync(0xffffffffu, cum, 31);
+      }
+    }
+  }
+  finish(total == 0 && c.rank == 0 && tid == 0, 0);  // total 0 cannot happen: the best token weighs 2^44
+#endif  // __CUDA_ARCH__ >= 900
+}
+
+// Launch configuration of the cluster kernel: kCluster blocks per row, cluster r on row r.
+struct ClusterLaunch {
+  cudaLaunchAttribute cluster_dim;
+  cudaLaunchConfig_t config;
+  ClusterLaunch(int rows, size_t smem_bytes, cudaStream_t stream) : cluster_dim{}, config{} {
+    cluster_dim.id = cudaLaunchAttributeClusterDimension;
+    cluster_dim.val.clusterDim.x = kCluster;
+    cluster_dim.val.clusterDim.y = 1;
+    cluster_dim.val.clusterDim.z = 1;
+    config.gridDim = dim3(rows * kCluster);
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = stream;
+    config.attrs = &cluster_dim;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // config points at cluster_dim
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Dynamic shared memory the cluster kernel may use on the current device (ClusterShared and a
+// row's slice of x), 0 where it cannot run there: below sm_90, a build without sm_90 code for it,
+// or a cluster of kCluster such blocks that the GPU cannot place. Probed once per device and
+// logits dtype (the first call; a CUDA graph capture happens after a warm-up call), raising the
+// kernel's dynamic shared memory limit to the device's maximum on the way.
+template <typename T>
+size_t cluster_smem_limit() {
+  static std::mutex mutex;
+  static std::unordered_map<int, size_t> limits;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = limits.find(device);
+  if (it != limits.end()) return it->second;
+  size_t limit = 0;
+  int major = 0, optin = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  cudaFuncAttributes attr;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, cluster_sample_kernel<T>));
+  if (major >= 9 && attr.binaryVersion >= 90 && static_cast<size_t>(optin) > attr.sharedSizeBytes) {
+    const size_t dynamic = static_cast<size_t>(optin) - attr.sharedSizeBytes;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(cluster_sample_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(dynamic)));
+    const ClusterLaunch launch(1, dynamic, nullptr);
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, cluster_sample_kernel<T>, &launch.config) == cudaSuccess &&
+        clusters > 0)
+      limit = dynamic;
+    else
+      (void)cudaGetLastError();  // clear the error: the single-block kernel runs instead
+  }
+  limits.emplace(device, limit);
+  return limit;
+}
+
+// The cluster kernel where it can run (see its section), else the single-block kernel.
+template <typename T>
+void launch_sampling(const SampleArgs& a, int rows, cudaStream_t stream) {
+  const size_t smem_bytes =
+      sizeof(ClusterShared) + static_cast<size_t>((a.vocab + kCluster - 1) / kCluster) * sizeof(float);
+  const char* single = std::getenv("TRELLIS_SAMPLING_SINGLE_BLOCK");
+  const bool forced = single != nullptr && single[0] != '\0' && single[0] != '0';
+  if (!forced && smem_bytes <= cluster_smem_limit<T>()) {
+    const ClusterLaunch launch(rows, smem_bytes, stream);
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, cluster_sample_kernel<T>, a));
+  } else {
+    sample_kernel<T><<<rows, kThreads, 0, stream>>>(a);
+  }
+}
+
 at::Tensor sample_tokens(const at::Tensor& logits, const at::Tensor& settings, const at::Tensor& u,
                          const at::Tensor& rep_ids, const at::Tensor& rep_len, const at::Tensor& gen_ids,
                          const at::Tensor& gen_counts, const at::Tensor& gen_len, at::Tensor& work, at::Tensor& out) {
@@ -421,9 +918,9 @@ at::Tensor sample_tokens(const at::Tensor& logits, const at::Tensor& settings, c
   a.vocab = vocab;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   switch (logits.scalar_type()) {
-    case at::kFloat: sample_kernel<float><<<rows, kThreads, 0, stream>>>(a); break;
-    case at::kHalf: sample_kernel<__half><<<rows, kThreads, 0, stream>>>(a); break;
-    case at::kBFloat16: sample_kernel<__nv_bfloat16><<<rows, kThreads, 0, stream>>>(a); break;
+    case at::kFloat: launch_sampling<float>(a, rows, stream); break;
+    case at::kHalf: launch_sampling<__half>(a, rows, stream); break;
+    case at::kBFloat16: launch_sampling<__nv_bfloat16>(a, rows, stream); break;
     default: TORCH_CHECK(false, "logits must be fp32, fp16 or bf16");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -226,3 +226,52 @@ def test_graph_capture_and_replay_give_the_same_ids():
         eager = ops.sample_tokens(logits, rows, u)
         assert torch.equal(out, eager)  # integer weights: deterministic
         assert torch.equal(out, sample_reference(logits, rows, u)) or _check(logits, rows, u) <= 1
+
+
+# The cluster kernel (sm_90+: a row over 8 blocks, each owning a slice of the vocabulary) and the
+# single-block kernel (sm_80-89, larger vocabularies, TRELLIS_SAMPLING_SINGLE_BLOCK=1) must take
+# the same decision bit for bit: the same integer weights, the same thresholds, the same draw.
+# Vocabularies: fewer tokens than blocks, not a multiple of the 8 slices, the largest common ones,
+# and one above what a cluster's shared memory holds (the fallback path on every GPU).
+@pytest.mark.parametrize("vocab", [5, 1000, 32001, 128256, 128257, 151936, 262144, 400003])
+def test_cluster_and_single_block_kernels_agree_bit_for_bit(vocab, monkeypatch):
+    g = torch.Generator().manual_seed(200 + vocab)
+    for batch in range(1, 9):
+        settings = [SETTINGS[(batch + r) % len(SETTINGS)] for r in range(batch)]
+        logits = _logits(g, batch, vocab, _pick(g, [torch.float32, torch.bfloat16, torch.float16]))
+        rows = _rows(g, settings, vocab)
+        u = torch.rand(batch, generator=g).cuda()
+        monkeypatch.delenv("TRELLIS_SAMPLING_SINGLE_BLOCK", raising=False)
+        cluster = ops.sample_tokens(logits, rows, u)
+        monkeypatch.setenv("TRELLIS_SAMPLING_SINGLE_BLOCK", "1")
+        single = ops.sample_tokens(logits, rows, u)
+        monkeypatch.delenv("TRELLIS_SAMPLING_SINGLE_BLOCK")
+        assert torch.equal(cluster, single), (batch, cluster.tolist(), single.tolist())
+        _check(logits, rows, u)
+
+
+def test_flat_rows_and_masked_slices():
+    # Every logit equal (each token weighs 2^44: the largest sums; with min-p every token is a
+    # top-p candidate, more than the cluster kernel's candidate lists hold), and rows where whole
+    # blocks' slices are -inf (their blocks contribute nothing to any search or to the draw).
+    vocab = 128256
+    flat = torch.zeros(3, vocab)
+    masked = torch.full((2, vocab), float("-inf"))
+    masked[0, 100_000:100_010] = torch.arange(10, dtype=torch.float32)
+    masked[1, 5] = 1.0
+    masked[1, vocab - 1] = 1.0
+    logits = torch.cat([flat, masked]).cuda()
+    settings = [
+        SamplingSettings(temperature=1.0, top_k=1000),
+        SamplingSettings(temperature=1.0, top_p=0.5),
+        SamplingSettings(temperature=1.0, top_p=0.9, min_p=0.5),
+        SamplingSettings(temperature=0.7, top_p=0.95, min_p=0.05),
+        SamplingSettings(temperature=1.0),
+    ]
+    rows = pack_rows(settings, [[]] * 5, [[]] * 5).to("cuda")
+    g = torch.Generator().manual_seed(13)
+    for _ in range(20):
+        u = torch.rand(5, generator=g).cuda()
+        got = ops.sample_tokens(logits, rows, u)
+        assert torch.equal(got, sample_reference(logits, rows, u))
+        assert 100_000 <= int(got[3]) < 100_010 and int(got[4]) in (5, vocab - 1)
