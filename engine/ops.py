@@ -638,7 +638,11 @@ def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tens
 
 # Sampling on the device (ext/sampling.cu): one block per row.
 def sample_tokens(
-    logits: torch.Tensor, rows: Any, u: torch.Tensor, out: torch.Tensor | None = None
+    logits: torch.Tensor,
+    rows: Any,
+    u: torch.Tensor,
+    out: torch.Tensor | None = None,
+    pending: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token id per row of ``logits`` ``[rows, vocab]`` (fp32/bf16/fp16) after penalties,
     temperature, top-k, min-p and top-p, drawn with the uniform ``u`` ``[rows]`` (float32, one per
@@ -647,7 +651,12 @@ def sample_tokens(
 
     On a GPU with the extension: one launch, no host sync, no allocation outside torch's
     allocator (CUDA-graph capturable); ``out`` (int64 or int32 ``[rows]``) receives the ids.
-    Elsewhere the torch reference computes them. Returns ``out`` (a new int64 tensor if None)."""
+    Elsewhere the torch reference computes them. Returns ``out`` (a new int64 tensor if None).
+
+    ``pending`` (int64 ``[rows]``, on the logits' device): each row's last generated token that
+    ``rows``' lists do not hold yet (< 0: none), e.g. a pipelined step's input still on the
+    device. The penalties then treat it as appended to the job's tokens: the same ids as packing
+    the lists with it."""
     from engine.generation.device_sampling import SETTING_FIELDS, sample_reference
 
     if logits.ndim != 2 or logits.shape[0] < 1 or logits.shape[1] < 1:
@@ -682,15 +691,21 @@ def sample_tokens(
         raise ValueError(
             f"sample_tokens: out must be int64 or int32 [{n}], got {out.dtype} {tuple(out.shape)}"
         )
+    if pending is not None and (pending.shape != (n,) or pending.dtype != torch.int64):
+        raise ValueError(
+            f"sample_tokens: pending must be int64 [{n}], got {pending.dtype} {tuple(pending.shape)}"
+        )
     tensors = (logits, u, rows.settings, *lists.values(), rows.rep_len, rows.gen_len)
     if out is not None:
         tensors += (out,)
+    if pending is not None:
+        tensors += (pending,)
     if any(t.device != logits.device for t in tensors):
         raise ValueError("sample_tokens: every tensor must be on the logits' device")
 
     ext = _kernel_ready(logits)
     if ext is None or not hasattr(ext, "sample_tokens") or logits.stride(1) != 1:
-        ids = sample_reference(logits, rows, u)
+        ids = sample_reference(logits, rows, u, pending)
         if out is None:
             return ids
         out.copy_(ids)
@@ -709,5 +724,6 @@ def sample_tokens(
         rows.gen_len.contiguous(),
         work,
         out,
+        None if pending is None else pending.contiguous(),
     )
     return out

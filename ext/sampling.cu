@@ -12,7 +12,10 @@
 //
 // The decision, in order (the host sampler's):
 //   1. penalties on the raw logits w: repetition (CTRL-style: w > 0 ? w / r : w * r) over the
-//      context's distinct ids, then presence + frequency * count over the generated ids;
+//      context's distinct ids, then presence + frequency * count over the generated ids; an
+//      optional pending token per row (the last one generated, still on the device, not yet in
+//      the lists: a pipelined decode step) counts as if appended: one more distinct context id
+//      unless listed, one more occurrence (count + 1, or a new entry of count 1);
 //   2. greedy (temperature <= 0 or top_k == 1): the argmax of w, the first maximum;
 //   3. x = w / temperature, m = max x;
 //   4. top-k: keep x >= the k-th largest x (counted with multiplicity);
@@ -215,10 +218,19 @@ struct SampleArgs {
   const int* gen_counts;
   const int* gen_len;
   int gen_cap;
+  const int64_t* pending;  // [rows] each row's token not yet in the lists (< 0: none), or null
   void* out;  // [rows] int64 or int32
   bool out64;
   int vocab;
 };
+
+// The row's pending token if it is a valid id, else -1 (out-of-range ids are ignored, as in the
+// lists).
+__device__ __forceinline__ int pending_of(const SampleArgs& a, int row) {
+  if (a.pending == nullptr) return -1;
+  const int64_t p = a.pending[row];
+  return p >= 0 && p < a.vocab ? static_cast<int>(p) : -1;
+}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
@@ -235,27 +247,44 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
   const float temperature = st[0], top_p = st[2], min_p = st[3], rep = st[4], presence = st[5], frequency = st[6];
   const int top_k = static_cast<int>(st[1]);
 
-  // 1. Penalties, into the work row (read straight from the logits when there are none).
-  const int n_rep = rep != 1.0f ? a.rep_len[row] : 0;
-  const int n_gen = (presence != 0.0f || frequency != 0.0f) ? a.gen_len[row] : 0;
-  const bool use_work = n_rep > 0 || n_gen > 0;
+  // 1. Penalties, into the work row (read straight from the logits when there are none). The
+  // pending token: while scanning a list, any thread that meets it notes it; after the barrier,
+  // thread 0 penalises it if no list entry did (once: the ids are distinct).
+  __shared__ int pending_listed[2];  // [0]: in rep_ids, [1]: in gen_ids
+  const bool rep_on = rep != 1.0f, gen_on = presence != 0.0f || frequency != 0.0f;
+  const int pending = pending_of(a, row);
+  const int n_rep = rep_on ? a.rep_len[row] : 0;
+  const int n_gen = gen_on ? a.gen_len[row] : 0;
+  const bool use_work = n_rep > 0 || n_gen > 0 || (pending >= 0 && (rep_on || gen_on));
   if (use_work) {
+    if (tid == 0) pending_listed[0] = pending_listed[1] = 0;
     for (int i = tid; i < n; i += blockDim.x) work[i] = to_f<T>(logits[i]);
     __syncthreads();
     for (int j = tid; j < n_rep; j += blockDim.x) {
       const int id = a.rep_ids[row * a.rep_cap + j];
       if (id < 0 || id >= n) continue;  // cannot raise here: ignore an out-of-range id
+      if (id == pending) pending_listed[0] = 1;
       const float v = work[id];
       work[id] = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+    }
+    __syncthreads();
+    if (tid == 0 && pending >= 0 && rep_on && !pending_listed[0]) {
+      const float v = work[pending];
+      work[pending] = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
     }
     __syncthreads();
     for (int j = tid; j < n_gen; j += blockDim.x) {
       const int id = a.gen_ids[row * a.gen_cap + j];
       if (id < 0 || id >= n) continue;
-      const float count = static_cast<float>(a.gen_counts[row * a.gen_cap + j]);
+      int occurrences = a.gen_counts[row * a.gen_cap + j];
+      if (id == pending) pending_listed[1] = 1, ++occurrences;
+      const float count = static_cast<float>(occurrences);
       // No fused multiply-add: the reference rounds the product, then the sum.
       work[id] = __fsub_rn(work[id], __fadd_rn(presence, __fmul_rn(frequency, count)));
     }
+    __syncthreads();
+    if (tid == 0 && pending >= 0 && gen_on && !pending_listed[1])
+      work[pending] = __fsub_rn(work[pending], __fadd_rn(presence, __fmul_rn(frequency, 1.0f)));
     __syncthreads();
   }
   auto raw = [&](int i) -> float { return use_work ? work[i] : to_f<T>(logits[i]); };
@@ -443,6 +472,7 @@ struct ClusterShared {
   unsigned long long uscratch[kWarps];
   unsigned long long above;  // threshold search: the pass's result, from warp 0 to the block
   int digit;  // -1: the total weight is below the target
+  int pending_listed[2];  // penalties: the pending token is in rep_ids ([0]) / gen_ids ([1])
 };
 static_assert(2 * kMassCopies <= kCountCopies, "the mass histogram's two words fit the copies");
 
@@ -631,25 +661,42 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_sample_kernel(SampleArgs 
   for (int i = tid; i < 256 * kCountCopies; i += kThreads) sh.copies[i] = 0;
 
   // 1. The slice's logits and their penalties (each block applies those of its ids; the ids of a
-  // list are distinct, so no two threads touch one element).
+  // list are distinct, so no two threads touch one element). The pending token: the block whose
+  // slice holds it notes whether a list entry is it (every block scans the whole lists) and,
+  // after the barrier, penalises it if none was.
   for (int j = tid; j < len; j += kThreads) xs[j] = to_f<T>(logits[j]);
-  const int n_rep = rep != 1.0f ? a.rep_len[row] : 0;
-  const int n_gen = (presence != 0.0f || frequency != 0.0f) ? a.gen_len[row] : 0;
-  if (n_rep > 0 || n_gen > 0) {
+  const bool rep_on = rep != 1.0f, gen_on = presence != 0.0f || frequency != 0.0f;
+  const int pending = pending_of(a, row);
+  const int own_pending = pending >= lo && pending < lo + len ? pending - lo : -1;  // in this slice
+  const int n_rep = rep_on ? a.rep_len[row] : 0;
+  const int n_gen = gen_on ? a.gen_len[row] : 0;
+  if (n_rep > 0 || n_gen > 0 || (pending >= 0 && (rep_on || gen_on))) {
+    if (tid == 0) sh.pending_listed[0] = sh.pending_listed[1] = 0;
     __syncthreads();
     for (int j = tid; j < n_rep; j += kThreads) {
       const int id = a.rep_ids[row * a.rep_cap + j] - lo;
       if (id < 0 || id >= len) continue;  // another block's id, or out of range
+      if (id == own_pending) sh.pending_listed[0] = 1;
       const float v = xs[id];
       xs[id] = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
+    }
+    __syncthreads();
+    if (tid == 0 && own_pending >= 0 && rep_on && !sh.pending_listed[0]) {
+      const float v = xs[own_pending];
+      xs[own_pending] = v > 0.0f ? __fdiv_rn(v, rep) : __fmul_rn(v, rep);
     }
     __syncthreads();
     for (int j = tid; j < n_gen; j += kThreads) {
       const int id = a.gen_ids[row * a.gen_cap + j] - lo;
       if (id < 0 || id >= len) continue;
-      const float count = static_cast<float>(a.gen_counts[row * a.gen_cap + j]);
+      int occurrences = a.gen_counts[row * a.gen_cap + j];
+      if (id == own_pending) sh.pending_listed[1] = 1, ++occurrences;
+      const float count = static_cast<float>(occurrences);
       xs[id] = __fsub_rn(xs[id], __fadd_rn(presence, __fmul_rn(frequency, count)));
     }
+    __syncthreads();
+    if (tid == 0 && own_pending >= 0 && gen_on && !sh.pending_listed[1])
+      xs[own_pending] = __fsub_rn(xs[own_pending], __fadd_rn(presence, __fmul_rn(frequency, 1.0f)));
   }
   __syncthreads();
 
@@ -885,7 +932,8 @@ void launch_sampling(const SampleArgs& a, int rows, cudaStream_t stream) {
 
 at::Tensor sample_tokens(const at::Tensor& logits, const at::Tensor& settings, const at::Tensor& u,
                          const at::Tensor& rep_ids, const at::Tensor& rep_len, const at::Tensor& gen_ids,
-                         const at::Tensor& gen_counts, const at::Tensor& gen_len, at::Tensor& work, at::Tensor& out) {
+                         const at::Tensor& gen_counts, const at::Tensor& gen_len, at::Tensor& work, at::Tensor& out,
+                         const c10::optional<at::Tensor>& pending) {
   // engine/ops.py checks the arguments and names the problem; these only guard the kernel.
   TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1, "logits: 2-D CUDA, last dim contiguous");
   const int rows = static_cast<int>(logits.size(0)), vocab = static_cast<int>(logits.size(1));
@@ -899,6 +947,9 @@ at::Tensor sample_tokens(const at::Tensor& logits, const at::Tensor& settings, c
               "work: [rows, vocab] float32");
   TORCH_CHECK((out.scalar_type() == at::kLong || out.scalar_type() == at::kInt) && out.is_contiguous() &&
                   out.numel() == rows, "out: [rows] int64 or int32");
+  if (pending.has_value())
+    TORCH_CHECK(pending->scalar_type() == at::kLong && pending->is_contiguous() && pending->numel() == rows &&
+                    pending->device() == logits.device(), "pending: [rows] int64 on the logits' device");
   const c10::cuda::CUDAGuard guard(logits.device());
   SampleArgs a;
   a.logits = logits.data_ptr();
@@ -913,6 +964,7 @@ at::Tensor sample_tokens(const at::Tensor& logits, const at::Tensor& settings, c
   a.gen_counts = gen_counts.data_ptr<int>();
   a.gen_len = gen_len.data_ptr<int>();
   a.gen_cap = gen_ids.dim() == 2 ? static_cast<int>(gen_ids.size(1)) : 0;
+  a.pending = pending.has_value() ? pending->data_ptr<int64_t>() : nullptr;
   a.out = out.data_ptr();
   a.out64 = out.scalar_type() == at::kLong;
   a.vocab = vocab;
@@ -934,7 +986,8 @@ void bind_sampling(pybind11::module_& m) {
   m.def("sample_tokens", &sample_tokens,
         "one token per row: penalties, temperature, top-k, min-p, top-p, inverse-CDF draw (writes out)",
         py::arg("logits"), py::arg("settings"), py::arg("u"), py::arg("rep_ids"), py::arg("rep_len"),
-        py::arg("gen_ids"), py::arg("gen_counts"), py::arg("gen_len"), py::arg("work"), py::arg("out"));
+        py::arg("gen_ids"), py::arg("gen_counts"), py::arg("gen_len"), py::arg("work"), py::arg("out"),
+        py::arg("pending") = py::none());
 }
 
 }  // namespace trellis

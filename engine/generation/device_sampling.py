@@ -154,37 +154,65 @@ def pack_rows(
     return _views(buffer, n, rep_cap, gen_cap)
 
 
-def apply_penalties_rows(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+def apply_penalties_rows(
+    logits: torch.Tensor, rows: SamplingRows, pending: torch.Tensor | None = None
+) -> torch.Tensor:
     """float32 ``[rows, vocab]``: the logits after each row's penalties (a new tensor); the host's
-    :func:`~engine.generation.sampling.apply_penalties` for every row at once, same roundings."""
+    :func:`~engine.generation.sampling.apply_penalties` for every row at once, same roundings.
+
+    ``pending`` (int64 ``[rows]``, optional): each row's last generated token, not yet in its
+    lists (< 0: none; >= vocab: ignored, as out-of-range list ids are). The result is the one of
+    lists packed with that token appended to the job's tokens: it joins the distinct context ids
+    (penalised once, also when already there) and counts one more generated occurrence (a new
+    entry of count 1 when it is not in ``gen_ids``)."""
     w = logits.float().clone()
     n, vocab = w.shape
     device = w.device
     _, _, _, _, rep, presence, frequency = rows.settings.to(device).unbind(1)
     index = torch.arange(n, device=device)[:, None]
+    if pending is None:
+        pending = torch.full((n,), -1, dtype=torch.long, device=device)
+    pending = pending.to(device).long()
+    has_pending = (pending >= 0) & (pending < vocab)
 
     def valid(ids: torch.Tensor, length: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
         ids, length = ids.to(device), length.to(device)
         cols = torch.arange(ids.shape[1], device=device)
         return (cols < length[:, None]) & on[:, None] & (ids >= 0) & (ids < vocab)
 
-    ok = valid(rows.rep_ids, rows.rep_len, rep != 1.0)
-    r, ids = index.expand(-1, ok.shape[1])[ok], rows.rep_ids.to(device)[ok].long()
+    rep_on = rep != 1.0
+    ok = valid(rows.rep_ids, rows.rep_len, rep_on)
+    rep_ids = rows.rep_ids.to(device).long()
+    listed = (ok & (rep_ids == pending[:, None])).any(1)
+    # The pending token is one more distinct id unless the list holds it: the same roundings.
+    extra = has_pending & rep_on & ~listed
+    r = torch.cat([index.expand(-1, ok.shape[1])[ok], index[:, 0][extra]])
+    ids = torch.cat([rep_ids[ok], pending[extra]])
     picked, f = w[r, ids], rep[r]
     w[r, ids] = torch.where(picked > 0, picked / f, picked * f)
-    ok = valid(rows.gen_ids, rows.gen_len, (presence != 0) | (frequency != 0))
-    r, ids = index.expand(-1, ok.shape[1])[ok], rows.gen_ids.to(device)[ok].long()
-    counts = rows.gen_counts.to(device)[ok].float()
+
+    gen_on = (presence != 0) | (frequency != 0)
+    ok = valid(rows.gen_ids, rows.gen_len, gen_on)
+    gen_ids = rows.gen_ids.to(device).long()
+    hit = ok & (gen_ids == pending[:, None])  # the pending token's entry: one more occurrence
+    counts = rows.gen_counts.to(device) + hit.int()
+    extra = has_pending & gen_on & ~hit.any(1)  # not generated before: a new entry of count 1
+    r = torch.cat([index.expand(-1, ok.shape[1])[ok], index[:, 0][extra]])
+    ids = torch.cat([gen_ids[ok], pending[extra]])
+    counts = torch.cat([counts[ok], torch.ones_like(pending[extra], dtype=counts.dtype)]).float()
     w[r, ids] = w[r, ids] - (presence[r] + frequency[r] * counts)
     return w
 
 
-def sample_reference(logits: torch.Tensor, rows: SamplingRows, u: torch.Tensor) -> torch.Tensor:
+def sample_reference(
+    logits: torch.Tensor, rows: SamplingRows, u: torch.Tensor, pending: torch.Tensor | None = None
+) -> torch.Tensor:
     """One token id per row (int64 ``[rows]``, on the logits' device) from ``logits``
     ``[rows, vocab]`` (any float dtype), the rows' settings and penalty lists, and one uniform
-    ``u`` ``[rows]`` in [0, 1) per row: the decision ``ext/sampling.cu`` takes (module docstring)."""
+    ``u`` ``[rows]`` in [0, 1) per row: the decision ``ext/sampling.cu`` takes (module docstring).
+    ``pending``: each row's last token, not yet in its lists (:func:`apply_penalties_rows`)."""
     device = logits.device
-    w = apply_penalties_rows(logits, rows)
+    w = apply_penalties_rows(logits, rows, pending)
     n, vocab = w.shape
     temperature, top_k, top_p, min_p = rows.settings.to(device).unbind(1)[:4]
     greedy = (temperature <= 0) | (top_k == 1)
