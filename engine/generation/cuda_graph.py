@@ -119,6 +119,14 @@ class DecodeGraphs:
         logits = self._replay(items, ids)
         return None if logits is None else logits.argmax(dim=-1)
 
+    @torch.inference_mode()
+    def run_logits(self, items: Sequence[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One decode step through a graph, returning its float32 logits ``[len(items), vocab]``
+        on the device without waiting for them (for a draw there, e.g. a pipelined sampled step);
+        or None (run it eagerly). ``ids``: as for :meth:`run_greedy`. The tensor is the graph's
+        static output: use it (in stream order) before the next replay overwrites it."""
+        return self._replay(items, ids)
+
     def _replay(self, items: Sequence[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """Fill the inputs, capture on first use, replay: the graph's static logits ``[n, vocab]``
         (valid until the next replay), or None when the items do not fit a graph."""

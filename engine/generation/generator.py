@@ -7,17 +7,24 @@ their pages at once. Full pages are registered by content (see ``engine.cache.pa
 job whose prompt starts with pages already computed - the previous turn of the same chat - skips
 straight past them.
 
-Greedy decode steps are pipelined on a GPU: the next step is launched from the tokens the last
-one left on the device, before the host reads them, so the host's work per token (stop checks,
-streaming, preparing the step) overlaps the GPU's instead of idling it (``TRELLIS_NO_PIPELINE=1``
-turns this off). A job that ends at a token wastes the one step already launched for it; that
-step only wrote a cache slot past the job's end.
-
 Sampled jobs without a constraint draw on the GPU (``engine.ops.sample_tokens``): each job's
 uniform comes from its own seeded generator on the host, as the host sampler would draw it, and
 only the chosen ids come back instead of a vocabulary-sized row per job (``TRELLIS_HOST_SAMPLING=1``
 samples on the host instead). Constrained jobs need their mask on the host: a step with any of
 them samples every row there.
+
+Decode steps of unconstrained jobs are pipelined on a GPU (with CUDA graphs): the next step is
+launched from the tokens the last one left on the device, before the host reads them, so the
+host's work per token (stop checks, streaming, preparing the step) overlaps the GPU's instead of
+idling it (``TRELLIS_NO_PIPELINE=1`` turns this off). Plain greedy batches take each row's argmax
+there. Batches with a sampled (or penalised greedy) job are drawn there, greedy rows at
+temperature 0: the penalty lists are packed from the host's tokens, which lack the token still
+on the device, and the sampler counts that one as a *pending* token (as if appended); each job's
+uniform is drawn from its generator when its step is launched, in the order the unpipelined path
+draws them, so a seeded job gives the same tokens either way. Host sampling, constrained jobs and
+steps that do not fit a graph are not pipelined. A job that ends at a token wastes the one step
+already launched for it (and, if sampled, one uniform of its finished generator); that step only
+wrote a cache slot past the job's end.
 """
 
 from __future__ import annotations
@@ -78,21 +85,23 @@ class _Running:
 
 @dataclass(eq=False)
 class _InFlight:
-    """A greedy decode step launched but not yet read: its rows' runs and their next tokens."""
+    """A decode step launched but not yet read: its rows' runs and their next tokens (argmaxes,
+    or draws of the device sampler when ``sampled``)."""
 
     runs: list[_Running]
     ids: torch.Tensor  # [len(runs)] int64, on the model's device
     host: torch.Tensor  # the same, being copied to the host
     copied: torch.cuda.Event | None  # recorded after the copy (None on the CPU)
+    sampled: bool = False
 
     @classmethod
-    def start(cls, runs: list[_Running], ids: torch.Tensor) -> _InFlight:
+    def start(cls, runs: list[_Running], ids: torch.Tensor, sampled: bool = False) -> _InFlight:
         if not ids.is_cuda:
-            return cls(runs, ids, ids, None)
+            return cls(runs, ids, ids, None, sampled)
         host = ids.to("cpu", non_blocking=True)  # pinned: really asynchronous
         copied = torch.cuda.Event()
         copied.record()
-        return cls(runs, ids, host, copied)
+        return cls(runs, ids, host, copied, sampled)
 
     def tokens(self) -> list[int]:
         if self.copied is not None:
@@ -110,29 +119,47 @@ def _argmax_rows(logits: list) -> dict[int, int]:
     return {i: int(token) for (i, _), token in zip(present, ids)}
 
 
+def _draw_rows(
+    runs: list[_Running], logits: torch.Tensor, pending: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Each run's next token drawn where ``logits`` ``[len(runs), vocab]`` are
+    (:func:`engine.ops.sample_tokens`, one launch), as a device tensor not waited for: each job's
+    uniform from its own generator (drawn only where the host sampler would draw one), its
+    settings and penalty lists packed on the host from its tokens. ``pending`` (int64, on the
+    device): each row's last token, not yet in the run's tokens (a pipelined step); the
+    penalties count it as appended."""
+    settings = [run.sampler.settings for run in runs]
+    contexts = [
+        run.sampler.context_ids(run.tokens) if s.repetition_penalty != 1.0 else ()
+        for run, s in zip(runs, settings)
+    ]
+    rows = pack_rows(settings, contexts, [run.generated for run in runs])
+    u = torch.tensor(
+        [0.0 if s.is_greedy else run.sampler.next_uniform() for run, s in zip(runs, settings)],
+        dtype=torch.float32,
+    )
+    device = logits.device
+    if device.type == "cuda":
+        u = u.pin_memory()  # a copy from pageable memory would wait for the GPU: no pipelining
+    return ops.sample_tokens(
+        logits, rows.to(device, non_blocking=True), u.to(device, non_blocking=True), pending=pending
+    )
+
+
 def _sample_rows(runs: list[_Running], logits: list) -> dict[int, int]:
-    """``{item index: token}`` for the items that have logits, sampled where the logits are
-    (:func:`engine.ops.sample_tokens`, one launch): each job's uniform from its own generator
-    (drawn only where the host sampler would draw one), its settings and penalty lists packed on
-    the host, and a few bytes back."""
+    """``{item index: token}`` for the items that have logits, drawn where the logits are
+    (:func:`_draw_rows`), a few bytes back."""
     present = [(i, row[-1]) for i, row in enumerate(logits) if row is not None]
     if not present:
         return {}
-    picked = [runs[i] for i, _ in present]
-    settings = [run.sampler.settings for run in picked]
-    contexts = [
-        run.sampler.context_ids(run.tokens) if s.repetition_penalty != 1.0 else ()
-        for run, s in zip(picked, settings)
-    ]
-    rows = pack_rows(settings, contexts, [run.generated for run in picked])
-    u = [0.0 if s.is_greedy else run.sampler.next_uniform() for run, s in zip(picked, settings)]
-    device = present[0][1].device
-    ids = ops.sample_tokens(
-        torch.stack([row for _, row in present]),
-        rows.to(device, non_blocking=True),
-        torch.tensor(u, dtype=torch.float32).to(device),
-    )
+    ids = _draw_rows([runs[i] for i, _ in present], torch.stack([row for _, row in present]))
     return {i: int(token) for (i, _), token in zip(present, ids.tolist())}
+
+
+def _with_tokens(items: list[StepItem], ids: torch.Tensor) -> list[StepItem]:
+    """Single-token decode ``items`` with their tokens taken from ``ids`` (read to the host)."""
+    tokens = ids.tolist()
+    return [StepItem([t], i.past, i.block_table, i.logits, i.media) for i, t in zip(items, tokens)]
 
 
 class Generator:
@@ -151,7 +178,8 @@ class Generator:
         device_sampling: bool | None = None,
     ) -> None:
         """``cuda_graphs``: replay decode steps from CUDA graphs on a CUDA model (default: yes,
-        unless ``TRELLIS_NO_GRAPHS=1``). ``pipeline``: pipeline greedy decode steps (default: yes
+        unless ``TRELLIS_NO_GRAPHS=1``). ``pipeline``: pipeline decode steps (greedy, and sampled
+        ones where ``device_sampling``; default: yes
         where graphs run, unless ``TRELLIS_NO_PIPELINE=1``; elsewhere it only costs syncs, but
         works, which the CPU tests use). ``device_sampling``: sample unconstrained jobs where the
         logits are (default: on a CUDA model, unless ``TRELLIS_HOST_SAMPLING=1``; on the CPU it
@@ -301,13 +329,15 @@ class Generator:
                     run.t_started = now
         # Plain greedy jobs without a constraint need only each row's argmax: taken where the
         # logits are (on a GPU: one kernel and a few bytes back instead of a vocab-sized copy).
-        argmax_only = all(run.constraint is None and run.job.sampling.is_plain_greedy for run in runs)
-        if argmax_only and self._pipeline and not self._queue and all(map(is_decode_item, items)):
-            ids = self._launch_greedy(items)
+        unconstrained = all(run.constraint is None for run in runs)
+        argmax_only = unconstrained and all(run.job.sampling.is_plain_greedy for run in runs)
+        on_device = not argmax_only and self._device_sampling and unconstrained
+        pipelined = self._pipeline and not self._queue and all(map(is_decode_item, items))
+        if pipelined and (argmax_only or on_device):
+            ids = self._launch_greedy(items) if argmax_only else self._launch_sampled(items, runs)
             if ids is not None:
-                self._flight = _InFlight.start(runs, ids)
+                self._flight = _InFlight.start(runs, ids, sampled=on_device)
                 return []
-        on_device = not argmax_only and self._device_sampling and all(run.constraint is None for run in runs)
         logits = self._decode_with_graphs(items, to_cpu=not (argmax_only or on_device))
         if logits is None:
             logits = run_step(self.model.module, self.cache, items)
@@ -342,10 +372,27 @@ class Generator:
         if self._use_graphs:
             return self._decode_graphs().run_greedy(items, ids)
         if ids is not None:  # eager: the step needs the tokens on the host anyway
-            tokens = ids.tolist()
-            items = [StepItem([t], i.past, i.block_table, i.logits, i.media) for i, t in zip(items, tokens)]
+            items = _with_tokens(items, ids)
         logits = run_step(self.model.module, self.cache, items)
         return torch.stack([row[-1] for row in logits]).argmax(dim=-1)
+
+    def _launch_sampled(
+        self, items: list[StepItem], runs: list[_Running], ids: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
+        """Launch a decode-only step of unconstrained jobs drawn on the device (greedy rows at
+        temperature 0); its next tokens as a device tensor (not waited for), or None where it
+        cannot run pipelined (then no uniform is drawn). ``ids``: the input tokens on the device,
+        not yet in the runs' tokens: the items' own tokens are placeholders, and the draw counts
+        ``ids`` as each row's pending token."""
+        if self._use_graphs:
+            logits = self._decode_graphs().run_logits(items, ids)
+            if logits is None:
+                return None
+        else:
+            if ids is not None:  # eager: the step needs the tokens on the host anyway
+                items = _with_tokens(items, ids)
+            logits = torch.stack([row[-1] for row in run_step(self.model.module, self.cache, items)])
+        return _draw_rows(runs, logits, ids)
 
     def _land(self) -> list[JobResult]:
         """Read the step in flight. Before waiting for it, launch the next one from its tokens on
@@ -362,9 +409,12 @@ class Generator:
             ids = flight.ids
             if len(rows) < len(flight.runs):
                 ids = ids[torch.tensor(rows, device=ids.device)]
-            out = self._launch_greedy(items, ids)
+            if flight.sampled:
+                out = self._launch_sampled(items, runs, ids)
+            else:
+                out = self._launch_greedy(items, ids)
             if out is not None:
-                following = _InFlight.start(runs, out)
+                following = _InFlight.start(runs, out, flight.sampled)
         results = []
         for run, token in zip(flight.runs, flight.tokens()):
             if run not in self._active:  # cancelled while its step ran
