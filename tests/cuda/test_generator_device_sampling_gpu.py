@@ -41,8 +41,8 @@ def test_device_sampling_equals_host_sampling(graphs, tmp_path, monkeypatch):
     build_tiny_model("LlamaForCausalLM", tmp_path)
     model = load_model(tmp_path, device="cuda", dtype="float32")
     calls = []
-    original = generator_mod._sample_rows
-    monkeypatch.setattr(generator_mod, "_sample_rows", lambda *a: calls.append(1) or original(*a))
+    original = generator_mod._draw_rows  # every device draw, pipelined (graphs) or not
+    monkeypatch.setattr(generator_mod, "_draw_rows", lambda *a: calls.append(1) or original(*a))
     on_device = _generate(model, graphs, device_sampling=True)
     assert len(calls) >= 23
     on_host = _generate(model, graphs, device_sampling=False)
