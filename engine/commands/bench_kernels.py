@@ -22,6 +22,9 @@ LLAMA8B_SHAPES = ["4096x4096", "4096x14336", "14336x4096", "4096x1024"]
 # Projections of one input (in features, out features per matrix): separate launches vs one
 # multi-matrix launch (ops.exl3_gemv_multi).
 LLAMA8B_GROUPS = {"q/k/v": (4096, [4096, 1024, 1024]), "gate/up": (4096, [14336, 14336])}
+# The decoder's other two GEMVs, timed as launches of one matrix when --multi-sweep is given (the
+# split sweep then covers every GEMV of a Llama-8B layer).
+LLAMA8B_SINGLES = {"o": (4096, [4096]), "down": (14336, [4096])}
 
 
 def register(sub) -> None:
@@ -475,7 +478,8 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"\n{'group':>8} {'shape':>18} {'K':>2} {'m':>3} {'separate us':>11} {'multi us':>9} {'gain':>6}"
         )
-        for name, (in_f, outs) in LLAMA8B_GROUPS.items():
+        groups = {**LLAMA8B_GROUPS, **(LLAMA8B_SINGLES if sweep else {})}
+        for name, (in_f, outs) in groups.items():
             for m in (int(b) for b in args.batch.split(",") if int(b) <= ops.GEMV_ROWS):
                 for k in (int(b) for b in args.bits.split(",")):
                     r = bench_group(

@@ -1,10 +1,11 @@
 """``python -m engine profile-step``: where the time of a prefill and of decode steps goes.
 
 Builds a random-weight model of a shape (as ``bench --synthetic`` does), runs one prefill of
-``--prompt`` fresh tokens and ``--decode-tokens`` eager decode steps (no CUDA graphs: every kernel
-is seen on its own) under ``torch.profiler``, and prints the kernels (on a CPU: the operators)
-that took the most time, with counts and time per call. This is how ext/NOTES.md's step
-breakdowns were made.
+``--prompt`` fresh tokens and ``--decode-tokens`` decode steps under ``torch.profiler``: eager by
+default (every kernel is launched on its own), or replayed from CUDA graphs with ``--graphs`` (the
+kernels and paths the app's decode really runs: e.g. paged decode attention), and prints the
+kernels (on a CPU: the operators) that took the most time, with counts and time per call.
+This is how ext/NOTES.md's step breakdowns were made.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def register(sub) -> None:
     p.add_argument("--prompt", type=int, default=4096, help="prefill tokens")
     p.add_argument("--decode-tokens", type=int, default=16)
     p.add_argument("--top", type=int, default=20, help="rows per table")
+    p.add_argument("--graphs", action="store_true", help="decode from CUDA graphs, as the generator does")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default=None, help="activation dtype (default: the device's)")
     p.add_argument("--json", default=None, help="write the tables as JSON here")
@@ -66,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         model = synthetic_model(config, args.bpw or None, device, dtype, 6, "mul1", name=name)
         tokens = args.prompt + args.decode_tokens + 256
-        gen = Generator(model, None, cache_tokens=tokens, max_batch_size=1, cuda_graphs=False)
+        graphs = bool(args.graphs and on_gpu)
+        gen = Generator(model, None, cache_tokens=tokens, max_batch_size=1, cuda_graphs=graphs)
         vocab = model.spec.vocab_size
         rng = torch.Generator().manual_seed(0)
 
@@ -74,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
             return torch.randint(0, vocab, (n,), generator=rng).tolist()
 
         gen.generate([Job(prompt(args.prompt), 2, stop_token_ids=())])  # warm-up (kernels, allocator)
+        if graphs:  # capture the decode graph outside the profiled steps
+            gen.generate([Job(prompt(1), 4, stop_token_ids=())])
         sync()
         steps = (
             (f"prefill {args.prompt}", Job(prompt(args.prompt), 1, stop_token_ids=())),
