@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
@@ -151,6 +152,19 @@ def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) 
     return True
 
 
+def _v5_splits(
+    ext: ModuleType, x: torch.Tensor, trellises: Sequence[torch.Tensor], codebook: str, fast: bool
+) -> int:
+    """The measured split count of this v5 launch shape (engine.gemv_tuning; 0: the kernel's)."""
+    from engine import gemv_tuning
+
+    def launch(x, ts, suhs, svhs, ys, splits) -> None:
+        ext.exl3_gemv_v5(x, list(ts), suhs, svhs, ys, CODEBOOK_IDS[codebook], splits, fast, GEMV_V5_PDL)
+
+    candidates = gemv_tuning.split_range(x.shape[-1], _MAX_CHUNKS_PER_SPLIT, _V5_MAX_CLUSTER)
+    return gemv_tuning.tuned_splits(x, trellises, codebook, fast, launch, candidates)
+
+
 def exl3_gemv(
     x: torch.Tensor,
     trellis: torch.Tensor,
@@ -176,6 +190,7 @@ def exl3_gemv(
     y = torch.empty(x.shape[0], out_f, dtype=x.dtype, device=x.device)
     fast = GEMV_FAST if fast is None else fast
     if _use_v5(ext, x, v5, splits):
+        splits = splits or _v5_splits(ext, x, [trellis], codebook, fast)
         ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast, GEMV_V5_PDL)
         return y
     partial, counters = _workspace(x.device, in_f, out_f)
@@ -220,6 +235,7 @@ def exl3_gemv_multi(
     fast = GEMV_FAST if fast is None else fast
     if _use_v5(ext, x, v5, splits):
         ids = CODEBOOK_IDS[codebook]
+        splits = splits or _v5_splits(ext, x, trellises, codebook, fast)
         ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, ids, splits, fast, GEMV_V5_PDL)
         return ys
     # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).

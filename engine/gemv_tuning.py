@@ -1,0 +1,128 @@
+"""Split-K choice of the v5 EXL3 GEMV, measured once per launch shape.
+
+Why measure: the kernel's own choice (ext/exl3_gemv_v5.cu ``v5_choose_splits``) models a launch
+as waves x (chunks per block + fixed cost). On the H200 that model is off by up to 9% for the
+Llama-8B shapes (ext/NOTES.md, fifth session: gate/up 44.0 us at its 3 splits vs 40.4 at 2; q/k/v
+15.9 at 6 vs 14.4 at 4), because blocks sharing an SM, cluster placement within a GPC and each
+block's fixed cost do not follow it, and they differ by GPU. So the first eager call of each
+launch shape times every split count that can launch, on random matrices of that shape (enough
+copies that they do not sit in L2, as the real layers' weights do not), and keeps the fastest.
+
+A launch shape is (device, rows, in features, each matrix's out features and bits, codebook,
+variant, dtype): a model has a handful (q/k/v, o, gate/up, down, head, x rows 1-8). Tuning costs
+a few milliseconds per shape and happens in the first decode step, before the CUDA graphs are
+captured (their warm-up runs eagerly); a call while a graph is being captured never tunes, it
+takes the kernel's choice. ``TRELLIS_GEMV_TUNE=0`` turns tuning off (the kernel's model decides).
+
+Within a process a shape always gets the same split count, so eager and graph-replayed calls stay
+bit-identical; another process may choose differently where two counts time alike (the outputs
+then differ in the order of fp32 additions only).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import torch
+
+TUNE = os.environ.get("TRELLIS_GEMV_TUNE", "1") not in ("", "0")
+# Bytes of matrices the timing cycles through: above the H200's 50 MB L2, so it reads from DRAM
+# as a model's layers do. The launch's own matrices are one copy; random ones make up the rest
+# (at most this many bytes more, for a moment).
+_ROTATION_BYTES = 64 << 20
+_MAX_COPIES = 16
+_WARMUP = 2
+_ROUNDS = 3
+
+_chosen: dict[tuple, int] = {}
+
+
+def split_range(in_features: int, max_chunks_per_split: int, max_cluster: int) -> range:
+    """The split counts a v5 launch of ``in_features`` accepts (each split's chunks must fit the
+    block's shared memory; a split is one block of the cluster)."""
+    chunks = in_features // 128
+    return range(-(-chunks // max_chunks_per_split), min(chunks, max_cluster) + 1)
+
+
+def fastest(candidates: Sequence[int], time_one: Callable[[int], float | None]) -> int:
+    """The candidate with the lowest time; ``time_one`` returns None for one that cannot launch.
+    Ties go to the smaller split count (fewer blocks). 0 (the kernel's choice) if none ran."""
+    best, best_t = 0, math.inf
+    for s in candidates:
+        t = time_one(s)
+        if t is not None and t < best_t:
+            best, best_t = s, t
+    return best
+
+
+def tuned_splits(
+    x: torch.Tensor,
+    trellises: Sequence[torch.Tensor],
+    codebook: str,
+    fast: bool,
+    launch: Callable[..., None],
+    candidates: range,
+) -> int:
+    """The split count for this launch shape (0: leave it to the kernel). ``launch(x, trellises,
+    suhs, svhs, ys, splits)`` runs the GEMV; ``candidates`` are the split counts to try."""
+    if not TUNE:
+        return 0
+    key = (
+        x.device,
+        x.shape[0],
+        x.shape[1],
+        tuple((t.shape[1], t.shape[2]) for t in trellises),
+        codebook,
+        fast,
+        x.dtype,
+    )
+    chosen = _chosen.get(key)
+    if chosen is not None:
+        return chosen
+    if torch.cuda.is_current_stream_capturing():
+        return 0  # no timing inside a capture; the graph keeps the kernel's choice
+    chosen = _measure(x, trellises, launch, candidates)
+    _chosen[key] = chosen
+    return chosen
+
+
+def _measure(x: torch.Tensor, trellises: Sequence[torch.Tensor], launch, candidates: range) -> int:
+    device = x.device
+    per_copy = sum(t.numel() * t.element_size() for t in trellises)
+    copies = max(1, min(_MAX_COPIES, math.ceil(_ROTATION_BYTES / max(per_copy, 1))))
+    in_f = x.shape[1]
+    try:
+        mats = [list(trellises)] + [
+            [torch.randint(-(2**15), 2**15, t.shape, dtype=torch.int16, device=device) for t in trellises]
+            for _ in range(copies - 1)
+        ]
+    except torch.OutOfMemoryError:  # no room for the timing copies: the kernel's model decides
+        return 0
+    suhs = [torch.ones(in_f, dtype=torch.float16, device=device) for _ in trellises]
+    svhs = [torch.ones(t.shape[1] * 16, dtype=torch.float16, device=device) for t in trellises]
+    ys = [torch.empty(x.shape[0], t.shape[1] * 16, dtype=x.dtype, device=device) for t in trellises]
+    stream = torch.cuda.current_stream(device)
+
+    def time_one(splits: int) -> float | None:
+        try:
+            for i in range(_WARMUP):
+                launch(x, mats[i % copies], suhs, svhs, ys, splits)
+        except RuntimeError:  # e.g. clusters of this size cannot be launched on this GPU
+            return None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        for _ in range(_ROUNDS):
+            for m in mats:
+                launch(x, m, suhs, svhs, ys, splits)
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    return fastest(candidates, time_one)  # the copies are freed on return
+
+
+def forget() -> None:
+    """Drop every measured choice (tests; a changed GPU clock)."""
+    _chosen.clear()
