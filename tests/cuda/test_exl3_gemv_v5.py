@@ -7,7 +7,7 @@ import pytest
 import torch
 from cuda_helpers import capture, rel_fro
 
-from engine import ops
+from engine import gemv_tuning, ops
 from engine.quant.codebooks import CODEBOOKS
 from engine.quant.hadamard import blockwise_hadamard
 from engine.quant.reconstruct import apply_scales, decode_trellis
@@ -190,6 +190,7 @@ def test_v5_env_flag_routes_every_gemv(monkeypatch) -> None:
             return ext.exl3_gemv_v5(*args)
 
     monkeypatch.setattr(ops, "GEMV_V5", True)
+    monkeypatch.setattr(gemv_tuning, "TUNE", False)  # only the routed calls, no timing launches
     monkeypatch.setattr(ops, "extension", lambda: Spy())
     t, suh, svh = _random_layer(256, 384, 3, seed=2)
     x = torch.randn(2, 256, device="cuda", dtype=torch.float16)
