@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "hadamard.cuh"
 #include "trellis_ext.h"
@@ -161,7 +162,8 @@ __device__ __forceinline__ float hadamard32_warp(float x, int lane) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Version 2 (fp16/bf16 caches and the widths version 3 does not take). Built for memory-level
+// Version 2 (the caches version 3 does not take: mixed widths, 3/5/6/7 bits, head_dim 256 at
+// 8 or 16 bits). Built for memory-level
 // parallelism: version 1 (removed; see ext/NOTES.md) loaded each step's key/value inside a branch and
 // used it at once, so a warp waited for four serial page-table + cache round trips per loop
 // iteration (~6 us measured per iteration, whatever the load). Here every load of an iteration is
@@ -503,9 +505,15 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Version 3: quantized caches (keys and values both 2, 4 or 8 bits) with q.k and p.v on the
-// tensor cores (mma.m16n8k16, fp16 in, fp32 accumulate). TRELLIS_ATTN_V2=1 selects version 2
-// (read per call, so one process can time both); other widths and dense caches use version 2.
+// Version 3: quantized caches (keys and values both 2, 4 or 8 bits) and dense fp16/bf16 caches
+// (head_dim <= 128) with q.k and p.v on the tensor cores (mma.m16n8k16, fp32 accumulate; fp16
+// operands for codes, the cache's own type for a dense cache). TRELLIS_ATTN_V2=1 selects version 2
+// (read per call, so one process can time both); other widths use version 2.
+//
+// A dense cache skips the decoding below: its units go into the MMA as stored, the query is not
+// rotated, and the scores need no per-group offset or scale. For bf16 the query and P are rounded
+// to bf16 for the MMA, as a bf16 flash attention does; version 2 computes in fp32 and was 2.3-2.5x
+// slower than SDPA at batch 1 (~110 warp instructions per key and kv head, see above).
 //
 // Why: version 2 spends ~16 lanes x ~225 instructions per key (each lane dots its 8 numbers with
 // every head, 31 shuffles per 16 scores, the softmax repeated in all 16 lanes of a key), so the
@@ -610,6 +618,28 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// The same MMA with bf16 operands (a dense bf16 cache: its keys and values go in as stored).
+__device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                          unsigned b0, unsigned b1, __nv_bfloat16) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                          unsigned b0, unsigned b1, __half) {
+  mma_16816(d, a0, a1, a2, a3, b0, b1);
+}
+
+// Two floats as an operand register of the MMA type (round to nearest even).
+__device__ __forceinline__ unsigned pack2(float a, float b, __half) { return h2_as_u32(__floats2half2_rn(a, b)); }
+__device__ __forceinline__ unsigned pack2(float a, float b, __nv_bfloat16) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+__device__ __forceinline__ __half to_mma(float a, __half) { return __float2half_rn(a); }
+__device__ __forceinline__ __nv_bfloat16 to_mma(float a, __nv_bfloat16) { return __float2bfloat16_rn(a); }
+
 // N 32-bit words (2N fp16 scales: one key's row of group scales) in one vector load.
 template <int N>
 __device__ __forceinline__ void load_words(const __half* p, unsigned (&w)[N]) {
@@ -641,6 +671,15 @@ struct TileUnits {
   unsigned ks[2][NW], vs[4][NW];
 };
 
+// A dense (fp16/bf16) cache: the same units, as stored (8 numbers = 16 bytes each), no scales.
+// The MMA reads them without any conversion; only p.v interleaves two keys per register (PRMT).
+template <int D>
+struct TileUnits<D, 16, 16> {
+  static constexpr int NG = D / kGroup, NW = NG / 2;
+  uint4 k[2][NG];
+  uint4 v[4][NW];
+};
+
 // Tile offsets of the lane's keys: 0-1 for q.k (rows g, g + 8), 2-5 for p.v (2t, 2t+1, 2t+8, 2t+9).
 __device__ __forceinline__ int tile_key(int i, int g, int t) {
   return i < 2 ? g + 8 * i : 2 * t + ((i - 2) & 1) + 8 * ((i - 2) >> 1);
@@ -656,21 +695,38 @@ template <int D, int KB, int VB>
 __device__ __forceinline__ void fetch_tile(const Params& p, int base, int last, int kvh, int g, int t,
                                            const int (&pg)[6], TileUnits<D, KB, VB>& r) {
   constexpr int NG = D / kGroup, NW = NG / 2;
+  if constexpr (KB == 16) {  // dense: unit u of a row is 16 bytes at element 8u
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const size_t row = cache_row(p, pg[i], min(base + tile_key(i, g, t), last), kvh);
-    const uint8_t* c = p.k.codes + row * (D / 8) * KB;
+    for (int i = 0; i < 2; ++i) {
+      const size_t row = cache_row(p, pg[i], min(base + tile_key(i, g, t), last), kvh);
+      const uint4* c = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.k.dense) + row * D);
 #pragma unroll
-    for (int cg = 0; cg < NG; ++cg) r.k[i][cg] = fetch_planes<KB>(c + (4 * cg + t) * KB);
-    load_words<NW>(p.k.scales + row * NG, r.ks[i]);
-  }
+      for (int cg = 0; cg < NG; ++cg) r.k[i][cg] = __ldg(c + 4 * cg + t);
+    }
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const size_t row = cache_row(p, pg[2 + j], min(base + tile_key(2 + j, g, t), last), kvh);
-    const uint8_t* c = p.v.codes + row * (D / 8) * VB;
+    for (int j = 0; j < 4; ++j) {
+      const size_t row = cache_row(p, pg[2 + j], min(base + tile_key(2 + j, g, t), last), kvh);
+      const uint4* c = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.v.dense) + row * D);
 #pragma unroll
-    for (int w = 0; w < NW; ++w) r.v[j][w] = fetch_planes<VB>(c + (g + 8 * w) * VB);
-    load_words<NW>(p.v.scales + row * NG, r.vs[j]);
+      for (int w = 0; w < NW; ++w) r.v[j][w] = __ldg(c + g + 8 * w);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const size_t row = cache_row(p, pg[i], min(base + tile_key(i, g, t), last), kvh);
+      const uint8_t* c = p.k.codes + row * (D / 8) * KB;
+#pragma unroll
+      for (int cg = 0; cg < NG; ++cg) r.k[i][cg] = fetch_planes<KB>(c + (4 * cg + t) * KB);
+      load_words<NW>(p.k.scales + row * NG, r.ks[i]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const size_t row = cache_row(p, pg[2 + j], min(base + tile_key(2 + j, g, t), last), kvh);
+      const uint8_t* c = p.v.codes + row * (D / 8) * VB;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) r.v[j][w] = fetch_planes<VB>(c + (g + 8 * w) * VB);
+      load_words<NW>(p.v.scales + row * NG, r.vs[j]);
+    }
   }
 }
 
@@ -679,12 +735,18 @@ template <int D, typename T, int KB, int VB>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kernel_mma(const Params p) {
   constexpr int MAXH = kMaxHeads;  // 8 heads = the MMA's N; fewer heads leave columns of zeros
   constexpr int NG = D / kGroup, NW = NG / 2, NKC = D / 16, NMT = D / 16;
-  // Loads one tile ahead where the registers allow it (head_dim 256: at use, other warps hide it).
-  constexpr bool kPrefetch = D <= 128;
+  // A dense cache (KB = VB = 16) goes into the MMA as stored, in its own type (MT); quantized
+  // codes become exact fp16.
+  constexpr bool kDense = KB == 16;
+  static_assert(kDense == (VB == 16), "keys and values both dense or both quantized");
+  using MT = std::conditional_t<kDense, T, __half>;
+  // Loads one tile ahead where the registers allow it (head_dim 256, or a dense tile above head_dim
+  // 64: at use, other warps hide it).
+  constexpr bool kPrefetch = kDense ? D <= 64 : D <= 128;
   static_assert(MAXH == 8, "the MMA's N is 8 heads");
   __shared__ float s_m[kWarps][MAXH], s_l[kWarps][MAXH];
   __shared__ float s_acc[kWarps][MAXH][D];
-  __shared__ __align__(16) __half s_p[kWarps][2][MAXH][kTile];  // P^T per warp, double-buffered
+  __shared__ __align__(16) MT s_p[kWarps][2][MAXH][kTile];  // P^T per warp, double-buffered
   __shared__ __align__(16) float s_qoff[kWarps][NG][MAXH];       // see qoff below (registers)
 
   const int split = blockIdx.x, b = blockIdx.z;
@@ -715,9 +777,10 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
   fetch_tile<D, KB, VB>(p, base, last, kvh, g, t, pg, cur);
   tile_pages(p, table, base + stride, last, g, t, pg);
 
-  // The rotated query of head g (zero past the chunk's heads), unit 4c + t of each group c, scale
-  // and log2 e folded in, as the B fragments of the D/16 k-steps: numbers (0,1), (2,3) | (4,5), (6,7).
-  const float qmul = p.scale * (p.softcap > 0.0f ? 1.0f : kLog2e) * kInvSqrtGroup;
+  // The query of head g (zero past the chunk's heads; rotated for a quantized cache), unit 4c + t
+  // of each group c, scale and log2 e folded in, as the B fragments of the D/16 k-steps: numbers
+  // (0,1), (2,3) | (4,5), (6,7).
+  const float qmul = p.scale * (p.softcap > 0.0f ? 1.0f : kLog2e) * (kDense ? 1.0f : kInvSqrtGroup);
   unsigned qf[NKC][2];
 #pragma unroll
   for (int cg = 0; cg < NG; ++cg) {
@@ -728,16 +791,16 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 #pragma unroll
       for (int i = 0; i < 8; ++i) x[i] = 0.0f;
     }
-    hadamard32_lanes(x, lane);  // the group's 4 units sit in lanes 4g .. 4g + 3 (lane bits 0-1 = t)
+    if constexpr (!kDense) hadamard32_lanes(x, lane);  // the group's 4 units: lanes 4g .. 4g + 3
 #pragma unroll
-    for (int i = 0; i < 4; ++i) qf[2 * cg + i / 2][i % 2] = h2_as_u32(__floats2half2_rn(x[2 * i] * qmul, x[2 * i + 1] * qmul));
+    for (int i = 0; i < 4; ++i) qf[2 * cg + i / 2][i % 2] = pack2(x[2 * i] * qmul, x[2 * i + 1] * qmul, MT());
   }
   // Keys enter the MMA as exact codes, one group (two k-steps) per accumulator started at
   // -midpoint x (the group's sum of the fp16 query), so it ends as sum q (code - midpoint); the
   // group's scale multiplies it per key in fp32. Lane (g, t) needs heads 2t, 2t + 1 of each group.
   // Kept in shared memory (one copy per warp, one 8-byte load per group and tile): registers.
 #pragma unroll
-  for (int cg = 0; cg < NG; ++cg) {
+  for (int cg = 0; cg < (kDense ? 0 : NG); ++cg) {
     float part = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -746,7 +809,7 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
     }
     part += __shfl_xor_sync(kFull, part, 1);
     part += __shfl_xor_sync(kFull, part, 2);  // head g's group sum, in its 4 lanes
-    if (t == 0) s_qoff[warp][cg][g] = -0.5f * static_cast<float>((1 << KB) - 1) * part;
+    if (t == 0) s_qoff[warp][cg][g] = -0.5f * static_cast<float>((1 << (KB & 15)) - 1) * part;
   }
   __syncwarp();
   const __half2 nvhalf = __float2half2_rn(-0.5f * static_cast<float>((1 << VB) - 1));
@@ -776,23 +839,34 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
     // S^T = K . Q^T: k-step 2c + h takes numbers 4h .. 4h + 3 of unit 4c + t, one accumulator per
     // group c (its scale differs per key), scaled into the scores in fp32.
     float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if constexpr (kDense) {
+      // Keys as stored: unit 4c + t of keys g, g + 8 = numbers (0,1), (2,3) of k-step 2c and
+      // (4,5), (6,7) of k-step 2c + 1, one fp32 accumulator for all of d.
 #pragma unroll
-    for (int cg = 0; cg < NG; ++cg) {
-      unsigned klo[2], khi[2];
-      float ksf[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        planes_to_bytes(cur.k[i][cg], klo[i], khi[i]);
-        ksf[i] = __half2float(__ushort_as_half(static_cast<unsigned short>(cur.ks[i][cg / 2] >> (16 * (cg & 1)))));
+      for (int cg = 0; cg < NG; ++cg) {
+        const uint4 a = cur.k[0][cg], b = cur.k[1][cg];
+        mma_16816(s, a.x, b.x, a.y, b.y, qf[2 * cg][0], qf[2 * cg][1], MT());
+        mma_16816(s, a.z, b.z, a.w, b.w, qf[2 * cg + 1][0], qf[2 * cg + 1][1], MT());
       }
-      const float2 qo = *reinterpret_cast<const float2*>(&s_qoff[warp][cg][2 * t]);
-      float c[4] = {qo.x, qo.y, qo.x, qo.y};
-      mma_16816(c, code_pair(klo[0], 0x4140u), code_pair(klo[1], 0x4140u), code_pair(klo[0], 0x4342u),
-                code_pair(klo[1], 0x4342u), qf[2 * cg][0], qf[2 * cg][1]);
-      mma_16816(c, code_pair(khi[0], 0x4140u), code_pair(khi[1], 0x4140u), code_pair(khi[0], 0x4342u),
-                code_pair(khi[1], 0x4342u), qf[2 * cg + 1][0], qf[2 * cg + 1][1]);
+    } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[i] = fmaf(ksf[i >> 1], c[i], s[i]);
+      for (int cg = 0; cg < NG; ++cg) {
+        unsigned klo[2], khi[2];
+        float ksf[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          planes_to_bytes(cur.k[i][cg], klo[i], khi[i]);
+          ksf[i] = __half2float(__ushort_as_half(static_cast<unsigned short>(cur.ks[i][cg / 2] >> (16 * (cg & 1)))));
+        }
+        const float2 qo = *reinterpret_cast<const float2*>(&s_qoff[warp][cg][2 * t]);
+        float c[4] = {qo.x, qo.y, qo.x, qo.y};
+        mma_16816(c, code_pair(klo[0], 0x4140u), code_pair(klo[1], 0x4140u), code_pair(klo[0], 0x4342u),
+                  code_pair(klo[1], 0x4342u), qf[2 * cg][0], qf[2 * cg][1]);
+        mma_16816(c, code_pair(khi[0], 0x4140u), code_pair(khi[1], 0x4140u), code_pair(khi[0], 0x4342u),
+                  code_pair(khi[1], 0x4342u), qf[2 * cg + 1][0], qf[2 * cg + 1][1]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[i] = fmaf(ksf[i >> 1], c[i], s[i]);
+      }
     }
     // Scores s[2r + e]: key g + 8r, head 2t + e. Online softmax per head over the tile's 16 keys
     // (a max over the 8 lanes of equal t); the tile's first key is always visible, so the new max
@@ -823,29 +897,45 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
       acc[j][3] *= corr[1];
     }
     // P^T as the B operand: lane (g, t) needs head g at keys 2t, 2t + 1 and 2t + 8, 2t + 9.
-    __half(*sp)[kTile] = s_p[warp][buf];
+    MT(*sp)[kTile] = s_p[warp][buf];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) sp[2 * t + (i & 1)][g + 8 * (i >> 1)] = __float2half_rn(s[i]);
+    for (int i = 0; i < 4; ++i) sp[2 * t + (i & 1)][g + 8 * (i >> 1)] = to_mma(s[i], MT());
     __syncwarp();
     const unsigned pb0 = *reinterpret_cast<const unsigned*>(&sp[g][2 * t]);
     const unsigned pb1 = *reinterpret_cast<const unsigned*>(&sp[g][2 * t + 8]);
 
     // O^T += V^T . P^T: unit g + 8w of keys 2t, 2t + 1 (columns 2t, 2t + 1) and 2t + 8, 2t + 9.
+    if constexpr (kDense) {
+      // Word q of a unit holds numbers 2q (low half: row g) and 2q + 1 (high half: row g + 8);
+      // the A fragment pairs two keys per register.
 #pragma unroll
-    for (int w = 0; w < NW; ++w) {
-      unsigned vlo[4], vhi[4];
+      for (int w = 0; w < NW; ++w) {
+        const unsigned v0[4] = {cur.v[0][w].x, cur.v[0][w].y, cur.v[0][w].z, cur.v[0][w].w};
+        const unsigned v1[4] = {cur.v[1][w].x, cur.v[1][w].y, cur.v[1][w].z, cur.v[1][w].w};
+        const unsigned v2[4] = {cur.v[2][w].x, cur.v[2][w].y, cur.v[2][w].z, cur.v[2][w].w};
+        const unsigned v3[4] = {cur.v[3][w].x, cur.v[3][w].y, cur.v[3][w].z, cur.v[3][w].w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) planes_to_bytes(cur.v[j][w], vlo[j], vhi[j]);
-      const __half2 vs01 = u32_as_h2(__byte_perm(cur.vs[0][w], cur.vs[1][w], vsel));
-      const __half2 vs23 = u32_as_h2(__byte_perm(cur.vs[2][w], cur.vs[3][w], vsel));
-      const __half2 vo01 = __hmul2(vs01, nvhalf), vo23 = __hmul2(vs23, nvhalf);
+        for (int q = 0; q < 4; ++q)
+          mma_16816(acc[4 * w + q], __byte_perm(v0[q], v1[q], 0x5410u), __byte_perm(v0[q], v1[q], 0x7632u),
+                    __byte_perm(v2[q], v3[q], 0x5410u), __byte_perm(v2[q], v3[q], 0x7632u), pb0, pb1, MT());
+      }
+    } else {
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {  // numbers 2q (row g), 2q + 1 (row g + 8)
-        const unsigned sel = (q & 1) ? 0x7362u : 0x5140u;  // bytes (2q) % 4, +1 of the two keys, interleaved
-        const unsigned w01 = __byte_perm(q < 2 ? vlo[0] : vhi[0], q < 2 ? vlo[1] : vhi[1], sel);
-        const unsigned w23 = __byte_perm(q < 2 ? vlo[2] : vhi[2], q < 2 ? vlo[3] : vhi[3], sel);
-        mma_16816(acc[4 * w + q], dequant_pair(w01, 0x4140u, vs01, vo01), dequant_pair(w01, 0x4342u, vs01, vo01),
-                  dequant_pair(w23, 0x4140u, vs23, vo23), dequant_pair(w23, 0x4342u, vs23, vo23), pb0, pb1);
+      for (int w = 0; w < NW; ++w) {
+        unsigned vlo[4], vhi[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) planes_to_bytes(cur.v[j][w], vlo[j], vhi[j]);
+        const __half2 vs01 = u32_as_h2(__byte_perm(cur.vs[0][w], cur.vs[1][w], vsel));
+        const __half2 vs23 = u32_as_h2(__byte_perm(cur.vs[2][w], cur.vs[3][w], vsel));
+        const __half2 vo01 = __hmul2(vs01, nvhalf), vo23 = __hmul2(vs23, nvhalf);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // numbers 2q (row g), 2q + 1 (row g + 8)
+          const unsigned sel = (q & 1) ? 0x7362u : 0x5140u;  // bytes (2q) % 4, +1 of the two keys, interleaved
+          const unsigned w01 = __byte_perm(q < 2 ? vlo[0] : vhi[0], q < 2 ? vlo[1] : vhi[1], sel);
+          const unsigned w23 = __byte_perm(q < 2 ? vlo[2] : vhi[2], q < 2 ? vlo[3] : vhi[3], sel);
+          mma_16816(acc[4 * w + q], dequant_pair(w01, 0x4140u, vs01, vo01), dequant_pair(w01, 0x4342u, vs01, vo01),
+                    dequant_pair(w23, 0x4140u, vs23, vo23), dequant_pair(w23, 0x4342u, vs23, vo23), pb0, pb1);
+        }
       }
     }
 
@@ -1004,9 +1094,16 @@ bool env_flag(const char* name) {
 }
 
 // The tensor-core kernel for this case, or nullptr: keys and values quantized to the same width
-// of 2, 4 or 8 bits (8 only up to head_dim 128), scale rows aligned for one vector load.
+// of 2, 4 or 8 bits (8 only up to head_dim 128), scale rows aligned for one vector load; or both
+// dense (fp16/bf16) up to head_dim 128 (256 needs more than 255 registers: version 2).
 template <int D, typename T>
 void (*mma_kernel(const Params& p))(const Params) {
+  if (p.k.bits == 16 || p.v.bits == 16) {
+    if constexpr (D <= 128) {
+      if (p.k.bits == 16 && p.v.bits == 16) return paged_decode_kernel_mma<D, T, 16, 16>;
+    }
+    return nullptr;
+  }
   const uintptr_t align = (D / kGroup) * 2;
   if (p.k.bits != p.v.bits || reinterpret_cast<uintptr_t>(p.k.scales) % align != 0 ||
       reinterpret_cast<uintptr_t>(p.v.scales) % align != 0)
@@ -1023,7 +1120,7 @@ void (*mma_kernel(const Params& p))(const Params) {
 
 template <int D, typename T>
 void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupancy) {
-  // TRELLIS_ATTN_V2=1: version 2 where version 3 (tensor cores, quantized caches) would run. Read
+  // TRELLIS_ATTN_V2=1: version 2 where version 3 (tensor cores) would run. Read
   // per call, so one process can time them side by side.
   auto kernel = p.group <= 4 ? paged_decode_kernel_v2<D, T, 4>  // Llama: 4
                              : paged_decode_kernel_v2<D, T, kMaxHeads>;

@@ -5,7 +5,7 @@ For each context, batch and cache width it reports the time of one layer's decod
 that call must read (keys + values + scales of every visible position) and the bandwidth that
 makes, beside its peers on the same shapes: torch SDPA on a contiguous fp16 cache (no paging, no
 quantization: what a plain dense decoder pays), with ``--compare-v2`` version 2 where version 3
-(tensor cores, 2/4/8-bit caches) runs by default (``TRELLIS_ATTN_V2=1``), with ``--reference`` the
+(tensor cores: 2/4/8-bit and dense caches) runs by default (``TRELLIS_ATTN_V2=1``), with ``--reference`` the
 slow torch reference (gathers and dequantizes the padded table, then SDPA). Also the fused
 quantize-and-write of one decode step's keys and values against the torch path it replaces.
 
@@ -44,7 +44,7 @@ def register(sub) -> None:
     p.add_argument(
         "--compare-v2",
         action="store_true",
-        help="also time kernel version 2 where version 3 runs (2/4/8-bit caches; TRELLIS_ATTN_V2=1)",
+        help="also time version 2 where version 3 runs (2/4/8-bit and dense caches; TRELLIS_ATTN_V2=1)",
     )
     p.add_argument("--no-write", action="store_true", help="skip the fused quantize-and-write timings")
     p.add_argument("--json", default=None, help="write the rows as JSON here")

@@ -179,8 +179,8 @@ class Generator:
     ) -> None:
         """``cuda_graphs``: replay decode steps from CUDA graphs on a CUDA model (default: yes,
         unless ``TRELLIS_NO_GRAPHS=1``). ``pipeline``: pipeline decode steps (greedy, and sampled
-        ones where ``device_sampling``; default: yes
-        where graphs run, unless ``TRELLIS_NO_PIPELINE=1``; elsewhere it only costs syncs, but
+        ones where ``device_sampling``; default: yes where graphs run, unless
+        ``TRELLIS_NO_PIPELINE=1``; elsewhere it only costs syncs, but
         works, which the CPU tests use). ``device_sampling``: sample unconstrained jobs where the
         logits are (default: on a CUDA model, unless ``TRELLIS_HOST_SAMPLING=1``; on the CPU it
         runs the torch reference, which the CPU tests use)."""
