@@ -88,6 +88,45 @@ __device__ __forceinline__ void write_normed(const T* x, const T* __restrict__ w
   }
 }
 
+// Packs a thread keeps in registers when the row fits them: norm_threads gives every row up to
+// 4 x 16-byte vectors x 1024 threads (32K elements of 2 bytes) at most 4 per thread.
+constexpr int kRegPacks = 4;
+
+// Both norm kernels when the row fits in registers (n <= kRegPacks * V * blockDim.x): one pass.
+// `row(i)` gives the pack at element i (and may store it). The weight's packs are loaded with
+// the row's, before the reduction, so their DRAM latency overlaps it instead of following it (and
+// the row is not read back). Same sums in the same order as the loops: the same result bit for bit.
+template <typename T, int V, typename Row>
+__device__ __forceinline__ void norm_in_registers(Row row, const T* __restrict__ w, T* __restrict__ y, int n,
+                                                  float eps, float offset) {
+  Pack<T, V> x[kRegPacks], wv[kRegPacks];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < kRegPacks; ++j) {
+    const int i = (threadIdx.x + j * blockDim.x) * V;
+    if (i < n) {
+      wv[j] = load_pack<T, V>(w + i);
+      x[j] = row(i);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float v = to_f<T>(x[j].v[e]);
+        ss += v * v;
+      }
+    }
+  }
+  const float r = rsqrtf(block_sum(ss) / static_cast<float>(n) + eps);
+#pragma unroll
+  for (int j = 0; j < kRegPacks; ++j) {
+    const int i = (threadIdx.x + j * blockDim.x) * V;
+    if (i < n) {
+      Pack<T, V> o;
+#pragma unroll
+      for (int e = 0; e < V; ++e) o.v[e] = norm_out<T>(to_f<T>(x[j].v[e]) * r, to_f<T>(wv[j].v[e]), offset);
+      store_pack<T, V>(y + i, o);
+    }
+  }
+}
+
 // y = x / rms(x) * scale (rounded as norm_out says), one block per row, V elements per access.
 // Same as engine/modules/norms.py.
 template <typename T, int V>
@@ -95,6 +134,10 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, long long x_stride, con
                                 T* __restrict__ y, int n, float eps, float offset) {
   const T* xr = x + static_cast<long long>(blockIdx.x) * x_stride;
   T* yr = y + static_cast<long long>(blockIdx.x) * n;
+  if (n <= kRegPacks * V * static_cast<int>(blockDim.x)) {  // the decode step's rows
+    norm_in_registers<T, V>([&](int i) { return load_pack<T, V>(xr + i); }, w, yr, n, eps, offset);
+    return;
+  }
   float ss = 0.f;
   for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
     const Pack<T, V> p = load_pack<T, V>(xr + i);
@@ -120,6 +163,18 @@ __global__ void add_rms_norm_kernel(const T* __restrict__ h, long long h_stride,
   const T* dr = delta + static_cast<long long>(blockIdx.x) * d_stride;
   T* sr = h_out + static_cast<long long>(blockIdx.x) * n;
   T* yr = y + static_cast<long long>(blockIdx.x) * n;
+  if (n <= kRegPacks * V * static_cast<int>(blockDim.x)) {  // the decode step's rows
+    auto row = [&](int i) {
+      const Pack<T, V> a = load_pack<T, V>(hr + i), b = load_pack<T, V>(dr + i);
+      Pack<T, V> sum;
+#pragma unroll
+      for (int e = 0; e < V; ++e) sum.v[e] = from_f<T>(to_f<T>(a.v[e]) + to_f<T>(b.v[e]));
+      store_pack<T, V>(sr + i, sum);
+      return sum;
+    };
+    norm_in_registers<T, V>(row, w, yr, n, eps, offset);
+    return;
+  }
   float ss = 0.f;
   for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
     const Pack<T, V> a = load_pack<T, V>(hr + i), b = load_pack<T, V>(dr + i);

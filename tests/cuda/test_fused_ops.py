@@ -45,7 +45,9 @@ def _need_extension():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("width", [64, 576, 2048, 4096, 5120, 2304])
+# 4100 (not a multiple of 8: scalar accesses) and 40000 (over 4 vectors x 1024 threads) take the
+# two-pass loop; the others fit the registers (kRegPacks in ext/fused_ops.cu).
+@pytest.mark.parametrize("width", [64, 576, 2048, 4096, 5120, 2304, 4100, 40000])
 @pytest.mark.parametrize("offset", [0.0, 1.0])
 @pytest.mark.parametrize("rows", [1, 3, 257])
 def test_rms_norm_matches_module(dtype, width, offset, rows) -> None:
@@ -113,7 +115,7 @@ def test_fused_ops_in_a_cuda_graph() -> None:
 
 # -- residual add + RMSNorm in one launch ----------------------------------------------------------
 
-ADD_NORM_WIDTHS = [576, 2048, 4096, 5120, 2304, 64]
+ADD_NORM_WIDTHS = [576, 2048, 4096, 5120, 2304, 64, 4100, 40000]  # the last two: the two-pass loop
 ADD_NORM_ROWS = [1, 2, 3, 4, 5, 6, 7, 8, 1000]
 
 
