@@ -297,6 +297,19 @@ void check_rows(const at::Tensor& t, const char* name) {
 // vector size, so their sums of squares add in the same order.
 int norm_threads(int n, int v) { return std::min(1024, std::max(32, ((n / (4 * v) + 31) / 32) * 32)); }
 
+// At most as many threads as `kernel` can launch with: its registers x threads must fit the
+// multiprocessor's register file (the norm kernels, with their register-resident rows, take ~83
+// registers at 16-byte bf16 vectors: 768 threads, not 1024). Queried once per kernel.
+template <auto Kernel>
+int fit_threads(int threads) {
+  static const int limit = [] {
+    cudaFuncAttributes attr{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, Kernel));
+    return (attr.maxThreadsPerBlock / 32) * 32;
+  }();
+  return std::min(threads, limit);
+}
+
 // Launches norm kernel K<T, V> with 16-byte vectors when every pointer and width allows it.
 template <typename T, typename Launch>
 void launch_norm(bool vec, int n, Launch&& launch) {
@@ -318,7 +331,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
     using T = decltype(tag);
     const bool vec = vector_ok<T>({x.data_ptr(), weight.data_ptr(), y.data_ptr()}, {x.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
-      rms_norm_kernel<T, decltype(v)::value><<<static_cast<unsigned>(x.size(0)), threads, 0, stream>>>(
+      constexpr auto kernel = rms_norm_kernel<T, decltype(v)::value>;
+      kernel<<<static_cast<unsigned>(x.size(0)), fit_threads<kernel>(threads), 0, stream>>>(
           reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<const T*>(weight.data_ptr()),
           reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
     });
@@ -346,7 +360,8 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& delt
     const bool vec = vector_ok<T>({h.data_ptr(), delta.data_ptr(), weight.data_ptr(), h_out.data_ptr(), y.data_ptr()},
                                   {h.stride(0), delta.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
-      add_rms_norm_kernel<T, decltype(v)::value><<<static_cast<unsigned>(h.size(0)), threads, 0, stream>>>(
+      constexpr auto kernel = add_rms_norm_kernel<T, decltype(v)::value>;
+      kernel<<<static_cast<unsigned>(h.size(0)), fit_threads<kernel>(threads), 0, stream>>>(
           reinterpret_cast<const T*>(h.data_ptr()), h.stride(0), reinterpret_cast<const T*>(delta.data_ptr()),
           delta.stride(0), reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(h_out.data_ptr()),
           reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
