@@ -13,18 +13,12 @@ from engine.generation.sampling import SamplingSettings
 from engine.model import load_model
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+from generation_cases import SAMPLED_SETTINGS  # noqa: E402
 from tiny_models import build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
-SETTINGS = [
-    SamplingSettings(temperature=0.9, seed=1),
-    SamplingSettings(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.3, seed=2),
-    SamplingSettings(temperature=1.2, min_p=0.05, presence_penalty=0.8, frequency_penalty=0.5, seed=3),
-    SamplingSettings(temperature=0.0, repetition_penalty=4.0, frequency_penalty=0.3),  # penalised greedy
-    SamplingSettings(temperature=1.0, top_p=0.5, repetition_penalty=2.0, frequency_penalty=1.0, seed=5),
-    SamplingSettings.greedy(),  # plain greedy, in the same batch as the sampled rows
-]
+SETTINGS = [*SAMPLED_SETTINGS, SamplingSettings.greedy()]  # plain greedy in the same batch too
 
 
 @pytest.fixture(scope="module")

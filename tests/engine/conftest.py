@@ -20,3 +20,12 @@ def tiny_model_factory(tmp_path_factory):
         return built[variant]
 
     return factory
+
+
+@pytest.fixture(scope="module")
+def llama(tiny_model_factory):
+    """The tiny random Llama loaded on the CPU (one load per test module)."""
+    from engine.model import load_model
+
+    directory, _ = tiny_model_factory("LlamaForCausalLM")
+    return load_model(directory, device="cpu")

@@ -9,13 +9,6 @@ from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
 from engine.generation.step import score_tokens
-from engine.model import load_model
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_model_factory):
-    directory, _ = tiny_model_factory("LlamaForCausalLM")
-    return load_model(directory, device="cpu")
 
 
 def prompts(n, lengths, seed=0):

@@ -3,14 +3,12 @@ where the logits are): on the CPU it runs the torch reference, so the scheduling
 streams are checked here against host sampling; tests/cuda/test_sampling_kernel.py checks the
 kernel."""
 
-import pytest
 import torch
 
 from engine.generation import generator as generator_mod
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import Sampler, SamplingSettings
-from engine.model import load_model
 
 SETTINGS = [
     SamplingSettings(temperature=0.9, seed=1),
@@ -19,12 +17,6 @@ SETTINGS = [
     SamplingSettings(temperature=0.0, presence_penalty=0.5, frequency_penalty=0.3, seed=4),  # greedy
     SamplingSettings(temperature=1.0, top_p=0.5, frequency_penalty=0.2, seed=5),
 ]
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_model_factory):
-    directory, _ = tiny_model_factory("LlamaForCausalLM")
-    return load_model(directory, device="cpu")
 
 
 def _jobs():

@@ -2,25 +2,12 @@
 on the CPU it runs the same logic eagerly, so every scheduling case is checked against the
 plain generator here; the GPU test (tests/cuda/test_cuda_graphs.py) checks it with graphs."""
 
-import pytest
-import torch
+from generation_cases import random_prompts
 
 from engine.generation import generator as generator_mod
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
-from engine.model import load_model
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_model_factory):
-    directory, _ = tiny_model_factory("LlamaForCausalLM")
-    return load_model(directory, device="cpu")
-
-
-def _prompts(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 320, (n,), generator=g).tolist() for n in lengths]
 
 
 def _pair(llama, **kwargs):
@@ -37,14 +24,14 @@ def test_pipelined_steps_actually_run(llama, monkeypatch):
     landed = []
     original = Generator._land
     monkeypatch.setattr(Generator, "_land", lambda self: landed.append(1) or original(self))
-    (result,) = piped.generate([Job(_prompts([12])[0], max_new_tokens=10, stop_token_ids=())])
+    (result,) = piped.generate([Job(random_prompts([12])[0], max_new_tokens=10, stop_token_ids=())])
     assert result.new_tokens == 10
     assert len(landed) >= 8  # every decode token after the prefill came through a landing
 
 
 def test_same_tokens_as_plain_decode_for_a_batch_of_lengths(llama):
     piped, plain = _pair(llama)
-    ps = _prompts([30, 5, 17, 44, 9])  # five jobs, batch of four: the fifth joins later
+    ps = random_prompts([30, 5, 17, 44, 9])  # five jobs, batch of four: the fifth joins later
     limits = [12, 3, 1, 20, 7]
     jobs_a = [Job(p, max_new_tokens=n, stop_token_ids=()) for p, n in zip(ps, limits)]
     jobs_b = [Job(p, max_new_tokens=n, stop_token_ids=()) for p, n in zip(ps, limits)]
@@ -55,7 +42,7 @@ def test_same_tokens_as_plain_decode_for_a_batch_of_lengths(llama):
 
 def test_stop_token_mid_pipeline(llama):
     piped, plain = _pair(llama)
-    prompt = _prompts([21], seed=3)[0]
+    prompt = random_prompts([21], seed=3)[0]
     (free,) = plain.generate([Job(prompt, max_new_tokens=12, stop_token_ids=())])
     stop = free.token_ids[5]  # stops at (or before) the sixth new token
     a = piped.generate([Job(prompt, max_new_tokens=12, stop_token_ids=(stop,))])
@@ -66,7 +53,7 @@ def test_stop_token_mid_pipeline(llama):
 
 def test_cancel_while_a_step_is_in_flight(llama):
     piped, _ = _pair(llama)
-    p1, p2 = _prompts([15, 25], seed=4)
+    p1, p2 = random_prompts([15, 25], seed=4)
     long_job = Job(p1, max_new_tokens=50, stop_token_ids=())
     other = Job(p2, max_new_tokens=6, stop_token_ids=())
     piped.enqueue(long_job)
@@ -90,7 +77,7 @@ def test_cancel_while_a_step_is_in_flight(llama):
 
 def test_job_enqueued_mid_decode_joins_without_changing_tokens(llama):
     piped, plain = _pair(llama)
-    p1, p2 = _prompts([18, 33], seed=6)
+    p1, p2 = random_prompts([18, 33], seed=6)
     first = Job(p1, max_new_tokens=15, stop_token_ids=())
     piped.enqueue(first)
     out = {first: []}
@@ -107,11 +94,18 @@ def test_job_enqueued_mid_decode_joins_without_changing_tokens(llama):
     assert [out[first], out[second]] == [r.token_ids for r in ref]
 
 
-def test_sampled_jobs_are_not_pipelined(llama):
-    piped, _ = _pair(llama)
+def test_host_sampled_jobs_are_not_pipelined(llama):
+    # Host sampling (device_sampling off) needs each step's logits on the host: no step in flight,
+    # ever. (Device-sampled jobs are pipelined: tests/engine/test_pipelined_sampling.py.)
+    piped, _ = _pair(llama, device_sampling=False)
     sampling = SamplingSettings(temperature=0.8, top_k=20, seed=1)
-    (r,) = piped.generate([Job(_prompts([10])[0], max_new_tokens=5, stop_token_ids=(), sampling=sampling)])
-    assert r.new_tokens == 5 and piped._flight is None
+    job = Job(random_prompts([10])[0], max_new_tokens=5, stop_token_ids=(), sampling=sampling)
+    piped.enqueue(job)
+    new_tokens = 0
+    while piped.num_remaining_jobs:
+        new_tokens += sum(len(r.token_ids) for r in piped.iterate())
+        assert piped._flight is None
+    assert new_tokens == 5
 
 
 def test_env_switch_and_default(llama, monkeypatch):

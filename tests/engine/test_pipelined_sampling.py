@@ -6,32 +6,15 @@ must give the tokens of the unpipelined path, whatever the batch. The GPU test
 
 import pytest
 import torch
+from generation_cases import SAMPLED_SETTINGS, random_prompts
 
 from engine import ops
 from engine.generation import generator as generator_mod
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
-from engine.model import load_model
 
-SETTINGS = [
-    SamplingSettings(temperature=0.9, seed=1),
-    SamplingSettings(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.3, seed=2),
-    SamplingSettings(temperature=1.2, min_p=0.05, presence_penalty=0.8, frequency_penalty=0.5, seed=3),
-    SamplingSettings(temperature=0.0, repetition_penalty=4.0, frequency_penalty=0.3),  # penalised greedy
-    SamplingSettings(temperature=1.0, top_p=0.5, repetition_penalty=2.0, frequency_penalty=1.0, seed=5),
-]
-
-
-@pytest.fixture(scope="module")
-def llama(tiny_model_factory):
-    directory, _ = tiny_model_factory("LlamaForCausalLM")
-    return load_model(directory, device="cpu")
-
-
-def _prompts(lengths, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 320, (n,), generator=g).tolist() for n in lengths]
+SETTINGS = SAMPLED_SETTINGS
 
 
 def _generator(llama, pipeline: bool, device_sampling: bool = True, **kwargs) -> Generator:
@@ -40,7 +23,7 @@ def _generator(llama, pipeline: bool, device_sampling: bool = True, **kwargs) ->
 
 
 def _jobs(settings, limits=(12, 7, 15, 10, 9), stop=(), seed=0):
-    prompts = _prompts([9, 30, 4, 17, 12][: len(settings)], seed)
+    prompts = random_prompts([9, 30, 4, 17, 12][: len(settings)], seed)
     cases = zip(prompts, limits, settings)
     return [Job(p, max_new_tokens=n, sampling=s, stop_token_ids=stop) for p, n, s in cases]
 
