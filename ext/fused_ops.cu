@@ -89,7 +89,8 @@ __device__ __forceinline__ void write_normed(const T* x, const T* __restrict__ w
 }
 
 // Packs a thread keeps in registers when the row fits them: norm_threads gives every row up to
-// 4 x 16-byte vectors x 1024 threads (32K elements of 2 bytes) at most 4 per thread.
+// 4 x 16-byte vectors x 1024 threads at most 4 per thread (where norm_thread_limit allows 1024:
+// up to 24K elements of bf16, all decoder widths; wider rows take the two-pass loops).
 constexpr int kRegPacks = 4;
 
 // Both norm kernels when the row fits in registers (n <= kRegPacks * V * blockDim.x): one pass.
@@ -297,25 +298,31 @@ void check_rows(const at::Tensor& t, const char* name) {
 // vector size, so their sums of squares add in the same order.
 int norm_threads(int n, int v) { return std::min(1024, std::max(32, ((n / (4 * v) + 31) / 32) * 32)); }
 
-// At most as many threads as `kernel` can launch with: its registers x threads must fit the
-// multiprocessor's register file (the norm kernels, with their register-resident rows, take ~83
-// registers at 16-byte bf16 vectors: 768 threads, not 1024). Queried once per kernel.
-template <auto Kernel>
-int fit_threads(int threads) {
+// The most threads both norm kernels of <T, V> can launch with: registers x threads must fit the
+// multiprocessor's register file, and with their register-resident rows the kernels take up to
+// ~83 registers (bf16 vectors: 768 threads, not 1024). One limit for both, so that they still
+// use the same block size and add their sums of squares in the same order. Queried once.
+template <typename T, int V>
+int norm_thread_limit() {
   static const int limit = [] {
-    cudaFuncAttributes attr{};
-    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, Kernel));
-    return (attr.maxThreadsPerBlock / 32) * 32;
+    int lim = 1024;
+    for (const void* k : {reinterpret_cast<const void*>(rms_norm_kernel<T, V>),
+                          reinterpret_cast<const void*>(add_rms_norm_kernel<T, V>)}) {
+      cudaFuncAttributes attr{};
+      C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
+      lim = std::min(lim, (attr.maxThreadsPerBlock / 32) * 32);
+    }
+    return lim;
   }();
-  return std::min(threads, limit);
+  return limit;
 }
 
 // Launches norm kernel K<T, V> with 16-byte vectors when every pointer and width allows it.
 template <typename T, typename Launch>
 void launch_norm(bool vec, int n, Launch&& launch) {
   constexpr int kV = 16 / sizeof(T);
-  if (vec) launch(std::integral_constant<int, kV>{}, norm_threads(n, kV));
-  else launch(std::integral_constant<int, 1>{}, norm_threads(n, 1));
+  if (vec) launch(std::integral_constant<int, kV>{}, std::min(norm_threads(n, kV), norm_thread_limit<T, kV>()));
+  else launch(std::integral_constant<int, 1>{}, std::min(norm_threads(n, 1), norm_thread_limit<T, 1>()));
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
@@ -331,8 +338,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
     using T = decltype(tag);
     const bool vec = vector_ok<T>({x.data_ptr(), weight.data_ptr(), y.data_ptr()}, {x.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
-      constexpr auto kernel = rms_norm_kernel<T, decltype(v)::value>;
-      kernel<<<static_cast<unsigned>(x.size(0)), fit_threads<kernel>(threads), 0, stream>>>(
+      rms_norm_kernel<T, decltype(v)::value><<<static_cast<unsigned>(x.size(0)), threads, 0, stream>>>(
           reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<const T*>(weight.data_ptr()),
           reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
     });
@@ -360,8 +366,7 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& delt
     const bool vec = vector_ok<T>({h.data_ptr(), delta.data_ptr(), weight.data_ptr(), h_out.data_ptr(), y.data_ptr()},
                                   {h.stride(0), delta.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
-      constexpr auto kernel = add_rms_norm_kernel<T, decltype(v)::value>;
-      kernel<<<static_cast<unsigned>(h.size(0)), fit_threads<kernel>(threads), 0, stream>>>(
+      add_rms_norm_kernel<T, decltype(v)::value><<<static_cast<unsigned>(h.size(0)), threads, 0, stream>>>(
           reinterpret_cast<const T*>(h.data_ptr()), h.stride(0), reinterpret_cast<const T*>(delta.data_ptr()),
           delta.stride(0), reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(h_out.data_ptr()),
           reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
