@@ -35,6 +35,7 @@ from torch import nn
 
 import engine
 from engine.errors import EngineError
+from engine.quant.allocation import achieved_bits
 from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES, INST3, MCG, MUL1
 from engine.quant.exl3_linear import EXL3Linear
 from engine.quant.quantize import quantize_weight
@@ -235,7 +236,7 @@ def allocate_bits(slots: list[LinearSlot], target: float) -> float:
             if sizes[i] <= budget + 1e-6:
                 slots[i].bits += 1
                 budget -= sizes[i]
-    return sum(s.bits * n for s, n in zip(slots, sizes)) / total
+    return achieved_bits(sizes, [s.bits for s in slots])
 
 
 def _allocate(
@@ -250,7 +251,7 @@ def _allocate(
     """Set ``bits`` on every slot by ``options.allocation`` and log the result; returns the
     achieved bits per weight and the sensitivities by key (empty for ``uniform`` or when the bits
     come from an earlier run)."""
-    from engine.quant.allocation import achieved_bits, bits_histogram, greedy_bits, k_range
+    from engine.quant.allocation import bits_histogram, greedy_bits, k_range
     from engine.quant.sensitivity import calibration_subset, measure_sensitivity
 
     all_slots = [s for slots in per_block for s in slots]
