@@ -652,7 +652,8 @@ def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tens
     return ext.act_mul(g, u, act).view(gate.shape)
 
 
-# Sampling on the device (ext/sampling.cu): one block per row.
+# Sampling on the device (ext/sampling.cu): a cluster of blocks per row, or one block where the
+# row does not fit the cluster's shared memory.
 def sample_tokens(
     logits: torch.Tensor,
     rows: Any,
