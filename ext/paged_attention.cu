@@ -36,7 +36,6 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 32;     // quantization group = Hadamard size (the kernels need head_dim % 32 == 0)
 constexpr int kMaxHeads = 8;   // query heads per block
-constexpr int kSteps = 4;      // keys per lane per loop iteration (loads in flight before use)
 constexpr int kMinSplitKeys = 64;  // 2 loop iterations of a v2 block at head_dim 128 (short contexts: more SMs)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInvSqrtGroup = 0.17677669529663687f;
@@ -799,19 +798,21 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
   // -midpoint x (the group's sum of the fp16 query), so it ends as sum q (code - midpoint); the
   // group's scale multiplies it per key in fp32. Lane (g, t) needs heads 2t, 2t + 1 of each group.
   // Kept in shared memory (one copy per warp, one 8-byte load per group and tile): registers.
+  if constexpr (!kDense) {
 #pragma unroll
-  for (int cg = 0; cg < (kDense ? 0 : NG); ++cg) {
-    float part = 0.0f;
+    for (int cg = 0; cg < NG; ++cg) {
+      float part = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __half22float2(u32_as_h2(qf[2 * cg + i / 2][i % 2]));
-      part += f.x + f.y;
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __half22float2(u32_as_h2(qf[2 * cg + i / 2][i % 2]));
+        part += f.x + f.y;
+      }
+      part += __shfl_xor_sync(kFull, part, 1);
+      part += __shfl_xor_sync(kFull, part, 2);  // head g's group sum, in its 4 lanes
+      if (t == 0) s_qoff[warp][cg][g] = -0.5f * static_cast<float>((1 << KB) - 1) * part;
     }
-    part += __shfl_xor_sync(kFull, part, 1);
-    part += __shfl_xor_sync(kFull, part, 2);  // head g's group sum, in its 4 lanes
-    if (t == 0) s_qoff[warp][cg][g] = -0.5f * static_cast<float>((1 << (KB & 15)) - 1) * part;
+    __syncwarp();
   }
-  __syncwarp();
   const __half2 nvhalf = __float2half2_rn(-0.5f * static_cast<float>((1 << VB) - 1));
   const unsigned vsel = (g & 4) ? 0x7632u : 0x5410u;  // unit g + 8w is in group g / 4 + 2w: word w, half (g / 4) & 1
   const float cap = p.softcap > 0.0f ? p.softcap * kLog2e : 0.0f;
