@@ -83,7 +83,12 @@ def tuned_splits(
         return chosen
     if torch.cuda.is_current_stream_capturing():
         return 0  # no timing inside a capture; the graph keeps the kernel's choice
-    chosen = _measure(x, trellises, launch, candidates)
+    from engine import ops  # ops imports this module lazily
+
+    # Unchained: the timing copies were just written by kernels, and a chained GEMV may fetch its
+    # first weight rows before the previous kernel has finished.
+    with ops.chained_launches(x.device, enabled=False):
+        chosen = _measure(x, trellises, launch, candidates)
     _chosen[key] = chosen
     return chosen
 

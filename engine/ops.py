@@ -11,10 +11,11 @@ error, ``TRELLIS_NO_EXT=1``) the engine says so once on stderr and runs the torc
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -131,10 +132,33 @@ def _workspace(
 # 204-209 tok/s on the H200, and all of its GPU tests pass (ext/NOTES.md). TRELLIS_GEMV_V5=0
 # selects v4 for A/B runs; the ``v5`` argument of exl3_gemv / exl3_gemv_multi overrides it per call.
 GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "1") not in ("", "0")
-# TRELLIS_GEMV_V5_PDL=1 (experiment): v5 launches with programmatic dependent launch, so a GEMV's
-# weight prefetch overlaps the previous kernel's tail. Only valid while no kernel writes a trellis
-# right before the GEMV that reads it (true for loaded models). Read per call (bench toggles it).
-GEMV_V5_PDL = os.environ.get("TRELLIS_GEMV_V5_PDL", "") not in ("", "0")
+# Chained launches (ext/chained_launch.cuh: programmatic dependent launch, sm_90+): inside
+# ``chained_launches()`` our decode-step kernels (GEMV v5, norms, RoPE, KV write, attention,
+# activation) launch while the previous one still runs; each waits for it before it reads or
+# writes anything but weights, so a GEMV fetches its first weight rows during the previous
+# kernel. Only valid where no kernel writes a weight the chain reads (a loaded model's decode
+# step). TRELLIS_CHAINED=0 turns it off (A/B runs).
+CHAINED = os.environ.get("TRELLIS_CHAINED", "1") not in ("", "0")
+
+
+@contextlib.contextmanager
+def chained_launches(device: torch.device, enabled: bool = True) -> Iterator[None]:
+    """Within the block, decode-step kernels on ``device`` launch chained (see :data:`CHAINED`).
+
+    A no-op on CPU, before sm_90, without the extension, or with ``TRELLIS_CHAINED=0``;
+    ``enabled=False`` turns chaining off inside an enclosing block (timing fresh weight copies).
+    The switch is per process: the previous setting is restored on exit.
+    """
+    ext = extension() if device.type == "cuda" else None
+    usable = ext is not None and hasattr(ext, "set_chained_launches")
+    if not usable or torch.cuda.get_device_capability(device)[0] < 9:
+        yield
+        return
+    previous = ext.set_chained_launches(enabled and CHAINED)
+    try:
+        yield
+    finally:
+        ext.set_chained_launches(previous)
 
 
 def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) -> bool:
@@ -159,7 +183,7 @@ def _v5_splits(
     from engine import gemv_tuning
 
     def launch(x, ts, suhs, svhs, ys, splits) -> None:
-        ext.exl3_gemv_v5(x, list(ts), suhs, svhs, ys, CODEBOOK_IDS[codebook], splits, fast, GEMV_V5_PDL)
+        ext.exl3_gemv_v5(x, list(ts), suhs, svhs, ys, CODEBOOK_IDS[codebook], splits, fast)
 
     candidates = gemv_tuning.split_range(x.shape[-1], _MAX_CHUNKS_PER_SPLIT, _V5_MAX_CLUSTER)
     return gemv_tuning.tuned_splits(x, trellises, codebook, fast, launch, candidates)
@@ -191,7 +215,7 @@ def exl3_gemv(
     fast = GEMV_FAST if fast is None else fast
     if _use_v5(ext, x, v5, splits):
         splits = splits or _v5_splits(ext, x, [trellis], codebook, fast)
-        ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast, GEMV_V5_PDL)
+        ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast)
         return y
     partial, counters = _workspace(x.device, in_f, out_f)
     ext.exl3_gemv(x, trellis, suh, svh, y, partial, counters, CODEBOOK_IDS[codebook], splits, fast)
@@ -236,7 +260,7 @@ def exl3_gemv_multi(
     if _use_v5(ext, x, v5, splits):
         ids = CODEBOOK_IDS[codebook]
         splits = splits or _v5_splits(ext, x, trellises, codebook, fast)
-        ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, ids, splits, fast, GEMV_V5_PDL)
+        ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, ids, splits, fast)
         return ys
     # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
     partial, counters = _workspace(x.device, in_f, sum(outs))
@@ -582,8 +606,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -
     ext = _fused_ready(x, weight)
     if ext is None or weight.dtype != x.dtype or x.shape[-1] != weight.numel() or x.stride(-1) != 1:
         return None
+    if not weight.is_contiguous():  # a copy is a kernel's output: a chained norm reads weights early
+        return None
     rows = x.reshape(-1, x.shape[-1])
-    return ext.rms_norm(rows, weight.contiguous(), eps, offset).view(x.shape)
+    return ext.rms_norm(rows, weight, eps, offset).view(x.shape)
 
 
 def add_rms_norm(
@@ -599,8 +625,10 @@ def add_rms_norm(
         return None
     if h.shape[-1] != weight.numel() or h.stride(-1) != 1 or delta.stride(-1) != 1:
         return None
+    if not weight.is_contiguous():  # see rms_norm
+        return None
     n = h.shape[-1]
-    h_out, y = ext.add_rms_norm(h.reshape(-1, n), delta.reshape(-1, n), weight.contiguous(), eps, offset)
+    h_out, y = ext.add_rms_norm(h.reshape(-1, n), delta.reshape(-1, n), weight, eps, offset)
     return h_out.view(h.shape), y.view(h.shape)
 
 

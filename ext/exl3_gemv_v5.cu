@@ -89,12 +89,11 @@ int dtype_code(const at::Tensor& t) {
 }
 
 // y[i] = had(had(x * suh[i]) @ Q[i]) * svh[i], 1..3 matrices of the same in features and
-// codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. pdl: programmatic dependent
-// launch (may start during the previous kernel; the trellis must not be its output). Returns the
-// split count.
+// codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. A chained launch while
+// chained launches are on (chained_launch.cuh). Returns the split count.
 int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis, const std::vector<at::Tensor>& suh,
                      const std::vector<at::Tensor>& svh, const std::vector<at::Tensor>& y, int64_t codebook,
-                     int64_t splits, bool fast, bool pdl) {
+                     int64_t splits, bool fast) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int count = static_cast<int>(trellis.size());
   TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_v5 takes 1..", kGemvMaxMats, " matrices");
@@ -163,7 +162,7 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
     a.begin[i] = blocks;
     blocks += (a.mat[i].out / 128) * sp;
   }
-  const cudaError_t err = static_cast<cudaError_t>(v5_call(cb, fast, 0, &a, blocks, sp, smem, stream, pdl));
+  const cudaError_t err = static_cast<cudaError_t>(v5_call(cb, fast, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
   TORCH_CHECK(err == cudaSuccess, "exl3_gemv_v5 launch (", blocks, " blocks, clusters of ", sp, ", ", smem,
               " B shared): ", cudaGetErrorString(err));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -177,7 +176,13 @@ void bind_gemv_v5(pybind11::module_& m) {
         "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster) of 1..3 matrices of one input; "
         "returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
-        py::arg("splits") = 0, py::arg("fast") = false, py::arg("pdl") = false);
+        py::arg("splits") = 0, py::arg("fast") = false);
+  m.def(
+      "set_chained_launches",
+      [](bool on) { return chained_launch_flag().exchange(on); },
+      "turn chained launches (programmatic dependent launch, sm_90+) of the decode-step kernels on or "
+      "off for the process; returns the previous setting",
+      py::arg("on"));
 }
 
 }  // namespace trellis

@@ -21,6 +21,7 @@
 // Same products and fp32 accumulation as v4 (same decode functions, same MMAs per tile).
 #pragma once
 
+#include "chained_launch.cuh"
 #include "exl3_gemv.cuh"
 
 namespace trellis {
@@ -108,11 +109,10 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   };
 #pragma unroll
   for (int i = 0; i < ST - 1; ++i) issue_next();
-  // Launched with programmatic stream serialization (pdl, opt-in), the block may start before the
-  // previous kernel has finished: the weight copies above overlap its tail, and everything that
-  // reads its output (x) or writes (y) comes after this wait. Without PDL it returns at once.
-  // Contract: the trellis must not be written by the kernel right before this one.
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // Chained (chained_launch.cuh), the block may start before the previous kernel has finished:
+  // the weight copies above overlap its tail, and everything that reads its output (x) or writes
+  // (y) comes after this wait. Unchained it returns at once. The trellis is no kernel's output.
+  chain_wait();
 
   // ---- 1. input rotation: items (chunk c, row n < m), kV5PrefetchItems loads in flight -----
   const int items = nch * m;
@@ -211,9 +211,9 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     slot = slot + 1 == ST ? 0 : slot + 1;
   }
   cp_async_wait<0>();
-  // A PDL-launched next kernel may start its weight prefetch now (it waits for our completion
-  // before it touches our output); no effect on launches without PDL.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  // A chained next kernel may launch now (it waits for our completion before it touches our
+  // output); no effect on unchained launches.
+  chain_release();
   __syncthreads();  // every warp is done with its ring: the area now holds the warps' sums
 
   // ---- 3. block sum: per-warp stores, one fixed-order sum ---------------------------------
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const Gem
 constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
 
 // Host side. mode 0: launch `blocks` blocks in clusters of `splits` with `smem` bytes (returns
-// the cudaError_t of the launch; pdl: programmatic dependent launch, see griddepcontrol.wait);
+// the cudaError_t of the launch; pdl: a chained launch, see chained_launch.cuh);
 // mode 1: return blocks per SM at `smem` bytes; mode 2: return how many clusters of `splits`
 // blocks can be co-resident at `smem` bytes (0: that cluster size cannot be launched).
 template <int CB, bool FAST>

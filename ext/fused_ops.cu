@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "chained_launch.cuh"
 #include "float_types.cuh"
 #include "trellis_ext.h"
 
@@ -94,19 +95,26 @@ __device__ __forceinline__ void write_normed(const T* x, const T* __restrict__ w
 constexpr int kRegPacks = 4;
 
 // Both norm kernels when the row fits in registers (n <= kRegPacks * V * blockDim.x): one pass.
-// `row(i)` gives the pack at element i (and may store it). The weight's packs are loaded with
-// the row's, before the reduction, so their DRAM latency overlaps it instead of following it (and
-// the row is not read back). Same sums in the same order as the loops: the same result bit for bit.
+// `row(i)` gives the pack at element i (and may store it). The weight's packs are loaded first
+// (a weight is no kernel's output, so this may run before chain_wait), so their DRAM latency
+// overlaps the row's and the reduction instead of following it (and the row is not read back).
+// Same sums in the same order as the loops: the same result bit for bit.
 template <typename T, int V, typename Row>
 __device__ __forceinline__ void norm_in_registers(Row row, const T* __restrict__ w, T* __restrict__ y, int n,
                                                   float eps, float offset) {
   Pack<T, V> x[kRegPacks], wv[kRegPacks];
+#pragma unroll
+  for (int j = 0; j < kRegPacks; ++j) {
+    const int i = (threadIdx.x + j * blockDim.x) * V;
+    if (i < n) wv[j] = load_pack<T, V>(w + i);
+  }
+  chain_wait();
+  chain_release();
   float ss = 0.f;
 #pragma unroll
   for (int j = 0; j < kRegPacks; ++j) {
     const int i = (threadIdx.x + j * blockDim.x) * V;
     if (i < n) {
-      wv[j] = load_pack<T, V>(w + i);
       x[j] = row(i);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
@@ -139,6 +147,8 @@ __global__ void rms_norm_kernel(const T* __restrict__ x, long long x_stride, con
     norm_in_registers<T, V>([&](int i) { return load_pack<T, V>(xr + i); }, w, yr, n, eps, offset);
     return;
   }
+  chain_wait();
+  chain_release();
   float ss = 0.f;
   for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
     const Pack<T, V> p = load_pack<T, V>(xr + i);
@@ -176,6 +186,8 @@ __global__ void add_rms_norm_kernel(const T* __restrict__ h, long long h_stride,
     norm_in_registers<T, V>(row, w, yr, n, eps, offset);
     return;
   }
+  chain_wait();
+  chain_release();
   float ss = 0.f;
   for (int i = threadIdx.x * V; i < n; i += blockDim.x * V) {
     const Pack<T, V> a = load_pack<T, V>(hr + i), b = load_pack<T, V>(dr + i);
@@ -200,6 +212,8 @@ template <typename T, int V>
 __global__ void rope_kernel(const T* __restrict__ q, long long q_stride, T* __restrict__ q_out, int hq,
                             const T* __restrict__ k, long long k_stride, T* __restrict__ k_out, int hk,
                             const T* __restrict__ cos, const T* __restrict__ sin, int d, int rot) {
+  chain_wait();
+  chain_release();
   const long long token = blockIdx.x;
   const int half = rot / 2;
   const int rot_items = half / V, per_head = rot_items + (d - rot) / V;
@@ -247,6 +261,8 @@ __device__ __forceinline__ float activate(float g) {
 template <typename T, int ACT, int V>
 __global__ void act_mul_kernel(const T* __restrict__ gate, long long g_stride, const T* __restrict__ up,
                                long long u_stride, T* __restrict__ out, int n) {
+  chain_wait();
+  chain_release();
   const long long row = blockIdx.y;
   const T* g = gate + row * g_stride;
   const T* u = up + row * u_stride;
@@ -270,6 +286,8 @@ __global__ void kv_cache_write_kernel(const W* __restrict__ k, long long k_strid
                                       long long v_stride, const int64_t* __restrict__ slots,
                                       W* __restrict__ k_cache, W* __restrict__ v_cache, int k_width, int v_width,
                                       long long num_slots) {
+  chain_wait();
+  chain_release();
   const long long token = blockIdx.x;
   const long long slot = static_cast<long long>(slots[token]);
   if (slot < 0 || slot >= num_slots) return;
@@ -338,8 +356,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
     using T = decltype(tag);
     const bool vec = vector_ok<T>({x.data_ptr(), weight.data_ptr(), y.data_ptr()}, {x.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
-      rms_norm_kernel<T, decltype(v)::value><<<static_cast<unsigned>(x.size(0)), threads, 0, stream>>>(
-          reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<const T*>(weight.data_ptr()),
+      launch_chained(rms_norm_kernel<T, decltype(v)::value>, dim3(static_cast<unsigned>(x.size(0))), dim3(threads), 0,
+                     stream, reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<const T*>(weight.data_ptr()),
           reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
     });
   });
@@ -366,8 +384,8 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& delt
     const bool vec = vector_ok<T>({h.data_ptr(), delta.data_ptr(), weight.data_ptr(), h_out.data_ptr(), y.data_ptr()},
                                   {h.stride(0), delta.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
-      add_rms_norm_kernel<T, decltype(v)::value><<<static_cast<unsigned>(h.size(0)), threads, 0, stream>>>(
-          reinterpret_cast<const T*>(h.data_ptr()), h.stride(0), reinterpret_cast<const T*>(delta.data_ptr()),
+      launch_chained(add_rms_norm_kernel<T, decltype(v)::value>, dim3(static_cast<unsigned>(h.size(0))), dim3(threads),
+                     0, stream, reinterpret_cast<const T*>(h.data_ptr()), h.stride(0), reinterpret_cast<const T*>(delta.data_ptr()),
           delta.stride(0), reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(h_out.data_ptr()),
           reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
     });
@@ -415,7 +433,7 @@ void kv_cache_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   auto launch = [&](auto tag) {
     using W = decltype(tag);
-    kv_cache_write_kernel<W><<<grid, threads, 0, stream>>>(
+    launch_chained(kv_cache_write_kernel<W>, grid, dim3(threads), 0, stream,
         reinterpret_cast<const W*>(k.data_ptr()), k.stride(0) * es / word, reinterpret_cast<const W*>(v.data_ptr()),
         v.stride(0) * es / word, slots.data_ptr<int64_t>(), reinterpret_cast<W*>(k_cache.data_ptr()),
         reinterpret_cast<W*>(v_cache.data_ptr()), static_cast<int>(k_width / word), static_cast<int>(v_width / word),
@@ -462,7 +480,7 @@ std::vector<at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at:
     const int per_head = vec ? (rot / 2 + d - rot) / kV : rot / 2 + d - rot;
     const int threads = std::min(256, std::max(32, (((hq + hk) * per_head + 31) / 32) * 32));
     auto launch = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(tokens), threads, 0, stream>>>(
+      launch_chained(kernel, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, stream,
           reinterpret_cast<const T*>(q.data_ptr()), q.stride(0), reinterpret_cast<T*>(q_out.data_ptr()), hq,
           reinterpret_cast<const T*>(k.data_ptr()), k.stride(0), reinterpret_cast<T*>(k_out.data_ptr()), hk,
           reinterpret_cast<const T*>(cos.data_ptr()), reinterpret_cast<const T*>(sin.data_ptr()), d, rot);
@@ -495,7 +513,9 @@ at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, int64_t act) {
     const T* g = reinterpret_cast<const T*>(gate.data_ptr());
     const T* u = reinterpret_cast<const T*>(up.data_ptr());
     T* o = reinterpret_cast<T*>(out.data_ptr());
-    auto launch = [&](auto kernel) { kernel<<<grid, threads, 0, stream>>>(g, gate.stride(0), u, up.stride(0), o, n); };
+    auto launch = [&](auto kernel) {
+      launch_chained(kernel, grid, dim3(threads), 0, stream, g, gate.stride(0), u, up.stride(0), o, n);
+    };
     auto by_width = [&](auto act_tag) {
       constexpr int A = decltype(act_tag)::value;
       if (vec) launch(act_mul_kernel<T, A, kV>);

@@ -25,12 +25,16 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "chained_launch.cuh"
 #include "hadamard.cuh"
 #include "trellis_ext.h"
 
 namespace {
 
+using trellis::chain_release;  // chained_launch.cuh
+using trellis::chain_wait;
 using trellis::hadamard32_lanes;  // hadamard.cuh
+using trellis::launch_chained;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -314,6 +318,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
   const int nh = min(MAXH, p.group - chunk * MAXH);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int u = lane % L, sub = lane / L;
+  chain_wait();  // lengths, tables, caches and q come from earlier kernels of the step
+  chain_release();
   const int len = p.lengths[b];
   const int lo = p.window > 0 ? max(0, len - p.window) : 0;
   const int span = p.pages_per_split * p.page_size;
@@ -754,6 +760,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
   const int nh = min(MAXH, p.group - chunk * MAXH);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
+  chain_wait();  // lengths, tables, caches and q come from earlier kernels of the step
+  chain_release();
   const int len = p.lengths[b];
   const int lo = p.window > 0 ? max(0, len - p.window) : 0;
   const int span = p.pages_per_split * p.page_size;
@@ -996,6 +1004,8 @@ template <typename T>
 __global__ void combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_m,
                                const float* __restrict__ part_l, T* __restrict__ out, int heads, int splits,
                                int D, bool rotated) {
+  chain_wait();
+  chain_release();
   const int row = blockIdx.y * heads + blockIdx.x, d = threadIdx.x;
   const size_t base = static_cast<size_t>(row) * splits;
   float mx = -INFINITY;
@@ -1019,6 +1029,8 @@ template <typename T>
 __global__ void quantize_write_kernel(const T* __restrict__ x, const int64_t* __restrict__ slots,
                                       uint8_t* __restrict__ codes, __half* __restrict__ scales, int n, int kv_heads,
                                       int D, int bits) {
+  chain_wait();
+  chain_release();
   const int lane = threadIdx.x % 32;
   const long long gw = static_cast<long long>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int groups = D / kGroup;
@@ -1132,7 +1144,7 @@ void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupan
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, kThreads, 0));
     return;
   }
-  kernel<<<grid, kThreads, 0, stream>>>(p);
+  launch_chained(kernel, grid, dim3(kThreads), 0, stream, p);
 }
 
 template <typename T>
@@ -1223,13 +1235,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   if (half) {
     launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    combine_kernel<__half><<<cgrid, static_cast<unsigned>(D), 0, stream>>>(
+    launch_chained(combine_kernel<__half>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream,
         p.part_acc, p.part_m, p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
         static_cast<int>(D), rotated);
   } else {
     launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    combine_kernel<__nv_bfloat16><<<cgrid, static_cast<unsigned>(D), 0, stream>>>(
+    launch_chained(combine_kernel<__nv_bfloat16>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream,
         p.part_acc, p.part_m, p.part_l, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads,
         p.splits, static_cast<int>(D), rotated);
   }
@@ -1264,15 +1276,16 @@ void quantized_cache_write(const at::Tensor& x, const at::Tensor& slots, at::Ten
   const int ni = static_cast<int>(n), hi = static_cast<int>(kvh), di = static_cast<int>(D), bi = static_cast<int>(bits);
   switch (x.scalar_type()) {
     case at::kHalf:
-      quantize_write_kernel<__half><<<blocks, kThreads, 0, stream>>>(
-          reinterpret_cast<const __half*>(x.data_ptr<at::Half>()), sl, c, s, ni, hi, di, bi);
+      launch_chained(quantize_write_kernel<__half>, dim3(blocks), dim3(kThreads), 0, stream,
+                     reinterpret_cast<const __half*>(x.data_ptr<at::Half>()), sl, c, s, ni, hi, di, bi);
       break;
     case at::kBFloat16:
-      quantize_write_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(
-          reinterpret_cast<const __nv_bfloat16*>(x.data_ptr<at::BFloat16>()), sl, c, s, ni, hi, di, bi);
+      launch_chained(quantize_write_kernel<__nv_bfloat16>, dim3(blocks), dim3(kThreads), 0, stream,
+                     reinterpret_cast<const __nv_bfloat16*>(x.data_ptr<at::BFloat16>()), sl, c, s, ni, hi, di, bi);
       break;
     case at::kFloat:
-      quantize_write_kernel<float><<<blocks, kThreads, 0, stream>>>(x.data_ptr<float>(), sl, c, s, ni, hi, di, bi);
+      launch_chained(quantize_write_kernel<float>, dim3(blocks), dim3(kThreads), 0, stream, x.data_ptr<float>(), sl,
+                     c, s, ni, hi, di, bi);
       break;
     default: TORCH_CHECK(false, "x must be fp16, bf16 or fp32");
   }

@@ -294,12 +294,8 @@ def bench_ab(
     )
     t4 = _time_graph(lambda: call(False), iters, repeats)
     t5 = _time_graph(lambda: call(True), iters, repeats)
-    pdl_before = ops.GEMV_V5_PDL
-    try:  # v5 with programmatic dependent launch: each GEMV's prologue overlaps the previous one
-        ops.GEMV_V5_PDL = True
+    with ops.chained_launches(dev):  # v5 chained: each GEMV's prologue overlaps the previous one
         t5p = _time_graph(lambda: call(True), iters, repeats)
-    finally:
-        ops.GEMV_V5_PDL = pdl_before
     return {
         "shape": f"{in_f}x{'+'.join(map(str, outs))}",
         "bits": k,

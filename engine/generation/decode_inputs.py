@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
+from engine import ops
 from engine.cache.paged import PagedKVCache
 from engine.generation.step import StepItem
 from engine.modules.batch import BatchLayout, DecodeTables
@@ -107,7 +108,9 @@ class DecodeInputs:
 def decode_forward(model: CausalLM, cache: PagedKVCache, inputs: DecodeInputs) -> torch.Tensor:
     """Logits ``[batch, vocab]`` (float32) of the step in ``inputs``' device buffer; capture-safe."""
     ids, layout = inputs.views()
-    return model(ids, layout, cache, None)
+    # A loaded model's decode step writes no weight, so its kernels may launch chained (engine.ops).
+    with ops.chained_launches(model.device):
+        return model(ids, layout, cache, None)
 
 
 @torch.inference_mode()

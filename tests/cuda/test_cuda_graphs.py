@@ -121,24 +121,9 @@ def test_fused_residual_norms_and_kv_writes_change_no_bit(variant, dtype, tmp_pa
     from CUDA graphs (so the fused kernels are also captured)."""
     build_tiny_model(variant, tmp_path)
     model = load_model(tmp_path, device="cuda", dtype=dtype)
-    gen = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(3, 320, (n,), generator=gen).tolist() for n in (6, 19, 11)]
-    forced = torch.randint(3, 320, (24, 3), generator=gen).tolist()
 
     def run() -> list[torch.Tensor]:
-        cache = PagedKVCache.for_model(model.spec, 512, page_size=8, dtype=model.dtype, device="cuda")
-        tables = [cache.pages.allocate(8) for _ in prompts]
-        items = [StepItem(p, 0, t, "last") for p, t in zip(prompts, tables)]
-        out = run_step(model.module, cache, items)
-        graphs = DecodeGraphs(model.module, cache, max_batch=4, min_pages=1)
-        past = [len(p) for p in prompts]
-        for tokens in forced:
-            items = [StepItem([t], n, table) for t, n, table in zip(tokens, past, tables)]
-            got = graphs.run(items)
-            assert got is not None and graphs.failed is None, graphs.failed
-            out += got
-            past = [n + 1 for n in past]
-        return out
+        return _forced_decode(model)
 
     used = Counter()
 
@@ -161,9 +146,75 @@ def test_fused_residual_norms_and_kv_writes_change_no_bit(variant, dtype, tmp_pa
         m.setattr(ops, "add_rms_norm", lambda *args: None)
         m.setattr(ops, "kv_cache_write", lambda *args: False)
         plain = run()
-    assert len(fused) == len(plain) == 3 + 3 * len(forced)
-    for i, (f, p) in enumerate(zip(fused, plain)):
-        assert torch.equal(f, p), f"logits {i} differ: max {(f - p).abs().max().item()}"
+    _assert_same_logits(fused, plain)
+
+
+def _forced_decode(model, bits: int = 16, steps: int = 24) -> list[torch.Tensor]:
+    """Logits of a prefill of three prompts, then of ``steps`` teacher-forced decode steps of the
+    three replayed from CUDA graphs (so the step's kernels are also captured)."""
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 320, (n,), generator=gen).tolist() for n in (6, 19, 11)]
+    forced = torch.randint(3, 320, (steps, 3), generator=gen).tolist()
+    cache = PagedKVCache.for_model(
+        model.spec, 512, page_size=8, dtype=model.dtype, device="cuda", bits=(bits, bits)
+    )
+    tables = [cache.pages.allocate(8) for _ in prompts]
+    items = [StepItem(p, 0, t, "last") for p, t in zip(prompts, tables)]
+    out = run_step(model.module, cache, items)
+    graphs = DecodeGraphs(model.module, cache, max_batch=4, min_pages=1)
+    past = [len(p) for p in prompts]
+    for tokens in forced:
+        items = [StepItem([t], n, table) for t, n, table in zip(tokens, past, tables)]
+        got = graphs.run(items)
+        assert got is not None and graphs.failed is None, graphs.failed
+        out += got
+        past = [n + 1 for n in past]
+    assert len(out) == 3 + 3 * steps
+    return out
+
+
+def _assert_same_logits(got: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
+    assert len(got) == len(expected)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert torch.equal(g, e), f"logits {i} differ: max {(g - e).abs().max().item()}"
+
+
+CHAINED_CASES = [
+    "LlamaForCausalLM-bfloat16-16",
+    "LlamaForCausalLM-float16-4",
+    "Gemma3ForCausalLM-bfloat16-16",
+    "exl3",
+]
+
+
+@pytest.mark.parametrize("case", CHAINED_CASES)
+def test_chained_launches_change_no_bit(case, tmp_path, request, monkeypatch):
+    """Chained launches (ext/chained_launch.cuh: a kernel starts during the previous one and waits
+    for it before touching its data) change when kernels start, never what they compute: the same
+    logits bit for bit as unchained launches, through the captured graphs (GEMV v5, norms, RoPE,
+    KV writes dense and quantized, attention and its combine, activation)."""
+    if case == "exl3":
+        path = request.getfixturevalue("exl3_dir") / "tiny-llama-exl3-4.0bpw-h6-mul1"
+        dtype, bits = "float16", 16
+    else:
+        variant, dtype, bits_text = case.split("-")
+        build_tiny_model(variant, tmp_path)
+        path, bits = tmp_path, int(bits_text)
+    model = load_model(path, device="cuda", dtype=dtype)
+    ext = ops.extension()
+    if torch.cuda.get_device_capability()[0] < 9 or not hasattr(ext, "set_chained_launches"):
+        pytest.skip("chained launches need sm_90 and this extension")
+    settings = []
+    real = ext.set_chained_launches
+    monkeypatch.setattr(ext, "set_chained_launches", lambda on: settings.append(on) or real(on))
+    monkeypatch.setattr(ops, "CHAINED", False)
+    plain = _forced_decode(model, bits)
+    assert True not in settings
+    monkeypatch.setattr(ops, "CHAINED", True)
+    chained = _forced_decode(model, bits)
+    assert True in settings  # the steps really ran chained
+    assert real(False) is False  # and every step switched it off again
+    _assert_same_logits(chained, plain)
 
 
 @pytest.mark.parametrize("batch", [1, 3])

@@ -199,11 +199,11 @@ def test_v5_env_flag_routes_every_gemv(monkeypatch) -> None:
     assert calls == [1, 2]
 
 
-def test_v5_pdl_waits_for_the_previous_kernels_output(monkeypatch) -> None:
-    """With programmatic dependent launch a GEMV may start during the previous kernel (its weight
-    prefetch), and v5 lets its successor start early (launch_dependents before its output is
-    written): a chain of GEMVs, each reading the previous one's output, eager and in a graph,
-    must equal the same chain without PDL bit for bit."""
+def test_v5_chained_waits_for_the_previous_kernels_output() -> None:
+    """Chained (programmatic dependent launch) a GEMV may start during the previous kernel (its
+    weight prefetch), and v5 lets its successor start early (launch_dependents before its output
+    is written): a chain of GEMVs, each reading the previous one's output, eager and in a graph,
+    must equal the same chain unchained bit for bit."""
     layers = [_random_layer(2048, 2048, k, seed=40 + k) for k in (2, 4, 3)]
     x0 = torch.randn(3, 2048, device="cuda", dtype=torch.float16)
 
@@ -216,10 +216,10 @@ def test_v5_pdl_waits_for_the_previous_kernels_output(monkeypatch) -> None:
         return h
 
     expected = chain()
-    monkeypatch.setattr(ops, "GEMV_V5_PDL", True)
-    for _ in range(3):
-        assert torch.equal(chain(), expected)
-    graph, out = capture(chain)
+    with ops.chained_launches(x0.device):
+        for _ in range(3):
+            assert torch.equal(chain(), expected)
+        graph, out = capture(chain)
     for _ in range(3):
         graph.replay()
         torch.cuda.synchronize()
