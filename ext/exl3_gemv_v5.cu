@@ -8,10 +8,8 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string>
 #include <tuple>
 #include <vector>
 
@@ -21,26 +19,18 @@
 namespace trellis {
 namespace {
 
-// Tiles per warp (exl3_gemv_v5.cuh): TRELLIS_GEMV_V5_WT=8 or 4 (default), read per call so that
-// one process can time both.
-int v5_warp_tiles() {
-  const char* v = std::getenv("TRELLIS_GEMV_V5_WT");
-  return v != nullptr && std::string(v) == "8" ? 8 : 4;
-}
-
 int v5_call(int codebook, bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
             cudaStream_t stream, bool pdl = false) {
-  const int wt = v5_warp_tiles();
-  if (codebook == CB_3INST) return gemv_v5_dispatch<CB_3INST>(fast, wt, mode, a, blocks, splits, smem, stream, pdl);
-  if (codebook == CB_MCG) return gemv_v5_dispatch<CB_MCG>(fast, wt, mode, a, blocks, splits, smem, stream, pdl);
-  return gemv_v5_dispatch<CB_MUL1>(fast, wt, mode, a, blocks, splits, smem, stream, pdl);
+  if (codebook == CB_3INST) return gemv_v5_dispatch<CB_3INST>(fast, mode, a, blocks, splits, smem, stream, pdl);
+  if (codebook == CB_MCG) return gemv_v5_dispatch<CB_MCG>(fast, mode, a, blocks, splits, smem, stream, pdl);
+  return gemv_v5_dispatch<CB_MUL1>(fast, mode, a, blocks, splits, smem, stream, pdl);
 }
 
 // Occupancy answers depend only on (kernel, smem, cluster size): cached (host-side queries).
 int v5_query(int codebook, bool fast, int mode, int splits, int smem) {
   static std::mutex mu;
-  static std::map<std::tuple<int, bool, int, int, int, int>, int> cache;
-  const auto key = std::make_tuple(codebook, fast, mode, splits, smem, v5_warp_tiles());
+  static std::map<std::tuple<int, bool, int, int, int>, int> cache;
+  const auto key = std::make_tuple(codebook, fast, mode, splits, smem);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;

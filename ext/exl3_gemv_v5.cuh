@@ -30,17 +30,6 @@ constexpr int kV5MaxCluster = 16;   // non-portable cluster size (Hopper); 8 is 
 constexpr int kV5RedStride = 132;   // padded row of a warp's partial sums (fewer bank conflicts)
 constexpr int kV5PrefetchItems = 4; // rotation items a warp loads before rotating them
 
-// Tiles per warp and row (WT): 8 (a warp walks whole 128-column rows; 8 warps, 256 threads, 80
-// registers, 3 blocks per SM) or 4 (two warps share a row, one per 64 columns: 16 warps, 512
-// threads, half the accumulator and row registers, 2 blocks per SM). Why 4: at batch 1 the tuned
-// split counts leave 1.5-2 blocks per SM for most of a decoder's GEMVs, so with 8 tiles per warp
-// a scheduler holds 3-4 warps, too few to hide the decode loop's dependency chains (ext/NOTES.md,
-// sixth session); halving the tiles per warp doubles the warps of the same blocks. The sums are
-// the same, in the same order: the outputs are bit-identical.
-__host__ __device__ constexpr int v5_warps(int wt) { return 8 * (8 / wt); }
-__host__ __device__ constexpr int v5_threads(int wt) { return 32 * v5_warps(wt); }
-__host__ __device__ constexpr int v5_min_blocks(int wt) { return wt == 8 ? 3 : 2; }
-
 // Dynamic shared memory of a v5 block (host and device agree on it):
 //   [0, u_bytes): u_s, (tile row, batch row n < m, quad) -> uint2 B fragment (4 fp16)
 //   [u_bytes, ...): the per-warp cp.async rings during the loop, then the per-warp sums.
@@ -48,8 +37,7 @@ __host__ __device__ constexpr int v5_u_rows(int n_chunks, int splits) { return 8
 __host__ __device__ constexpr int v5_u_bytes(int n_chunks, int splits, int m) {
   return v5_u_rows(n_chunks, splits) * m * 32;
 }
-// The per-row-slot sums: 8 row slots (tile rows of a chunk), each warp writing its own columns.
-__host__ __device__ constexpr int v5_red_bytes(int m) { return 8 * m * kV5RedStride * 4; }
+__host__ __device__ constexpr int v5_red_bytes(int m) { return (kGemvThreads / 32) * m * kV5RedStride * 4; }
 
 struct alignas(16) GemvV5Smem {
   float red_s[kGemvMaxRows][128];           // this block's sums, read by the cluster
@@ -78,22 +66,18 @@ __device__ __forceinline__ float4 ld_dsmem_f4(const void* p, unsigned rank) {
   return v;
 }
 
-template <int K, int CB, bool FAST, int WT>
+template <int K, int CB, bool FAST>
 __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g, const int s, GemvV5Smem& sm,
                                               uint32_t* dyn) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
   using Pipe = GemvPipe<K>;
   constexpr int ST = Pipe::kStages;
-  constexpr int RW = WT * TW;  // words of this warp's part of a row (the ring's bytes do not depend on WT)
-  constexpr int kWarps = v5_warps(WT);
-  constexpr int kThreads = v5_threads(WT);
-  static_assert(Pipe::kRowWords == 8 * TW && (WT == 8 || WT == 4), "WT is 8 or 4 tiles");
+  constexpr int RW = Pipe::kRowWords;
+  constexpr int kWarps = kGemvThreads / 32;
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int slot_row = warp & 7;          // tile row within each chunk
-  const int part = warp >> 3;             // WT = 4: which 64 columns (tiles 4 * part ..)
   const int m = args.m;
   const int S = args.splits;  // = cluster size
   const int n_chunks = args.in >> 7;
@@ -106,11 +90,10 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   uint32_t* area = dyn + v5_u_bytes(n_chunks, S, m) / 4;
   uint32_t* wbuf = area + warp * ST * RW;
 
-  // ---- start this warp's first rows: tile row (c_begin + i) * 8 + slot_row, column group g --
+  // ---- start this warp's first rows: tile row (c_begin + i) * 8 + warp, column group g ------
   const LanePlan<K> plan(lane);
   const size_t row_step = (size_t)8 * tiles_out * TW;  // words between a warp's rows
-  const uint32_t* src =
-      args.trellis + ((size_t)(c_begin * 8 + slot_row) * tiles_out + (size_t)g * 8 + (size_t)part * WT) * TW;
+  const uint32_t* src = args.trellis + ((size_t)(c_begin * 8 + warp) * tiles_out + (size_t)g * 8) * TW;
   int issued = 0, islot = 0;
   auto issue_next = [&]() {
     if (issued < nch) {
@@ -180,21 +163,21 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   __syncthreads();
 
   // ---- 2. decode + MMA over this warp's rows (same math as v4's loop) ---------------------
-  float acc[WT][4];
+  float acc[8][4];
 #pragma unroll
-  for (int t = 0; t < WT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+  for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
   const int bn = lane >> 2;            // B fragment column (batch row) of this lane
   const bool b_live = bn < m;
-  const uint2* u_lane = u_s + (slot_row * m + (b_live ? bn : 0)) * 4 + (lane & 3);
+  const uint2* u_lane = u_s + (warp * m + (b_live ? bn : 0)) * 4 + (lane & 3);
   const int u_step = 8 * m * 4;        // uint2 between this warp's tile rows
   int slot = 0;
   for (int i = 0; i < nch; ++i) {
     cp_async_wait<ST - 2>();  // row i has landed (this lane's copies) ...
     __syncwarp();             // ... and every lane's; the slot of row i-1 is free again
-    uint32_t cur[WT][NR];
+    uint32_t cur[8][NR];
     const uint32_t* stage = wbuf + slot * RW;
 #pragma unroll
-    for (int t = 0; t < WT; ++t)
+    for (int t = 0; t < 8; ++t)
 #pragma unroll
       for (int w = 0; w < NR; ++w) cur[t][w] = stage[t * TW + plan.word[w]];
     issue_next();  // row i + ST - 1 into the slot of row i - 1
@@ -205,7 +188,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       const uint32_t be0 = __byte_perm(b.x, 0, 0x1010), be1 = __byte_perm(b.y, 0, 0x1010);
       const uint32_t bo0 = __byte_perm(b.x, 0, 0x3232), bo1 = __byte_perm(b.y, 0, 0x3232);
 #pragma unroll
-      for (int t = 0; t < WT; ++t) {
+      for (int t = 0; t < 8; ++t) {
         uint32_t st[8];
         lane_states<K>(cur[t], plan.r, st);
         uint32_t x[8];
@@ -218,7 +201,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       }
     } else {
 #pragma unroll
-      for (int t = 0; t < WT; ++t) {
+      for (int t = 0; t < 8; ++t) {
         uint32_t a[4];
         decode_fragment<K, CB>(cur[t], plan.r, a);
         mma_16816(acc[t], a, b.x, b.y);
@@ -234,14 +217,14 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   __syncthreads();  // every warp is done with its ring: the area now holds the warps' sums
 
   // ---- 3. block sum: per-warp stores, one fixed-order sum ---------------------------------
-  float* red_w = reinterpret_cast<float*>(area);  // [tile row slot][n][kV5RedStride]
+  float* red_w = reinterpret_cast<float*>(area);  // [warp][n][kV5RedStride]
   {
     // C fragment: c0 = (out 16t + lane/4, batch 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
     const int n0 = 2 * (lane & 3);
     const int col = lane >> 2;
-    float* rw = red_w + slot_row * m * kV5RedStride + part * WT * 16;
+    float* rw = red_w + warp * m * kV5RedStride;
 #pragma unroll
-    for (int t = 0; t < WT; ++t) {
+    for (int t = 0; t < 8; ++t) {
       if (n0 < m) {
         rw[n0 * kV5RedStride + 16 * t + col] = acc[t][0];
         rw[n0 * kV5RedStride + 16 * t + col + 8] = acc[t][2];
@@ -253,11 +236,11 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < m * 128; e += kThreads) {
+  for (int e = threadIdx.x; e < m * 128; e += kGemvThreads) {
     const int n = e >> 7, c = e & 127;
     float a = 0.f;
 #pragma unroll
-    for (int w = 0; w < 8; ++w) a += red_w[(w * m + n) * kV5RedStride + c];
+    for (int w = 0; w < kWarps; ++w) a += red_w[(w * m + n) * kV5RedStride + c];
     if constexpr (FAST && CB == CB_MUL1) {
       // sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u), per block (linear in the splits)
       float us = 0.f;
@@ -301,8 +284,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 // Grid: matrix 0's (groups x S) blocks, then matrix 1's, ...; within a matrix block g*S + s, so
 // the S splits of a column group are one cluster of S consecutive blocks (begin[] are multiples
 // of S, so no cluster straddles two matrices; every block of a cluster has the same K).
-template <int CB, bool FAST, int WT>
-__global__ void __launch_bounds__(v5_threads(WT), v5_min_blocks(WT)) exl3_gemv_v5_kernel(const GemvMultiArgs args) {
+template <int CB, bool FAST>
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const GemvMultiArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ GemvV5Smem sm;
   extern __shared__ uint4 gemv_v5_dyn_smem[];
@@ -314,7 +297,7 @@ __global__ void __launch_bounds__(v5_threads(WT), v5_min_blocks(WT)) exl3_gemv_v
   const int g = local / a.splits, s = local - g * a.splits;
   switch (args.K[i]) {
 #define TRELLIS_V5_CASE(k) \
-  case k: gemv_v5_block<k, CB, FAST, WT>(a, g, s, sm, dyn); break;
+  case k: gemv_v5_block<k, CB, FAST>(a, g, s, sm, dyn); break;
     TRELLIS_V5_CASE(1) TRELLIS_V5_CASE(2) TRELLIS_V5_CASE(3) TRELLIS_V5_CASE(4)
     TRELLIS_V5_CASE(5) TRELLIS_V5_CASE(6) TRELLIS_V5_CASE(7) TRELLIS_V5_CASE(8)
 #undef TRELLIS_V5_CASE
@@ -329,10 +312,10 @@ constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32
 // the cudaError_t of the launch; pdl: a chained launch, see chained_launch.cuh);
 // mode 1: return blocks per SM at `smem` bytes; mode 2: return how many clusters of `splits`
 // blocks can be co-resident at `smem` bytes (0: that cluster size cannot be launched).
-template <int CB, bool FAST, int WT>
+template <int CB, bool FAST>
 int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream,
                 bool pdl) {
-  auto kern = exl3_gemv_v5_kernel<CB, FAST, WT>;
+  auto kern = exl3_gemv_v5_kernel<CB, FAST>;
   static bool ready = false;
   if (!ready) {
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kV5MaxDynSmem);
@@ -347,14 +330,14 @@ int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int sm
   attr[0].val.clusterDim.z = 1;
   attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.blockDim = dim3(v5_threads(WT));
+  cfg.blockDim = dim3(kGemvThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   if (mode == 1) {
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, v5_threads(WT), smem);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kGemvThreads, smem);
     return n;
   }
   if (mode == 2) {
@@ -372,13 +355,10 @@ int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int sm
 }
 
 template <int CB>
-int gemv_v5_dispatch(bool fast, int wt, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+int gemv_v5_dispatch(bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
                      cudaStream_t stream, bool pdl) {
-  if (wt == 4)
-    return fast ? gemv_v5_run<CB, true, 4>(mode, a, blocks, splits, smem, stream, pdl)
-                : gemv_v5_run<CB, false, 4>(mode, a, blocks, splits, smem, stream, pdl);
-  return fast ? gemv_v5_run<CB, true, 8>(mode, a, blocks, splits, smem, stream, pdl)
-              : gemv_v5_run<CB, false, 8>(mode, a, blocks, splits, smem, stream, pdl);
+  return fast ? gemv_v5_run<CB, true>(mode, a, blocks, splits, smem, stream, pdl)
+              : gemv_v5_run<CB, false>(mode, a, blocks, splits, smem, stream, pdl);
 }
 
 }  // namespace trellis

@@ -108,33 +108,6 @@ def test_v5_every_split_count_and_dtype(dtype: torch.dtype) -> None:
                 assert rel_fro(y, x.double().cpu() @ w) < TOL[dtype], (splits, m, fast)
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "exact"])
-@pytest.mark.parametrize("codebook", CODEBOOKS)
-def test_v5_four_tiles_per_warp_equal_eight_bit_for_bit(codebook: str, fast: bool, monkeypatch) -> None:
-    """Two warps per tile row (4 tiles each, 512 threads) add the same products in the same
-    order as one warp per row (8 tiles, 256 threads): equal outputs for every K, row count and a
-    few split counts, single and multi launches."""
-    ext = ops.extension()
-    layers = [_random_layer(2048, o, k, seed=100 + k) for o, k in ((384, 1), (256, 2), (640, 3))]
-    layers += [_random_layer(1024, 512, k, seed=200 + k) for k in range(4, 9)]
-
-    def run(wt: str, x, mats, splits):
-        monkeypatch.setenv("TRELLIS_GEMV_V5_WT", wt)
-        ys = [torch.empty(x.shape[0], t.shape[1] * 16, device="cuda", dtype=x.dtype) for t, _, _ in mats]
-        ts, suhs, svhs = zip(*mats)
-        ext.exl3_gemv_v5(x, list(ts), list(suhs), list(svhs), ys, ops.CODEBOOK_IDS[codebook], splits, fast)
-        return ys
-
-    for group in (layers[:3], layers[3:6], layers[6:]):
-        in_f = group[0][0].shape[0] * 16
-        for m in (1, 4, 8):
-            x = torch.randn(m, in_f, device="cuda", dtype=torch.bfloat16)
-            for splits in (1, 3, 8):
-                for mats in [group[i : i + 1] for i in range(len(group))] + [group]:  # single, multi
-                    for a, b in zip(run("8", x, mats, splits), run("4", x, mats, splits)):
-                        assert torch.equal(a, b), (codebook, fast, m, splits, len(mats))
-
-
 def test_v5_deep_input_needs_several_splits() -> None:
     """14336 in features = 112 chunks: at least 7 splits (16 chunks per block at most)."""
     trellis, suh, svh = _random_layer(14336, 256, 3, seed=14)
