@@ -668,6 +668,39 @@ def rope(
     return q_out, k_out
 
 
+def rope_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys,
+    values,
+    slots: torch.Tensor,
+) -> torch.Tensor | None:
+    """:func:`rope` of ``q`` and ``k`` and :func:`kv_cache_write` of the rotated keys and ``v`` in
+    one launch; returns ``q`` rotated, or None where either does not apply (the caller then runs
+    them apart). Graph-safe."""
+    kd, vd = getattr(keys, "data", None), getattr(values, "data", None)
+    if kd is None or vd is None or slots.ndim != 1:
+        return None
+    ext = _fused_ready(q, k, v, cos, sin)
+    if ext is None or not hasattr(ext, "rope_kv_write"):
+        return None
+    if len({q.dtype, k.dtype, v.dtype, cos.dtype, sin.dtype, kd.dtype, vd.dtype}) != 1:
+        return None
+    if q.ndim != 3 or k.ndim != 3 or k.shape != v.shape or kd.shape != vd.shape:
+        return None
+    if k.shape[1:] != kd.shape[1:]:
+        return None
+    if not (kd.is_contiguous() and vd.is_contiguous()) or slots.shape[0] != q.shape[0]:
+        return None
+    if any(t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] for t in (q, k, v)):
+        return None
+    slots = slots.to(torch.int64).contiguous()
+    return ext.rope_kv_write(q, k, v, cos.contiguous(), sin.contiguous(), slots, kd, vd)
+
+
 def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor | None:
     """``act(gate) * up`` in one launch (the gated MLP's middle)."""
     ext = _fused_ready(gate, up)

@@ -203,15 +203,28 @@ __global__ void add_rms_norm_kernel(const T* __restrict__ h, long long h_stride,
   write_normed<T, V>(sr, w, yr, n, rsqrtf(block_sum(ss) / static_cast<float>(n) + eps), offset);
 }
 
+// Where the rotated keys go. Plain: k_out [tokens, hk, d]. CACHE: the KV write fused in (one
+// launch fewer per layer): the rotated keys and the values v [tokens, hk, d] (rows strided by
+// v_stride) go straight into the dense paged caches k_out / v_cache [slots, hk, d] at row
+// slots[token]; a slot outside the cache writes nothing (as kv_cache_write).
+struct RopeCacheArgs {
+  const void* v = nullptr;
+  long long v_stride = 0;
+  const int64_t* slots = nullptr;
+  void* v_cache = nullptr;
+  long long num_slots = 0;
+};
+
 // Rotary embedding (rotate-half convention) of q [tokens, hq, d] and k [tokens, hk, d] in one
 // launch; the first `rot` dims of each head rotate, the rest are copied. One block per token; a
 // work item is V dims i of the first half together with dims i + rot/2 (the pair rotate_half
-// mixes), or V pass-through dims. torch computes x * cos + rotate_half(x) * sin with each product
-// and the sum rounded to T.
-template <typename T, int V>
+// mixes), or V pass-through dims (CACHE: then V dims of a value row). torch computes
+// x * cos + rotate_half(x) * sin with each product and the sum rounded to T.
+template <typename T, int V, bool CACHE>
 __global__ void rope_kernel(const T* __restrict__ q, long long q_stride, T* __restrict__ q_out, int hq,
                             const T* __restrict__ k, long long k_stride, T* __restrict__ k_out, int hk,
-                            const T* __restrict__ cos, const T* __restrict__ sin, int d, int rot) {
+                            const T* __restrict__ cos, const T* __restrict__ sin, int d, int rot,
+                            const RopeCacheArgs cache) {
   chain_wait();
   chain_release();
   const long long token = blockIdx.x;
@@ -219,12 +232,29 @@ __global__ void rope_kernel(const T* __restrict__ q, long long q_stride, T* __re
   const int rot_items = half / V, per_head = rot_items + (d - rot) / V;
   const T* c = cos + token * rot;
   const T* s = sin + token * rot;
-  for (int item = threadIdx.x; item < (hq + hk) * per_head; item += blockDim.x) {
+  long long k_row = token;  // row of k_out
+  bool k_live = true;
+  if constexpr (CACHE) {
+    k_row = cache.slots[token];
+    k_live = k_row >= 0 && k_row < cache.num_slots;
+  }
+  const int qk_items = (hq + hk) * per_head;
+  const int v_items = CACHE ? hk * (d / V) : 0;
+  for (int item = threadIdx.x; item < qk_items + v_items; item += blockDim.x) {
+    if (CACHE && item >= qk_items) {  // a value row's V dims, copied as they are
+      if (!k_live) continue;
+      const int j = item - qk_items, h = j / (d / V), i = (j - h * (d / V)) * V;
+      const T* src = static_cast<const T*>(cache.v) + token * cache.v_stride + static_cast<long long>(h) * d;
+      T* dst = static_cast<T*>(cache.v_cache) + (k_row * hk + h) * d;
+      store_pack<T, V>(dst + i, load_pack<T, V>(src + i));
+      continue;
+    }
     const int head = item / per_head, j = item - head * per_head;
     const bool is_q = head < hq;
+    if (!is_q && !k_live) continue;
     const int h = is_q ? head : head - hq;
     const T* src = (is_q ? q + token * q_stride : k + token * k_stride) + static_cast<long long>(h) * d;
-    T* dst = is_q ? q_out + (token * hq + h) * d : k_out + (token * hk + h) * d;
+    T* dst = is_q ? q_out + (token * hq + h) * d : k_out + (k_row * hk + h) * d;
     if (j < rot_items) {
       const int i = j * V;
       const Pack<T, V> a = load_pack<T, V>(src + i), b = load_pack<T, V>(src + i + half);
@@ -454,42 +484,93 @@ void check_heads(const at::Tensor& t, const char* name) {
               " must be a CUDA tensor [tokens, heads, head_dim] with contiguous heads");
 }
 
-std::vector<at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+// Checks shared by rope and rope_kv_write; returns the rotary dim.
+int check_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
   check_heads(q, "q");
   check_heads(k, "k");
-  const int d = static_cast<int>(q.size(2));
   const long long tokens = q.size(0);
-  TORCH_CHECK(k.size(0) == tokens && k.size(2) == d && k.scalar_type() == q.scalar_type(), "k does not match q");
+  TORCH_CHECK(k.size(0) == tokens && k.size(2) == q.size(2) && k.scalar_type() == q.scalar_type(), "k does not match q");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == q.scalar_type() &&
                   sin.scalar_type() == q.scalar_type() && cos.numel() == sin.numel() && cos.numel() % tokens == 0,
               "cos/sin must be contiguous [tokens, 1, rotary_dim] tables of q's dtype");
   const int rot = static_cast<int>(tokens ? cos.numel() / tokens : 0);
-  TORCH_CHECK(rot % 2 == 0 && rot <= d, "rotary dim must be even and at most head_dim");
-  const c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor q_out = at::empty({tokens, q.size(1), d}, q.options().memory_format(at::MemoryFormat::Contiguous));
-  at::Tensor k_out = at::empty({tokens, k.size(1), d}, k.options().memory_format(at::MemoryFormat::Contiguous));
-  if (tokens == 0) return {q_out, k_out};
+  TORCH_CHECK(rot % 2 == 0 && rot <= q.size(2), "rotary dim must be even and at most head_dim");
+  return rot;
+}
+
+// One block per token over q's and k's heads (and, with a cache, v's): k_dst is k_out [tokens, hk,
+// d] or the key cache [slots, hk, d].
+void launch_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin, int rot,
+                 at::Tensor& q_out, at::Tensor& k_dst, const RopeCacheArgs* cache) {
+  const long long tokens = q.size(0);
+  const int d = static_cast<int>(q.size(2));
   const int hq = static_cast<int>(q.size(1)), hk = static_cast<int>(k.size(1));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   by_dtype(q, [&](auto tag) {
     using T = decltype(tag);
     constexpr int kV = 16 / sizeof(T);
-    const bool vec = vector_ok<T>({q.data_ptr(), k.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), cos.data_ptr(),
-                                   sin.data_ptr()},
-                                  {q.stride(0), k.stride(0), d, rot / 2, d - rot});
+    const long long v_stride = cache ? cache->v_stride : 0;
+    const bool vec = vector_ok<T>({q.data_ptr(), k.data_ptr(), q_out.data_ptr(), k_dst.data_ptr(), cos.data_ptr(),
+                                   sin.data_ptr(), cache ? cache->v : nullptr, cache ? cache->v_cache : nullptr},
+                                  {q.stride(0), k.stride(0), d, rot / 2, d - rot, v_stride});
     const int per_head = vec ? (rot / 2 + d - rot) / kV : rot / 2 + d - rot;
-    const int threads = std::min(256, std::max(32, (((hq + hk) * per_head + 31) / 32) * 32));
+    const int items = (hq + hk) * per_head + (cache ? hk * (vec ? d / kV : d) : 0);
+    const int threads = std::min(256, std::max(32, ((items + 31) / 32) * 32));
+    const RopeCacheArgs none{};
     auto launch = [&](auto kernel) {
       launch_chained(kernel, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, stream,
-          reinterpret_cast<const T*>(q.data_ptr()), q.stride(0), reinterpret_cast<T*>(q_out.data_ptr()), hq,
-          reinterpret_cast<const T*>(k.data_ptr()), k.stride(0), reinterpret_cast<T*>(k_out.data_ptr()), hk,
-          reinterpret_cast<const T*>(cos.data_ptr()), reinterpret_cast<const T*>(sin.data_ptr()), d, rot);
+                     reinterpret_cast<const T*>(q.data_ptr()), q.stride(0), reinterpret_cast<T*>(q_out.data_ptr()), hq,
+                     reinterpret_cast<const T*>(k.data_ptr()), k.stride(0), reinterpret_cast<T*>(k_dst.data_ptr()), hk,
+                     reinterpret_cast<const T*>(cos.data_ptr()), reinterpret_cast<const T*>(sin.data_ptr()), d, rot,
+                     cache ? *cache : none);
     };
-    if (vec) launch(rope_kernel<T, kV>);
-    else launch(rope_kernel<T, 1>);
+    if (cache) {
+      if (vec) launch(rope_kernel<T, kV, true>);
+      else launch(rope_kernel<T, 1, true>);
+    } else {
+      if (vec) launch(rope_kernel<T, kV, false>);
+      else launch(rope_kernel<T, 1, false>);
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+std::vector<at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin) {
+  const int rot = check_rope(q, k, cos, sin);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor q_out = at::empty({q.size(0), q.size(1), q.size(2)}, opts);
+  at::Tensor k_out = at::empty({k.size(0), k.size(1), k.size(2)}, opts);
+  if (q.size(0) > 0) launch_rope(q, k, cos, sin, rot, q_out, k_out, nullptr);
   return {q_out, k_out};
+}
+
+// rope of q and k, with the rotated keys and the values v written into the dense paged caches at
+// rows `slots` (int64) in the same launch (the decode step's RoPE + KV write). Returns q rotated.
+at::Tensor rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                         const at::Tensor& sin, const at::Tensor& slots, at::Tensor& k_cache, at::Tensor& v_cache) {
+  const int rot = check_rope(q, k, cos, sin);
+  check_heads(v, "v");
+  TORCH_CHECK(v.sizes() == k.sizes() && v.scalar_type() == k.scalar_type(), "v must match k");
+  TORCH_CHECK(k_cache.is_cuda() && v_cache.is_cuda() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes() &&
+                  k_cache.sizes().slice(1) == k.sizes().slice(1) && k_cache.scalar_type() == k.scalar_type() &&
+                  v_cache.scalar_type() == k.scalar_type(),
+              "the caches must be contiguous [slots, kv_heads, head_dim] CUDA tensors of k's shape and dtype");
+  TORCH_CHECK(slots.is_cuda() && slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.dim() == 1 &&
+                  slots.size(0) == q.size(0),
+              "slots must be a contiguous int64 CUDA vector, one per token");
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor q_out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().memory_format(at::MemoryFormat::Contiguous));
+  if (q.size(0) == 0) return q_out;
+  RopeCacheArgs cache;
+  cache.v = v.data_ptr();
+  cache.v_stride = v.stride(0);
+  cache.slots = slots.data_ptr<int64_t>();
+  cache.v_cache = v_cache.data_ptr();
+  cache.num_slots = k_cache.size(0);
+  launch_rope(q, k, cos, sin, rot, q_out, k_cache, &cache);
+  return q_out;
 }
 
 at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, int64_t act) {
@@ -542,6 +623,11 @@ void bind_fused_ops(pybind11::module_& m) {
         py::arg("h"), py::arg("delta"), py::arg("weight"), py::arg("eps"), py::arg("offset"));
   m.def("kv_cache_write", &kv_cache_write, "k and v rows into the dense paged caches at slots, one launch",
         py::arg("k"), py::arg("v"), py::arg("slots"), py::arg("k_cache"), py::arg("v_cache"));
+  m.def("rope_kv_write", &rope_kv_write,
+        "rope of q and k with the rotated keys and the values written into the dense paged caches at slots, one "
+        "launch; returns q rotated",
+        py::arg("q"), py::arg("k"), py::arg("v"), py::arg("cos"), py::arg("sin"), py::arg("slots"), py::arg("k_cache"),
+        py::arg("v_cache"));
   m.def("rope", &rope, "rotate-half rotary embedding of q and k in one launch; returns new tensors", py::arg("q"),
         py::arg("k"), py::arg("cos"), py::arg("sin"));
   m.def("act_mul", &act_mul, "act(gate) * up (0 silu, 1 gelu tanh, 2 gelu erf, 3 relu)", py::arg("gate"),

@@ -30,6 +30,19 @@ class KVCacheLayer:
         self.keys.write(slots, k)
         self.values.write(slots, v)
 
+    def write_rotated(
+        self,
+        slots: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor | None:
+        """Rotate ``q`` and ``k`` (rotate-half RoPE with ``tables``) and :meth:`write` the rotated
+        keys and ``v`` in one launch; returns ``q`` rotated, or None where that launch does not
+        apply (CPU, a quantized side): the caller then rotates and writes apart."""
+        return ops.rope_kv_write(q, k, v, *tables, self.keys, self.values, slots)
+
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys.read(slots, self.dtype), self.values.read(slots, self.dtype)
 

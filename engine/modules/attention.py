@@ -117,10 +117,17 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        rotated = None
         if self.rope is not None:
             tables = batch.rope_tables(self.rope, q.dtype)
-            q, k = self.rope.apply_pair(q, k, tables)
-        cache.write(batch.write_slots, k, v)
+            # On the GPU one launch rotates q and k and writes the keys and values (dense cache).
+            rotated = cache.write_rotated(batch.write_slots, q, k, v, tables) if q.is_cuda else None
+            if rotated is None:
+                q, k = self.rope.apply_pair(q, k, tables)
+        if rotated is None:
+            cache.write(batch.write_slots, k, v)
+        else:
+            q = rotated
         if batch.decode is not None:
             return self.o_proj(self._decode(q, batch, cache).reshape(-1, self.num_heads * self.head_dim))
         # One sequence owning every row (a lone prompt or decode step) keeps attend's result as

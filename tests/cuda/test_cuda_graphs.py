@@ -116,9 +116,10 @@ def test_replayed_logits_follow_the_eager_step_across_page_boundaries(tmp_path, 
 @pytest.mark.parametrize("variant", ["LlamaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_fused_residual_norms_and_kv_writes_change_no_bit(variant, dtype, tmp_path, monkeypatch):
-    """The decoder's fused add + RMSNorm and the one-launch KV write (ext/fused_ops.cu) give the
-    logits of the unfused kernels bit for bit: a prefill, then teacher-forced decode steps replayed
-    from CUDA graphs (so the fused kernels are also captured)."""
+    """The decoder's fused add + RMSNorm, the one-launch KV write and RoPE + KV write in one
+    launch (ext/fused_ops.cu) give the logits of the unfused kernels bit for bit: a prefill, then
+    teacher-forced decode steps replayed from CUDA graphs (so the fused kernels are also
+    captured)."""
     build_tiny_model(variant, tmp_path)
     model = load_model(tmp_path, device="cuda", dtype=dtype)
 
@@ -139,14 +140,21 @@ def test_fused_residual_norms_and_kv_writes_change_no_bit(variant, dtype, tmp_pa
 
     with monkeypatch.context() as m:
         m.setattr(ops, "add_rms_norm", spy("add_rms_norm"))
-        m.setattr(ops, "kv_cache_write", spy("kv_cache_write"))
+        m.setattr(ops, "rope_kv_write", spy("rope_kv_write"))
         fused = run()
-    assert used["add_rms_norm"] > 0 and used["kv_cache_write"] > 0  # the fused kernels ran
+    assert used["add_rms_norm"] > 0 and used["rope_kv_write"] > 0  # the fused kernels ran
+    with monkeypatch.context() as m:  # RoPE and the KV write as two launches
+        m.setattr(ops, "rope_kv_write", lambda *args: None)
+        m.setattr(ops, "kv_cache_write", spy("kv_cache_write"))
+        apart = run()
+    assert used["kv_cache_write"] > 0
     with monkeypatch.context() as m:
         m.setattr(ops, "add_rms_norm", lambda *args: None)
+        m.setattr(ops, "rope_kv_write", lambda *args: None)
         m.setattr(ops, "kv_cache_write", lambda *args: False)
         plain = run()
     _assert_same_logits(fused, plain)
+    _assert_same_logits(apart, plain)
 
 
 def _forced_decode(model, bits: int = 16, steps: int = 24) -> list[torch.Tensor]:

@@ -8,7 +8,7 @@ from cuda_helpers import capture
 
 from engine import ops
 from engine.cache.paged import KVCacheLayer
-from engine.cache.quantized import DenseStore
+from engine.cache.quantized import DenseStore, QuantizedStore
 from engine.modules.mlp import ACTIVATIONS
 from engine.modules.norms import RMSNorm, add_and_norm
 from engine.modules.rope import RopeSpec, RotaryEmbedding
@@ -251,3 +251,50 @@ def test_kv_cache_write_in_a_cuda_graph() -> None:
     ref.keys.data[[100, 7]] = new_k
     ref.values.data[[100, 7]] = new_v
     assert torch.equal(layer.keys.data, ref.keys.data) and torch.equal(layer.values.data, ref.values.data)
+
+
+# -- RoPE and the KV write in one launch ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+# (80, 0.25): the scalar kernel (10 rotated pairs per head, not a whole 16-byte vector).
+@pytest.mark.parametrize(("head_dim", "partial"), [(128, 1.0), (64, 1.0), (96, 0.5), (80, 0.25)])
+@pytest.mark.parametrize("tokens", [1, 3, 8, 300])
+def test_rope_kv_write_equals_rope_then_kv_write(dtype, head_dim, partial, tokens) -> None:
+    """q rotated, the rotated keys and the values in the cache: bit for bit what ops.rope then
+    ops.kv_cache_write give, with q/k/v as column slices of one fused projection output."""
+    torch.manual_seed(head_dim + tokens)
+    rope = RotaryEmbedding(RopeSpec(theta=10000.0, partial_rotary_factor=partial), head_dim, 4096).cuda()
+    tables = rope.tables(torch.randint(0, 4000, (tokens,), device="cuda"), dtype)
+    qkv = torch.randn(tokens, (8 + 2 + 2) * head_dim, device="cuda").to(dtype)
+    q = qkv[:, : 8 * head_dim].view(tokens, 8, head_dim)
+    k = qkv[:, 8 * head_dim : 10 * head_dim].view(tokens, 2, head_dim)
+    v = qkv[:, 10 * head_dim :].view(tokens, 2, head_dim)
+    layer, ref = _kv_layer(dtype, 2, head_dim), _kv_layer(dtype, 2, head_dim)
+    ref.keys.data.copy_(layer.keys.data)
+    ref.values.data.copy_(layer.values.data)
+    slots = torch.randperm(2048, device="cuda")[:tokens]
+    q_fused = layer.write_rotated(slots, q, k, v, tables)
+    assert q_fused is not None
+    q_ref, k_ref = ops.rope(q, k, *tables)
+    assert ops.kv_cache_write(ref.keys, ref.values, slots, k_ref, v)
+    assert torch.equal(q_fused, q_ref)
+    assert torch.equal(layer.keys.data, ref.keys.data) and torch.equal(layer.values.data, ref.values.data)
+
+
+def test_rope_kv_write_skips_slots_outside_the_cache_and_falls_back_for_quantized() -> None:
+    rope = RotaryEmbedding(RopeSpec(theta=10000.0), 64, 4096).cuda()
+    tables = rope.tables(torch.tensor([3, 9, 27], device="cuda"), torch.bfloat16)
+    q = torch.randn(3, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = _kv(3, 2, 64, torch.bfloat16, False)
+    layer = _kv_layer(torch.bfloat16, 2, 64, slots=64)
+    before_k, before_v = layer.keys.data.clone(), layer.values.data.clone()
+    q_fused = layer.write_rotated(torch.tensor([-1, 64, 10], device="cuda"), q, k, v, tables)
+    q_ref, k_ref = ops.rope(q, k, *tables)
+    assert torch.equal(q_fused, q_ref)  # every query rotates, whatever its slot
+    before_k[10], before_v[10] = k_ref[2], v[2]
+    assert torch.equal(layer.keys.data, before_k) and torch.equal(layer.values.data, before_v)
+    quantized = KVCacheLayer(
+        QuantizedStore(64, 2, 64, 4, "cuda"), QuantizedStore(64, 2, 64, 4, "cuda"), torch.bfloat16
+    )
+    assert quantized.write_rotated(torch.tensor([1, 2, 3], device="cuda"), q, k, v, tables) is None
