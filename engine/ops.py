@@ -222,11 +222,6 @@ def exl3_gemv(
     return y
 
 
-# TRELLIS_GATED_DOWN=0: the gated MLP runs act_mul and then its down projection as two launches
-# (A/B runs, escape hatch); by default an EXL3 down projection applies act(gate) * up itself.
-GATED_DOWN = os.environ.get("TRELLIS_GATED_DOWN", "1") not in ("", "0")
-
-
 def exl3_gemv_gated(
     gate: torch.Tensor,
     up: torch.Tensor,
@@ -263,7 +258,7 @@ def exl3_gemm_gated(gate: torch.Tensor, up: torch.Tensor, activation: str, layer
     """``layer(act(gate) * up)`` in one launch where :func:`exl3_gemv_gated` applies (a streaming
     EXL3 layer, 1..8 rows, unpadded input, GEMV v5); None elsewhere: the caller then runs
     :func:`act_mul` and the layer."""
-    if not GATED_DOWN or getattr(layer, "mode", None) != "streaming" or activation not in ACT_IDS:
+    if getattr(layer, "mode", None) != "streaming" or activation not in ACT_IDS:
         return None
     ext = _kernel_ready(gate, up, layer.trellis)
     if ext is None or gate.shape != up.shape or gate.dtype != up.dtype or gate.dtype not in KERNEL_DTYPES:
@@ -723,10 +718,6 @@ def rope(
     return q_out, k_out
 
 
-# TRELLIS_ROPE_KV_FUSED=0: RoPE and the KV write as two launches (A/B runs, escape hatch).
-ROPE_KV_FUSED = os.environ.get("TRELLIS_ROPE_KV_FUSED", "1") not in ("", "0")
-
-
 def rope_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -741,7 +732,7 @@ def rope_kv_write(
     one launch; returns ``q`` rotated, or None where either does not apply (the caller then runs
     them apart). Graph-safe."""
     kd, vd = getattr(keys, "data", None), getattr(values, "data", None)
-    if not ROPE_KV_FUSED or kd is None or vd is None or slots.ndim != 1:
+    if kd is None or vd is None or slots.ndim != 1:
         return None
     ext = _fused_ready(q, k, v, cos, sin)
     if ext is None or not hasattr(ext, "rope_kv_write"):

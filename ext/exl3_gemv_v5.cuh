@@ -75,11 +75,16 @@ __device__ __forceinline__ float round_to_dtype(float v, int dtype) {
 }
 
 // The gated MLP's middle fused into the down projection's input load: g (the gate, loaded) becomes
-// act(g) * u, rounded as the act_mul kernel rounds (act(g) to the dtype, then the product), so the
+// act(g) * up, rounded as the act_mul kernel rounds (act(g) to the dtype, then the product), so the
 // GEMV sees the same input bits as after a separate act_mul launch.
-__device__ __forceinline__ void gate_input4(int act, int dtype, float (&g)[4], const float (&u)[4]) {
+__device__ __forceinline__ void gate_input4(const GemvArgs& args, size_t idx, float (&g)[4]) {
+  float u[4];
+  load4(args.up, args.x_dtype, idx, u);
 #pragma unroll
-  for (int e = 0; e < 4; ++e) g[e] = round_to_dtype(round_to_dtype(activate(act, g[e]), dtype) * u[e], dtype);
+  for (int e = 0; e < 4; ++e) {
+    const float a = round_to_dtype(activate(args.act, g[e]), args.x_dtype);
+    g[e] = round_to_dtype(a * u[e], args.x_dtype);
+  }
 }
 
 template <int K, int CB, bool FAST>
@@ -132,34 +137,22 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 
   // ---- 1. input rotation: items (chunk c, row n < m), kV5PrefetchItems loads in flight -----
   const int items = nch * m;
-  const bool gated = args.act >= 0;
   for (int base = warp; base < items; base += kWarps * kV5PrefetchItems) {
-    // Every load first (x, up where gated, suh), then the arithmetic: one L2 round trip.
-    float v[kV5PrefetchItems][4], up[kV5PrefetchItems][4], sc[kV5PrefetchItems][4];
+    float v[kV5PrefetchItems][4];
 #pragma unroll
     for (int j = 0; j < kV5PrefetchItems; ++j) {
       const int item = base + kWarps * j;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[j][e] = up[j][e] = sc[j][e] = 0.f;
+      v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.f;
       if (item < items) {  // warp-uniform
         const int c = item / m, n = item - c * m;
         const int f = ((c_begin + c) << 7) + 4 * lane;
         load4(args.x, args.x_dtype, (size_t)n * args.in + f, v[j]);
-        if (gated) load4(args.up, args.x_dtype, (size_t)n * args.in + f, up[j]);
+        if (args.act >= 0) gate_input4(args, (size_t)n * args.in + f, v[j]);
         const uint2 su = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.suh) + f);
         const float2 s01 = __half22float2(u32_as_h2(su.x));
         const float2 s23 = __half22float2(u32_as_h2(su.y));
-        sc[j][0] = s01.x; sc[j][1] = s01.y; sc[j][2] = s23.x; sc[j][3] = s23.y;
+        v[j][0] *= s01.x; v[j][1] *= s01.y; v[j][2] *= s23.x; v[j][3] *= s23.y;
       }
-    }
-    if (gated) {  // absent items: act(0) * 0 = 0, as before
-#pragma unroll
-      for (int j = 0; j < kV5PrefetchItems; ++j) gate_input4(args.act, args.x_dtype, v[j], up[j]);
-    }
-#pragma unroll
-    for (int j = 0; j < kV5PrefetchItems; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[j][e] *= sc[j][e];
     }
     // Unconditional (absent items rotate zeros), so the shuffle chains can interleave.
 #pragma unroll
