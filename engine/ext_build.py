@@ -42,7 +42,6 @@ SOURCES = (
 )
 HEADERS = (
     "trellis_ext.h",
-    "activation.cuh",
     "chained_launch.cuh",
     "exl3_common.cuh",
     "exl3_gemv.cuh",

@@ -222,56 +222,6 @@ def exl3_gemv(
     return y
 
 
-def exl3_gemv_gated(
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    activation: str,
-    trellis: torch.Tensor,
-    suh: torch.Tensor,
-    svh: torch.Tensor,
-    codebook: str,
-    splits: int = 0,
-    fast: bool | None = None,
-) -> torch.Tensor:
-    """:func:`exl3_gemv` of ``act(gate) * up`` in one launch (GEMV v5, sm_90): the kernel applies
-    the activation while it loads its input, with :func:`act_mul`'s roundings, so the result equals
-    ``exl3_gemv(act_mul(gate, up))`` bit for bit without the act_mul launch."""
-    ext = extension()
-    if ext is None:
-        raise RuntimeError(f"CUDA extension unavailable: {_reason}")
-    in_f, out_f = trellis.shape[0] * 16, trellis.shape[1] * 16
-    rows_ok = gate.ndim == 2 and 1 <= gate.shape[0] <= GEMV_ROWS
-    if not rows_ok or gate.shape[1] != in_f or up.shape != gate.shape:
-        shapes = f"{tuple(gate.shape)} and {tuple(up.shape)}"
-        raise ValueError(f"exl3_gemv_gated takes (1..{GEMV_ROWS}, {in_f}) gate and up, got {shapes}")
-    if activation not in ACT_IDS or not _use_v5(ext, gate, None, splits):
-        raise ValueError(f"exl3_gemv_gated needs GEMV v5 (sm_90) and a known activation, got '{activation}'")
-    fast = GEMV_FAST if fast is None else fast
-    y = torch.empty(gate.shape[0], out_f, dtype=gate.dtype, device=gate.device)
-    splits = splits or _v5_splits(ext, gate, [trellis], codebook, fast)
-    ids = CODEBOOK_IDS[codebook]
-    ext.exl3_gemv_v5(gate, [trellis], [suh], [svh], [y], ids, splits, fast, up, ACT_IDS[activation])
-    return y
-
-
-def exl3_gemm_gated(gate: torch.Tensor, up: torch.Tensor, activation: str, layer: Any) -> torch.Tensor | None:
-    """``layer(act(gate) * up)`` in one launch where :func:`exl3_gemv_gated` applies (a streaming
-    EXL3 layer, 1..8 rows, unpadded input, GEMV v5); None elsewhere: the caller then runs
-    :func:`act_mul` and the layer."""
-    if getattr(layer, "mode", None) != "streaming" or activation not in ACT_IDS:
-        return None
-    ext = _kernel_ready(gate, up, layer.trellis)
-    if ext is None or gate.shape != up.shape or gate.dtype != up.dtype or gate.dtype not in KERNEL_DTYPES:
-        return None
-    g2, u2 = gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1])
-    if not 1 <= g2.shape[0] <= GEMV_ROWS or g2.shape[1] != layer.padded_in or not _use_v5(ext, g2, None):
-        return None
-    y = exl3_gemv_gated(
-        g2.contiguous(), u2.contiguous(), activation, layer.trellis, layer.suh, layer.svh, layer.codebook
-    )
-    return _layer_output(y, layer, gate)
-
-
 GEMV_MAX_MATRICES = 3  # ext/trellis_ext.h kGemvMaxMats
 # TRELLIS_GEMV_MULTI=0 turns the multi-matrix launch off (ProjectionGroup then runs one launch
 # per matrix): for A/B timing and as an escape hatch.

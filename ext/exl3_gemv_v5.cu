@@ -90,19 +90,11 @@ int dtype_code(const at::Tensor& t) {
 
 // y[i] = had(had(x * suh[i]) @ Q[i]) * svh[i], 1..3 matrices of the same in features and
 // codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. A chained launch while
-// chained launches are on (chained_launch.cuh). With `up` and act >= 0 the input is act(x) * up
-// (x the gate; activation.cuh ids), as after the act_mul kernel. Returns the split count.
+// chained launches are on (chained_launch.cuh). Returns the split count.
 int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis, const std::vector<at::Tensor>& suh,
                      const std::vector<at::Tensor>& svh, const std::vector<at::Tensor>& y, int64_t codebook,
-                     int64_t splits, bool fast, const c10::optional<at::Tensor>& up, int64_t act) {
+                     int64_t splits, bool fast) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
-  TORCH_CHECK(act >= -1 && act <= 3, "act must be -1 (none) or an activation id 0..3");
-  TORCH_CHECK((act >= 0) == up.has_value(), "up is given exactly when act >= 0");
-  if (up) {
-    TORCH_CHECK(up->is_cuda() && up->is_contiguous() && up->sizes() == x.sizes() &&
-                    up->scalar_type() == x.scalar_type() && up->device() == x.device(),
-                "up must be a contiguous tensor of x's shape, dtype and device");
-  }
   const int count = static_cast<int>(trellis.size());
   TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_v5 takes 1..", kGemvMaxMats, " matrices");
   TORCH_CHECK(suh.size() == trellis.size() && svh.size() == trellis.size() && y.size() == trellis.size(),
@@ -147,8 +139,6 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
     g.in = in;
     g.out = out;
     g.x_dtype = dtype_code(x);
-    g.up = up ? up->data_ptr() : nullptr;
-    g.act = static_cast<int>(act);
     total_groups += out / 128;
   }
   const int n_chunks = in / 128;
@@ -186,7 +176,7 @@ void bind_gemv_v5(pybind11::module_& m) {
         "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster) of 1..3 matrices of one input; "
         "returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
-        py::arg("splits") = 0, py::arg("fast") = false, py::arg("up") = py::none(), py::arg("act") = -1);
+        py::arg("splits") = 0, py::arg("fast") = false);
   m.def(
       "set_chained_launches",
       [](bool on) { return chained_launch_flag().exchange(on); },

@@ -21,7 +21,6 @@
 // Same products and fp32 accumulation as v4 (same decode functions, same MMAs per tile).
 #pragma once
 
-#include "activation.cuh"
 #include "chained_launch.cuh"
 #include "exl3_gemv.cuh"
 
@@ -65,26 +64,6 @@ __device__ __forceinline__ float4 ld_dsmem_f4(const void* p, unsigned rank) {
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "r"(remote));
   return v;
-}
-
-// The value torch holds after storing v in a tensor of activation dtype `dtype`.
-__device__ __forceinline__ float round_to_dtype(float v, int dtype) {
-  if (dtype == DT_F16) return __half2float(__float2half_rn(v));
-  if (dtype == DT_BF16) return __bfloat162float(__float2bfloat16_rn(v));
-  return v;
-}
-
-// The gated MLP's middle fused into the down projection's input load: g (the gate, loaded) becomes
-// act(g) * up, rounded as the act_mul kernel rounds (act(g) to the dtype, then the product), so the
-// GEMV sees the same input bits as after a separate act_mul launch.
-__device__ __forceinline__ void gate_input4(const GemvArgs& args, size_t idx, float (&g)[4]) {
-  float u[4];
-  load4(args.up, args.x_dtype, idx, u);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float a = round_to_dtype(activate(args.act, g[e]), args.x_dtype);
-    g[e] = round_to_dtype(a * u[e], args.x_dtype);
-  }
 }
 
 template <int K, int CB, bool FAST>
@@ -147,7 +126,6 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
         const int c = item / m, n = item - c * m;
         const int f = ((c_begin + c) << 7) + 4 * lane;
         load4(args.x, args.x_dtype, (size_t)n * args.in + f, v[j]);
-        if (args.act >= 0) gate_input4(args, (size_t)n * args.in + f, v[j]);
         const uint2 su = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.suh) + f);
         const float2 s01 = __half22float2(u32_as_h2(su.x));
         const float2 s23 = __half22float2(u32_as_h2(su.y));

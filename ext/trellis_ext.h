@@ -15,10 +15,6 @@ struct GemvArgs {
   float* partial;           // (splits, m, out) workspace
   int* counters;            // (out/128,) zero on entry, zero on exit
   int m, in, out, splits, x_dtype;
-  // GEMV v5 only: act >= 0 makes the input act(x) * up (x the gate, up the same shape), rounded
-  // as the act_mul kernel rounds (activation.cuh ids); -1: the input is x.
-  const void* up = nullptr;
-  int act = -1;
 };
 
 // Up to kGemvMaxMats GEMVs of the same x (same m, in, dtype; codebook per launch) in one launch.

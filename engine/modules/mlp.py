@@ -34,12 +34,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
-        if gate.is_cuda:
-            # The down GEMV applies act and the product as it loads its input (one launch) ...
-            y = ops.exl3_gemm_gated(gate, up, self.activation, self.down)
-            if y is not None:
-                return y
-            # ... else act and product in one launch (ext/fused_ops.cu), then the projection.
+        if gate.is_cuda:  # act and product in one launch (ext/fused_ops.cu)
             fused = ops.act_mul(gate, up, self.activation)
             if fused is not None:
                 return self.down(fused)

@@ -252,24 +252,3 @@ def test_pipelined_graph_decode_equals_unpipelined(batch, tmp_path, monkeypatch)
     assert piped == plain
     stop = (piped[0][0][7],)  # the first job stops at its eighth token (or earlier)
     assert run(True, stop)[0] == run(False, stop)[0]
-
-
-def test_gated_down_projection_changes_no_bit(exl3_dir, monkeypatch):
-    """The EXL3 down projection that applies act(gate) * up itself (ops.exl3_gemm_gated) gives
-    the logits of act_mul then the projection, bit for bit, eager prefill and replayed decode."""
-    model = load_model(exl3_dir / "tiny-llama-exl3-4.0bpw-h6-mul1", device="cuda", dtype="bfloat16")
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the gated GEMV is GEMV v5 (sm_90)")
-    used = Counter()
-    real = ops.exl3_gemm_gated
-
-    def spy(*args):
-        y = real(*args)
-        used["gated"] += y is not None
-        return y
-
-    monkeypatch.setattr(ops, "exl3_gemm_gated", spy)
-    gated = _forced_decode(model, steps=12)
-    assert used["gated"] > 0
-    monkeypatch.setattr(ops, "exl3_gemm_gated", lambda *args: None)
-    _assert_same_logits(gated, _forced_decode(model, steps=12))

@@ -108,25 +108,6 @@ def test_v5_every_split_count_and_dtype(dtype: torch.dtype) -> None:
                 assert rel_fro(y, x.double().cpu() @ w) < TOL[dtype], (splits, m, fast)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("activation", ["silu", "gelu_pytorch_tanh", "gelu", "relu"])
-def test_v5_gated_input_equals_act_mul_then_gemv(dtype: torch.dtype, activation: str) -> None:
-    """The down projection applying act(gate) * up as it loads its input gives the bits of the
-    act_mul kernel followed by the GEMV (same split count), for several K and row counts."""
-    for k in (2, 4, 6):
-        trellis, suh, svh = _random_layer(1536, 384, k, seed=60 + k)
-        for m in (1, 3, 8):
-            gate_up = (torch.randn(m, 2 * 1536, device="cuda") * 2).to(dtype)
-            gate, up = gate_up[:, :1536].contiguous(), gate_up[:, 1536:].contiguous()
-            for splits in (2, 5):
-                fused = ops.exl3_gemv_gated(gate, up, activation, trellis, suh, svh, "mul1", splits=splits)
-                x = ops.act_mul(gate, up, activation)
-                apart = ops.exl3_gemv(x, trellis, suh, svh, "mul1", splits=splits)
-                assert torch.equal(fused, apart), (k, m, splits)
-    with pytest.raises(ValueError, match="activation"):
-        ops.exl3_gemv_gated(gate, up, "tanh", trellis, suh, svh, "mul1")
-
-
 def test_v5_deep_input_needs_several_splits() -> None:
     """14336 in features = 112 chunks: at least 7 splits (16 chunks per block at most)."""
     trellis, suh, svh = _random_layer(14336, 256, 3, seed=14)
