@@ -668,6 +668,10 @@ def rope(
     return q_out, k_out
 
 
+# TRELLIS_ROPE_KV_FUSED=0: RoPE and the KV write as two launches (A/B runs, escape hatch).
+ROPE_KV_FUSED = os.environ.get("TRELLIS_ROPE_KV_FUSED", "1") not in ("", "0")
+
+
 def rope_kv_write(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -682,7 +686,7 @@ def rope_kv_write(
     one launch; returns ``q`` rotated, or None where either does not apply (the caller then runs
     them apart). Graph-safe."""
     kd, vd = getattr(keys, "data", None), getattr(values, "data", None)
-    if kd is None or vd is None or slots.ndim != 1:
+    if not ROPE_KV_FUSED or kd is None or vd is None or slots.ndim != 1:
         return None
     ext = _fused_ready(q, k, v, cos, sin)
     if ext is None or not hasattr(ext, "rope_kv_write"):
