@@ -11,9 +11,9 @@
 // The contract every kernel launched with `launch_chained` keeps (the whole chain relies on it):
 //  - before `chain_wait()` it reads only memory no kernel of the step writes (weights), and writes
 //    nothing;
-//  - it calls `chain_wait()` in every thread before anything else, which makes the chain
-//    transitive: when kernel N passes its wait, N-1 has completed, so N-1 passed its own wait
-//    and N-2 had completed, and so on;
+//  - it calls `chain_wait()` in every thread before it touches anything else, which makes the
+//    chain transitive: when kernel N passes its wait, N-1 has completed, so N-1 passed its own
+//    wait and N-2 had completed, and so on;
 //  - it calls `chain_release()` after its wait (never before), so at most one launched-but-waiting
 //    kernel follows a running one.
 // A kernel launched the usual way (torch's) still waits for the full completion of the one before,

@@ -387,8 +387,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
     const bool vec = vector_ok<T>({x.data_ptr(), weight.data_ptr(), y.data_ptr()}, {x.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
       launch_chained(rms_norm_kernel<T, decltype(v)::value>, dim3(static_cast<unsigned>(x.size(0))), dim3(threads), 0,
-                     stream, reinterpret_cast<const T*>(x.data_ptr()), x.stride(0), reinterpret_cast<const T*>(weight.data_ptr()),
-          reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
+                     stream, reinterpret_cast<const T*>(x.data_ptr()), x.stride(0),
+                     reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(y.data_ptr()), n,
+                     static_cast<float>(eps), static_cast<float>(offset));
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -415,9 +416,10 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& delt
                                   {h.stride(0), delta.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
       launch_chained(add_rms_norm_kernel<T, decltype(v)::value>, dim3(static_cast<unsigned>(h.size(0))), dim3(threads),
-                     0, stream, reinterpret_cast<const T*>(h.data_ptr()), h.stride(0), reinterpret_cast<const T*>(delta.data_ptr()),
-          delta.stride(0), reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(h_out.data_ptr()),
-          reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
+                     0, stream, reinterpret_cast<const T*>(h.data_ptr()), h.stride(0),
+                     reinterpret_cast<const T*>(delta.data_ptr()), delta.stride(0),
+                     reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<T*>(h_out.data_ptr()),
+                     reinterpret_cast<T*>(y.data_ptr()), n, static_cast<float>(eps), static_cast<float>(offset));
     });
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -463,11 +465,11 @@ void kv_cache_write(const at::Tensor& k, const at::Tensor& v, const at::Tensor& 
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   auto launch = [&](auto tag) {
     using W = decltype(tag);
-    launch_chained(kv_cache_write_kernel<W>, grid, dim3(threads), 0, stream,
-        reinterpret_cast<const W*>(k.data_ptr()), k.stride(0) * es / word, reinterpret_cast<const W*>(v.data_ptr()),
-        v.stride(0) * es / word, slots.data_ptr<int64_t>(), reinterpret_cast<W*>(k_cache.data_ptr()),
-        reinterpret_cast<W*>(v_cache.data_ptr()), static_cast<int>(k_width / word), static_cast<int>(v_width / word),
-        k_cache.size(0));
+    launch_chained(kv_cache_write_kernel<W>, grid, dim3(threads), 0, stream, reinterpret_cast<const W*>(k.data_ptr()),
+                   k.stride(0) * es / word, reinterpret_cast<const W*>(v.data_ptr()), v.stride(0) * es / word,
+                   slots.data_ptr<int64_t>(), reinterpret_cast<W*>(k_cache.data_ptr()),
+                   reinterpret_cast<W*>(v_cache.data_ptr()), static_cast<int>(k_width / word),
+                   static_cast<int>(v_width / word), k_cache.size(0));
   };
   switch (word) {
     case 16: launch(uint4{}); break;

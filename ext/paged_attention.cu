@@ -1235,15 +1235,15 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   if (half) {
     launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    launch_chained(combine_kernel<__half>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream,
-        p.part_acc, p.part_m, p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
-        static_cast<int>(D), rotated);
+    launch_chained(combine_kernel<__half>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc, p.part_m,
+                   p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
+                   static_cast<int>(D), rotated);
   } else {
     launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    launch_chained(combine_kernel<__nv_bfloat16>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream,
-        p.part_acc, p.part_m, p.part_l, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads,
-        p.splits, static_cast<int>(D), rotated);
+    launch_chained(combine_kernel<__nv_bfloat16>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc,
+                   p.part_m, p.part_l, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads,
+                   p.splits, static_cast<int>(D), rotated);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
