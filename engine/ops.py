@@ -141,6 +141,17 @@ GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "1") not in ("", "0")
 CHAINED = os.environ.get("TRELLIS_CHAINED", "1") not in ("", "0")
 
 
+def chained_launches_supported(device: torch.device) -> bool:
+    """True where :func:`chained_launches` can turn chaining on: a GPU of sm_90 or newer and an
+    extension built with it."""
+    if device.type != "cuda":
+        return False
+    ext = extension()
+    if ext is None or not hasattr(ext, "set_chained_launches"):
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
 @contextlib.contextmanager
 def chained_launches(device: torch.device, enabled: bool = True) -> Iterator[None]:
     """Within the block, decode-step kernels on ``device`` launch chained (see :data:`CHAINED`).
@@ -149,11 +160,10 @@ def chained_launches(device: torch.device, enabled: bool = True) -> Iterator[Non
     ``enabled=False`` turns chaining off inside an enclosing block (timing fresh weight copies).
     The switch is per process: the previous setting is restored on exit.
     """
-    ext = extension() if device.type == "cuda" else None
-    usable = ext is not None and hasattr(ext, "set_chained_launches")
-    if not usable or torch.cuda.get_device_capability(device)[0] < 9:
+    if not chained_launches_supported(device):
         yield
         return
+    ext = extension()
     previous = ext.set_chained_launches(enabled and CHAINED)
     try:
         yield

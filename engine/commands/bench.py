@@ -289,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
         "batch": args.batch,
         "cache_bits": list(cache_bits(args)),
         "cuda_graphs": _graphs_on(args, device),
+        "chained_launches": False,  # set below where the decode step's kernels launch chained
         "rows": [],
     }
     _log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
@@ -307,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
         from engine import ops
 
         results["extension"] = ops.status()
+        results["chained_launches"] = ops.CHAINED and ops.chained_launches_supported(device)
     if not args.no_peer:
         peer_row(args, device, dtype, bandwidth, results)
     print(format_table(results))
@@ -319,7 +321,8 @@ def format_table(r: dict) -> str:
     lines = [
         f"{r['model']} on {r['device']} ({r['dtype']}, {r['threads']} threads), "
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s, batch {b}, {r['decode_tokens']} new tokens, "
-        f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}",
+        f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, "
+        f"chained launches {'on' if r['chained_launches'] else 'off'}",
         f"{'':<14}{'GB/step':>8}{'decode':>9}{'roof':>8}{'%':>5}"
         f"{'@' + str(r['context']):>9}{'roof':>8}{'%':>5}{'prefill':>10}{'peak GB':>9}",
         f"{'':<14}{'':>8}{'tok/s':>9}{'tok/s':>8}{'':>5}{'tok/s':>9}{'tok/s':>8}{'':>5}"
