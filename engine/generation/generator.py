@@ -371,10 +371,14 @@ class Generator:
         own tokens are then placeholders)."""
         if self._use_graphs:
             return self._decode_graphs().run_greedy(items, ids)
-        if ids is not None:  # eager: the step needs the tokens on the host anyway
+        return self._eager_last_logits(items, ids).argmax(dim=-1)
+
+    def _eager_last_logits(self, items: list[StepItem], ids: torch.Tensor | None) -> torch.Tensor:
+        """The step run eagerly: each item's last logits ``[len(items), vocab]``. ``ids``: the
+        input tokens on the device (the step needs them on the host, so they are read there)."""
+        if ids is not None:
             items = _with_tokens(items, ids)
-        logits = run_step(self.model.module, self.cache, items)
-        return torch.stack([row[-1] for row in logits]).argmax(dim=-1)
+        return torch.stack([row[-1] for row in run_step(self.model.module, self.cache, items)])
 
     def _launch_sampled(
         self, items: list[StepItem], runs: list[_Running], ids: torch.Tensor | None = None
@@ -389,9 +393,7 @@ class Generator:
             if logits is None:
                 return None
         else:
-            if ids is not None:  # eager: the step needs the tokens on the host anyway
-                items = _with_tokens(items, ids)
-            logits = torch.stack([row[-1] for row in run_step(self.model.module, self.cache, items)])
+            logits = self._eager_last_logits(items, ids)
         return _draw_rows(runs, logits, ids)
 
     def _land(self) -> list[JobResult]:
