@@ -174,6 +174,10 @@ class FakeExtension(types.SimpleNamespace):
         k_cache.index_copy_(0, slots, k)
         v_cache.index_copy_(0, slots, v)
 
+    def rope_kv_write(self, q, k, v, cos, sin, slots, k_cache, v_cache):
+        self.calls.append(("rope_kv_write", q, k, v, slots, k_cache, v_cache))
+        return q.clone()  # the dispatch is under test here; the kernel's bits are a GPU test's
+
 
 @pytest.fixture
 def fake(monkeypatch) -> FakeExtension:
@@ -246,6 +250,31 @@ def test_kv_write_leaves_other_cases_to_the_stores(fake, monkeypatch):
     assert fake.calls == []
     monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: types.SimpleNamespace())
     assert ops.kv_cache_write(layer.keys, layer.values, slots, k, k) is False  # an older extension
+
+
+def test_rope_kv_write_dispatch_and_what_it_leaves_to_two_launches(fake, monkeypatch):
+    layer = _dense_layer()
+    qkv = torch.randn(3, (4 + 2 + 2) * 8).half()  # q, k and v as column slices of one output
+    q, k, v = qkv[:, :32].view(3, 4, 8), qkv[:, 32:48].view(3, 2, 8), qkv[:, 48:].view(3, 2, 8)
+    cos, sin = torch.ones(3, 1, 8).half(), torch.zeros(3, 1, 8).half()
+    slots = torch.tensor([9, 0, 31], dtype=torch.int32)
+    assert layer.write_rotated(slots, q, k, v, (cos, sin)) is not None
+    ((name, fq, fk, fv, fslots, kc, vc),) = fake.calls
+    assert name == "rope_kv_write" and fq is q and fk is k and fv is v
+    assert kc is layer.keys.data and vc is layer.values.data
+    assert fslots.dtype == torch.int64 and fslots.tolist() == [9, 0, 31]
+    fake.calls.clear()
+    quantized = KVCacheLayer(
+        QuantizedStore(32, 2, 8, 4, "cpu"), QuantizedStore(32, 2, 8, 4, "cpu"), torch.float16
+    )
+    assert quantized.write_rotated(slots, q, k, v, (cos, sin)) is None  # quantized sides
+    assert layer.write_rotated(slots, q, k, v, (cos.float(), sin.float())) is None  # table dtype
+    assert layer.write_rotated(slots[:2], q, k, v, (cos, sin)) is None  # one slot per token
+    assert layer.write_rotated(slots, q, k, v[:, :1], (cos, sin)) is None  # v is not k's shape
+    assert layer.write_rotated(slots, q.transpose(1, 2), k, v, (cos, sin)) is None  # q's heads strided
+    monkeypatch.setattr(ops, "ROPE_KV_FUSED", False)
+    assert layer.write_rotated(slots, q, k, v, (cos, sin)) is None  # TRELLIS_ROPE_KV_FUSED=0
+    assert fake.calls == []
 
 
 def test_kv_write_on_the_cpu_is_index_copy():
