@@ -642,26 +642,38 @@ def add_rms_norm(
     return h_out.view(h.shape), y.view(h.shape)
 
 
+def _dense_cache_sides(keys, values, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """``(keys tensor, values tensor)`` of two dense cache stores where ``k`` and ``v`` ``[n,
+    kv_heads, head_dim]`` (heads contiguous, rows may be strided) go into them at ``slots`` as they
+    are (same dtype, the stores' row shapes, one slot per token), else None."""
+    kd, vd = getattr(keys, "data", None), getattr(values, "data", None)
+    if kd is None or vd is None or slots.ndim != 1:
+        return None
+    if not k.dtype == v.dtype == kd.dtype == vd.dtype:
+        return None
+    if not (kd.is_contiguous() and vd.is_contiguous()) or kd.shape[0] != vd.shape[0]:
+        return None
+    if k.ndim != 3 or v.ndim != 3 or k.shape[1:] != kd.shape[1:] or v.shape[1:] != vd.shape[1:]:
+        return None
+    if not k.shape[0] == v.shape[0] == slots.shape[0]:
+        return None
+    if any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (k, v)):
+        return None
+    return kd, vd
+
+
 def kv_cache_write(keys, values, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Write ``k`` and ``v`` ``[n, kv_heads, head_dim]`` into two dense cache stores
     (:class:`~engine.cache.quantized.DenseStore`) at ``slots`` with one kernel instead of two
     ``index_copy_``. Returns False where it does not apply (CPU, no extension, a quantized side,
     a dtype conversion, heads not contiguous); the stores then write themselves. Graph-safe."""
-    kd, vd = getattr(keys, "data", None), getattr(values, "data", None)
-    if kd is None or vd is None or slots.ndim != 1:
+    sides = _dense_cache_sides(keys, values, slots, k, v)
+    if sides is None or k.dtype not in KERNEL_DTYPES:
         return False
-    if not k.dtype == v.dtype == kd.dtype == vd.dtype or k.dtype not in KERNEL_DTYPES:
+    ext = _kernel_ready(k, v, *sides, slots)
+    if ext is None or not hasattr(ext, "kv_cache_write"):
         return False
-    ext = _kernel_ready(k, v, kd, vd, slots)
-    if ext is None or not hasattr(ext, "kv_cache_write") or not (kd.is_contiguous() and vd.is_contiguous()):
-        return False
-    if k.ndim != 3 or v.ndim != 3 or k.shape[1:] != kd.shape[1:] or v.shape[1:] != vd.shape[1:]:
-        return False
-    if not k.shape[0] == v.shape[0] == slots.shape[0] or kd.shape[0] != vd.shape[0]:
-        return False
-    if any(t.stride(2) != 1 or t.stride(1) != t.shape[2] for t in (k, v)):
-        return False
-    ext.kv_cache_write(k, v, slots.to(torch.int64).contiguous(), kd, vd)
+    ext.kv_cache_write(k, v, slots.to(torch.int64).contiguous(), *sides)
     return True
 
 
@@ -695,24 +707,16 @@ def rope_kv_write(
     """:func:`rope` of ``q`` and ``k`` and :func:`kv_cache_write` of the rotated keys and ``v`` in
     one launch; returns ``q`` rotated, or None where either does not apply (the caller then runs
     them apart). Graph-safe."""
-    kd, vd = getattr(keys, "data", None), getattr(values, "data", None)
-    if not ROPE_KV_FUSED or kd is None or vd is None or slots.ndim != 1:
+    sides = None if not ROPE_KV_FUSED else _dense_cache_sides(keys, values, slots, k, v)
+    if sides is None or k.shape != v.shape or q.ndim != 3 or slots.shape[0] != q.shape[0]:
+        return None
+    if not q.dtype == cos.dtype == sin.dtype == k.dtype or q.stride(-1) != 1 or q.stride(-2) != q.shape[-1]:
         return None
     ext = _fused_ready(q, k, v, cos, sin)
     if ext is None or not hasattr(ext, "rope_kv_write"):
         return None
-    if len({q.dtype, k.dtype, v.dtype, cos.dtype, sin.dtype, kd.dtype, vd.dtype}) != 1:
-        return None
-    if q.ndim != 3 or k.ndim != 3 or k.shape != v.shape or kd.shape != vd.shape:
-        return None
-    if k.shape[1:] != kd.shape[1:]:
-        return None
-    if not (kd.is_contiguous() and vd.is_contiguous()) or slots.shape[0] != q.shape[0]:
-        return None
-    if any(t.stride(-1) != 1 or t.stride(-2) != t.shape[-1] for t in (q, k, v)):
-        return None
     slots = slots.to(torch.int64).contiguous()
-    return ext.rope_kv_write(q, k, v, cos.contiguous(), sin.contiguous(), slots, kd, vd)
+    return ext.rope_kv_write(q, k, v, cos.contiguous(), sin.contiguous(), slots, *sides)
 
 
 def act_mul(gate: torch.Tensor, up: torch.Tensor, activation: str) -> torch.Tensor | None:
