@@ -224,3 +224,106 @@ def test_v5_chained_waits_for_the_previous_kernels_output() -> None:
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, expected)
+
+
+# Stream-K (splits = -blocks per SM): one wave of equal chunk ranges; groups cut between blocks
+# are summed through the workspace by the group's last block.
+STREAM_K = (-1, -2, -3)
+# (in features, [(out features, K)]): a group cut into many pieces (few groups, deep input), the
+# Llama shapes, mixed K across matrices (a block's range crosses matrices), odd group counts.
+STREAM_K_SHAPES = {
+    **MULTI,
+    "8b_down": (14336, [(4096, 4)]),
+    "one_group": (2048, [(128, 3)]),
+    "odd": (1152, [(640, 5), (384, 2), (128, 8)]),
+}
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "exact"])
+@pytest.mark.parametrize("codebook", CODEBOOKS)
+@pytest.mark.parametrize("config", list(STREAM_K_SHAPES))
+def test_v5_stream_k_matches_reference_and_clusters(config: str, codebook: str, fast: bool) -> None:
+    in_f, mats = STREAM_K_SHAPES[config]
+    layers = [_random_layer(in_f, o, k, seed=o + 17 * k) for o, k in mats]
+    ts, suhs, svhs = (list(v) for v in zip(*layers))
+    tickets, _ = ops._streamk_workspace(torch.device("cuda"))
+    for m in (1, 3, 8):
+        x = torch.randn(m, in_f, device="cuda", dtype=torch.float16)
+        clusters = ops.exl3_gemv_multi(x, ts, suhs, svhs, codebook, fast=fast, v5=True)
+        for per_sm in STREAM_K:
+            ys = ops.exl3_gemv_multi(x, ts, suhs, svhs, codebook, splits=per_sm, fast=fast, v5=True)
+            for (t, suh, svh), y, c in zip(layers, ys, clusters):
+                assert torch.isfinite(y).all(), (config, m, per_sm)
+                assert rel_fro(y, _reference(x, t, suh, svh, codebook)) < TOL[torch.float16], (
+                    config,
+                    m,
+                    per_sm,
+                )
+                assert rel_fro(y, c) < SAME_TOL, (config, m, per_sm)
+            assert int(tickets.count_nonzero()) == 0  # every ticket taken was reset
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_v5_stream_k_dtypes_and_single_matrix(dtype: torch.dtype) -> None:
+    trellis, suh, svh = _random_layer(4096, 1024, 4, seed=5)
+    w = _exact_w(trellis, suh, svh, "mul1")
+    for m in (1, 8):
+        x = torch.randn(m, 4096, device="cuda").to(dtype)
+        for per_sm in STREAM_K:
+            y = ops.exl3_gemv(x, trellis, suh, svh, "mul1", splits=per_sm, v5=True)
+            assert y.dtype == dtype and rel_fro(y, x.double().cpu() @ w) < TOL[dtype], (m, per_sm)
+
+
+def test_v5_stream_k_is_deterministic_and_replays() -> None:
+    """The cut groups are summed in block order by whichever block comes last: bit-identical
+    outputs, eager and graph-replayed."""
+    in_f, mats = MULTI["8b_gate_up"]
+    layers = [_random_layer(in_f, o, k, seed=o + k) for o, k in mats]
+    ts, suhs, svhs = (list(v) for v in zip(*layers))
+    x = torch.randn(2, in_f, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        return ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=-2, v5=True)
+
+    first = step()
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(step(), first))
+    graph, outs = capture(step)
+    for seed in (1, 2):
+        x.copy_(torch.randn(2, in_f, generator=torch.Generator().manual_seed(seed)).to(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(outs, step()))
+
+
+def test_v5_stream_k_chained_equals_unchained() -> None:
+    """Chained, a stream-K GEMV reads its input, the workspace and the tickets only after its wait."""
+    layers = [_random_layer(2048, 2048, k, seed=60 + k) for k in (2, 4, 3)]
+    x0 = torch.randn(3, 2048, device="cuda", dtype=torch.float16)
+
+    def chain():
+        h = x0 * 0.5
+        for per_sm, (t, suh, svh) in zip(STREAM_K, layers):
+            h = ops.exl3_gemv(h, t, suh, svh, "mcg", splits=per_sm, v5=True)
+            h = h / h.abs().amax()
+        return h
+
+    expected = chain()
+    with ops.chained_launches(x0.device):
+        for _ in range(3):
+            assert torch.equal(chain(), expected)
+        graph, out = capture(chain)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+
+
+def test_v5_stream_k_rejects_what_does_not_fit() -> None:
+    """A block's range must fit its shared memory (16 chunks); the error names stream-K."""
+    trellis, suh, svh = _random_layer(4096, 16384, 2, seed=8)  # 4096 units over 1 block per SM
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.float16)
+    if torch.cuda.get_device_properties(0).multi_processor_count * 16 < 4096:
+        with pytest.raises(RuntimeError, match="stream-K"):
+            ops.exl3_gemv(x, trellis, suh, svh, "mul1", splits=-1, v5=True)
+    with pytest.raises(ValueError, match="stream-K"):
+        ops.exl3_gemv(x, trellis, suh, svh, "mul1", splits=-5, v5=True)
