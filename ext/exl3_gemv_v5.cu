@@ -125,10 +125,12 @@ void v5_launch_stream_k(const GemvMultiArgs& a, int cb, bool fast, int ring, int
   sk.units = total_groups * n_chunks;
   const int blocks = std::min(sk.units, sms * per_sm);
   const int longest = std::min(n_chunks, (sk.units + blocks - 1) / blocks);  // a segment's chunks, at most
-  TORCH_CHECK(longest <= kGemvMaxChunks, "stream-K: ", longest, " input chunks per block exceed the ",
-              kGemvMaxChunks, " a block's shared memory holds (use a cluster split)");
+  TORCH_CHECK(longest <= kV5MaxSegmentChunks, "stream-K: ", longest, " input chunks per block exceed the ",
+              kV5MaxSegmentChunks, " a block takes (use a cluster split)");
   sk.u_bytes = 8 * longest * m * 32;
   const int smem = sk.u_bytes + std::max(ring, v5_red_bytes(m));
+  TORCH_CHECK(smem <= kV5MaxDynSmem, "stream-K: ", longest, " input chunks of ", m, " rows need ", smem,
+              " B of shared memory, more than ", kV5MaxDynSmem, " (use a cluster split or more blocks per SM)");
   const int fits = v5_sk_blocks_per_sm(cb, fast, smem);
   TORCH_CHECK(fits >= per_sm, "stream-K: ", per_sm, " blocks per SM requested, ", fits, " fit at ", smem,
               " B of shared memory");

@@ -29,6 +29,7 @@ namespace trellis {
 constexpr int kV5MaxCluster = 16;   // non-portable cluster size (Hopper); 8 is always allowed
 constexpr int kV5RedStride = 132;   // padded row of a warp's partial sums (fewer bank conflicts)
 constexpr int kV5PrefetchItems = 4; // rotation items a warp loads before rotating them
+constexpr int kV5MaxSegmentChunks = 64; // input chunks of one block's pass (stream-K; clusters: 16)
 constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
 
 // Dynamic shared memory of a v5 block (host and device agree on it):
@@ -42,7 +43,7 @@ __host__ __device__ constexpr int v5_red_bytes(int m) { return (kGemvThreads / 3
 
 struct alignas(16) GemvV5Smem {
   float red_s[kGemvMaxRows][128];           // this block's sums, read by the cluster
-  float usum_s[kGemvMaxChunks][kGemvMaxRows]; // MUL1 fast: per (chunk, row) sums of u
+  float usum_s[kV5MaxSegmentChunks][kGemvMaxRows]; // MUL1 fast: per (chunk, row) sums of u
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -86,7 +87,7 @@ __device__ __forceinline__ void gemv_v5_block_sum(const GemvArgs& args, const in
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int m = args.m;
-  const int nch = c_end - c_begin;  // <= kGemvMaxChunks and within u_bytes (the launch checks)
+  const int nch = c_end - c_begin;  // <= kV5MaxSegmentChunks and within u_bytes (the launch checks)
   const int tiles_out = args.out >> 4;
 
   uint2* u_s = reinterpret_cast<uint2*>(dyn);  // [(tile row * m + n) * 4 + quad]
