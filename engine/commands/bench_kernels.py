@@ -234,6 +234,7 @@ def bench_group(
         "codebook": codebook,
         "separate_us": t_sep * 1e6,
         "multi_us": t_multi * 1e6,
+        "multi_splits": ops._v5_splits(ops.extension(), x, [t for t, _, _ in groups[0]], codebook, True),
         "gain": t_sep / t_multi,
         "multi_us_by_splits": swept,
     }
@@ -487,7 +488,7 @@ def run(args: argparse.Namespace) -> int:
                     by_splits = "  ".join(f"s{sp}: {us:.2f}" for sp, us in r["multi_us_by_splits"].items())
                     print(
                         f"{name:>8} {r['shape']:>18} {k:>2} {m:>3} {r['separate_us']:11.2f} "
-                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}  {by_splits}",
+                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}  tuned s{r['multi_splits']}  {by_splits}",
                         flush=True,
                     )
     if args.json:
