@@ -48,8 +48,7 @@ def split_range(in_features: int, max_chunks_per_split: int, max_cluster: int) -
 
 def fastest(candidates: Sequence[int], time_one: Callable[[int], float | None]) -> int:
     """The candidate with the lowest time; ``time_one`` returns None for one that cannot launch.
-    Ties go to the earlier candidate (cluster sizes come in increasing order, so fewer blocks; the
-    stream-K ones after them). 0 (the kernel's choice) if none ran."""
+    Ties go to the smaller split count (fewer blocks). 0 (the kernel's choice) if none ran."""
     best, best_t = 0, math.inf
     for s in candidates:
         t = time_one(s)
@@ -64,11 +63,10 @@ def tuned_splits(
     codebook: str,
     fast: bool,
     launch: Callable[..., None],
-    candidates: Sequence[int],
+    candidates: range,
 ) -> int:
     """The split count for this launch shape (0: leave it to the kernel). ``launch(x, trellises,
-    suhs, svhs, ys, splits)`` runs the GEMV; ``candidates`` are the split counts to try (negative:
-    stream-K, see engine.ops)."""
+    suhs, svhs, ys, splits)`` runs the GEMV; ``candidates`` are the split counts to try."""
     if not TUNE:
         return 0
     key = (
@@ -95,7 +93,7 @@ def tuned_splits(
     return chosen
 
 
-def _measure(x: torch.Tensor, trellises: Sequence[torch.Tensor], launch, candidates: Sequence[int]) -> int:
+def _measure(x: torch.Tensor, trellises: Sequence[torch.Tensor], launch, candidates: range) -> int:
     device = x.device
     per_copy = sum(t.numel() * t.element_size() for t in trellises)
     copies = max(1, min(_MAX_COPIES, math.ceil(_ROTATION_BYTES / max(per_copy, 1))))

@@ -171,61 +171,6 @@ def chained_launches(device: torch.device, enabled: bool = True) -> Iterator[Non
         ext.set_chained_launches(previous)
 
 
-# Stream-K (ext/exl3_gemv_v5.cuh): instead of (column groups x S) equal cluster blocks, whose
-# last wave runs on a fraction of the SMs, the launch's work is cut into one wave of equal ranges
-# (1-3 blocks per SM); groups cut between blocks are summed through a small workspace. A v5 split
-# count of -b selects it with b blocks per SM. The tuner times these beside the cluster sizes and
-# keeps whichever is fastest per launch shape; TRELLIS_GEMV_STREAMK=0 leaves them out (A/B runs).
-GEMV_STREAMK = os.environ.get("TRELLIS_GEMV_STREAMK", "1") not in ("", "0")
-STREAMK_BLOCKS_PER_SM = (1, 2, 3)  # what the tuner tries; the kernel takes up to 4
-_STREAMK_MAX_BLOCKS_PER_SM = 4
-_STREAMK_TICKETS = 1 << 15  # column groups of one launch (4M output features)
-_streamk_workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _streamk_workspace(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tickets (zero between launches: the kernel resets the ones it takes) and partial sums of
-    the stream-K GEMV: one per device, sized for the most blocks a launch can have (a launch
-    runs to its end before the next one on the stream starts, so they can share it)."""
-    ws = _streamk_workspaces.get(device)
-    if ws is None:
-        sms = torch.cuda.get_device_properties(device).multi_processor_count
-        floats = sms * _STREAMK_MAX_BLOCKS_PER_SM * 2 * GEMV_ROWS * 128
-        ws = (
-            torch.zeros(_STREAMK_TICKETS, dtype=torch.int32, device=device),
-            torch.empty(floats, dtype=torch.float32, device=device),
-        )
-        _streamk_workspaces[device] = ws
-    return ws
-
-
-def _v5_launch(
-    ext: ModuleType,
-    x: torch.Tensor,
-    trellises: Sequence[torch.Tensor],
-    suhs: Sequence[torch.Tensor],
-    svhs: Sequence[torch.Tensor],
-    ys: Sequence[torch.Tensor],
-    codebook: str,
-    splits: int,
-    fast: bool,
-) -> int:
-    """One v5 launch (cluster split-K, or stream-K for ``splits < 0``); returns the split count."""
-    workspace = _streamk_workspace(x.device) if splits < 0 else (None, None)
-    return ext.exl3_gemv_v5(
-        x, list(trellises), list(suhs), list(svhs), list(ys), CODEBOOK_IDS[codebook], splits, fast, *workspace
-    )
-
-
-def v5_split_candidates(in_features: int) -> list[int]:
-    """Every split count a v5 launch of ``in_features`` accepts that the tuner tries: the cluster
-    sizes, then (with :data:`GEMV_STREAMK`) stream-K at 1-3 blocks per SM."""
-    from engine import gemv_tuning
-
-    clusters = list(gemv_tuning.split_range(in_features, _MAX_CHUNKS_PER_SPLIT, _V5_MAX_CLUSTER))
-    return clusters + ([-b for b in STREAMK_BLOCKS_PER_SM] if GEMV_STREAMK else [])
-
-
 def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) -> bool:
     if not (GEMV_V5 if v5 is None else v5) or not hasattr(ext, "exl3_gemv_v5"):
         return False
@@ -236,12 +181,8 @@ def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) 
     # and Python can name the problem more clearly anyway.
     chunks = x.shape[-1] // 128
     low, high = -(-chunks // _MAX_CHUNKS_PER_SPLIT), min(chunks, _V5_MAX_CLUSTER)
-    if splits > 0 and not low <= splits <= high:
+    if splits and not low <= splits <= high:
         raise ValueError(f"splits must be in [{low}, {high}] for {x.shape[-1]} in features, got {splits}")
-    if splits < -_STREAMK_MAX_BLOCKS_PER_SM:
-        raise ValueError(
-            f"stream-K takes 1..{_STREAMK_MAX_BLOCKS_PER_SM} blocks per SM (splits -1..-4), got {splits}"
-        )
     return True
 
 
@@ -252,9 +193,10 @@ def _v5_splits(
     from engine import gemv_tuning
 
     def launch(x, ts, suhs, svhs, ys, splits) -> None:
-        _v5_launch(ext, x, ts, suhs, svhs, ys, codebook, splits, fast)
+        ext.exl3_gemv_v5(x, list(ts), suhs, svhs, ys, CODEBOOK_IDS[codebook], splits, fast)
 
-    return gemv_tuning.tuned_splits(x, trellises, codebook, fast, launch, v5_split_candidates(x.shape[-1]))
+    candidates = gemv_tuning.split_range(x.shape[-1], _MAX_CHUNKS_PER_SPLIT, _V5_MAX_CLUSTER)
+    return gemv_tuning.tuned_splits(x, trellises, codebook, fast, launch, candidates)
 
 
 def exl3_gemv(
@@ -269,8 +211,7 @@ def exl3_gemv(
 ) -> torch.Tensor:
     """``had(had(x * suh) @ Q) * svh`` for ``x`` ``(m <= 8, in)`` on the GPU (the kernel, no fallback).
 
-    ``splits`` forces the split-K count (0: the kernel's choice; -b: stream-K with b blocks per SM,
-    v5 only); ``fast`` picks the variant
+    ``splits`` forces the split-K count (0: the kernel's choice); ``fast`` picks the variant
     (default :data:`GEMV_FAST`); ``v5`` the kernel version (default :data:`GEMV_V5`); all three
     for tests and benchmarks.
     """
@@ -284,7 +225,7 @@ def exl3_gemv(
     fast = GEMV_FAST if fast is None else fast
     if _use_v5(ext, x, v5, splits):
         splits = splits or _v5_splits(ext, x, [trellis], codebook, fast)
-        _v5_launch(ext, x, [trellis], [suh], [svh], [y], codebook, splits, fast)
+        ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast)
         return y
     partial, counters = _workspace(x.device, in_f, out_f)
     ext.exl3_gemv(x, trellis, suh, svh, y, partial, counters, CODEBOOK_IDS[codebook], splits, fast)
@@ -327,8 +268,9 @@ def exl3_gemv_multi(
     ys = [torch.empty(x.shape[0], o, dtype=x.dtype, device=x.device) for o in outs]
     fast = GEMV_FAST if fast is None else fast
     if _use_v5(ext, x, v5, splits):
+        ids = CODEBOOK_IDS[codebook]
         splits = splits or _v5_splits(ext, x, trellises, codebook, fast)
-        _v5_launch(ext, x, trellises, suhs, svhs, ys, codebook, splits, fast)
+        ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, ids, splits, fast)
         return ys
     # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
     partial, counters = _workspace(x.device, in_f, sum(outs))

@@ -44,25 +44,6 @@ int v5_smem(int ring, int m, int n_chunks, int splits) {
   return v5_u_bytes(n_chunks, splits, m) + std::max(ring, v5_red_bytes(m));
 }
 
-int v5_sk_call(int codebook, bool fast, int mode, const GemvStreamKArgs* a, int blocks, int smem,
-               cudaStream_t stream, bool pdl = false) {
-  if (codebook == CB_3INST) return gemv_v5_sk_dispatch<CB_3INST>(fast, mode, a, blocks, smem, stream, pdl);
-  if (codebook == CB_MCG) return gemv_v5_sk_dispatch<CB_MCG>(fast, mode, a, blocks, smem, stream, pdl);
-  return gemv_v5_sk_dispatch<CB_MUL1>(fast, mode, a, blocks, smem, stream, pdl);
-}
-
-int v5_sk_blocks_per_sm(int codebook, bool fast, int smem) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, bool, int>, int> cache;
-  const auto key = std::make_tuple(codebook, fast, smem);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  const int v = v5_sk_call(codebook, fast, 1, nullptr, 0, smem, nullptr);
-  cache[key] = v;
-  return v;
-}
-
 bool v5_cluster_ok(int codebook, bool fast, int splits, int smem) {
   return splits <= 8 || v5_query(codebook, fast, 2, splits, smem) > 0;
 }
@@ -107,58 +88,12 @@ int dtype_code(const at::Tensor& t) {
   return DT_F32;
 }
 
-// The stream-K launch (exl3_gemv_v5.cuh) of `a` with `per_sm` blocks per SM.
-void v5_launch_stream_k(const GemvMultiArgs& a, int cb, bool fast, int ring, int m, int n_chunks, int total_groups,
-                        int per_sm, const at::Tensor& tickets, const at::Tensor& partials, cudaStream_t stream) {
-  TORCH_CHECK(per_sm >= 1 && per_sm <= 4, "stream-K takes 1..4 blocks per SM, got ", per_sm);
-  TORCH_CHECK(tickets.is_cuda() && tickets.scalar_type() == at::kInt && tickets.is_contiguous() &&
-                  tickets.device() == partials.device() && partials.is_cuda() &&
-                  partials.scalar_type() == at::kFloat && partials.is_contiguous(),
-              "stream-K needs a contiguous int32 ticket and float32 partial workspace on the GPU");
-  TORCH_CHECK(tickets.numel() >= total_groups, "stream-K ticket workspace holds ", tickets.numel(),
-              " column groups, the launch has ", total_groups);
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, partials.get_device()));
-  GemvStreamKArgs sk{};
-  sk.multi = a;
-  sk.n_chunks = n_chunks;
-  sk.units = total_groups * n_chunks;
-  const int blocks = std::min(sk.units, sms * per_sm);
-  const int longest = std::min(n_chunks, (sk.units + blocks - 1) / blocks);  // a segment's chunks, at most
-  TORCH_CHECK(longest <= kV5MaxSegmentChunks, "stream-K: ", longest, " input chunks per block exceed the ",
-              kV5MaxSegmentChunks, " a block takes (use a cluster split)");
-  sk.u_bytes = 8 * longest * m * 32;
-  const int smem = sk.u_bytes + std::max(ring, v5_red_bytes(m));
-  TORCH_CHECK(smem <= kV5MaxDynSmem, "stream-K: ", longest, " input chunks of ", m, " rows need ", smem,
-              " B of shared memory, more than ", kV5MaxDynSmem, " (use a cluster split or more blocks per SM)");
-  const int fits = v5_sk_blocks_per_sm(cb, fast, smem);
-  TORCH_CHECK(fits >= per_sm, "stream-K: ", per_sm, " blocks per SM requested, ", fits, " fit at ", smem,
-              " B of shared memory");
-  TORCH_CHECK(partials.numel() >= (int64_t)blocks * 2 * kGemvMaxRows * 128, "stream-K partial workspace holds ",
-              partials.numel(), " floats, ", blocks, " blocks need ", (int64_t)blocks * 2 * kGemvMaxRows * 128);
-  int groups = 0;
-  for (int i = 0; i < kGemvMaxMats; ++i) {
-    sk.group_begin[i] = i < a.count ? groups : INT_MAX;
-    if (i < a.count) groups += a.mat[i].out / 128;
-  }
-  sk.partials = partials.data_ptr<float>();
-  sk.tickets = tickets.data_ptr<int>();
-  const cudaError_t err =
-      static_cast<cudaError_t>(v5_sk_call(cb, fast, 0, &sk, blocks, smem, stream, chained_launch_enabled()));
-  TORCH_CHECK(err == cudaSuccess, "exl3_gemv_v5 stream-K launch (", blocks, " blocks, ", smem,
-              " B shared): ", cudaGetErrorString(err));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 // y[i] = had(had(x * suh[i]) @ Q[i]) * svh[i], 1..3 matrices of the same in features and
-// codebook, 1..8 rows, one launch. splits 1..16: split-K over a cluster of that many blocks;
-// 0: the launch's choice of cluster size; -1..-4: stream-K with that many blocks per SM (needs
-// the ticket and partial workspaces). A chained launch while chained launches are on
-// (chained_launch.cuh). Returns the split count.
+// codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. A chained launch while
+// chained launches are on (chained_launch.cuh). Returns the split count.
 int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis, const std::vector<at::Tensor>& suh,
                      const std::vector<at::Tensor>& svh, const std::vector<at::Tensor>& y, int64_t codebook,
-                     int64_t splits, bool fast, const c10::optional<at::Tensor>& sk_tickets,
-                     const c10::optional<at::Tensor>& sk_partials) {
+                     int64_t splits, bool fast) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int count = static_cast<int>(trellis.size());
   TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_v5 takes 1..", kGemvMaxMats, " matrices");
@@ -209,14 +144,7 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
   const int n_chunks = in / 128;
   const int cb = static_cast<int>(codebook);
   const int min_s = (n_chunks + kGemvMaxChunks - 1) / kGemvMaxChunks;
-  if (splits < 0) {
-    TORCH_CHECK(sk_tickets.has_value() && sk_partials.has_value(), "stream-K (splits < 0) needs its workspaces");
-    TORCH_CHECK(sk_partials->device() == x.device(), "stream-K workspace on another device");
-    v5_launch_stream_k(a, cb, fast, ring, m, n_chunks, total_groups, static_cast<int>(-splits), *sk_tickets,
-                       *sk_partials, stream);
-    return splits;
-  }
-  if (splits == 0) {
+  if (splits <= 0) {
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
     splits = v5_choose_splits(cb, fast, ring, m, n_chunks, total_groups, sms);
@@ -245,11 +173,10 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
 
 void bind_gemv_v5(pybind11::module_& m) {
   m.def("exl3_gemv_v5", &exl3_gemv_v5,
-        "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster, or stream-K for splits < 0) of 1..3 "
-        "matrices of one input; returns the split count",
+        "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster) of 1..3 matrices of one input; "
+        "returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
-        py::arg("splits") = 0, py::arg("fast") = false, py::arg("sk_tickets") = py::none(),
-        py::arg("sk_partials") = py::none());
+        py::arg("splits") = 0, py::arg("fast") = false);
   m.def(
       "set_chained_launches",
       [](bool on) { return chained_launch_flag().exchange(on); },

@@ -29,8 +29,6 @@ namespace trellis {
 constexpr int kV5MaxCluster = 16;   // non-portable cluster size (Hopper); 8 is always allowed
 constexpr int kV5RedStride = 132;   // padded row of a warp's partial sums (fewer bank conflicts)
 constexpr int kV5PrefetchItems = 4; // rotation items a warp loads before rotating them
-constexpr int kV5MaxSegmentChunks = 64; // input chunks of one block's pass (stream-K; clusters: 16)
-constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
 
 // Dynamic shared memory of a v5 block (host and device agree on it):
 //   [0, u_bytes): u_s, (tile row, batch row n < m, quad) -> uint2 B fragment (4 fp16)
@@ -43,7 +41,7 @@ __host__ __device__ constexpr int v5_red_bytes(int m) { return (kGemvThreads / 3
 
 struct alignas(16) GemvV5Smem {
   float red_s[kGemvMaxRows][128];           // this block's sums, read by the cluster
-  float usum_s[kV5MaxSegmentChunks][kGemvMaxRows]; // MUL1 fast: per (chunk, row) sums of u
+  float usum_s[kGemvMaxChunks][kGemvMaxRows]; // MUL1 fast: per (chunk, row) sums of u
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -68,15 +66,9 @@ __device__ __forceinline__ float4 ld_dsmem_f4(const void* p, unsigned rank) {
   return v;
 }
 
-// The block's sums over input chunks [c_begin, c_end) of column group g, into sm.red_s[n < m]:
-// weight prefetch, (wait), input rotation, decode + MMA, the warps' fixed-order sum. u_bytes is
-// the launch's u_s size (the rings start after it). `wait`: this is the block's first work, so it
-// does the chained wait after its first weight copies; `release`: its last, so it lets a chained
-// next kernel launch after the loop.
 template <int K, int CB, bool FAST>
-__device__ __forceinline__ void gemv_v5_block_sum(const GemvArgs& args, const int g, const int c_begin,
-                                                  const int c_end, const int u_bytes, const bool wait,
-                                                  const bool release, GemvV5Smem& sm, uint32_t* dyn) {
+__device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g, const int s, GemvV5Smem& sm,
+                                              uint32_t* dyn) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
   using Pipe = GemvPipe<K>;
@@ -87,11 +79,15 @@ __device__ __forceinline__ void gemv_v5_block_sum(const GemvArgs& args, const in
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const int m = args.m;
-  const int nch = c_end - c_begin;  // <= kV5MaxSegmentChunks and within u_bytes (the launch checks)
+  const int S = args.splits;  // = cluster size
+  const int n_chunks = args.in >> 7;
+  const int c_begin = (int)((long long)s * n_chunks / S);
+  const int c_end = (int)((long long)(s + 1) * n_chunks / S);
+  const int nch = c_end - c_begin;  // <= ceil(n_chunks / S): fits u_s
   const int tiles_out = args.out >> 4;
 
   uint2* u_s = reinterpret_cast<uint2*>(dyn);  // [(tile row * m + n) * 4 + quad]
-  uint32_t* area = dyn + u_bytes / 4;
+  uint32_t* area = dyn + v5_u_bytes(n_chunks, S, m) / 4;
   uint32_t* wbuf = area + warp * ST * RW;
 
   // ---- start this warp's first rows: tile row (c_begin + i) * 8 + warp, column group g ------
@@ -116,7 +112,7 @@ __device__ __forceinline__ void gemv_v5_block_sum(const GemvArgs& args, const in
   // Chained (chained_launch.cuh), the block may start before the previous kernel has finished:
   // the weight copies above overlap its tail, and everything that reads its output (x) or writes
   // (y) comes after this wait. Unchained it returns at once. The trellis is no kernel's output.
-  if (wait) chain_wait();
+  chain_wait();
 
   // ---- 1. input rotation: items (chunk c, row n < m), kV5PrefetchItems loads in flight -----
   const int items = nch * m;
@@ -217,7 +213,7 @@ __device__ __forceinline__ void gemv_v5_block_sum(const GemvArgs& args, const in
   cp_async_wait<0>();
   // A chained next kernel may launch now (it waits for our completion before it touches our
   // output); no effect on unchained launches.
-  if (release) chain_release();
+  chain_release();
   __syncthreads();  // every warp is done with its ring: the area now holds the warps' sums
 
   // ---- 3. block sum: per-warp stores, one fixed-order sum ---------------------------------
@@ -253,38 +249,11 @@ __device__ __forceinline__ void gemv_v5_block_sum(const GemvArgs& args, const in
     }
     sm.red_s[n][c] = a;
   }
-}
 
-// Row n of column group g from its summed (not yet rotated) 128 values, 4 per lane: the output
-// Hadamard, the column scales, the store.
-__device__ __forceinline__ void gemv_v5_store_row(const GemvArgs& args, const int g, const int n, float (&v)[4],
-                                                  const int lane) {
-  warp_hadamard128(v, lane);
-  const int f = (g << 7) + 4 * lane;
-  const uint2 sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
-  const float2 s01 = __half22float2(u32_as_h2(sv.x));
-  const float2 s23 = __half22float2(u32_as_h2(sv.y));
-  v[0] *= kRsqrt128 * s01.x; v[1] *= kRsqrt128 * s01.y;
-  v[2] *= kRsqrt128 * s23.x; v[3] *= kRsqrt128 * s23.y;
-  store4(args.y, args.x_dtype, (size_t)n * args.out + f, v);
-}
-
-// Split s of column group g, a block of a cluster of S = args.splits: its chunk range, then the
-// split sum across the cluster (DSMEM, rank order), the output rotation and the store.
-template <int K, int CB, bool FAST>
-__device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g, const int s, GemvV5Smem& sm,
-                                              uint32_t* dyn) {
-  const int S = args.splits;  // = cluster size
-  const int n_chunks = args.in >> 7;
-  const int c_begin = (int)((long long)s * n_chunks / S);
-  const int c_end = (int)((long long)(s + 1) * n_chunks / S);  // <= ceil(n_chunks / S) chunks: fits u_s
-  gemv_v5_block_sum<K, CB, FAST>(args, g, c_begin, c_end, v5_u_bytes(n_chunks, S, args.m), true, true, sm, dyn);
-
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
+  // ---- 4. split sum across the cluster (DSMEM), output rotation, store --------------------
   cluster_sync_acq_rel();  // every block's red_s is complete and visible to the cluster
   const int n = s + warp * S;  // batch rows n = s, s + S, ... belong to this block, one per warp
-  if (n < args.m) {
+  if (n < m) {
     float v[4] = {0.f, 0.f, 0.f, 0.f};
     for (int q0 = 0; q0 < S; q0 += 8) {
       float4 part[8];
@@ -299,7 +268,14 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
         }
       }
     }
-    gemv_v5_store_row(args, g, n, v, lane);
+    warp_hadamard128(v, lane);
+    const int f = (g << 7) + 4 * lane;
+    const uint2 sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
+    const float2 s01 = __half22float2(u32_as_h2(sv.x));
+    const float2 s23 = __half22float2(u32_as_h2(sv.y));
+    v[0] *= kRsqrt128 * s01.x; v[1] *= kRsqrt128 * s01.y;
+    v[2] *= kRsqrt128 * s23.x; v[3] *= kRsqrt128 * s23.y;
+    store4(args.y, args.x_dtype, (size_t)n * args.out + f, v);
   }
   cluster_sync_relaxed();  // no block leaves (freeing its shared memory) while others still read it
 }
@@ -330,146 +306,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const Gem
 #endif
 }
 
-// ---- Stream-K launch: whole waves, no partial last wave ---------------------------------------
-// A cluster launch is (column groups x S) equal blocks, and the tuned S leaves most decoder GEMVs
-// at 1.1-1.7 waves: the last wave runs on a fraction of the SMs (ncu: ~19% of a 4096x28672 launch
-// has SMs without a block). Here the work is cut evenly instead: the launch's (column group, input
-// chunk) units, group-major over its matrices, are split into P equal ranges for P blocks that
-// are all resident at once (P = blocks per SM x SMs). A block walks its range one segment (one
-// group's chunks) at a time. A segment that covers its whole group stores it; the others write
-// their sums to a per-block slot and take a ticket, and the group's last block sums every slot of
-// the group in block order (deterministic) and stores. Tickets return to zero in that block.
-struct GemvStreamKArgs {
-  GemvMultiArgs multi;                // mat[], K[], count; begin[]/splits are unused
-  int group_begin[kGemvMaxMats];      // first global column group of each matrix; absent: INT_MAX
-  int n_chunks;                       // input chunks (in / 128), the same for every matrix
-  int units;                          // total groups x n_chunks
-  int u_bytes;                        // u_s bytes: the longest segment's chunks x 8 x m x 32
-  float* partials;                    // [block][2 slots: its first / last group][kGemvMaxRows][128]
-  int* tickets;                       // [global group], zero between launches
-};
-
-__host__ __device__ __forceinline__ int sk_range_start(long long b, int units, int blocks) {
-  return (int)(b * units / blocks);
-}
-// The block whose range holds unit x: the largest b with sk_range_start(b) <= x.
-__host__ __device__ __forceinline__ int sk_block_of(long long x, int units, int blocks) {
-  return (int)(((x + 1) * blocks - 1) / units);
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// One segment's sums in sm.red_s -> written to the block's slot; the group's last block to arrive
-// sums the slots of blocks first..last in that order, rotates and stores.
-__device__ __forceinline__ void gemv_v5_sk_fixup(const GemvStreamKArgs& args, const GemvArgs& a, const int g,
-                                                 const int G, const int slot, GemvV5Smem& sm, int& last_s) {
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int P = gridDim.x, U = args.units, nc = args.n_chunks;
-  float* mine = args.partials + (size_t)(blockIdx.x * 2 + slot) * kGemvMaxRows * 128;
-  for (int e = threadIdx.x; e < a.m * 128; e += kGemvThreads) __stcg(mine + e, sm.red_s[e >> 7][e & 127]);
-  __threadfence();  // this thread's slot stores are visible GPU-wide before the ticket
-  __syncthreads();
-  const int first_b = sk_block_of((long long)G * nc, U, P);
-  const int last_b = sk_block_of((long long)(G + 1) * nc - 1, U, P);
-  if (threadIdx.x == 0) last_s = atomicAdd(args.tickets + G, 1) == last_b - first_b;
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();  // the other blocks' slots, fenced before their tickets, are visible now
-  if (warp < a.m) {
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int b = first_b; b <= last_b; ++b) {
-      const int s = G == sk_range_start(b, U, P) / nc ? 0 : 1;  // G is block b's first group or its last
-      const float4 p = __ldcg(reinterpret_cast<const float4*>(
-                                  args.partials + ((size_t)(b * 2 + s) * kGemvMaxRows + warp) * 128) +
-                              lane);
-      v[0] += p.x; v[1] += p.y; v[2] += p.z; v[3] += p.w;
-    }
-    gemv_v5_store_row(a, g, warp, v, lane);
-  }
-  if (threadIdx.x == 0) args.tickets[G] = 0;  // for the next launch (it starts after this one ends)
-}
-#endif
-
-template <int CB, bool FAST>
-__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_sk_kernel(const GemvStreamKArgs args) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ GemvV5Smem sm;
-  __shared__ int last_s;
-  extern __shared__ uint4 gemv_v5_dyn_smem[];
-  uint32_t* dyn = reinterpret_cast<uint32_t*>(gemv_v5_dyn_smem);
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  const int nc = args.n_chunks;
-  const int u0 = sk_range_start(blockIdx.x, args.units, gridDim.x);
-  const int u1 = sk_range_start(blockIdx.x + 1, args.units, gridDim.x);
-  for (int u = u0; u < u1;) {
-    const int G = u / nc;
-    const int c0 = u - G * nc;
-    const int c1 = min(nc, c0 + (u1 - u));
-    const int i = (G >= args.group_begin[1]) + (G >= args.group_begin[2]);
-    const GemvArgs& a = args.multi.mat[i];
-    const int g = G - args.group_begin[i];
-    const bool first = u == u0, last = c1 - c0 == u1 - u;
-    switch (args.multi.K[i]) {
-#define TRELLIS_V5_SK_CASE(k) \
-  case k: gemv_v5_block_sum<k, CB, FAST>(a, g, c0, c1, args.u_bytes, first, last, sm, dyn); break;
-      TRELLIS_V5_SK_CASE(1) TRELLIS_V5_SK_CASE(2) TRELLIS_V5_SK_CASE(3) TRELLIS_V5_SK_CASE(4)
-      TRELLIS_V5_SK_CASE(5) TRELLIS_V5_SK_CASE(6) TRELLIS_V5_SK_CASE(7) TRELLIS_V5_SK_CASE(8)
-#undef TRELLIS_V5_SK_CASE
-      default: break;
-    }
-    __syncthreads();  // red_s is complete
-    if (c0 == 0 && c1 == nc) {
-      if (warp < a.m) {
-        float v[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] = sm.red_s[warp][4 * lane + j];
-        gemv_v5_store_row(a, g, warp, v, lane);
-      }
-    } else {
-      gemv_v5_sk_fixup(args, a, g, G, first ? 0 : 1, sm, last_s);
-    }
-    u += c1 - c0;
-    __syncthreads();  // the next segment reuses red_s, u_s, the rings and last_s
-  }
-#endif
-}
-
-// Host side of the stream-K kernel. mode 0: launch `blocks` blocks (returns the cudaError_t);
-// mode 1: blocks per SM at `smem` bytes.
-template <int CB, bool FAST>
-int gemv_v5_sk_run(int mode, const GemvStreamKArgs* a, int blocks, int smem, cudaStream_t stream, bool pdl) {
-  auto kern = exl3_gemv_v5_sk_kernel<CB, FAST>;
-  static bool ready = false;
-  if (!ready) {
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kV5MaxDynSmem);
-    ready = true;
-  }
-  if (mode == 1) {
-    int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, kGemvThreads, smem);
-    return n;
-  }
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kGemvThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return static_cast<int>(cudaLaunchKernelEx(&cfg, kern, *a));  // cudaError_t
-}
-
-template <int CB>
-int gemv_v5_sk_dispatch(bool fast, int mode, const GemvStreamKArgs* a, int blocks, int smem, cudaStream_t stream,
-                        bool pdl) {
-  return fast ? gemv_v5_sk_run<CB, true>(mode, a, blocks, smem, stream, pdl)
-              : gemv_v5_sk_run<CB, false>(mode, a, blocks, smem, stream, pdl);
-}
-
+constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
 
 // Host side. mode 0: launch `blocks` blocks in clusters of `splits` with `smem` bytes (returns
 // the cudaError_t of the launch; pdl: a chained launch, see chained_launch.cuh);

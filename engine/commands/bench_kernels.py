@@ -48,8 +48,8 @@ def register(sub) -> None:
     p.add_argument(
         "--multi-sweep",
         default="",
-        help="comma-separated split counts to also time the multi launch with (e.g. =2,3,4,-1,-2; "
-        "negative: stream-K blocks per SM): checks the tuner's choice",
+        help="comma-separated split counts to also time the multi launch with (e.g. 2,3,4,6,8): "
+        "checks the launch's own split choice",
     )
     p.add_argument(
         "--gemv-ab",
@@ -218,14 +218,12 @@ def bench_group(
             raise RuntimeError(f"multi GEMV differs from separate launches ({name}, K={k}, m={m}): {err:.2e}")
     t_sep = _time_graph(separate, iters, repeats)
     t_multi = _time_graph(multi, iters, repeats)
-    swept = {}
-    for sp in sweep:  # cluster sizes, and stream-K as negative counts; what cannot launch is left out
-        if sp in ops.v5_split_candidates(in_f) or sp < 0:
-            try:
-                multi(sp)
-            except RuntimeError:
-                continue
-            swept[sp] = _time_graph(lambda sp=sp: multi(sp), iters, repeats) * 1e6
+    n_chunks = in_f // 128
+    swept = {
+        sp: _time_graph(lambda sp=sp: multi(sp), iters, repeats) * 1e6
+        for sp in sweep
+        if -(-n_chunks // 16) <= sp <= n_chunks
+    }
     return {
         "group": name,
         "shape": f"{in_f}x{'+'.join(map(str, outs))}",

@@ -45,7 +45,7 @@ def test_tuned_call_equals_the_forced_split_count(m):
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
     tuned = ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", fast=True)
     (chosen,) = _chosen().values()
-    assert chosen in ops.v5_split_candidates(4096)
+    assert chosen in gemv_tuning.split_range(4096, 16, 16)
     forced = ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=chosen, fast=True)
     for a, b in zip(tuned, forced):
         assert torch.equal(a, b)

@@ -36,12 +36,3 @@ def test_tuning_off_leaves_the_choice_to_the_kernel(monkeypatch):
     t = torch.zeros(16, 8, 64, dtype=torch.int16)
     got = gemv_tuning.tuned_splits(x, [t], "mul1", True, lambda *a: calls.append(a), range(1, 3))
     assert got == 0 and calls == []
-
-
-def test_v5_candidates_are_the_cluster_sizes_then_stream_k(monkeypatch):
-    from engine import ops
-
-    monkeypatch.setattr(ops, "GEMV_STREAMK", True)
-    assert ops.v5_split_candidates(4096) == list(range(2, 17)) + [-1, -2, -3]
-    monkeypatch.setattr(ops, "GEMV_STREAMK", False)  # TRELLIS_GEMV_STREAMK=0
-    assert ops.v5_split_candidates(512) == [1, 2, 3, 4]
