@@ -23,6 +23,12 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
+    p.add_argument(
+        "--no-tf32",
+        dest="tf32",
+        action="store_false",
+        help="calibration forwards and Hessians in full fp32 on CUDA (default: TF32 tensor cores, faster)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=8192, help="shard size in MiB (default 8192)")
     p.add_argument("--report", help="write the per-block error report here (JSON)")
@@ -66,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         allocation=args.allocation,
         sensitivity_rows=args.sensitivity_rows,
+        tf32=args.tf32,
     )
     report = convert_model(
         args.input, args.output, options, resume=args.resume, log=lambda m: print(m, flush=True)

@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         "bpw": args.bpw,
         "codebook": args.codebook,
         "device": str(device),
+        "tf32": args.tf32,
     }
     if device.type == "cuda":
         results["gpu"] = torch.cuda.get_device_name(device)
@@ -236,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         random_rows_fraction=1.0,  # no tokenizer here
         device=str(device),
         allocation=args.allocation,
+        tf32=args.tf32,
     )
     timer = StageTimer(device)
     timer.install()
@@ -293,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cal-cols", type=int, default=2048, help="tokens per row (converter default 2048)")
     p.add_argument("--allocation", choices=ALLOCATIONS, default="sensitivity", help="bit allocation")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-tf32", dest="tf32", action="store_false", help="fp32 calibration matmuls (A/B)")
     p.add_argument("--workdir", help="where to write the model and output (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--no-kernel-bench", dest="kernel_bench", action="store_false")

@@ -180,8 +180,7 @@ def measure_sensitivity(
     t_start = time.perf_counter()
     for i, (block, block_slots) in enumerate(zip(blocks, slots)):
         t0 = time.perf_counter()
-        hooks = {s.key: convert._HessianHook(s.in_features, hidden.device) for s in block_slots}
-        handles = [s.get().register_forward_pre_hook(hooks[s.key]) for s in block_slots]
+        hooks, handles = convert.hessian_hooks(block_slots, hidden.device)
         try:
             with torch.inference_mode():
                 reference = convert._run_block(block, hidden, chunk_rows)

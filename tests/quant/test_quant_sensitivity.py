@@ -250,3 +250,45 @@ def test_resume_reuses_the_allocation(tiny_dir: Path, tmp_path: Path, monkeypatc
 
     storage = load_quantization_config(dst).tensor_storage
     assert {k: storage[k].bits_per_weight for k in saved["bits"]} == saved["bits"]
+
+
+def test_projections_of_one_input_share_one_hessian(tiny_dir: Path) -> None:
+    """q/k/v (and gate/up) read one input: one hook, one x^T x, equal to what a hook per linear
+    records; o and down keep their own."""
+    from engine.architectures import architecture_for
+    from engine.config import ModelConfig
+    from engine.model import load_model
+
+    names = architecture_for(ModelConfig.from_dir(tiny_dir).architecture).names
+    block = load_model(tiny_dir, device="cpu", dtype=torch.float32).module.blocks[0]
+    slots = convert_mod.block_linears(block, "b.", names)
+    hooks, handles = convert_mod.hessian_hooks(slots, torch.device("cpu"))
+    separate = {s.key: convert_mod._HessianHook(s.in_features, torch.device("cpu")) for s in slots}
+    handles += [s.get().register_forward_pre_hook(separate[s.key]) for s in slots]
+    hidden = torch.randn(2, 12, 64, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        convert_mod._run_block(block, hidden, 2)
+    for h in handles:
+        h.remove()
+    kinds = {s.kind: s.key for s in slots}
+    assert hooks[kinds["q"]] is hooks[kinds["k"]] is hooks[kinds["v"]]
+    assert hooks[kinds["gate"]] is hooks[kinds["up"]]
+    assert len({id(h) for h in hooks.values()}) == 4  # qkv, o, gate/up, down
+    for s in slots:
+        assert hooks[s.key].count == separate[s.key].count == 24
+        assert torch.equal(hooks[s.key].hessian(), separate[s.key].hessian()), s.kind
+
+
+def test_tf32_is_a_cuda_only_switch_outside_the_job_key() -> None:
+    """Blocks converted with or without TF32 may be resumed into one model; on CPU the switch
+    changes nothing, and it is restored on exit."""
+    assert (
+        convert_mod.ConvertOptions(bits=4.0, tf32=False).job_key()
+        == convert_mod.ConvertOptions(bits=4.0).job_key()
+    )
+    before = torch.backends.cuda.matmul.allow_tf32
+    with convert_mod.calibration_matmuls(torch.device("cpu"), True):
+        assert torch.backends.cuda.matmul.allow_tf32 == before
+    with convert_mod.calibration_matmuls(torch.device("cuda"), True):
+        assert torch.backends.cuda.matmul.allow_tf32  # the flag only; no CUDA call is made
+    assert torch.backends.cuda.matmul.allow_tf32 == before
