@@ -284,10 +284,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 // Grid: matrix 0's (groups x S) blocks, then matrix 1's, ...; within a matrix block g*S + s, so
 // the S splits of a column group are one cluster of S consecutive blocks (begin[] are multiples
 // of S, so no cluster straddles two matrices; every block of a cluster has the same K).
-// MINB: blocks per SM the registers are budgeted for (3: 80 registers, the default; 2: 128, more
-// room for the compiler to overlap a warp's tiles, fewer warps; TRELLIS_GEMV_V5_BLOCKS=2, experiment).
-template <int CB, bool FAST, int MINB>
-__global__ void __launch_bounds__(kGemvThreads, MINB) exl3_gemv_v5_kernel(const GemvMultiArgs args) {
+template <int CB, bool FAST>
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const GemvMultiArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ GemvV5Smem sm;
   extern __shared__ uint4 gemv_v5_dyn_smem[];
@@ -314,20 +312,10 @@ constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32
 // the cudaError_t of the launch; pdl: a chained launch, see chained_launch.cuh);
 // mode 1: return blocks per SM at `smem` bytes; mode 2: return how many clusters of `splits`
 // blocks can be co-resident at `smem` bytes (0: that cluster size cannot be launched).
-// TRELLIS_GEMV_V5_BLOCKS=2 selects the 2-blocks-per-SM register budget for the fast kernels (read
-// once per process).
-inline int gemv_v5_min_blocks() {
-  static const int n = [] {
-    const char* e = std::getenv("TRELLIS_GEMV_V5_BLOCKS");
-    return e != nullptr && e[0] == '2' && e[1] == '\0' ? 2 : 3;
-  }();
-  return n;
-}
-
-template <int CB, bool FAST, int MINB>
+template <int CB, bool FAST>
 int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream,
                 bool pdl) {
-  auto kern = exl3_gemv_v5_kernel<CB, FAST, MINB>;
+  auto kern = exl3_gemv_v5_kernel<CB, FAST>;
   static bool ready = false;
   if (!ready) {
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kV5MaxDynSmem);
@@ -369,9 +357,8 @@ int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int sm
 template <int CB>
 int gemv_v5_dispatch(bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
                      cudaStream_t stream, bool pdl) {
-  if (fast && gemv_v5_min_blocks() == 2) return gemv_v5_run<CB, true, 2>(mode, a, blocks, splits, smem, stream, pdl);
-  return fast ? gemv_v5_run<CB, true, 3>(mode, a, blocks, splits, smem, stream, pdl)
-              : gemv_v5_run<CB, false, 3>(mode, a, blocks, splits, smem, stream, pdl);
+  return fast ? gemv_v5_run<CB, true>(mode, a, blocks, splits, smem, stream, pdl)
+              : gemv_v5_run<CB, false>(mode, a, blocks, splits, smem, stream, pdl);
 }
 
 }  // namespace trellis
