@@ -250,6 +250,7 @@ def convert_exl3(src: Path, dst: Path, bpw: float, args: argparse.Namespace, log
         device=args.device,
         allocation=args.allocation,
         sensitivity_rows=args.sensitivity_rows,
+        tf32=args.tf32,
     )
     resume = (dst / WORK_DIR).exists()
     t0 = time.perf_counter()
@@ -483,6 +484,9 @@ def register(sub) -> None:
     p.add_argument("--cal-cols", type=int, default=2048, help="EXL3 tokens per calibration row")
     add_allocation_args(p)
     p.add_argument("--work", default="quality_work", help="work directory (resumable)")
+    p.add_argument(
+        "--no-tf32", dest="tf32", action="store_false", help="convert with fp32 calibration matmuls (A/B)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the quantized model directories")
     p.add_argument("--reference-note", default="the source weights", help="what the unquantized row is")
     p.add_argument("--json", help="write the rows and notes here (JSON)")
