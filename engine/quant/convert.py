@@ -213,18 +213,16 @@ def hessian_hooks(slots: list[LinearSlot], device: torch.device) -> tuple[dict[s
 
 @contextlib.contextmanager
 def calibration_matmuls(device: torch.device, tf32: bool) -> Iterator[None]:
-    """Inside, float32 matrix products on ``device`` use TF32 tensor cores if ``tf32`` is set and
-    plain fp32 if not (restored on exit; no effect on CPU). TF32 is ~8x the fp32 rate on an H200:
-    products of 10-bit mantissas accumulated in fp32, ~1e-3 relative rounding. That is far below
-    the quantization error the main pass's forwards and Hessians serve (~1e-2..1e-1 of a block's
-    output; ExLlamaV3 runs those forwards in fp16), but not below the smallest block-output changes
-    the sensitivity pre-pass measures (relative squared changes down to ~1e-6), which therefore
-    stays in fp32."""
-    if device.type != "cuda":
+    """Inside, float32 matrix products on ``device`` (the calibration forwards and the Hessians)
+    may use TF32 tensor cores when ``tf32`` is set: ~8x the fp32 rate on an H200, with products of
+    10-bit mantissas accumulated in fp32. The quantization error each linear is converted for is
+    ~1e-2..1e-1 of its output; TF32's ~1e-3 relative rounding of a product is far below it, and
+    ExLlamaV3 runs these forwards in fp16. No effect on CPU."""
+    if device.type != "cuda" or not tf32:
         yield
         return
     previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
     try:
         yield
     finally:
@@ -496,8 +494,7 @@ def _convert_model(
     with torch.inference_mode():
         hidden = torch.cat([model.embed(ids[r : r + 1].to(device)) for r in range(ids.shape[0])])
         hidden = hidden.view(ids.shape[0], ids.shape[1], -1)
-    with calibration_matmuls(device, False):  # the pre-pass measures changes below TF32's rounding
-        achieved, sensitivities = _allocate(model.blocks, per_block, hidden, chunk_rows, options, work, log)
+    achieved, sensitivities = _allocate(model.blocks, per_block, hidden, chunk_rows, options, work, log)
     report = ConvertReport(bits=round(achieved, 2))
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
     block_times: list[float] = []
