@@ -24,10 +24,10 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
     p.add_argument(
-        "--no-tf32",
-        dest="tf32",
-        action="store_false",
-        help="calibration forwards and Hessians in full fp32 on CUDA (default: TF32 tensor cores, faster)",
+        "--tf32",
+        action="store_true",
+        help="calibration forwards and Hessians on TF32 tensor cores (CUDA): ~1.4x faster, slightly "
+        "worse quality (SmolLM2 4.0 bpw: +13.5%% vs +12.2%% perplexity); default fp32",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=8192, help="shard size in MiB (default 8192)")

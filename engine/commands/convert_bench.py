@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cal-cols", type=int, default=2048, help="tokens per row (converter default 2048)")
     p.add_argument("--allocation", choices=ALLOCATIONS, default="sensitivity", help="bit allocation")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-tf32", dest="tf32", action="store_false", help="fp32 calibration matmuls (A/B)")
+    p.add_argument("--tf32", action="store_true", help="TF32 calibration matmuls (convert --tf32)")
     p.add_argument("--workdir", help="where to write the model and output (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--no-kernel-bench", dest="kernel_bench", action="store_false")

@@ -485,7 +485,7 @@ def register(sub) -> None:
     add_allocation_args(p)
     p.add_argument("--work", default="quality_work", help="work directory (resumable)")
     p.add_argument(
-        "--no-tf32", dest="tf32", action="store_false", help="convert with fp32 calibration matmuls (A/B)"
+        "--tf32", action="store_true", help="convert with TF32 calibration matmuls (convert --tf32)"
     )
     p.add_argument("--keep", action="store_true", help="keep the quantized model directories")
     p.add_argument("--reference-note", default="the source weights", help="what the unquantized row is")

@@ -280,10 +280,11 @@ def test_projections_of_one_input_share_one_hessian(tiny_dir: Path) -> None:
 
 
 def test_tf32_is_a_cuda_only_switch_outside_the_job_key() -> None:
-    """Blocks converted with or without TF32 may be resumed into one model; on CPU the switch
-    changes nothing, and it is restored on exit."""
+    """Off by default; blocks converted with or without TF32 may be resumed into one model; on CPU
+    the switch changes nothing, and it is restored on exit."""
+    assert not convert_mod.ConvertOptions(bits=4.0).tf32
     assert (
-        convert_mod.ConvertOptions(bits=4.0, tf32=False).job_key()
+        convert_mod.ConvertOptions(bits=4.0, tf32=True).job_key()
         == convert_mod.ConvertOptions(bits=4.0).job_key()
     )
     before = torch.backends.cuda.matmul.allow_tf32
