@@ -999,44 +999,19 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 }
 
 // Sum the splits of one (sequence, head): one thread per output number, one warp per group, so
-// quantized values rotate back with warp shuffles.
+// quantized values rotate back with warp shuffles. At batch 1 the grid is small and there are
+// many splits (32 at 4K for the Llama-8B shape), so the loads are issued kCombineChunk splits at a
+// time, none depending on another: a chunk costs one L2 round trip. (Loading a split's
+// accumulator only after testing its max made each split a dependent round trip, ~0.23 us: 4K
+// batch 1 took 19.2 us instead of 14.1, ext/NOTES.md.) Indices past the end are clamped to the
+// last split; an empty split's unwritten accumulator is read but never used (a select, not a
+// product).
+constexpr int kCombineChunk = 16;
+
 template <typename T>
 __global__ void combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_m,
                                const float* __restrict__ part_l, T* __restrict__ out, int heads, int splits,
                                int D, bool rotated) {
-  chain_wait();
-  chain_release();
-  const int row = blockIdx.y * heads + blockIdx.x, d = threadIdx.x;
-  const size_t base = static_cast<size_t>(row) * splits;
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_m[base + s]);
-  float num = 0.0f, den = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = part_m[base + s];
-    if (ms == -INFINITY) continue;  // an empty split wrote no accumulator
-    const float w = exp2f(ms - mx);
-    num += w * part_acc[(base + s) * D + d];
-    den += w * part_l[base + s];
-  }
-  float o = den > 0.0f ? num / den : 0.0f;
-  if (rotated) o = hadamard32_warp(o, threadIdx.x % 32) * kInvSqrtGroup;
-  store1(out + static_cast<size_t>(row) * D + d, o);
-}
-
-// combine_kernel with every load of a chunk of kCombineChunk splits issued at once (the default;
-// TRELLIS_ATTN_COMBINE_SERIAL=1, or combine=0 in the binding, selects combine_kernel).
-// combine_kernel's second loop loads a split's accumulator and sum only after testing its max
-// (a branch), so each split costs one
-// dependent L2 round trip (~0.23 us: 32 splits at 4K batch 1 are ~7 us, the whole gap to SDPA
-// there). Here the loads do not depend on part_m (indices past the end are clamped to the last
-// split, and an empty split's unwritten accumulator is read but never used: a select, not a
-// product), so a chunk is one round trip. Same sums in the same order: bit-equal output.
-constexpr int kCombineChunk = 16;
-
-template <typename T>
-__global__ void combine_kernel_batched(const float* __restrict__ part_acc, const float* __restrict__ part_m,
-                                   const float* __restrict__ part_l, T* __restrict__ out, int heads, int splits,
-                                   int D, bool rotated) {
   chain_wait();
   chain_release();
   const int row = blockIdx.y * heads + blockIdx.x, d = threadIdx.x;
@@ -1156,14 +1131,6 @@ bool env_flag(const char* name) {
   return v != nullptr && v[0] == '1';
 }
 
-// TRELLIS_ATTN_COMBINE_SERIAL=1 (read once per process): combine_kernel instead of
-// combine_kernel_batched (A/B). The binding's `combine` argument (0 serial / 1 batched) overrides
-// it per call (tests).
-bool attn_combine_batched_env() {
-  static const bool serial = env_flag("TRELLIS_ATTN_COMBINE_SERIAL");
-  return !serial;
-}
-
 // The tensor-core kernel for this case, or nullptr: keys and values quantized to the same width
 // of 2, 4 or 8 bits (8 only up to head_dim 128), scale rows aligned for one vector load; or both
 // dense (fp16/bf16) up to head_dim 128 (256 needs more than 255 registers: version 2).
@@ -1231,8 +1198,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
                                   int64_t k_bits, const c10::optional<at::Tensor>& v_dense,
                                   const c10::optional<at::Tensor>& v_codes, const c10::optional<at::Tensor>& v_scales,
                                   int64_t v_bits, const at::Tensor& block_tables, const at::Tensor& lengths,
-                                  int64_t page_size, double scale, int64_t window, double softcap, int64_t splits,
-                                  int64_t combine) {
+                                  int64_t page_size, double scale, int64_t window, double softcap, int64_t splits) {
   TORCH_CHECK(q.is_cuda() && q.is_contiguous() && q.dim() == 3, "q must be a contiguous [batch, heads, dim] CUDA tensor");
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
@@ -1291,20 +1257,18 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   const dim3 grid(p.splits, p.kv_heads * p.head_chunks, static_cast<unsigned>(B));
   const dim3 cgrid(static_cast<unsigned>(H), static_cast<unsigned>(B));
   const bool rotated = p.v.bits < 16;
-  const bool batched = combine < 0 ? attn_combine_batched_env() : combine > 0;
   if (half) {
     launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    launch_chained(batched ? combine_kernel_batched<__half> : combine_kernel<__half>, cgrid, dim3(static_cast<unsigned>(D)),
-                   0, stream, p.part_acc, p.part_m, p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()),
-                   p.heads, p.splits, static_cast<int>(D), rotated);
+    launch_chained(combine_kernel<__half>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc, p.part_m,
+                   p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
+                   static_cast<int>(D), rotated);
   } else {
     launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    launch_chained(batched ? combine_kernel_batched<__nv_bfloat16> : combine_kernel<__nv_bfloat16>, cgrid,
-                   dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc, p.part_m, p.part_l,
-                   reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads, p.splits,
-                   static_cast<int>(D), rotated);
+    launch_chained(combine_kernel<__nv_bfloat16>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc,
+                   p.part_m, p.part_l, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads,
+                   p.splits, static_cast<int>(D), rotated);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -1359,13 +1323,11 @@ namespace trellis {
 void bind_paged_attention(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention over a paged (dense or 2-8 bit) KV cache; splits <= 0: chosen from the table width; "
-        "combine: -1 per TRELLIS_ATTN_COMBINE_SERIAL, 0 serial, 1 batched (the split combine's loads issued 16 "
-        "splits at once)",
+        "decode attention over a paged (dense or 2-8 bit) KV cache; splits <= 0: chosen from the table width",
         py::arg("q"), py::arg("k_dense"), py::arg("k_codes"), py::arg("k_scales"), py::arg("k_bits"),
         py::arg("v_dense"), py::arg("v_codes"), py::arg("v_scales"), py::arg("v_bits"), py::arg("block_tables"),
         py::arg("lengths"), py::arg("page_size"), py::arg("scale"), py::arg("window") = 0,
-        py::arg("softcap") = 0.0, py::arg("splits") = 0, py::arg("combine") = -1);
+        py::arg("softcap") = 0.0, py::arg("splits") = 0);
   m.def("quantized_cache_write", &quantized_cache_write,
         "quantize x [n, kv_heads, dim] to 2-8 bit planes and write rows `slots` of codes/scales", py::arg("x"),
         py::arg("slots"), py::arg("codes"), py::arg("scales"), py::arg("bits"));
