@@ -232,7 +232,11 @@ def bench_group(
         "codebook": codebook,
         "separate_us": t_sep * 1e6,
         "multi_us": t_multi * 1e6,
-        "multi_splits": ops._v5_splits(ops.extension(), x, [t for t, _, _ in groups[0]], codebook, True),
+        "multi_splits": (  # the tuner's split count for the multi launch (v5 only)
+            ops._v5_splits(ops.extension(), x, [t for t, _, _ in groups[0]], codebook, True)
+            if ops._use_v5(ops.extension(), x, None)
+            else None
+        ),
         "gain": t_sep / t_multi,
         "multi_us_by_splits": swept,
     }
@@ -486,7 +490,7 @@ def run(args: argparse.Namespace) -> int:
                     by_splits = "  ".join(f"s{sp}: {us:.2f}" for sp, us in r["multi_us_by_splits"].items())
                     print(
                         f"{name:>8} {r['shape']:>18} {k:>2} {m:>3} {r['separate_us']:11.2f} "
-                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}  tuned s{r['multi_splits']}  {by_splits}",
+                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}  tuned s{r['multi_splits'] or '-'}  {by_splits}",
                         flush=True,
                     )
     if args.json:
