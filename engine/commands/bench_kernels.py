@@ -490,7 +490,8 @@ def run(args: argparse.Namespace) -> int:
                     by_splits = "  ".join(f"s{sp}: {us:.2f}" for sp, us in r["multi_us_by_splits"].items())
                     print(
                         f"{name:>8} {r['shape']:>18} {k:>2} {m:>3} {r['separate_us']:11.2f} "
-                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}  tuned s{r['multi_splits'] or '-'}  {by_splits}",
+                        f"{r['multi_us']:9.2f} {r['gain']:6.2f}  tuned s{r['multi_splits'] or '-'}  "
+                        f"{by_splits}",
                         flush=True,
                     )
     if args.json:
