@@ -23,12 +23,7 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
-    p.add_argument(
-        "--tf32",
-        action="store_true",
-        help="calibration forwards and Hessians on TF32 tensor cores (CUDA): ~1.4x faster, slightly "
-        "worse quality (SmolLM2 4.0 bpw: +13.5%% vs +12.2%% perplexity); default fp32",
-    )
+    add_tf32_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=8192, help="shard size in MiB (default 8192)")
     p.add_argument("--report", help="write the per-block error report here (JSON)")
@@ -52,6 +47,16 @@ def add_allocation_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=32,
         help="calibration rows of the sensitivity pre-pass (default 32)",
+    )
+
+
+def add_tf32_arg(p: argparse.ArgumentParser) -> None:
+    """``--tf32`` (shared with the ``quality`` command and ``convert_bench``)."""
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        help="calibration forwards and Hessians on TF32 tensor cores (CUDA): ~1.4x faster, slightly "
+        "worse quality (SmolLM2 4.0 bpw: +13.5%% vs +12.2%% perplexity); default fp32",
     )
 
 

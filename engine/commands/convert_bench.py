@@ -281,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from engine.commands.convert import add_tf32_arg
     from engine.quant.codebooks import CODEBOOKS
     from engine.quant.convert import ALLOCATIONS
 
@@ -295,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cal-cols", type=int, default=2048, help="tokens per row (converter default 2048)")
     p.add_argument("--allocation", choices=ALLOCATIONS, default="sensitivity", help="bit allocation")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tf32", action="store_true", help="TF32 calibration matmuls (convert --tf32)")
+    add_tf32_arg(p)
     p.add_argument("--workdir", help="where to write the model and output (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--no-kernel-bench", dest="kernel_bench", action="store_false")

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from engine.commands.common import run_alone
-from engine.commands.convert import add_allocation_args
+from engine.commands.convert import add_allocation_args, add_tf32_arg
 
 DEFAULT_BPW = "2,3,4,5,6,8"
 DEFAULT_GGUF = "q8_0,q5_0,q4_0"
@@ -484,9 +484,7 @@ def register(sub) -> None:
     p.add_argument("--cal-cols", type=int, default=2048, help="EXL3 tokens per calibration row")
     add_allocation_args(p)
     p.add_argument("--work", default="quality_work", help="work directory (resumable)")
-    p.add_argument(
-        "--tf32", action="store_true", help="convert with TF32 calibration matmuls (convert --tf32)"
-    )
+    add_tf32_arg(p)
     p.add_argument("--keep", action="store_true", help="keep the quantized model directories")
     p.add_argument("--reference-note", default="the source weights", help="what the unquantized row is")
     p.add_argument("--json", help="write the rows and notes here (JSON)")
