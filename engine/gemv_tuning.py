@@ -61,12 +61,13 @@ def tuned_splits(
     x: torch.Tensor,
     trellises: Sequence[torch.Tensor],
     codebook: str,
-    fast: bool,
+    variant: str,
     launch: Callable[..., None],
     candidates: range,
 ) -> int:
     """The split count for this launch shape (0: leave it to the kernel). ``launch(x, trellises,
-    suhs, svhs, ys, splits)`` runs the GEMV; ``candidates`` are the split counts to try."""
+    suhs, svhs, ys, splits)`` runs the GEMV; ``candidates`` are the split counts to try; ``variant``
+    names the kernel ("exact", "fast", "int8"): each has its own fastest count."""
     if not TUNE:
         return 0
     key = (
@@ -75,7 +76,7 @@ def tuned_splits(
         x.shape[1],
         tuple((t.shape[1], t.shape[2]) for t in trellises),
         codebook,
-        fast,
+        variant,
         x.dtype,
     )
     chosen = _chosen.get(key)

@@ -45,6 +45,12 @@ _V5_MAX_CLUSTER = 16  # ext/exl3_gemv_v5.cuh: largest cluster (non-portable abov
 # integer instructions per weight, results within one fp16 rounding per weight of the exact
 # product. TRELLIS_GEMV_EXACT=1 selects the variant that multiplies the bit-exact fp16 weights.
 GEMV_FAST = os.environ.get("TRELLIS_GEMV_EXACT", "") in ("", "0")
+# The int8 GEMV (ext/exl3_gemv_v5.cuh, I8): MUL1 weights at 1..GEMV_INT8_ROWS rows multiply on the
+# integer tensor cores, each hash word used as four u8 MMA operands as it is, the inputs as 15-bit
+# fixed point (hi and lo bytes in the MMA's idle batch columns). Needs GEMV v5. ext/NOTES.md has
+# its accuracy and speed; TRELLIS_GEMV_INT8=0 turns it off (A/B runs).
+GEMV_INT8 = os.environ.get("TRELLIS_GEMV_INT8", "1") not in ("", "0")
+GEMV_INT8_ROWS = 2  # ext/exl3_gemv_v5.cuh kV5Int8MaxRows
 # TRELLIS_GEMV_ILP=1 (read by the extension itself, once per process): experimental fast
 # 3INST/MCG kernels with two accumulators per tile and 2 blocks per SM (ext/NOTES.md).
 
@@ -186,17 +192,49 @@ def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) 
     return True
 
 
+def _v5_variant(codebook: str, fast: bool, int8: bool | None, rows: int) -> str:
+    """Which v5 kernel runs: "int8", "fast" or "exact". ``int8=None`` takes the int8 kernel where
+    it applies and :data:`GEMV_INT8` allows it; ``int8=True`` insists (a ValueError where it cannot)."""
+    int8_ok = codebook == "mul1" and fast and rows <= GEMV_INT8_ROWS
+    if int8 and not int8_ok:
+        raise ValueError(
+            f"the int8 GEMV takes MUL1 weights, the fast variant and 1..{GEMV_INT8_ROWS} rows "
+            f"(got {codebook}, {'fast' if fast else 'exact'}, {rows} rows)"
+        )
+    if int8 is None:
+        int8 = GEMV_INT8 and int8_ok
+    return "int8" if int8 else ("fast" if fast else "exact")
+
+
 def _v5_splits(
-    ext: ModuleType, x: torch.Tensor, trellises: Sequence[torch.Tensor], codebook: str, fast: bool
+    ext: ModuleType, x: torch.Tensor, trellises: Sequence[torch.Tensor], codebook: str, variant: str
 ) -> int:
     """The measured split count of this v5 launch shape (engine.gemv_tuning; 0: the kernel's)."""
     from engine import gemv_tuning
 
     def launch(x, ts, suhs, svhs, ys, splits) -> None:
-        ext.exl3_gemv_v5(x, list(ts), suhs, svhs, ys, CODEBOOK_IDS[codebook], splits, fast)
+        _v5_launch(ext, x, ts, suhs, svhs, ys, codebook, splits, variant)
 
     candidates = gemv_tuning.split_range(x.shape[-1], _MAX_CHUNKS_PER_SPLIT, _V5_MAX_CLUSTER)
-    return gemv_tuning.tuned_splits(x, trellises, codebook, fast, launch, candidates)
+    return gemv_tuning.tuned_splits(x, trellises, codebook, variant, launch, candidates)
+
+
+def _v5_launch(
+    ext: ModuleType,
+    x: torch.Tensor,
+    trellises: Sequence[torch.Tensor],
+    suhs: Sequence[torch.Tensor],
+    svhs: Sequence[torch.Tensor],
+    ys: Sequence[torch.Tensor],
+    codebook: str,
+    splits: int,
+    variant: str,
+) -> int:
+    """One v5 launch of 1..3 matrices of one input (``splits`` 0: the kernel's choice); returns
+    the split count it ran with."""
+    ids = CODEBOOK_IDS[codebook]
+    fast, int8 = variant != "exact", variant == "int8"
+    return ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), list(ys), ids, splits, fast, int8)
 
 
 def exl3_gemv(
@@ -208,28 +246,16 @@ def exl3_gemv(
     splits: int = 0,
     fast: bool | None = None,
     v5: bool | None = None,
+    int8: bool | None = None,
 ) -> torch.Tensor:
     """``had(had(x * suh) @ Q) * svh`` for ``x`` ``(m <= 8, in)`` on the GPU (the kernel, no fallback).
 
-    ``splits`` forces the split-K count (0: the kernel's choice); ``fast`` picks the variant
-    (default :data:`GEMV_FAST`); ``v5`` the kernel version (default :data:`GEMV_V5`); all three
-    for tests and benchmarks.
+    ``splits`` forces the split-K count (0: the tuned count); ``fast`` picks the variant
+    (default :data:`GEMV_FAST`); ``v5`` the kernel version (default :data:`GEMV_V5`); ``int8`` the
+    integer-MMA kernel for MUL1 (default :data:`GEMV_INT8` where it applies); all for tests and
+    benchmarks.
     """
-    ext = extension()
-    if ext is None:
-        raise RuntimeError(f"CUDA extension unavailable: {_reason}")
-    in_f, out_f = trellis.shape[0] * 16, trellis.shape[1] * 16
-    if x.ndim != 2 or not 1 <= x.shape[0] <= GEMV_ROWS or x.shape[1] != in_f:
-        raise ValueError(f"exl3_gemv takes (1..{GEMV_ROWS}, {in_f}) activations, got {tuple(x.shape)}")
-    y = torch.empty(x.shape[0], out_f, dtype=x.dtype, device=x.device)
-    fast = GEMV_FAST if fast is None else fast
-    if _use_v5(ext, x, v5, splits):
-        splits = splits or _v5_splits(ext, x, [trellis], codebook, fast)
-        ext.exl3_gemv_v5(x, [trellis], [suh], [svh], [y], CODEBOOK_IDS[codebook], splits, fast)
-        return y
-    partial, counters = _workspace(x.device, in_f, out_f)
-    ext.exl3_gemv(x, trellis, suh, svh, y, partial, counters, CODEBOOK_IDS[codebook], splits, fast)
-    return y
+    return exl3_gemv_multi(x, [trellis], [suh], [svh], codebook, splits, fast, v5, int8)[0]
 
 
 GEMV_MAX_MATRICES = 3  # ext/trellis_ext.h kGemvMaxMats
@@ -247,11 +273,12 @@ def exl3_gemv_multi(
     splits: int = 0,
     fast: bool | None = None,
     v5: bool | None = None,
+    int8: bool | None = None,
 ) -> list[torch.Tensor]:
     """:func:`exl3_gemv` of up to three matrices that share ``x`` and the codebook, in one launch.
 
     The matrices may differ in out features and bits per weight. ``splits`` forces the split-K
-    count of every matrix (0: the kernel's choice for the whole launch). With the same ``splits``
+    count of every matrix (0: the tuned count for the whole launch). With the same ``splits``
     each output equals :func:`exl3_gemv`'s up to the order of fp32 additions (same sums per block).
     """
     ext = extension()
@@ -261,19 +288,26 @@ def exl3_gemv_multi(
         raise ValueError(f"exl3_gemv_multi takes 1..{GEMV_MAX_MATRICES} matrices with one suh/svh each")
     in_f = trellises[0].shape[0] * 16
     if x.ndim != 2 or not 1 <= x.shape[0] <= GEMV_ROWS or x.shape[1] != in_f:
-        raise ValueError(f"exl3_gemv_multi takes (1..{GEMV_ROWS}, {in_f}) activations, got {tuple(x.shape)}")
+        raise ValueError(f"exl3_gemv takes (1..{GEMV_ROWS}, {in_f}) activations, got {tuple(x.shape)}")
     if any(t.shape[0] * 16 != in_f for t in trellises) or any(s.numel() != in_f for s in suhs):
         raise ValueError("exl3_gemv_multi: every matrix must have the same in features as x")
     outs = [t.shape[1] * 16 for t in trellises]
     ys = [torch.empty(x.shape[0], o, dtype=x.dtype, device=x.device) for o in outs]
     fast = GEMV_FAST if fast is None else fast
     if _use_v5(ext, x, v5, splits):
-        ids = CODEBOOK_IDS[codebook]
-        splits = splits or _v5_splits(ext, x, trellises, codebook, fast)
-        ext.exl3_gemv_v5(x, list(trellises), list(suhs), list(svhs), ys, ids, splits, fast)
+        variant = _v5_variant(codebook, fast, int8, x.shape[0])
+        splits = splits or _v5_splits(ext, x, trellises, codebook, variant)
+        _v5_launch(ext, x, trellises, suhs, svhs, ys, codebook, splits, variant)
         return ys
+    if int8:
+        raise ValueError("the int8 GEMV is a GEMV v5 kernel (sm_90 or newer, TRELLIS_GEMV_V5 on)")
     # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
     partial, counters = _workspace(x.device, in_f, sum(outs))
+    if len(trellises) == 1:
+        ext.exl3_gemv(
+            x, trellises[0], suhs[0], svhs[0], ys[0], partial, counters, CODEBOOK_IDS[codebook], splits, fast
+        )
+        return ys
     ext.exl3_gemv_multi(
         x,
         list(trellises),

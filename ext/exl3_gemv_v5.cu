@@ -19,22 +19,22 @@
 namespace trellis {
 namespace {
 
-int v5_call(int codebook, bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+int v5_call(int codebook, int variant, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
             cudaStream_t stream, bool pdl = false) {
-  if (codebook == CB_3INST) return gemv_v5_dispatch<CB_3INST>(fast, mode, a, blocks, splits, smem, stream, pdl);
-  if (codebook == CB_MCG) return gemv_v5_dispatch<CB_MCG>(fast, mode, a, blocks, splits, smem, stream, pdl);
-  return gemv_v5_dispatch<CB_MUL1>(fast, mode, a, blocks, splits, smem, stream, pdl);
+  if (codebook == CB_3INST) return gemv_v5_dispatch<CB_3INST>(variant, mode, a, blocks, splits, smem, stream, pdl);
+  if (codebook == CB_MCG) return gemv_v5_dispatch<CB_MCG>(variant, mode, a, blocks, splits, smem, stream, pdl);
+  return gemv_v5_dispatch<CB_MUL1>(variant, mode, a, blocks, splits, smem, stream, pdl);
 }
 
 // Occupancy answers depend only on (kernel, smem, cluster size): cached (host-side queries).
-int v5_query(int codebook, bool fast, int mode, int splits, int smem) {
+int v5_query(int codebook, int variant, int mode, int splits, int smem) {
   static std::mutex mu;
-  static std::map<std::tuple<int, bool, int, int, int>, int> cache;
-  const auto key = std::make_tuple(codebook, fast, mode, splits, smem);
+  static std::map<std::tuple<int, int, int, int, int>, int> cache;
+  const auto key = std::make_tuple(codebook, variant, mode, splits, smem);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const int v = v5_call(codebook, fast, mode, nullptr, 0, splits, smem, nullptr);
+  const int v = v5_call(codebook, variant, mode, nullptr, 0, splits, smem, nullptr);
   cache[key] = v;
   return v;
 }
@@ -44,25 +44,25 @@ int v5_smem(int ring, int m, int n_chunks, int splits) {
   return v5_u_bytes(n_chunks, splits, m) + std::max(ring, v5_red_bytes(m));
 }
 
-bool v5_cluster_ok(int codebook, bool fast, int splits, int smem) {
-  return splits <= 8 || v5_query(codebook, fast, 2, splits, smem) > 0;
+bool v5_cluster_ok(int codebook, int variant, int splits, int smem) {
+  return splits <= 8 || v5_query(codebook, variant, 2, splits, smem) > 0;
 }
 
 // Splits = cluster size. As the v4 multi launch: minimise (waves) x (input chunks per block + ~2
 // chunks of fixed cost), over the cluster sizes this kernel can launch. A wave is as many
 // clusters as the GPU holds at once (a cluster lives in one GPC, so blocks per SM x SMs / S can
 // overestimate it); where that query answers nothing, the slot count for S <= 8.
-int v5_choose_splits(int codebook, bool fast, int ring, int m, int n_chunks, int total_groups, int sms) {
+int v5_choose_splits(int codebook, int variant, int ring, int m, int n_chunks, int total_groups, int sms) {
   const int min_s = (n_chunks + kGemvMaxChunks - 1) / kGemvMaxChunks;
   const int max_s = std::min(n_chunks, kV5MaxCluster);
   int best = -1;
   long long best_cost = LLONG_MAX;
   for (int sp = min_s; sp <= max_s; ++sp) {
     const int smem = v5_smem(ring, m, n_chunks, sp);
-    long long clusters = v5_query(codebook, fast, 2, sp, smem);  // co-resident clusters of sp blocks
+    long long clusters = v5_query(codebook, variant, 2, sp, smem);  // co-resident clusters of sp blocks
     if (clusters <= 0) {
       if (sp > 8) continue;  // not launchable here
-      clusters = std::max(1LL, std::max(1, v5_query(codebook, fast, 1, sp, smem)) * (long long)sms / sp);
+      clusters = std::max(1LL, std::max(1, v5_query(codebook, variant, 1, sp, smem)) * (long long)sms / sp);
     }
     const long long waves = (total_groups + clusters - 1) / clusters;
     const long long cost = waves * ((n_chunks + sp - 1) / sp + 2);
@@ -90,10 +90,11 @@ int dtype_code(const at::Tensor& t) {
 
 // y[i] = had(had(x * suh[i]) @ Q[i]) * svh[i], 1..3 matrices of the same in features and
 // codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. A chained launch while
-// chained launches are on (chained_launch.cuh). Returns the split count.
+// chained launches are on (chained_launch.cuh). int8: the integer-MMA variant (MUL1, fast,
+// <= kV5Int8MaxRows rows). Returns the split count.
 int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis, const std::vector<at::Tensor>& suh,
                      const std::vector<at::Tensor>& svh, const std::vector<at::Tensor>& y, int64_t codebook,
-                     int64_t splits, bool fast) {
+                     int64_t splits, bool fast, bool int8) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int count = static_cast<int>(trellis.size());
   TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_v5 takes 1..", kGemvMaxMats, " matrices");
@@ -102,6 +103,9 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
   TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
   const int m = static_cast<int>(x.size(0));
   TORCH_CHECK(m >= 1 && m <= kGemvMaxRows, "exl3_gemv_v5 takes 1..8 rows, got ", m);
+  TORCH_CHECK(!int8 || (codebook == CB_MUL1 && fast && m <= kV5Int8MaxRows),
+              "the int8 GEMV takes the MUL1 codebook, the fast variant and 1..", kV5Int8MaxRows, " rows");
+  const int variant = int8 ? kV5Int8 : (fast ? kV5Fast : kV5Exact);
   const int in = static_cast<int>(x.size(1));
   TORCH_CHECK(in % 128 == 0 && in > 0, "in features must be a positive multiple of 128");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -147,14 +151,14 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
   if (splits <= 0) {
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
-    splits = v5_choose_splits(cb, fast, ring, m, n_chunks, total_groups, sms);
+    splits = v5_choose_splits(cb, variant, ring, m, n_chunks, total_groups, sms);
     TORCH_CHECK(splits > 0, "exl3_gemv_v5: no launchable cluster size for ", n_chunks, " input chunks");
   }
   TORCH_CHECK(splits >= min_s && splits <= std::min(n_chunks, kV5MaxCluster), "splits must be in [", min_s, ", ",
               std::min(n_chunks, kV5MaxCluster), "]");
   const int sp = static_cast<int>(splits);
   const int smem = v5_smem(ring, m, n_chunks, sp);
-  TORCH_CHECK(v5_cluster_ok(cb, fast, sp, smem), "clusters of ", sp, " blocks cannot be launched here");
+  TORCH_CHECK(v5_cluster_ok(cb, variant, sp, smem), "clusters of ", sp, " blocks cannot be launched here");
   int blocks = 0;
   for (int i = 0; i < kGemvMaxMats; ++i) a.begin[i] = INT_MAX;
   for (int i = 0; i < count; ++i) {
@@ -162,7 +166,7 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
     a.begin[i] = blocks;
     blocks += (a.mat[i].out / 128) * sp;
   }
-  const cudaError_t err = static_cast<cudaError_t>(v5_call(cb, fast, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
+  const cudaError_t err = static_cast<cudaError_t>(v5_call(cb, variant, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
   TORCH_CHECK(err == cudaSuccess, "exl3_gemv_v5 launch (", blocks, " blocks, clusters of ", sp, ", ", smem,
               " B shared): ", cudaGetErrorString(err));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -176,7 +180,7 @@ void bind_gemv_v5(pybind11::module_& m) {
         "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster) of 1..3 matrices of one input; "
         "returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
-        py::arg("splits") = 0, py::arg("fast") = false);
+        py::arg("splits") = 0, py::arg("fast") = false, py::arg("int8") = false);
   m.def(
       "set_chained_launches",
       [](bool on) { return chained_launch_flag().exchange(on); },

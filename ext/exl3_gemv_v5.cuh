@@ -19,6 +19,15 @@
 //    so more blocks fit per SM; lanes of absent rows use a zero B fragment.
 // The single and the multi-matrix GEMV are the same kernel (one matrix = a multi launch of one).
 // Same products and fp32 accumulation as v4 (same decode functions, same MMAs per tile).
+//
+// Int8 variant (I8, MUL1 fast only, 1..2 rows): a MUL1 weight is the byte sum of its hash
+// x = s * 0x83DCD12D (plus an affine map), so sum_k u_k w_k needs no per-weight conversion at
+// all: the hash word IS four u8 elements of an m16n8k32 integer MMA's A fragment, and B holds
+// each input replicated in four consecutive k. That drops the dp4a per weight and the fp16 MMA.
+// Inputs become 15-bit fixed point per (block, row), q = 128*hi + lo (hi signed, lo 0..127), and
+// hi goes into B's columns 0..3, lo into columns 4..7 of the same MMA (at m <= 4 those columns are
+// idle anyway), so precision stays near fp16's at no extra MMA. ExLlamaV3's int8 GEMV rounds the
+// inputs to 8 bits (~0.6 % output error); this one to 15 bits (~1e-4 of the row's largest input).
 #pragma once
 
 #include "chained_launch.cuh"
@@ -39,10 +48,22 @@ __host__ __device__ constexpr int v5_u_bytes(int n_chunks, int splits, int m) {
 }
 __host__ __device__ constexpr int v5_red_bytes(int m) { return (kGemvThreads / 32) * m * kV5RedStride * 4; }
 
+constexpr int kV5Int8MaxRows = 2;    // rows of the int8 variant (B columns: hi 0..3, lo 4..7)
+constexpr float kV5Int8Range = 16383.f;  // |q| <= 2^14 - 1: hi = q >> 7 fits a signed byte
+
 struct alignas(16) GemvV5Smem {
   float red_s[kGemvMaxRows][128];           // this block's sums, read by the cluster
   float usum_s[kGemvMaxChunks][kGemvMaxRows]; // MUL1 fast: per (chunk, row) sums of u
+  int amax_s[kV5Int8MaxRows];               // int8: bits of max |u| per row (floats >= 0 order as ints)
+  int qsum_s[kV5Int8MaxRows];               // int8: sum of the fixed-point q per row
 };
+
+// D = A * B + D on the integer tensor cores: A u8 (16 x 32, row), B s8 (32 x 8, col), s32 sums.
+__device__ __forceinline__ void mma_16832_u8s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Cluster barrier; release/acquire makes this block's shared stores visible to the cluster.
@@ -66,7 +87,7 @@ __device__ __forceinline__ float4 ld_dsmem_f4(const void* p, unsigned rank) {
   return v;
 }
 
-template <int K, int CB, bool FAST>
+template <int K, int CB, bool FAST, bool I8>
 __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g, const int s, GemvV5Smem& sm,
                                               uint32_t* dyn) {
   constexpr int NR = TileGeom<K>::kRaw;
@@ -113,6 +134,10 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   // the weight copies above overlap its tail, and everything that reads its output (x) or writes
   // (y) comes after this wait. Unchained it returns at once. The trellis is no kernel's output.
   chain_wait();
+  if constexpr (I8) {
+    if (threadIdx.x < kV5Int8MaxRows) sm.amax_s[threadIdx.x] = sm.qsum_s[threadIdx.x] = 0;
+    __syncthreads();
+  }
 
   // ---- 1. input rotation: items (chunk c, row n < m), kV5PrefetchItems loads in flight -----
   const int items = nch * m;
@@ -143,16 +168,21 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
         // features 4*lane .. 4*lane+3 of chunk c: tile row c*8 + lane/4, k = 4*(lane%4) + {0..3}
         const int row = c * 8 + (lane >> 2);
         uint32_t* frag = reinterpret_cast<uint32_t*>(u_s + (row * m + n) * 4);
-        float rsum = 0.f;
+        float rsum = 0.f, rmax = 0.f;
 #pragma unroll
         for (int p = 0; p < 2; ++p) {
           const int k = 4 * (lane & 3) + 2 * p;
           const __half2 hv = __floats2half2_rn(v[j][2 * p] * kRsqrt128, v[j][2 * p + 1] * kRsqrt128);
           const float2 back = __half22float2(hv);
           rsum += back.x + back.y;
+          rmax = fmaxf(rmax, fmaxf(fabsf(back.x), fabsf(back.y)));
           frag[((k & 7) >> 1) * 2 + (k >> 3)] = h2_as_u32(hv);  // quad (k%8)/2, half k/8
         }
-        if constexpr (FAST && CB == CB_MUL1) {
+        if constexpr (I8) {
+#pragma unroll
+          for (int o = 16; o > 0; o >>= 1) rmax = fmaxf(rmax, __shfl_xor_sync(0xFFFFFFFFu, rmax, o));
+          if (lane == 0) atomicMax(&sm.amax_s[n], __float_as_int(rmax));
+        } else if constexpr (FAST && CB == CB_MUL1) {
 #pragma unroll
           for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xFFFFFFFFu, rsum, o);
           if (lane == 0) sm.usum_s[c][n] = rsum;
@@ -162,14 +192,58 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   }
   __syncthreads();
 
+  // ---- 1b. int8: u -> q = round(u * 16383 / max|u|) = 128 hi + lo, in place ----------------
+  // Entry e of u_s (tile row, batch row n, quad c) holds u[2c], u[2c+1], u[2c+8], u[2c+9] of its
+  // tile row; it becomes two words, hi bytes then lo bytes, each in the order u[2c], u[2c+8],
+  // u[2c+1], u[2c+9]: the B operands of the even and the odd MMA of a tile (see the loop).
+  if constexpr (I8) {
+    uint32_t* q_s = reinterpret_cast<uint32_t*>(u_s);
+    int qsum[kV5Int8MaxRows] = {0, 0};
+    for (int e = threadIdx.x; e < nch * 8 * m * 4; e += kGemvThreads) {
+      const int n = (e >> 2) % m;
+      const float amax = __int_as_float(sm.amax_s[n]);
+      const float inv = amax > 0.f ? kV5Int8Range / amax : 0.f;
+      const uint2 u = u_s[e];
+      const float2 u01 = __half22float2(u32_as_h2(u.x)), u89 = __half22float2(u32_as_h2(u.y));
+      const int q[4] = {__float2int_rn(u01.x * inv), __float2int_rn(u89.x * inv), __float2int_rn(u01.y * inv),
+                        __float2int_rn(u89.y * inv)};
+      uint32_t hi = 0u, lo = 0u;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        hi |= (static_cast<uint32_t>(q[b] >> 7) & 0xFFu) << (8 * b);
+        lo |= (static_cast<uint32_t>(q[b]) & 0x7Fu) << (8 * b);
+      }
+      q_s[2 * e] = hi;
+      q_s[2 * e + 1] = lo;
+      const int part = q[0] + q[1] + q[2] + q[3];
+      if (n == 0) qsum[0] += part;
+      else qsum[1] += part;
+    }
+#pragma unroll
+    for (int r = 0; r < kV5Int8MaxRows; ++r) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) qsum[r] += __shfl_xor_sync(0xFFFFFFFFu, qsum[r], o);
+      if (lane == 0 && r < m) atomicAdd(&sm.qsum_s[r], qsum[r]);
+    }
+    __syncthreads();
+  }
+
   // ---- 2. decode + MMA over this warp's rows (same math as v4's loop) ---------------------
   float acc[8][4];
+  int acci[8][4];  // int8 variant
+#pragma unroll
+  for (int t = 0; t < 8; ++t) acci[t][0] = acci[t][1] = acci[t][2] = acci[t][3] = 0;
 #pragma unroll
   for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
   const int bn = lane >> 2;            // B fragment column (batch row) of this lane
   const bool b_live = bn < m;
   const uint2* u_lane = u_s + (warp * m + (b_live ? bn : 0)) * 4 + (lane & 3);
   const int u_step = 8 * m * 4;        // uint2 between this warp's tile rows
+  // int8: B column bn < 4 takes row bn's hi bytes, bn >= 4 row bn - 4's lo bytes.
+  const int q_row = bn & 3;
+  const bool q_live = q_row < m;
+  const uint32_t* q_lane = reinterpret_cast<const uint32_t*>(u_s) +
+                           ((warp * m + (q_live ? q_row : 0)) * 4 + (lane & 3)) * 2 + (bn >> 2);
   int slot = 0;
   for (int i = 0; i < nch; ++i) {
     cp_async_wait<ST - 2>();  // row i has landed (this lane's copies) ...
@@ -181,9 +255,29 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 #pragma unroll
       for (int w = 0; w < NR; ++w) cur[t][w] = stage[t * TW + plan.word[w]];
     issue_next();  // row i + ST - 1 into the slot of row i - 1
-    uint2 b = u_lane[i * u_step];
-    if (!b_live) b = make_uint2(0u, 0u);
-    if constexpr (FAST) {
+    if constexpr (I8) {
+      // The even MMA of a tile takes the lane's weights of inputs 2c and 2c+8 (states 0, 4, 2, 6:
+      // rows r, r+8 at k-slots 4c.. and 16+4c..), the odd one inputs 2c+1 and 2c+9; each slot
+      // holds that input's q byte four times.
+      uint32_t w = q_lane[i * 2 * u_step];
+      if (!q_live) w = 0u;
+      const uint32_t be0 = __byte_perm(w, 0, 0x0000), be1 = __byte_perm(w, 0, 0x1111);
+      const uint32_t bo0 = __byte_perm(w, 0, 0x2222), bo1 = __byte_perm(w, 0, 0x3333);
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        uint32_t st[8];
+        lane_states<K>(cur[t], plan.r, st);
+        uint32_t h[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) h[j] = st[j] * 0x83DCD12Du;
+        const uint32_t ae[4] = {h[0], h[4], h[2], h[6]};
+        const uint32_t ao[4] = {h[1], h[5], h[3], h[7]};
+        mma_16832_u8s8(acci[t], ae, be0, be1);
+        mma_16832_u8s8(acci[t], ao, bo0, bo1);
+      }
+    } else if constexpr (FAST) {
+      uint2 b = u_lane[i * u_step];
+      if (!b_live) b = make_uint2(0u, 0u);
       // One weight per A register, each input twice in B (see inst_halves / mul1_halves).
       const uint32_t be0 = __byte_perm(b.x, 0, 0x1010), be1 = __byte_perm(b.y, 0, 0x1010);
       const uint32_t bo0 = __byte_perm(b.x, 0, 0x3232), bo1 = __byte_perm(b.y, 0, 0x3232);
@@ -200,6 +294,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
         mma_16816(acc[t], ao, bo0, bo1);
       }
     } else {
+      uint2 b = u_lane[i * u_step];
+      if (!b_live) b = make_uint2(0u, 0u);
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
         uint32_t a[4];
@@ -211,6 +307,17 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     slot = slot + 1 == ST ? 0 : slot + 1;
   }
   cp_async_wait<0>();
+  if constexpr (I8) {
+    // Columns 0..3 (lanes with lane % 4 < 2) hold sum(b * hi), columns 4..7 two lanes up sum(b * lo):
+    // sum(b * q) = 128 * hi part + lo part, in the C fragment of the fp path (columns = rows n).
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lo = __shfl_down_sync(0xFFFFFFFFu, acci[t][e], 2);
+        acc[t][e] = fmaf(128.f, static_cast<float>(acci[t][e]), static_cast<float>(lo));
+      }
+  }
   // A chained next kernel may launch now (it waits for our completion before it touches our
   // output); no effect on unchained launches.
   chain_release();
@@ -241,7 +348,14 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     float a = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) a += red_w[(w * m + n) * kV5RedStride + c];
-    if constexpr (FAST && CB == CB_MUL1) {
+    if constexpr (I8) {
+      // sum_k u_k w_k with w = (1024 + b) k_inv + k_bias and u = q max|u| / 16383:
+      // (max|u| / 16383) (k_inv sum(b q) + (1024 k_inv + k_bias) sum(q)).
+      const float k_inv = __half2float(__ushort_as_half(0x1EEE));
+      const float k_off = 1024.f * k_inv + __half2float(__ushort_as_half(0xC931));  // exact in fp32
+      const float scale = __int_as_float(sm.amax_s[n]) / kV5Int8Range;
+      a = scale * fmaf(k_inv, a, k_off * static_cast<float>(sm.qsum_s[n]));
+    } else if constexpr (FAST && CB == CB_MUL1) {
       // sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u), per block (linear in the splits)
       float us = 0.f;
       for (int q = 0; q < nch; ++q) us += sm.usum_s[q][n];
@@ -284,7 +398,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 // Grid: matrix 0's (groups x S) blocks, then matrix 1's, ...; within a matrix block g*S + s, so
 // the S splits of a column group are one cluster of S consecutive blocks (begin[] are multiples
 // of S, so no cluster straddles two matrices; every block of a cluster has the same K).
-template <int CB, bool FAST>
+template <int CB, bool FAST, bool I8>
 __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const GemvMultiArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ GemvV5Smem sm;
@@ -297,7 +411,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const Gem
   const int g = local / a.splits, s = local - g * a.splits;
   switch (args.K[i]) {
 #define TRELLIS_V5_CASE(k) \
-  case k: gemv_v5_block<k, CB, FAST>(a, g, s, sm, dyn); break;
+  case k: gemv_v5_block<k, CB, FAST, I8>(a, g, s, sm, dyn); break;
     TRELLIS_V5_CASE(1) TRELLIS_V5_CASE(2) TRELLIS_V5_CASE(3) TRELLIS_V5_CASE(4)
     TRELLIS_V5_CASE(5) TRELLIS_V5_CASE(6) TRELLIS_V5_CASE(7) TRELLIS_V5_CASE(8)
 #undef TRELLIS_V5_CASE
@@ -312,10 +426,10 @@ constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32
 // the cudaError_t of the launch; pdl: a chained launch, see chained_launch.cuh);
 // mode 1: return blocks per SM at `smem` bytes; mode 2: return how many clusters of `splits`
 // blocks can be co-resident at `smem` bytes (0: that cluster size cannot be launched).
-template <int CB, bool FAST>
+template <int CB, bool FAST, bool I8>
 int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream,
                 bool pdl) {
-  auto kern = exl3_gemv_v5_kernel<CB, FAST>;
+  auto kern = exl3_gemv_v5_kernel<CB, FAST, I8>;
   static bool ready = false;
   if (!ready) {
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kV5MaxDynSmem);
@@ -354,11 +468,19 @@ int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int sm
   return static_cast<int>(cudaLaunchKernelEx(&cfg, kern, *a));  // cudaError_t
 }
 
+// The kernel variants: exact (fp16 weights, bit-exact decode), fast (no per-weight rounding) and,
+// for MUL1 only, int8 (the integer MMA; the binding checks the codebook and the row count).
+enum V5Variant : int { kV5Exact = 0, kV5Fast = 1, kV5Int8 = 2 };
+
 template <int CB>
-int gemv_v5_dispatch(bool fast, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+int gemv_v5_dispatch(int variant, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
                      cudaStream_t stream, bool pdl) {
-  return fast ? gemv_v5_run<CB, true>(mode, a, blocks, splits, smem, stream, pdl)
-              : gemv_v5_run<CB, false>(mode, a, blocks, splits, smem, stream, pdl);
+  if (variant == kV5Int8) {
+    if constexpr (CB == CB_MUL1) return gemv_v5_run<CB, true, true>(mode, a, blocks, splits, smem, stream, pdl);
+    return -1;
+  }
+  return variant == kV5Fast ? gemv_v5_run<CB, true, false>(mode, a, blocks, splits, smem, stream, pdl)
+                            : gemv_v5_run<CB, false, false>(mode, a, blocks, splits, smem, stream, pdl);
 }
 
 }  // namespace trellis

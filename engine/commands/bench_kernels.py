@@ -233,7 +233,13 @@ def bench_group(
         "separate_us": t_sep * 1e6,
         "multi_us": t_multi * 1e6,
         "multi_splits": (  # the tuner's split count for the multi launch (v5 only)
-            ops._v5_splits(ops.extension(), x, [t for t, _, _ in groups[0]], codebook, True)
+            ops._v5_splits(
+                ops.extension(),
+                x,
+                [t for t, _, _ in groups[0]],
+                codebook,
+                ops._v5_variant(codebook, True, None, m),
+            )
             if ops._use_v5(ops.extension(), x, None)
             else None
         ),
@@ -294,9 +300,8 @@ def bench_ab(
     err = max(float((a.double() - b.double()).norm() / a.double().norm()) for a, b in zip(old, new))
     ts, suhs, svhs = zip(*groups[0])
     ys = [torch.empty(m, o, device=dev, dtype=dtype) for o in outs]
-    splits = ops.extension().exl3_gemv_v5(
-        x, list(ts), list(suhs), list(svhs), ys, ops.CODEBOOK_IDS[codebook], 0, True
-    )
+    variant = ops._v5_variant(codebook, True, None, m)
+    splits = ops._v5_launch(ops.extension(), x, ts, suhs, svhs, ys, codebook, 0, variant)
     t4 = _time_graph(lambda: call(False), iters, repeats)
     t5 = _time_graph(lambda: call(True), iters, repeats)
     with ops.chained_launches(dev):  # v5 chained: each GEMV's prologue overlaps the previous one

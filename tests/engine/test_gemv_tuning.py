@@ -34,5 +34,5 @@ def test_tuning_off_leaves_the_choice_to_the_kernel(monkeypatch):
     calls = []
     x = torch.zeros(1, 256)
     t = torch.zeros(16, 8, 64, dtype=torch.int16)
-    got = gemv_tuning.tuned_splits(x, [t], "mul1", True, lambda *a: calls.append(a), range(1, 3))
+    got = gemv_tuning.tuned_splits(x, [t], "mul1", "fast", lambda *a: calls.append(a), range(1, 3))
     assert got == 0 and calls == []
