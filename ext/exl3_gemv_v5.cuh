@@ -48,7 +48,9 @@ __host__ __device__ constexpr int v5_u_bytes(int n_chunks, int splits, int m) {
 }
 __host__ __device__ constexpr int v5_red_bytes(int m) { return (kGemvThreads / 32) * m * kV5RedStride * 4; }
 
-constexpr int kV5Int8MaxRows = 2;    // rows of the int8 variant (B columns: hi 0..3, lo 4..7)
+// Rows of the int8 variant. The layout holds 4 (B columns: hi 0..3, lo 4..7), but at 3-4 rows it
+// measured no faster than the fast kernel (ext/NOTES.md, eighth session), so it stops at 2.
+constexpr int kV5Int8MaxRows = 2;
 constexpr float kV5Int8Range = 16383.f;  // |q| <= 2^14 - 1: hi = q >> 7 fits a signed byte
 
 struct alignas(16) GemvV5Smem {
@@ -198,7 +200,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   // u[2c+1], u[2c+9]: the B operands of the even and the odd MMA of a tile (see the loop).
   if constexpr (I8) {
     uint32_t* q_s = reinterpret_cast<uint32_t*>(u_s);
-    int qsum[kV5Int8MaxRows] = {0, 0};
+    int qsum[kV5Int8MaxRows] = {};
     for (int e = threadIdx.x; e < nch * 8 * m * 4; e += kGemvThreads) {
       const int n = (e >> 2) % m;
       const float amax = __int_as_float(sm.amax_s[n]);
@@ -216,8 +218,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       q_s[2 * e] = hi;
       q_s[2 * e + 1] = lo;
       const int part = q[0] + q[1] + q[2] + q[3];
-      if (n == 0) qsum[0] += part;
-      else qsum[1] += part;
+#pragma unroll
+      for (int r = 0; r < kV5Int8MaxRows; ++r) qsum[r] += r == n ? part : 0;  // registers, no local array
     }
 #pragma unroll
     for (int r = 0; r < kV5Int8MaxRows; ++r) {

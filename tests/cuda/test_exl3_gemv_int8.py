@@ -62,10 +62,11 @@ def test_int8_input_outliers_and_zeros() -> None:
     x = torch.randn(2, 4096, device="cuda", dtype=torch.float32)
     x[0, 77] = 1000.0
     x[1] *= 1e-3  # a small row beside a large one
+    x[1, :128] = 0.0  # and a zero chunk inside it
     y = _int8(x, trellis, suh, svh)
     ref = x.double().cpu() @ w
-    assert rel_fro(y[0], ref[0]) < TOL[torch.float32]
-    assert rel_fro(y[1], ref[1]) < TOL[torch.float32]
+    for n in range(2):
+        assert rel_fro(y[n], ref[n]) < TOL[torch.float32], n
     zero = torch.zeros(1, 4096, device="cuda", dtype=torch.float16)
     assert torch.count_nonzero(_int8(zero, trellis, suh, svh)) == 0
 
@@ -93,7 +94,7 @@ def test_int8_multi_launch_deterministic_and_graph_replay() -> None:
 
 
 def test_int8_is_the_default_where_it_applies(monkeypatch) -> None:
-    """ops.GEMV_INT8 routes MUL1 at 1..2 rows with the fast kernel to int8, nothing else; asking
+    """ops.GEMV_INT8 routes MUL1 at 1..GEMV_INT8_ROWS rows with the fast kernel to int8, nothing else; asking
     for int8 where it cannot run is a ValueError that says why."""
     seen = []
     ext = ops.extension()
@@ -113,7 +114,7 @@ def test_int8_is_the_default_where_it_applies(monkeypatch) -> None:
     for flag in (True, False):
         monkeypatch.setattr(ops, "GEMV_INT8", flag)
         seen.clear()
-        for m in (1, 2, 3):
+        for m in (1, ops.GEMV_INT8_ROWS, ops.GEMV_INT8_ROWS + 1):
             ops.exl3_gemv(torch.randn(m, 256, device="cuda").half(), t, suh, svh, "mul1", fast=True)
         ops.exl3_gemv(torch.randn(1, 256, device="cuda").half(), t, suh, svh, "mcg", fast=True)
         ops.exl3_gemv(torch.randn(1, 256, device="cuda").half(), t, suh, svh, "mul1", fast=False)
@@ -122,4 +123,4 @@ def test_int8_is_the_default_where_it_applies(monkeypatch) -> None:
     with pytest.raises(ValueError, match="MUL1"):
         ops.exl3_gemv(x, t, suh, svh, "mcg", int8=True)
     with pytest.raises(ValueError, match="rows"):
-        ops.exl3_gemv(torch.randn(3, 256, device="cuda").half(), t, suh, svh, "mul1", int8=True)
+        ops.exl3_gemv(torch.randn(5, 256, device="cuda").half(), t, suh, svh, "mul1", int8=True)
