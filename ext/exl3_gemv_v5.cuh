@@ -30,6 +30,8 @@
 // inputs to 8 bits (~0.6 % output error); this one to 15 bits (~1e-4 of the row's largest input).
 #pragma once
 
+#include <type_traits>
+
 #include "chained_launch.cuh"
 #include "exl3_gemv.cuh"
 
@@ -37,7 +39,7 @@ namespace trellis {
 
 constexpr int kV5MaxCluster = 16;   // non-portable cluster size (Hopper); 8 is always allowed
 constexpr int kV5RedStride = 132;   // padded row of a warp's partial sums (fewer bank conflicts)
-constexpr int kV5PrefetchItems = 4; // rotation items a warp loads before rotating them
+constexpr int kV5PrefetchItems = 4; // rotation items a warp loads before rotating them (at most)
 
 // Dynamic shared memory of a v5 block (host and device agree on it):
 //   [0, u_bytes): u_s, (tile row, batch row n < m, quad) -> uint2 B fragment (4 fp16)
@@ -56,8 +58,8 @@ constexpr float kV5Int8Range = 16383.f;  // |q| <= 2^14 - 1: hi = q >> 7 fits a 
 struct alignas(16) GemvV5Smem {
   float red_s[kGemvMaxRows][128];           // this block's sums, read by the cluster
   float usum_s[kGemvMaxChunks][kGemvMaxRows]; // MUL1 fast: per (chunk, row) sums of u
-  int amax_s[kV5Int8MaxRows];               // int8: bits of max |u| per row (floats >= 0 order as ints)
-  int qsum_s[kV5Int8MaxRows];               // int8: sum of the fixed-point q per row
+  float wmax_s[kGemvThreads / 32][kV5Int8MaxRows];  // int8: each warp's max |u| per row
+  int wqsum_s[kGemvThreads / 32][kV5Int8MaxRows];   // int8: each warp's sum of q per row
 };
 
 // D = A * B + D on the integer tensor cores: A u8 (16 x 32, row), B s8 (32 x 8, col), s32 sums.
@@ -136,60 +138,72 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   // the weight copies above overlap its tail, and everything that reads its output (x) or writes
   // (y) comes after this wait. Unchained it returns at once. The trellis is no kernel's output.
   chain_wait();
-  if constexpr (I8) {
-    if (threadIdx.x < kV5Int8MaxRows) sm.amax_s[threadIdx.x] = sm.qsum_s[threadIdx.x] = 0;
-    __syncthreads();
-  }
 
-  // ---- 1. input rotation: items (chunk c, row n < m), kV5PrefetchItems loads in flight -----
+  // ---- 1. input rotation: items (chunk c, row n < m), P loads in flight per warp -------------
+  // P (1, 2 or 4) follows the item count, so a warp rotates no more absent (all-zero) items than
+  // it must: a block of few chunks (most decode GEMVs) has at most 1-2 items per warp.
   const int items = nch * m;
-  for (int base = warp; base < items; base += kWarps * kV5PrefetchItems) {
-    float v[kV5PrefetchItems][4];
+  float wmax[kV5Int8MaxRows] = {};  // int8: this warp's max |u| per row
+  auto rotate = [&](auto batch) {
+    constexpr int P = decltype(batch)::value;
+    for (int base = warp; base < items; base += kWarps * P) {
+      float v[P][4];
 #pragma unroll
-    for (int j = 0; j < kV5PrefetchItems; ++j) {
-      const int item = base + kWarps * j;
-      v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.f;
-      if (item < items) {  // warp-uniform
-        const int c = item / m, n = item - c * m;
-        const int f = ((c_begin + c) << 7) + 4 * lane;
-        load4(args.x, args.x_dtype, (size_t)n * args.in + f, v[j]);
-        const uint2 su = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.suh) + f);
-        const float2 s01 = __half22float2(u32_as_h2(su.x));
-        const float2 s23 = __half22float2(u32_as_h2(su.y));
-        v[j][0] *= s01.x; v[j][1] *= s01.y; v[j][2] *= s23.x; v[j][3] *= s23.y;
+      for (int j = 0; j < P; ++j) {
+        const int item = base + kWarps * j;
+        v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.f;
+        if (item < items) {  // warp-uniform
+          const int c = item / m, n = item - c * m;
+          const int f = ((c_begin + c) << 7) + 4 * lane;
+          load4(args.x, args.x_dtype, (size_t)n * args.in + f, v[j]);
+          const uint2 su = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.suh) + f);
+          const float2 s01 = __half22float2(u32_as_h2(su.x));
+          const float2 s23 = __half22float2(u32_as_h2(su.y));
+          v[j][0] *= s01.x; v[j][1] *= s01.y; v[j][2] *= s23.x; v[j][3] *= s23.y;
+        }
+      }
+      // Unconditional (absent items rotate zeros), so the shuffle chains can interleave.
+#pragma unroll
+      for (int j = 0; j < P; ++j) warp_hadamard128(v[j], lane);
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        const int item = base + kWarps * j;
+        if (item < items) {
+          const int c = item / m, n = item - c * m;
+          // features 4*lane .. 4*lane+3 of chunk c: tile row c*8 + lane/4, k = 4*(lane%4) + {0..3}
+          const int row = c * 8 + (lane >> 2);
+          uint32_t* frag = reinterpret_cast<uint32_t*>(u_s + (row * m + n) * 4);
+          float rsum = 0.f, rmax = 0.f;
+#pragma unroll
+          for (int p = 0; p < 2; ++p) {
+            const int k = 4 * (lane & 3) + 2 * p;
+            const __half2 hv = __floats2half2_rn(v[j][2 * p] * kRsqrt128, v[j][2 * p + 1] * kRsqrt128);
+            const float2 back = __half22float2(hv);
+            rsum += back.x + back.y;
+            rmax = fmaxf(rmax, fmaxf(fabsf(back.x), fabsf(back.y)));
+            frag[((k & 7) >> 1) * 2 + (k >> 3)] = h2_as_u32(hv);  // quad (k%8)/2, half k/8
+          }
+          if constexpr (I8) {
+#pragma unroll
+            for (int r = 0; r < kV5Int8MaxRows; ++r) wmax[r] = r == n ? fmaxf(wmax[r], rmax) : wmax[r];
+          } else if constexpr (FAST && CB == CB_MUL1) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xFFFFFFFFu, rsum, o);
+            if (lane == 0) sm.usum_s[c][n] = rsum;
+          }
+        }
       }
     }
-    // Unconditional (absent items rotate zeros), so the shuffle chains can interleave.
+  };
+  if (items <= kWarps) rotate(std::integral_constant<int, 1>{});
+  else if (items <= 2 * kWarps) rotate(std::integral_constant<int, 2>{});
+  else rotate(std::integral_constant<int, kV5PrefetchItems>{});
+  if constexpr (I8) {
 #pragma unroll
-    for (int j = 0; j < kV5PrefetchItems; ++j) warp_hadamard128(v[j], lane);
+    for (int r = 0; r < kV5Int8MaxRows; ++r) {
 #pragma unroll
-    for (int j = 0; j < kV5PrefetchItems; ++j) {
-      const int item = base + kWarps * j;
-      if (item < items) {
-        const int c = item / m, n = item - c * m;
-        // features 4*lane .. 4*lane+3 of chunk c: tile row c*8 + lane/4, k = 4*(lane%4) + {0..3}
-        const int row = c * 8 + (lane >> 2);
-        uint32_t* frag = reinterpret_cast<uint32_t*>(u_s + (row * m + n) * 4);
-        float rsum = 0.f, rmax = 0.f;
-#pragma unroll
-        for (int p = 0; p < 2; ++p) {
-          const int k = 4 * (lane & 3) + 2 * p;
-          const __half2 hv = __floats2half2_rn(v[j][2 * p] * kRsqrt128, v[j][2 * p + 1] * kRsqrt128);
-          const float2 back = __half22float2(hv);
-          rsum += back.x + back.y;
-          rmax = fmaxf(rmax, fmaxf(fabsf(back.x), fabsf(back.y)));
-          frag[((k & 7) >> 1) * 2 + (k >> 3)] = h2_as_u32(hv);  // quad (k%8)/2, half k/8
-        }
-        if constexpr (I8) {
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) rmax = fmaxf(rmax, __shfl_xor_sync(0xFFFFFFFFu, rmax, o));
-          if (lane == 0) atomicMax(&sm.amax_s[n], __float_as_int(rmax));
-        } else if constexpr (FAST && CB == CB_MUL1) {
-#pragma unroll
-          for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xFFFFFFFFu, rsum, o);
-          if (lane == 0) sm.usum_s[c][n] = rsum;
-        }
-      }
+      for (int o = 16; o > 0; o >>= 1) wmax[r] = fmaxf(wmax[r], __shfl_xor_sync(0xFFFFFFFFu, wmax[r], o));
+      if (lane == 0) sm.wmax_s[warp][r] = wmax[r];  // 0 where the warp had no item of row r
     }
   }
   __syncthreads();
@@ -197,18 +211,28 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   // ---- 1b. int8: u -> q = round(u * 16383 / max|u|) = 128 hi + lo, in place ----------------
   // Entry e of u_s (tile row, batch row n, quad c) holds u[2c], u[2c+1], u[2c+8], u[2c+9] of its
   // tile row; it becomes two words, hi bytes then lo bytes, each in the order u[2c], u[2c+8],
-  // u[2c+1], u[2c+9]: the B operands of the even and the odd MMA of a tile (see the loop).
+  // u[2c+1], u[2c+9]: the B operands of the even and the odd MMA of a tile (see the loop). Each
+  // warp converts the tile rows it will read itself (i*8 + warp), so no block barrier follows.
   if constexpr (I8) {
+    static_assert(kV5Int8MaxRows == 2, "row and entry indices below assume m <= 2");
+    float inv[kV5Int8MaxRows];
+#pragma unroll
+    for (int r = 0; r < kV5Int8MaxRows; ++r) {
+      float amax = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, sm.wmax_s[w][r]);
+      inv[r] = amax > 0.f ? kV5Int8Range / amax : 0.f;
+    }
     uint32_t* q_s = reinterpret_cast<uint32_t*>(u_s);
     int qsum[kV5Int8MaxRows] = {};
-    for (int e = threadIdx.x; e < nch * 8 * m * 4; e += kGemvThreads) {
-      const int n = (e >> 2) % m;
-      const float amax = __int_as_float(sm.amax_s[n]);
-      const float inv = amax > 0.f ? kV5Int8Range / amax : 0.f;
+    for (int t = lane; t < nch * 4 * m; t += 32) {  // (chunk i, row n, quad c) of this warp
+      const int i = (t >> 2) >> (m - 1), n = (t >> 2) & (m - 1), c = t & 3;
+      const int e = ((i * 8 + warp) * m + n) * 4 + c;
+      const float scale = n == 0 ? inv[0] : inv[1];
       const uint2 u = u_s[e];
       const float2 u01 = __half22float2(u32_as_h2(u.x)), u89 = __half22float2(u32_as_h2(u.y));
-      const int q[4] = {__float2int_rn(u01.x * inv), __float2int_rn(u89.x * inv), __float2int_rn(u01.y * inv),
-                        __float2int_rn(u89.y * inv)};
+      const int q[4] = {__float2int_rn(u01.x * scale), __float2int_rn(u89.x * scale),
+                        __float2int_rn(u01.y * scale), __float2int_rn(u89.y * scale)};
       uint32_t hi = 0u, lo = 0u;
 #pragma unroll
       for (int b = 0; b < 4; ++b) {
@@ -218,16 +242,16 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       q_s[2 * e] = hi;
       q_s[2 * e + 1] = lo;
       const int part = q[0] + q[1] + q[2] + q[3];
-#pragma unroll
-      for (int r = 0; r < kV5Int8MaxRows; ++r) qsum[r] += r == n ? part : 0;  // registers, no local array
+      qsum[0] += n == 0 ? part : 0;
+      qsum[1] += n == 0 ? 0 : part;
     }
 #pragma unroll
     for (int r = 0; r < kV5Int8MaxRows; ++r) {
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) qsum[r] += __shfl_xor_sync(0xFFFFFFFFu, qsum[r], o);
-      if (lane == 0 && r < m) atomicAdd(&sm.qsum_s[r], qsum[r]);
+      if (lane == 0) sm.wqsum_s[warp][r] = qsum[r];  // read after the loop's block barriers
     }
-    __syncthreads();
+    __syncwarp();  // this warp's q words are written before it reads them
   }
 
   // ---- 2. decode + MMA over this warp's rows (same math as v4's loop) ---------------------
@@ -355,8 +379,11 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       // (max|u| / 16383) (k_inv sum(b q) + (1024 k_inv + k_bias) sum(q)).
       const float k_inv = __half2float(__ushort_as_half(0x1EEE));
       const float k_off = 1024.f * k_inv + __half2float(__ushort_as_half(0xC931));  // exact in fp32
-      const float scale = __int_as_float(sm.amax_s[n]) / kV5Int8Range;
-      a = scale * fmaf(k_inv, a, k_off * static_cast<float>(sm.qsum_s[n]));
+      float amax = 0.f;
+      int qsum = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, sm.wmax_s[w][n]), qsum += sm.wqsum_s[w][n];
+      a = amax / kV5Int8Range * fmaf(k_inv, a, k_off * static_cast<float>(qsum));
     } else if constexpr (FAST && CB == CB_MUL1) {
       // sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u), per block (linear in the splits)
       float us = 0.f;
