@@ -106,8 +106,10 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   const int m = args.m;
   const int S = args.splits;  // = cluster size
   const int n_chunks = args.in >> 7;
-  const int c_begin = (int)((long long)s * n_chunks / S);
-  const int c_end = (int)((long long)(s + 1) * n_chunks / S);
+  // 32-bit divisions (s * n_chunks < 2^31): a 64-bit one is a ~70-instruction sequence, and this
+  // prologue runs once per block, cold, on the launch's critical path.
+  const int c_begin = s * n_chunks / S;
+  const int c_end = (s + 1) * n_chunks / S;
   const int nch = c_end - c_begin;  // <= ceil(n_chunks / S): fits u_s
   const int tiles_out = args.out >> 4;
 
@@ -143,6 +145,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   // P (1, 2 or 4) follows the item count, so a warp rotates no more absent (all-zero) items than
   // it must: a block of few chunks (most decode GEMVs) has at most 1-2 items per warp.
   const int items = nch * m;
+  // item / m as a multiply and shift: exact for m <= 8 and item < 4096 (items <= 16 * 8).
+  const uint32_t inv_m = (65536u + m - 1) / m;
   float wmax[kV5Int8MaxRows] = {};  // int8: this warp's max |u| per row
   auto rotate = [&](auto batch) {
     constexpr int P = decltype(batch)::value;
@@ -153,7 +157,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
         const int item = base + kWarps * j;
         v[j][0] = v[j][1] = v[j][2] = v[j][3] = 0.f;
         if (item < items) {  // warp-uniform
-          const int c = item / m, n = item - c * m;
+          const int c = (item * inv_m) >> 16, n = item - c * m;
           const int f = ((c_begin + c) << 7) + 4 * lane;
           load4(args.x, args.x_dtype, (size_t)n * args.in + f, v[j]);
           const uint2 su = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.suh) + f);
@@ -169,7 +173,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       for (int j = 0; j < P; ++j) {
         const int item = base + kWarps * j;
         if (item < items) {
-          const int c = item / m, n = item - c * m;
+          const int c = (item * inv_m) >> 16, n = item - c * m;
           // features 4*lane .. 4*lane+3 of chunk c: tile row c*8 + lane/4, k = 4*(lane%4) + {0..3}
           const int row = c * 8 + (lane >> 2);
           uint32_t* frag = reinterpret_cast<uint32_t*>(u_s + (row * m + n) * 4);
