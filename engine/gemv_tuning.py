@@ -6,7 +6,8 @@ Llama-8B shapes (ext/NOTES.md, fifth session: gate/up 44.0 us at its 3 splits vs
 15.9 at 6 vs 14.4 at 4), because blocks sharing an SM, cluster placement within a GPC and each
 block's fixed cost do not follow it, and they differ by GPU. So the first eager call of each
 launch shape times every split count that can launch, on random matrices of that shape (enough
-copies that they do not sit in L2, as the real layers' weights do not), and keeps the fastest.
+copies that they do not sit in L2, as the real layers' weights do not), replayed from a CUDA graph
+so that the host's launch rate does not hide the kernel's time, and keeps the fastest.
 
 A launch shape is (device, rows, in features, each matrix's out features and bits, codebook,
 variant, dtype): a model has a handful (q/k/v, o, gate/up, down, head, x rows 1-8). Tuning costs
@@ -34,7 +35,7 @@ TUNE = os.environ.get("TRELLIS_GEMV_TUNE", "1") not in ("", "0")
 _ROTATION_BYTES = 64 << 20
 _MAX_COPIES = 16
 _WARMUP = 2
-_ROUNDS = 3
+_ROUNDS = 5
 
 _chosen: dict[tuple, int] = {}
 
@@ -117,11 +118,22 @@ def _measure(x: torch.Tensor, trellises: Sequence[torch.Tensor], launch, candida
                 launch(x, mats[i % copies], suhs, svhs, ys, splits)
         except RuntimeError:  # e.g. clusters of this size cannot be launched on this GPU
             return None
+        # Replayed from a graph: issued eagerly, a small launch (a 1B model's GEMVs take 5-10 us)
+        # is timed at the host's launch rate, and the choice between close counts became noise.
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(stream)
+        with torch.cuda.stream(side):
+            graph.capture_begin()
+            for m in mats:
+                launch(x, m, suhs, svhs, ys, splits)
+            graph.capture_end()
+        stream.wait_stream(side)
+        graph.replay()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(stream)
         for _ in range(_ROUNDS):
-            for m in mats:
-                launch(x, m, suhs, svhs, ys, splits)
+            graph.replay()
         end.record(stream)
         end.synchronize()
         return start.elapsed_time(end)
