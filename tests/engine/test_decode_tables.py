@@ -67,9 +67,13 @@ def test_fixed_shape_decode_matches_per_sequence_step(tiny_model_factory, varian
         batch, pages = [(3, None), (4, 5), (8, 10)][step % 3]
         batch = batch if bits == 16 else 3
         got = run_decode_step(model.module, cache, items, max_pages=pages, batch=batch, scratch_page=scratch)
+        # Even at the real batch a code can flip: the per-sequence reference runs other GEMM
+        # shapes than the fixed-shape step (seen on a Xeon at 8 bits: 4e-4 relative); a wrong page
+        # or table entry moves the logits by order 1.
+        tol = 1e-5 if bits == 16 else 2e-3
         for g, e in zip(got, expected):
             assert g.shape == e.shape == (1, 320)
-            assert _rel(g, e) < 1e-5
+            assert _rel(g, e) < tol
         tokens = [int(e.argmax()) for e in expected]
         ref_items = [StepItem([t], i.past + 1, i.block_table) for t, i in zip(tokens, ref_items)]
         items = [StepItem([t], i.past + 1, i.block_table) for t, i in zip(tokens, items)]
