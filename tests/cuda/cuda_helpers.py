@@ -1,4 +1,5 @@
-"""Helpers the GPU tests share: relative error against a reference, CUDA graph capture."""
+"""Helpers the GPU tests share: relative error against a reference, CUDA graph capture, a spy on
+the extension's v5 GEMV."""
 
 from __future__ import annotations
 
@@ -29,3 +30,19 @@ def capture(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
     with torch.cuda.graph(graph):
         out = run()
     return graph, out
+
+
+class GemvV5Spy:
+    """Stands in for the extension module (``ops.extension``): every ``exl3_gemv_v5`` call's
+    arguments are recorded in ``calls``, then passed on; everything else is the extension's."""
+
+    def __init__(self, ext) -> None:
+        self._ext = ext
+        self.calls: list[tuple] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._ext, name)
+
+    def exl3_gemv_v5(self, *args):
+        self.calls.append(args)
+        return self._ext.exl3_gemv_v5(*args)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import capture, rel_fro
+from cuda_helpers import GemvV5Spy, capture, rel_fro
 from test_exl3_gemv_v5 import SAME_TOL, TOL, _exact_w, _random_layer
 
 from engine import gemv_tuning, ops
@@ -96,29 +96,19 @@ def test_int8_multi_launch_deterministic_and_graph_replay() -> None:
 def test_int8_is_the_default_where_it_applies(monkeypatch) -> None:
     """ops.GEMV_INT8 routes MUL1 at 1..GEMV_INT8_ROWS rows with the fast kernel to int8, nothing else; asking
     for int8 where it cannot run is a ValueError that says why."""
-    seen = []
-    ext = ops.extension()
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(ext, name)
-
-        def exl3_gemv_v5(self, *args):
-            seen.append(args[-1])  # the int8 flag
-            return ext.exl3_gemv_v5(*args)
-
+    spy = GemvV5Spy(ops.extension())
     monkeypatch.setattr(gemv_tuning, "TUNE", False)
     monkeypatch.setattr(ops, "GEMV_V5", True)
-    monkeypatch.setattr(ops, "extension", lambda: Spy())
+    monkeypatch.setattr(ops, "extension", lambda: spy)
     t, suh, svh = _random_layer(256, 384, 4, seed=2)
     for flag in (True, False):
         monkeypatch.setattr(ops, "GEMV_INT8", flag)
-        seen.clear()
+        spy.calls.clear()
         for m in (1, ops.GEMV_INT8_ROWS, ops.GEMV_INT8_ROWS + 1):
             ops.exl3_gemv(torch.randn(m, 256, device="cuda").half(), t, suh, svh, "mul1", fast=True)
         ops.exl3_gemv(torch.randn(1, 256, device="cuda").half(), t, suh, svh, "mcg", fast=True)
         ops.exl3_gemv(torch.randn(1, 256, device="cuda").half(), t, suh, svh, "mul1", fast=False)
-        assert seen == [flag, flag, False, False, False]
+        assert [args[-1] for args in spy.calls] == [flag, flag, False, False, False]  # int8 flags
     x = torch.randn(1, 256, device="cuda").half()
     with pytest.raises(ValueError, match="MUL1"):
         ops.exl3_gemv(x, t, suh, svh, "mcg", int8=True)

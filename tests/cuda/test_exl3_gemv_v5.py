@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import capture, rel_fro
+from cuda_helpers import GemvV5Spy, capture, rel_fro
 
 from engine import gemv_tuning, ops
 from engine.quant.codebooks import CODEBOOKS
@@ -178,25 +178,15 @@ def test_v5_graph_replay_equals_eager() -> None:
 
 def test_v5_env_flag_routes_every_gemv(monkeypatch) -> None:
     """TRELLIS_GEMV_V5 (ops.GEMV_V5) is the default of both entry points."""
-    calls = []
-    ext = ops.extension()
-
-    class Spy:
-        def __getattr__(self, name):
-            return getattr(ext, name)
-
-        def exl3_gemv_v5(self, *args):
-            calls.append(len(args[1]))
-            return ext.exl3_gemv_v5(*args)
-
+    spy = GemvV5Spy(ops.extension())
     monkeypatch.setattr(ops, "GEMV_V5", True)
     monkeypatch.setattr(gemv_tuning, "TUNE", False)  # only the routed calls, no timing launches
-    monkeypatch.setattr(ops, "extension", lambda: Spy())
+    monkeypatch.setattr(ops, "extension", lambda: spy)
     t, suh, svh = _random_layer(256, 384, 3, seed=2)
     x = torch.randn(2, 256, device="cuda", dtype=torch.float16)
     ops.exl3_gemv(x, t, suh, svh, "mcg")
     ops.exl3_gemv_multi(x, [t, t], [suh, suh], [svh, svh], "mcg")
-    assert calls == [1, 2]
+    assert [len(args[1]) for args in spy.calls] == [1, 2]  # matrices per launch
 
 
 def test_v5_chained_waits_for_the_previous_kernels_output() -> None:
