@@ -62,6 +62,10 @@ struct alignas(16) GemvV5Smem {
   int wqsum_s[kGemvThreads / 32][kV5Int8MaxRows];   // int8: each warp's sum of q per row
 };
 
+// max that keeps a NaN (fmaxf drops it): a NaN input row must give NaN outputs, as the fp16
+// kernels do, not the finite garbage its fixed-point conversion would make of it.
+__device__ __forceinline__ float max_nan(float a, float b) { return (b > a || b != b) ? b : a; }
+
 // D = A * B + D on the integer tensor cores: A u8 (16 x 32, row), B s8 (32 x 8, col), s32 sums.
 __device__ __forceinline__ void mma_16832_u8s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -184,12 +188,12 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
             const __half2 hv = __floats2half2_rn(v[j][2 * p] * kRsqrt128, v[j][2 * p + 1] * kRsqrt128);
             const float2 back = __half22float2(hv);
             rsum += back.x + back.y;
-            rmax = fmaxf(rmax, fmaxf(fabsf(back.x), fabsf(back.y)));
+            rmax = max_nan(rmax, max_nan(fabsf(back.x), fabsf(back.y)));
             frag[((k & 7) >> 1) * 2 + (k >> 3)] = h2_as_u32(hv);  // quad (k%8)/2, half k/8
           }
           if constexpr (I8) {
 #pragma unroll
-            for (int r = 0; r < kV5Int8MaxRows; ++r) wmax[r] = r == n ? fmaxf(wmax[r], rmax) : wmax[r];
+            for (int r = 0; r < kV5Int8MaxRows; ++r) wmax[r] = r == n ? max_nan(wmax[r], rmax) : wmax[r];
           } else if constexpr (FAST && CB == CB_MUL1) {
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xFFFFFFFFu, rsum, o);
@@ -206,7 +210,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 #pragma unroll
     for (int r = 0; r < kV5Int8MaxRows; ++r) {
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) wmax[r] = fmaxf(wmax[r], __shfl_xor_sync(0xFFFFFFFFu, wmax[r], o));
+      for (int o = 16; o > 0; o >>= 1) wmax[r] = max_nan(wmax[r], __shfl_xor_sync(0xFFFFFFFFu, wmax[r], o));
       if (lane == 0) sm.wmax_s[warp][r] = wmax[r];  // 0 where the warp had no item of row r
     }
   }
@@ -224,7 +228,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     for (int r = 0; r < kV5Int8MaxRows; ++r) {
       float amax = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, sm.wmax_s[w][r]);
+      for (int w = 0; w < kWarps; ++w) amax = max_nan(amax, sm.wmax_s[w][r]);
       inv[r] = amax > 0.f ? kV5Int8Range / amax : 0.f;
     }
     uint32_t* q_s = reinterpret_cast<uint32_t*>(u_s);
@@ -386,7 +390,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       float amax = 0.f;
       int qsum = 0;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) amax = fmaxf(amax, sm.wmax_s[w][n]), qsum += sm.wqsum_s[w][n];
+      for (int w = 0; w < kWarps; ++w) amax = max_nan(amax, sm.wmax_s[w][n]), qsum += sm.wqsum_s[w][n];
       a = amax / kV5Int8Range * fmaf(k_inv, a, k_off * static_cast<float>(qsum));
     } else if constexpr (FAST && CB == CB_MUL1) {
       // sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u), per block (linear in the splits)

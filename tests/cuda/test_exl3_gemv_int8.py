@@ -71,6 +71,20 @@ def test_int8_input_outliers_and_zeros() -> None:
     assert torch.count_nonzero(_int8(zero, trellis, suh, svh)) == 0
 
 
+def test_int8_propagates_nan_and_inf_like_the_fp16_kernel() -> None:
+    """A non-finite input makes its row's outputs non-finite (as the fp16 kernels' do), not the
+    finite values its fixed-point conversion would otherwise produce; the other row is unaffected."""
+    trellis, suh, svh = _random_layer(2048, 384, 4, seed=4)
+    w = _exact_w(trellis, suh, svh, "mul1")
+    for bad in (float("nan"), float("inf")):
+        x = torch.randn(2, 2048, device="cuda", dtype=torch.float16)
+        x[0, 1000] = bad
+        y = _int8(x, trellis, suh, svh)
+        fast = ops.exl3_gemv(x, trellis, suh, svh, "mul1", fast=True, v5=True, int8=False)
+        assert not torch.isfinite(y[0]).any() and not torch.isfinite(fast[0]).any(), bad
+        assert rel_fro(y[1], x[1:].double().cpu() @ w) < TOL[torch.float16], bad
+
+
 def test_int8_multi_launch_deterministic_and_graph_replay() -> None:
     """q/k/v in one launch = each matrix alone at the same split count, bit for bit; repeated
     calls and a replayed graph give the same bits."""
