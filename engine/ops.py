@@ -192,6 +192,16 @@ def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) 
     return True
 
 
+def int8_gemv_available(device: torch.device) -> bool:
+    """True where MUL1 GEMVs at 1..GEMV_INT8_ROWS rows run the int8 kernel by default (sm_90+, the
+    extension with GEMV v5, the fast variant, ``TRELLIS_GEMV_INT8`` not 0): for reports."""
+    if device.type != "cuda" or not (GEMV_INT8 and GEMV_V5 and GEMV_FAST):
+        return False
+    ext = extension()
+    has_v5 = ext is not None and hasattr(ext, "exl3_gemv_v5")
+    return has_v5 and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _v5_variant(codebook: str, fast: bool, int8: bool | None, rows: int) -> str:
     """Which v5 kernel runs: "int8", "fast" or "exact". ``int8=None`` takes the int8 kernel where
     it applies and :data:`GEMV_INT8` allows it; ``int8=True`` insists (a ValueError where it cannot)."""

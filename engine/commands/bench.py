@@ -290,6 +290,7 @@ def run(args: argparse.Namespace) -> int:
         "cache_bits": list(cache_bits(args)),
         "cuda_graphs": _graphs_on(args, device),
         "chained_launches": False,  # set below where the decode step's kernels launch chained
+        "int8_gemv": False,  # set below where MUL1 GEMVs at 1-2 rows run on the integer tensor cores
         "rows": [],
     }
     _log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
@@ -309,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
 
         results["extension"] = ops.status()
         results["chained_launches"] = ops.CHAINED and ops.chained_launches_supported(device)
+        results["int8_gemv"] = ops.int8_gemv_available(device)
     if not args.no_peer:
         peer_row(args, device, dtype, bandwidth, results)
     print(format_table(results))
@@ -322,7 +324,8 @@ def format_table(r: dict) -> str:
         f"{r['model']} on {r['device']} ({r['dtype']}, {r['threads']} threads), "
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s, batch {b}, {r['decode_tokens']} new tokens, "
         f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, "
-        f"chained launches {'on' if r['chained_launches'] else 'off'}",
+        f"chained launches {'on' if r['chained_launches'] else 'off'}, "
+        f"int8 GEMV {'on' if r.get('int8_gemv') else 'off'}",
         f"{'':<14}{'GB/step':>8}{'decode':>9}{'roof':>8}{'%':>5}"
         f"{'@' + str(r['context']):>9}{'roof':>8}{'%':>5}{'prefill':>10}{'peak GB':>9}",
         f"{'':<14}{'':>8}{'tok/s':>9}{'tok/s':>8}{'':>5}{'tok/s':>9}{'tok/s':>8}{'':>5}"

@@ -144,8 +144,9 @@ def test_synthetic_bench_end_to_end_without_peer(tiny_json, tmp_path, capsys):
         )
     assert "transformers" not in r
     assert r["chained_launches"] is False  # a CPU run: no extension, nothing chained
+    assert r["int8_gemv"] is False
     printed = capsys.readouterr().out
-    assert "2 bpw" in printed and "chained launches off" in printed
+    assert "2 bpw" in printed and "chained launches off" in printed and "int8 GEMV off" in printed
 
 
 def test_bench_needs_exactly_one_model_source(tiny_json):
