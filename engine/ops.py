@@ -177,10 +177,15 @@ def chained_launches(device: torch.device, enabled: bool = True) -> Iterator[Non
         ext.set_chained_launches(previous)
 
 
-def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) -> bool:
+def _v5_runs(ext: ModuleType | None, device: torch.device, v5: bool | None) -> bool:
+    """GEMV v5 is selected (``v5``, default :data:`GEMV_V5`), built, and the GPU has clusters."""
     if not (GEMV_V5 if v5 is None else v5) or not hasattr(ext, "exl3_gemv_v5"):
         return False
-    if torch.cuda.get_device_capability(x.device)[0] < 9:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) -> bool:
+    if not _v5_runs(ext, x.device, v5):
         return False
     # Checked here, not left to the extension: a failed argument check inside the extension once
     # killed the process on the GPU machine instead of raising (not reproduced since, ext/NOTES.md),
@@ -195,11 +200,9 @@ def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) 
 def int8_gemv_available(device: torch.device) -> bool:
     """True where MUL1 GEMVs at 1..GEMV_INT8_ROWS rows run the int8 kernel by default (sm_90+, the
     extension with GEMV v5, the fast variant, ``TRELLIS_GEMV_INT8`` not 0): for reports."""
-    if device.type != "cuda" or not (GEMV_INT8 and GEMV_V5 and GEMV_FAST):
+    if device.type != "cuda" or not (GEMV_INT8 and GEMV_FAST):
         return False
-    ext = extension()
-    has_v5 = ext is not None and hasattr(ext, "exl3_gemv_v5")
-    return has_v5 and torch.cuda.get_device_capability(device)[0] >= 9
+    return _v5_runs(extension(), device, None)
 
 
 def _v5_variant(codebook: str, fast: bool, int8: bool | None, rows: int) -> str:
