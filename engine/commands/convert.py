@@ -23,6 +23,7 @@ def register(sub) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
+    add_quantizer_args(p)
     add_tf32_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=8192, help="shard size in MiB (default 8192)")
@@ -47,6 +48,22 @@ def add_allocation_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=32,
         help="calibration rows of the sensitivity pre-pass (default 32)",
+    )
+
+
+def add_quantizer_args(p: argparse.ArgumentParser) -> None:
+    """``--damping`` and ``--no-refit`` (shared with the ``quality`` command)."""
+    p.add_argument(
+        "--damping",
+        type=float,
+        default=0.01,
+        help="Hessian damping, relative to its mean diagonal (default 0.01)",
+    )
+    p.add_argument(
+        "--no-refit",
+        action="store_true",
+        help="keep the input/output channel scales chosen before LDLQ instead of refitting them to the "
+        "quantized weights (least squares in the layer's loss)",
     )
 
 
@@ -78,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         allocation=args.allocation,
         sensitivity_rows=args.sensitivity_rows,
         tf32=args.tf32,
+        damping=args.damping,
+        refit=not args.no_refit,
     )
     report = convert_model(
         args.input, args.output, options, resume=args.resume, log=lambda m: print(m, flush=True)

@@ -8,7 +8,10 @@ Rows of the table (issue 3, acceptance 3):
   with the bits per linear chosen by ``--allocation`` (``sensitivity`` by default, or ``uniform``);
 * ``gguf T``: the same tensors quantized and dequantized back by the ``gguf`` package's own
   quantizers (``gguf.quants``), i.e. llama.cpp's reference ``quantize_row_*_ref`` without an
-  importance matrix, written as a float32 HF directory and run by our engine.
+  importance matrix, written as a float32 HF directory and run by our engine;
+* ``--compare DIR[=NAME]``: a model directory quantized elsewhere (an EXL3 model made by
+  ExLlamaV3's converter, from the Hub or the test fixtures), scored as it is: the head-to-head
+  of our converter against the reference one on the same weights.
 
 Which tensors a GGUF row quantizes: exactly those the EXL3 converter quantizes (every decoder
 linear and the output head). When the head is tied to the embedding there is only one tensor, so
@@ -37,7 +40,7 @@ from pathlib import Path
 import torch
 
 from engine.commands.common import run_alone
-from engine.commands.convert import add_allocation_args, add_tf32_arg
+from engine.commands.convert import add_allocation_args, add_quantizer_args, add_tf32_arg
 
 DEFAULT_BPW = "2,3,4,5,6,8"
 DEFAULT_GGUF = "q8_0,q5_0,q4_0"
@@ -228,6 +231,30 @@ def write_gguf_model(src: Path, dst: Path, type_name: str, head_type: str, log: 
     return {"quantized": len(targets) - len(skipped), "skipped": skipped, "tied": tied, "head": head}
 
 
+# -- models quantized elsewhere ----------------------------------------------------------------------
+
+
+def compare_row(item: str) -> tuple[str, Path]:
+    """``DIR[=NAME]`` -> (row name, directory); the name defaults to the directory's name."""
+    path, _, name = item.partition("=")
+    model_dir = Path(path)
+    if not (model_dir / "config.json").is_file():
+        raise SystemExit(f"error: --compare {path}: no config.json there (not a model directory)")
+    return (name or model_dir.name), model_dir
+
+
+def quantized_description(model_dir: Path) -> tuple[float | None, str]:
+    """(bits per weight, head) of a quantized model directory, from its ``quantization_config``;
+    (None, "as stored") when it has none."""
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    quant = config.get("quantization_config") or {}
+    bits = quant.get("bits")
+    head_bits = quant.get("head_bits")
+    method = str(quant.get("quant_method", "")).upper()
+    head = f"{method} {head_bits} bit" if head_bits else "as stored"
+    return (float(bits) if bits is not None else None), head
+
+
 # -- EXL3 conversion --------------------------------------------------------------------------------
 
 
@@ -251,6 +278,8 @@ def convert_exl3(src: Path, dst: Path, bpw: float, args: argparse.Namespace, log
         allocation=args.allocation,
         sensitivity_rows=args.sensitivity_rows,
         tf32=args.tf32,
+        damping=args.damping,
+        refit=not args.no_refit,
     )
     resume = (dst / WORK_DIR).exists()
     t0 = time.perf_counter()
@@ -317,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
         body, _, head_type = item.partition(":")
         gguf_rows.append((f"gguf {item}", body, head_type or args.gguf_head or body))
         gguf_type(body), gguf_type(gguf_rows[-1][2])  # fail early (unknown type, no gguf package)
+    compare_rows = [compare_row(item) for item in args.compare]
     device = str(resolve_device(args.device))
     text_path = Path(args.text_file)
     tokenizer = Tokenizer.from_dir(src)
@@ -335,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
         "codebook": args.codebook,
         "cal": [args.cal_rows, args.cal_cols],
         "allocation": [args.allocation, args.sensitivity_rows],
+        "quantizer": [args.damping, not args.no_refit],
         "gguf_head": args.gguf_head,
     }
     rows_file = work / ROWS_FILE
@@ -363,8 +394,10 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     keep(base_row)
 
-    def scored(name: str, kind: str, bpw: float, head: str, model_dir: Path, convert_s, note="") -> Row:
-        if name in saved:
+    def scored(
+        name: str, kind: str, bpw: float | None, head: str, model_dir: Path, convert_s, note="", cache=True
+    ) -> Row:
+        if cache and name in saved:
             log(f" -- {name}: from {rows_file}")
             row = Row(**saved[name])
         else:
@@ -391,6 +424,11 @@ def run(args: argparse.Namespace) -> int:
         scored(name, "exl3", float(bits), head, dst, seconds)
         if not args.keep:
             shutil.rmtree(dst)
+
+    for name, model_dir in compare_rows:
+        bits, head = quantized_description(model_dir)
+        note = f"scored as found in {model_dir}"
+        scored(name, "compare", bits, head, model_dir, None, note=note, cache=False)
 
     for name, t, head_type in gguf_rows:
         dst = work / name.replace(" ", "-").replace(":", "-")
@@ -483,6 +521,15 @@ def register(sub) -> None:
     p.add_argument("--cal-rows", type=int, default=250, help="EXL3 calibration rows (default 250)")
     p.add_argument("--cal-cols", type=int, default=2048, help="EXL3 tokens per calibration row")
     add_allocation_args(p)
+    add_quantizer_args(p)
+    p.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="DIR[=NAME]",
+        help="also score a model directory quantized elsewhere (e.g. by ExLlamaV3's converter) as a "
+        "row named NAME; repeatable",
+    )
     p.add_argument("--work", default="quality_work", help="work directory (resumable)")
     add_tf32_arg(p)
     p.add_argument("--keep", action="store_true", help="keep the quantized model directories")

@@ -74,6 +74,8 @@ class ConvertOptions:
     allocation: str = "sensitivity"
     sensitivity_rows: int = 32  # calibration rows the sensitivity pre-pass runs over
     tf32: bool = False  # calibration matmuls on TF32 tensor cores (CUDA; see calibration_matmuls)
+    damping: float = 0.01  # Hessian damping relative to its mean diagonal (engine.quant.ldl)
+    refit: bool = True  # refit suh/svh to the chosen trellis (engine.quant.refit)
 
     def job_key(self) -> dict:
         """The options that change the result (a resume must match them). Device, shard size and
@@ -319,6 +321,7 @@ def _allocate(
             range(lo, hi + 1),
             seed=options.seed,
             out_scales=options.out_scales,
+            damping=options.damping,
             log=log,
         )
         sens = [sensitivities[s.key] for s in all_slots]
@@ -526,6 +529,8 @@ def _convert_model(
                 options.codebook,
                 seed=options.seed * 100003 + len(block_tensors) + i * 1009,
                 out_scales=options.out_scales,
+                damping=options.damping,
+                refit=options.refit,
                 device=device,
                 warn=lambda msg, key=s.key: log(f"    warning: {key}: {msg}"),
             )
@@ -537,6 +542,8 @@ def _convert_model(
             if s.key in sensitivities:  # the pre-pass's figures at this K, for comparison
                 sens = sensitivities[s.key]
                 line += f"  predicted={sens.proxies[s.bits]:.6f}  e={sens.at(s.bits):.2e}"
+            if qt.refit is not None:
+                line += f"  refit {qt.refit.before:.6f}->{qt.refit.after:.6f}"
             lines.append(line)
         with torch.inference_mode():
             hidden = _run_block(block, hidden, chunk_rows)
@@ -570,12 +577,17 @@ def _convert_model(
             options.codebook,
             seed=options.seed + 7,
             out_scales=options.out_scales,
+            damping=options.damping,
+            refit=options.refit,
             device=device,
             warn=lambda msg: log(f"    warning: {head_key}: {msg}"),
         )
         head_tensors = qt.tensors(head_key)
         report.head = {"bits": options.head_bits, "proxy_err": qt.proxy_error}
-        log(f"    {head_key:48s} K={options.head_bits}  proxy_err={qt.proxy_error:.6f}")
+        line = f"    {head_key:48s} K={options.head_bits}  proxy_err={qt.proxy_error:.6f}"
+        if qt.refit is not None:
+            line += f"  refit {qt.refit.before:.6f}->{qt.refit.after:.6f}"
+        log(line)
 
     # Assemble the output in module order: embed, per layer (norms and linears), final norm, head.
     done = {}

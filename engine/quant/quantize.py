@@ -16,7 +16,9 @@ orientation: ``W`` is ``(in, out)`` (the HF weight transposed) and the stored te
 4. LDLQ: 16-row strips from last to first, each strip's target corrected by the already
    quantized strips' error through the block-LDL factor of the rotated Hessian, then encoded
    tile by tile with the tail-biting Viterbi (:mod:`engine.quant.viterbi`).
-5. Pack the states (:func:`engine.quant.trellis.pack_states`).
+5. Refit ``suh``/``svh`` to the chosen trellis by least squares in the layer's loss
+   (:mod:`engine.quant.refit`; with a Hessian, ``refit=True``).
+6. Pack the states (:func:`engine.quant.trellis.pack_states`).
 
 ``suh``/``svh`` are rounded to fp16 *before* the target is formed, so the decoder sees exactly
 the scales the target was computed with.
@@ -33,6 +35,7 @@ from engine.quant.codebooks import FLAG_VALUES, INST3, codebook_table
 from engine.quant.hadamard import HADAMARD_SIZE, blockwise_hadamard
 from engine.quant.ldl import block_ldl
 from engine.quant.reconstruct import matrix_to_tiles, tiles_to_matrix
+from engine.quant.refit import RefitScales, refit_scales
 from engine.quant.trellis import TILE, check_bits, pack_states
 from engine.quant.viterbi import encode_tiles
 
@@ -64,6 +67,7 @@ class QuantizedTensors:
     proxy_error: float  # tr(E^T H E) / tr(W^T H W) in the rotated basis
     scale: float  # the global scale a
     damping: float  # Hessian damping used (inf: no error feedback)
+    refit: RefitScales | None = None  # the scale refit's loss before/after (None: not run)
 
     def tensors(self, prefix: str, bias: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """Named tensors in the reference layout (section 3.1): suh, svh, flag, trellis, bias."""
@@ -254,6 +258,7 @@ def quantize_weight(
     out_scales: bool = True,
     damping: float = 0.01,
     search_scale: bool = True,
+    refit: bool = True,
     device: torch.device | str | None = None,
     warn: Callable[[str], None] | None = None,
 ) -> QuantizedTensors:
@@ -261,6 +266,7 @@ def quantize_weight(
 
     ``hessian`` ``(in, in)`` is the layer's input second moment ``E[x^T x]`` (None: plain
     rounding with no error feedback). Stored dims are padded to multiples of 128 (section 3.3).
+    ``refit``: step 5 (needs a usable Hessian).
     """
     check_bits(bits)
     device = torch.device(device) if device is not None else weight.device
@@ -300,6 +306,23 @@ def quantize_weight(
         proxy = float(e.pow(2).sum() / target.double().pow(2).sum())
 
     svh = sv.clone()
+    fit = None
+    if refit and h_rot is not None:
+        suh, svh, fit = _refit(inc, hessian, suh, q)
     svh[dead] = 0  # padded / all-zero output columns give exactly zero outputs
     trellis = pack_states(states, bits)
-    return QuantizedTensors(trellis, suh, svh, codebook, bits, proxy, a, damp)
+    return QuantizedTensors(trellis, suh, svh, codebook, bits, proxy, a, damp, fit)
+
+
+def _refit(
+    inc: Incoherent, hessian: torch.Tensor, suh: torch.Tensor, q: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, RefitScales]:
+    """Step 5: ``(suh, svh, fit)`` refit to the decoded rotated weight ``q``, rounded to fp16."""
+    sv = inc.sv.float()
+    original = blockwise_hadamard(inc.w, dim=1) * sv  # the padded weight, (in, out)
+    decoded = blockwise_hadamard(blockwise_hadamard(q, dim=0) * suh.float().unsqueeze(1), dim=1) * sv
+    in_f = hessian.shape[0]
+    h = torch.zeros(q.shape[0], q.shape[0], dtype=torch.float32, device=q.device)
+    h[:in_f, :in_f] = hessian.to(device=q.device, dtype=torch.float32)
+    fit = refit_scales(original, decoded, h)
+    return _fp16_nonzero(suh.float() * fit.rows), _fp16_nonzero(sv * fit.cols), fit

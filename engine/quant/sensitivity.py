@@ -167,6 +167,7 @@ def measure_sensitivity(
     *,
     seed: int = 0,
     out_scales: bool = True,
+    damping: float = 0.01,
     log: Callable[[str], None] = print,
 ) -> dict[str, Sensitivity]:
     """Run the pre-pass (module docstring) over ``blocks`` with their :class:`LinearSlot` lists
@@ -193,7 +194,12 @@ def measure_sensitivity(
             weight = linear.weight
             h = hooks[s.key].hessian()
             predicted = predicted_proxies(
-                weight.detach(), h, ks, seed=seed * 100003 + i * 1009 + j, out_scales=out_scales
+                weight.detach(),
+                h,
+                ks,
+                seed=seed * 100003 + i * 1009 + j,
+                out_scales=out_scales,
+                damping=damping,
             )
             trace_h = float(h.diagonal().sum())
             std = (predicted[k_ref][0] / (s.out_features * trace_h)) ** 0.5 if trace_h > 0 else 0.0

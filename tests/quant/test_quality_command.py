@@ -149,3 +149,26 @@ def test_runs_without_the_gguf_package(tmp_path: Path, monkeypatch) -> None:
     assert quality.main([*argv, "--gguf", ""]) == 0
     (row,) = json.loads((tmp_path / "q.json").read_text())["rows"]
     assert row["name"] == "unquantized"
+
+
+def test_compare_scores_a_model_quantized_elsewhere(exl3_dir: Path, tmp_path: Path) -> None:
+    # The fixture's ExLlamaV3 conversions of tiny-llama-hf, scored against it as found.
+    src = exl3_dir / "tiny-llama-hf"
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT.read_text()[:1500])
+    out_json = tmp_path / "q.json"
+    argv = ["-m", str(src), "--text-file", str(text), "--ctx", "128", "--device", "cpu", "--dtype", "float32"]
+    argv += ["--no-exl3", "--gguf", "", "--work", str(tmp_path / "work"), "--json", str(out_json)]
+    argv += ["--compare", f"{exl3_dir / 'tiny-llama-exl3-2.5bpw-h4-mcg'}=ref 2.5"]
+    argv += ["--compare", str(exl3_dir / "tiny-llama-exl3-5.5bpw-h8-3inst")]
+    assert quality.main(argv) == 0
+    rows = {r["name"]: r for r in json.loads(out_json.read_text())["rows"]}
+    assert list(rows) == ["unquantized", "ref 2.5", "tiny-llama-exl3-5.5bpw-h8-3inst"]
+    low, high = rows["ref 2.5"], rows["tiny-llama-exl3-5.5bpw-h8-3inst"]
+    assert (low["bpw"], low["head"], low["kind"]) == (2.5, "EXL3 4 bit", "compare")
+    assert (high["bpw"], high["head"]) == (5.5, "EXL3 8 bit")
+    # More bits, closer to the source model (the fixture's 2.5 bpw: KL ~1e-3; 5.5 bpw: ~4e-5).
+    assert 0 < high["mean_kl"] < low["mean_kl"] < 0.01
+    assert low["tokens"] == rows["unquantized"]["tokens"] > 200
+    with pytest.raises(SystemExit, match="no config.json"):
+        quality.main([*argv, "--compare", str(tmp_path)])
