@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import fp16_bits
+from quant_helpers import fp16_bits
 
 from engine.quant.codebooks import (
     CODEBOOKS,

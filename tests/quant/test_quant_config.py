@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import VARIANTS
+from quant_helpers import VARIANTS
 
 from engine.errors import ModelLoadError
 from engine.quant.config import (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import rel_fro
+from quant_helpers import rel_fro
 
 from engine.quant import (
     EXL3Linear,

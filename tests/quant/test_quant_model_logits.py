@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VARIANTS
+from quant_helpers import VARIANTS
 
 from engine.cache.paged import PagedKVCache
 from engine.generation.step import score_tokens

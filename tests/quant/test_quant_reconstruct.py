@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VARIANTS, fp16_bits, rel_fro
+from quant_helpers import VARIANTS, fp16_bits, rel_fro
 
 from engine.quant import is_exl3_linear
 from engine.quant.codebooks import CODEBOOKS, codebook_from_flags
