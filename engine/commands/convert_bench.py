@@ -9,7 +9,8 @@ in total and per stage:
   (its own block forwards and LDL factorisations are not counted in the stages below);
 - ``hessian_forward``: the unquantized block forwards that record the input Hessians;
 - ``ldl``: the block-LDL factorisations; ``viterbi``: the trellis encoder (plus its tiles/s);
-- ``packing``: state packing; ``quantized_forward``: the quantized block forwards;
+- ``packing``: state packing; ``refit``: the scale refit (:mod:`engine.quant.refit`);
+  ``quantized_forward``: the quantized block forwards;
 - ``quantize_other``: the rest of ``quantize_weight`` (rotations, LDLQ feedback, scale search).
 
 ``--layers N`` converts only the first N decoder layers (plus the head) and extrapolates the
@@ -43,6 +44,7 @@ STAGES = (
     "ldl",
     "viterbi",
     "packing",
+    "refit",
     "quantize_other",
     "quantized_forward",
 )
@@ -141,6 +143,7 @@ class StageTimer:
         self.wrap(quantize, "encode_tiles", viterbi_stage)
         self.wrap(quantize, "block_ldl", lambda a: "ldl")
         self.wrap(quantize, "pack_states", lambda a: "packing")
+        self.wrap(quantize, "_refit", lambda a: "refit")
 
     def uninstall(self) -> None:
         for undo in reversed(self._undo):
@@ -150,7 +153,7 @@ class StageTimer:
     def stages(self) -> dict[str, float]:
         s = dict(self.seconds)
         total_q = s.pop("quantize_total", 0.0)
-        parts = sum(s.get(k, 0.0) for k in ("viterbi", "ldl", "packing"))
+        parts = sum(s.get(k, 0.0) for k in ("viterbi", "ldl", "packing", "refit"))
         s["quantize_other"] = max(0.0, total_q - parts)
         return {k: round(s.get(k, 0.0), 2) for k in STAGES}
 
