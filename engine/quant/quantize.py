@@ -21,7 +21,8 @@ orientation: ``W`` is ``(in, out)`` (the HF weight transposed) and the stored te
 6. Pack the states (:func:`engine.quant.trellis.pack_states`).
 
 ``suh``/``svh`` are rounded to fp16 *before* the target is formed, so the decoder sees exactly
-the scales the target was computed with.
+the scales the target was computed with; step 5 then moves them to the best fit for the chosen
+trellis and rounds them again (``proxy_error`` stays LDLQ's own, before the refit).
 """
 
 from __future__ import annotations
