@@ -280,6 +280,7 @@ def convert_exl3(src: Path, dst: Path, bpw: float, args: argparse.Namespace, log
         tf32=args.tf32,
         damping=args.damping,
         refit=not args.no_refit,
+        seed=args.seed,
     )
     resume = (dst / WORK_DIR).exists()
     t0 = time.perf_counter()
@@ -365,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
         "codebook": args.codebook,
         "cal": [args.cal_rows, args.cal_cols],
         "allocation": [args.allocation, args.sensitivity_rows],
-        "quantizer": [args.damping, not args.no_refit],
+        "quantizer": [args.damping, not args.no_refit, args.seed],
         "gguf_head": args.gguf_head,
     }
     rows_file = work / ROWS_FILE
@@ -522,6 +523,13 @@ def register(sub) -> None:
     p.add_argument("--cal-cols", type=int, default=2048, help="EXL3 tokens per calibration row")
     add_allocation_args(p)
     add_quantizer_args(p)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="converter seed (sign flips, calibration rows): rerun with others to see how much of a "
+        "difference between two rows one conversion's luck can make",
+    )
     p.add_argument(
         "--compare",
         action="append",

@@ -172,3 +172,22 @@ def test_compare_scores_a_model_quantized_elsewhere(exl3_dir: Path, tmp_path: Pa
     assert low["tokens"] == rows["unquantized"]["tokens"] > 200
     with pytest.raises(SystemExit, match="no config.json"):
         quality.main([*argv, "--compare", str(tmp_path)])
+
+
+def test_converter_options_reach_the_converter(tmp_path: Path, monkeypatch) -> None:
+    # --seed, --damping and --no-refit are the converter's; the EXL3 row is converted with them.
+    seen = {}
+
+    def fake_convert(src, dst, options, resume, log):
+        seen.update(seed=options.seed, damping=options.damping, refit=options.refit)
+        raise SystemExit("stop after the options")
+
+    monkeypatch.setattr(convert_mod, "convert_model", fake_convert)
+    src = _tiny_llama(tmp_path / "tiny", tied=True)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT.read_text()[:200])
+    argv = ["-m", str(src), "--text-file", str(text), "--ctx", "64", "--device", "cpu", "--gguf", ""]
+    argv += ["--bpw", "4", "--work", str(tmp_path / "work"), "--seed", "3", "--damping", "0.02", "--no-refit"]
+    with pytest.raises(SystemExit, match="stop after the options"):
+        quality.main(argv)
+    assert seen == {"seed": 3, "damping": 0.02, "refit": False}
