@@ -11,7 +11,7 @@ in total and per stage:
 - ``ldl``: the block-LDL factorisations; ``viterbi``: the trellis encoder (plus its tiles/s);
 - ``packing``: state packing; ``refit``: the scale refit (:mod:`engine.quant.refit`);
   ``quantized_forward``: the quantized block forwards;
-- ``quantize_other``: the rest of ``quantize_weight`` (rotations, LDLQ feedback, scale search).
+- ``quantize_other``: the rest of ``quantize_weights`` (rotations, LDLQ feedback, scale search).
 
 ``--layers N`` converts only the first N decoder layers (plus the head) and extrapolates the
 full model's time from the mean block time; the JSON says which figures are extrapolated.
@@ -139,7 +139,8 @@ class StageTimer:
 
         self.wrap(sensitivity, "measure_sensitivity", lambda a: "sensitivity", exclusive=True)
         self.wrap(convert, "_run_block", forward_stage)
-        self.wrap(convert, "quantize_weight", lambda a: "quantize_total")
+        self.wrap(convert, "quantize_weights", lambda a: "quantize_total")  # a block's linears
+        self.wrap(convert, "quantize_weight", lambda a: "quantize_total")  # the head
         self.wrap(quantize, "encode_tiles", viterbi_stage)
         self.wrap(quantize, "block_ldl", lambda a: "ldl")
         self.wrap(quantize, "pack_states", lambda a: "packing")

@@ -39,7 +39,7 @@ from engine.errors import EngineError
 from engine.quant.allocation import achieved_bits
 from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES, INST3, MCG, MUL1
 from engine.quant.exl3_linear import EXL3Linear
-from engine.quant.quantize import quantize_weight
+from engine.quant.quantize import WeightJob, quantize_weight, quantize_weights, stored_tensor_count
 
 WORK_DIR = ".exl3_work"
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
@@ -420,6 +420,28 @@ def _fp16_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float16) if t.dtype == torch.float32 else t
 
 
+# Linears of one block are encoded in lockstep (engine.quant.quantize.ldlq_many) up to this many
+# weights at once: small strips leave a GPU mostly idle, large ones fill it alone, and every linear
+# in flight holds a few float32 copies of itself.
+LOCKSTEP_WEIGHTS = 64 << 20
+
+
+def lockstep_groups(slots: list[LinearSlot]) -> list[list[LinearSlot]]:
+    """Consecutive runs of ``slots`` of at most :data:`LOCKSTEP_WEIGHTS` weights (a larger linear
+    alone)."""
+    groups: list[list[LinearSlot]] = []
+    size = 0
+    for s in slots:
+        n = s.in_features * s.out_features
+        if groups and size + n <= LOCKSTEP_WEIGHTS:
+            groups[-1].append(s)
+            size += n
+        else:
+            groups.append([s])
+            size = n
+    return groups
+
+
 def convert_model(
     src: str | Path,
     dst: str | Path,
@@ -520,31 +542,41 @@ def _convert_model(
             h.remove()
         block_tensors: dict[str, torch.Tensor] = {}
         lines = []
-        for s in slots:
-            dense = s.get()
-            qt = quantize_weight(
-                dense.weight.detach(),
-                hooks[s.key].hessian(),
-                s.bits,
+        for group in lockstep_groups(slots):
+            jobs = []
+            stored = len(block_tensors)  # tensors stored before each linear: part of its seed
+            for s in group:
+                dense = s.get()
+                jobs.append(
+                    WeightJob(
+                        dense.weight.detach(),
+                        hooks[s.key].hessian(),
+                        s.bits,
+                        seed=options.seed * 100003 + stored + i * 1009,
+                        warn=lambda msg, key=s.key: log(f"    warning: {key}: {msg}"),
+                    )
+                )
+                stored += stored_tensor_count(options.codebook, getattr(dense, "bias", None) is not None)
+            results = quantize_weights(
+                jobs,
                 options.codebook,
-                seed=options.seed * 100003 + len(block_tensors) + i * 1009,
                 out_scales=options.out_scales,
                 damping=options.damping,
                 refit=options.refit,
                 device=device,
-                warn=lambda msg, key=s.key: log(f"    warning: {key}: {msg}"),
             )
-            bias = getattr(dense, "bias", None)
-            tensors = qt.tensors(s.key, bias.detach() if bias is not None else None)
-            block_tensors.update(tensors)
-            s.set(EXL3Linear.from_tensors(tensors, s.in_features, s.out_features, None, name=s.key))
-            line = f"    {s.key:48s} K={s.bits}  proxy_err={qt.proxy_error:.6f}  scale={qt.scale:.4f}"
-            if s.key in sensitivities:  # the pre-pass's figures at this K, for comparison
-                sens = sensitivities[s.key]
-                line += f"  predicted={sens.proxies[s.bits]:.6f}  e={sens.at(s.bits):.2e}"
-            if qt.refit is not None:
-                line += f"  refit {qt.refit.before:.6f}->{qt.refit.after:.6f}"
-            lines.append(line)
+            for s, qt in zip(group, results):
+                bias = getattr(s.get(), "bias", None)
+                tensors = qt.tensors(s.key, bias.detach() if bias is not None else None)
+                block_tensors.update(tensors)
+                s.set(EXL3Linear.from_tensors(tensors, s.in_features, s.out_features, None, name=s.key))
+                line = f"    {s.key:48s} K={s.bits}  proxy_err={qt.proxy_error:.6f}  scale={qt.scale:.4f}"
+                if s.key in sensitivities:  # the pre-pass's figures at this K, for comparison
+                    sens = sensitivities[s.key]
+                    line += f"  predicted={sens.proxies[s.bits]:.6f}  e={sens.at(s.bits):.2e}"
+                if qt.refit is not None:
+                    line += f"  refit {qt.refit.before:.6f}->{qt.refit.after:.6f}"
+                lines.append(line)
         with torch.inference_mode():
             hidden = _run_block(block, hidden, chunk_rows)
         rfn = float((hidden - reference).norm() / reference.norm())

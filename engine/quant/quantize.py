@@ -27,7 +27,7 @@ trellis and rounds them again (``proxy_error`` stays LDLQ's own, before the refi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +81,11 @@ class QuantizedTensors:
         return out
 
 
+def stored_tensor_count(codebook: str, bias: bool) -> int:
+    """How many tensors :meth:`QuantizedTensors.tensors` stores for one linear."""
+    return 3 + (codebook != INST3) + bias
+
+
 def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
@@ -95,33 +100,62 @@ def _random_signs(n: int, gen: torch.Generator, device: torch.device) -> torch.T
     return (torch.randint(0, 2, (n,), generator=gen) * 2 - 1).to(device=device, dtype=torch.float32)
 
 
-def _strip_encode(target: torch.Tensor, k: int, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encode one 16-row strip ``(16, out)``: returns (states ``(out/16, 256)``, decoded strip)."""
-    tiles = matrix_to_tiles(target)[0]  # (out/16, 256) in storage order
-    states = encode_tiles(tiles, k, table)
-    decoded = tiles_to_matrix(table[states.long()].float().unsqueeze(0))
-    return states, decoded
-
-
-def _ldlq(
-    target: torch.Tensor, lower: torch.Tensor | None, k: int, table: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """LDLQ of ``target`` ``(rows, cols)``: returns (states ``(rows/16, cols/16, 256)``, decoded).
+def ldlq_many(
+    problems: Sequence[tuple[torch.Tensor, torch.Tensor | None]], k: int, table: torch.Tensor
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """LDLQ of independent problems ``(target (rows, cols), lower)`` at the same K, in lockstep:
+    returns (states ``(rows/16, cols/16, 256)``, decoded) for each.
 
     Last strip first; strip b's target is ``T_b + sum_{j>b} L_jb^T (T_j - Q_j)`` (``lower`` None:
-    plain rounding, no feedback). Columns never interact, so independent problems can be
-    stacked side by side and encoded in the same Viterbi calls.
+    plain rounding, no feedback). The strips of one problem are sequential, but problems (and the
+    columns within one) never interact, so each step encodes the current strip of every problem in
+    one Viterbi call: a GPU runs a call's tiles side by side, and one small strip alone would leave
+    it mostly idle. Tiles are encoded independently, so the result is the same as one at a time.
     """
-    rows, cols = target.shape
-    q = torch.zeros_like(target)
-    states = torch.zeros(rows // TILE, cols // TILE, 256, dtype=torch.int32, device=target.device)
-    for b in range(rows // TILE - 1, -1, -1):
-        r0, r1 = b * TILE, (b + 1) * TILE
-        strip = target[r0:r1]
-        if lower is not None and r1 < rows:
-            strip = strip + lower[r1:, r0:r1].t() @ (target[r1:] - q[r1:])
-        states[b], q[r0:r1] = _strip_encode(strip, k, table)
-    return states, q
+    qs = [torch.zeros_like(target) for target, _ in problems]
+    states = [
+        torch.zeros(t.shape[0] // TILE, t.shape[1] // TILE, 256, dtype=torch.int32, device=t.device)
+        for t, _ in problems
+    ]
+    strips = [t.shape[0] // TILE for t, _ in problems]
+    for step in range(max(strips, default=0)):
+        tiles, where = [], []
+        for i, (target, lower) in enumerate(problems):
+            if step >= strips[i]:
+                continue
+            b = strips[i] - 1 - step
+            r0, r1 = b * TILE, (b + 1) * TILE
+            strip = target[r0:r1]
+            if lower is not None and r1 < target.shape[0]:
+                strip = strip + lower[r1:, r0:r1].t() @ (target[r1:] - qs[i][r1:])
+            tiles.append(matrix_to_tiles(strip)[0])  # (cols/16, 256) in storage order
+            where.append((i, b))
+        codes = encode_tiles(torch.cat(tiles), k, table)
+        values = table[codes.long()].float()
+        offset = 0
+        for (i, b), part in zip(where, tiles):
+            n = part.shape[0]
+            states[i][b] = codes[offset : offset + n]
+            qs[i][b * TILE : (b + 1) * TILE] = tiles_to_matrix(values[offset : offset + n].unsqueeze(0))
+            offset += n
+    return list(zip(states, qs))
+
+
+@dataclass
+class _ScaleSearch:
+    """The LDLQ problem of :func:`choose_scale_ldlq` and what picks the scale from its result."""
+
+    target: torch.Tensor  # every candidate's scaled sample, side by side
+    lower: torch.Tensor
+    h: torch.Tensor
+    per_col: torch.Tensor  # each column's candidate scale
+    std: float  # the codebook's standard deviation (the grid's unit)
+
+    def best(self, q: torch.Tensor) -> float:
+        e = (self.target - q) / self.per_col  # the error in the unit-weight domain
+        rows = self.target.shape[0]
+        errors = ((self.h @ e) * e).reshape(rows, len(SCALE_GRID), -1).sum((0, 2))  # tr(E^T H E) per scale
+        return SCALE_GRID[int(errors.argmin())] * self.std
 
 
 def choose_scale_ldlq(
@@ -138,6 +172,19 @@ def choose_scale_ldlq(
     Runs on :data:`SEARCH_COLUMNS` columns (whole tiles) and the leading
     :data:`SEARCH_ROWS` rows; all candidates go through the same Viterbi calls.
     """
+    search = _scale_search(unit, h_rot, lower, table, gen)
+    ((_, q),) = ldlq_many([(search.target, search.lower)], k, table)
+    return search.best(q)
+
+
+def _scale_search(
+    unit: torch.Tensor,
+    h_rot: torch.Tensor,
+    lower: torch.Tensor,
+    table: torch.Tensor,
+    gen: torch.Generator | None,
+) -> _ScaleSearch:
+    """The sampled LDLQ problem of :func:`choose_scale_ldlq`, every candidate side by side."""
     std = float(table.float().std())
     n_rows, n_cols = unit.shape
     rows = min(n_rows, SEARCH_ROWS)
@@ -158,13 +205,9 @@ def choose_scale_ldlq(
     h = h_rot[:rows, :rows].float()
     lower_f = lower[:rows, :rows].float()
 
-    # Every candidate's target side by side; the error in the unit-weight domain.
     target = torch.cat([sample * (a * std) for a in SCALE_GRID], dim=1)
-    _, q = _ldlq(target, lower_f, k, table)
     per_col = torch.tensor(SCALE_GRID, device=unit.device).repeat_interleave(sample.shape[1]) * std
-    e = (target - q) / per_col
-    errors = ((h @ e) * e).reshape(rows, len(SCALE_GRID), -1).sum((0, 2))  # tr(E^T H E) per scale
-    return SCALE_GRID[int(errors.argmin())] * std
+    return _ScaleSearch(target, lower_f, h, per_col, std)
 
 
 def choose_scale(
@@ -249,6 +292,19 @@ def rotated_hessian(
     return h, lower, damp
 
 
+@dataclass
+class WeightJob:
+    """One linear for :func:`quantize_weights`: an HF-orientation weight ``(out, in)``, its input
+    second moment ``E[x^T x]`` ``(in, in)`` (None: plain rounding, no error feedback), K, the seed
+    of its random signs, and where its warnings go."""
+
+    weight: torch.Tensor
+    hessian: torch.Tensor | None
+    bits: int
+    seed: int = 0
+    warn: Callable[[str], None] | None = None
+
+
 def quantize_weight(
     weight: torch.Tensor,
     hessian: torch.Tensor | None,
@@ -256,46 +312,99 @@ def quantize_weight(
     codebook: str = "mul1",
     *,
     seed: int = 0,
+    warn: Callable[[str], None] | None = None,
+    **options,
+) -> QuantizedTensors:
+    """Quantize an HF-orientation weight ``(out, in)`` to EXL3 tensors at ``bits`` per weight: one
+    :class:`WeightJob` through :func:`quantize_weights` (``options`` are its keyword options)."""
+    return quantize_weights([WeightJob(weight, hessian, bits, seed, warn)], codebook, **options)[0]
+
+
+@dataclass
+class _InFlight:
+    """A job between the steps of :func:`quantize_weights`."""
+
+    job: WeightJob
+    table: torch.Tensor
+    inc: Incoherent
+    h_rot: torch.Tensor | None  # the rotated Hessian (None: no usable Hessian)
+    lower: torch.Tensor | None
+    damping: float
+    scale: float = 0.0
+    search: _ScaleSearch | None = None  # the LDLQ-aware scale search, while it is pending
+    target: torch.Tensor | None = None
+    suh: torch.Tensor | None = None
+
+
+def _lockstep(items: list, problem, k_of) -> list:
+    """:func:`ldlq_many` over ``items`` grouped by K: ``problem(item)`` is its ``(target, lower)``;
+    returns each item's (states, decoded) in order."""
+    out: list = [None] * len(items)
+    for k in sorted({k_of(item) for item in items}):
+        picked = [i for i, item in enumerate(items) if k_of(item) == k]
+        table = items[picked[0]].table
+        for i, result in zip(picked, ldlq_many([problem(items[i]) for i in picked], k, table)):
+            out[i] = result
+    return out
+
+
+def quantize_weights(
+    jobs: Sequence[WeightJob],
+    codebook: str = "mul1",
+    *,
     out_scales: bool = True,
     damping: float = 0.01,
     search_scale: bool = True,
     refit: bool = True,
     device: torch.device | str | None = None,
-    warn: Callable[[str], None] | None = None,
-) -> QuantizedTensors:
-    """Quantize an HF-orientation weight ``(out, in)`` to EXL3 tensors at ``bits`` per weight.
+) -> list[QuantizedTensors]:
+    """Quantize several linears to EXL3 tensors (steps 1-6 of the module docstring for each).
 
-    ``hessian`` ``(in, in)`` is the layer's input second moment ``E[x^T x]`` (None: plain
-    rounding with no error feedback). Stored dims are padded to multiples of 128 (section 3.3).
-    ``refit``: step 5 (needs a usable Hessian).
+    The LDLQ passes of jobs with the same K (the scale search's and the main one) run in lockstep
+    (:func:`ldlq_many`); every job gets exactly what it would get alone. Stored dims are padded to
+    multiples of 128 (section 3.3). ``refit``: step 5 (needs a usable Hessian).
     """
-    check_bits(bits)
-    device = torch.device(device) if device is not None else weight.device
-    gen = torch.Generator().manual_seed(seed)
-    table = codebook_table(codebook, device)
-    inc = incoherence(weight, gen, out_scales, device)
-    w, sv, su, unit, dead = inc.w, inc.sv, inc.su, inc.unit, inc.dead
-    if hessian is not None:
-        h, lower, damp = rotated_hessian(hessian, su, damping, warn)
-        h_rot = h if damp != float("inf") else None
-    else:
-        lower, damp, h_rot = None, float("inf"), None
+    flights = []
+    for job in jobs:
+        check_bits(job.bits)
+        dev = torch.device(device) if device is not None else job.weight.device
+        gen = torch.Generator().manual_seed(job.seed)
+        table = codebook_table(codebook, dev)
+        inc = incoherence(job.weight, gen, out_scales, dev)
+        h_rot, lower, damp = None, None, float("inf")
+        if job.hessian is not None:
+            h, lower, damp = rotated_hessian(job.hessian, inc.su, damping, job.warn)
+            h_rot = h if damp != float("inf") else None
+        flight = _InFlight(job, table, inc, h_rot, lower if h_rot is not None else None, damp)
+        # 3. Global scale (the LDLQ-aware searches run below, together).
+        if not search_scale:
+            flight.scale = GAUSSIAN_SCALE[job.bits] * float(table.std())
+        elif h_rot is None:
+            flight.scale = choose_scale(inc.unit, job.bits, table, gen=gen)
+        else:
+            flight.search = _scale_search(inc.unit, h_rot, lower, table, gen)
+        flights.append(flight)
 
-    # 3. Global scale, then fix su in fp16 and form the exact target for it.
-    if not search_scale:
-        a = GAUSSIAN_SCALE[bits] * float(table.std())
-    elif h_rot is not None:
-        a = choose_scale_ldlq(unit, h_rot, lower, bits, table, gen=gen)
-    else:
-        a = choose_scale(unit, bits, table, gen=gen)
-    suh = _fp16_nonzero(su / a)
-    target = blockwise_hadamard(w / suh.float().unsqueeze(1), dim=0)
-    if h_rot is None:
-        lower = None
+    searching = [f for f in flights if f.search is not None]
+    results = _lockstep(searching, lambda f: (f.search.target, f.search.lower), lambda f: f.job.bits)
+    for f, (_, q) in zip(searching, results):
+        f.scale, f.search = f.search.best(q), None
 
-    # 4. LDLQ over the whole matrix.
-    states, q = _ldlq(target, lower.float() if lower is not None else None, bits, table)
+    # Fix su in fp16 and form the exact target for it; 4. LDLQ over the whole matrices.
+    for f in flights:
+        f.suh = _fp16_nonzero(f.inc.su / f.scale)
+        f.target = blockwise_hadamard(f.inc.w / f.suh.float().unsqueeze(1), dim=0)
+    results = _lockstep(
+        flights, lambda f: (f.target, f.lower.float() if f.lower is not None else None), lambda f: f.job.bits
+    )
+    return [_finish(f, states, q, codebook, refit) for f, (states, q) in zip(flights, results)]
 
+
+def _finish(
+    f: _InFlight, states: torch.Tensor, q: torch.Tensor, codebook: str, refit: bool
+) -> QuantizedTensors:
+    """Proxy error, step 5 and packing for one job."""
+    target, h_rot = f.target, f.h_rot
     # Proxy error in the rotated basis (the loss LDLQ minimises), relative to the target's.
     e = (target - q).double()
     if h_rot is not None:
@@ -306,13 +415,13 @@ def quantize_weight(
     else:
         proxy = float(e.pow(2).sum() / target.double().pow(2).sum())
 
-    svh = sv.clone()
+    suh, svh = f.suh, f.inc.sv.clone()
     fit = None
     if refit and h_rot is not None:
-        suh, svh, fit = _refit(inc, hessian, suh, q)
-    svh[dead] = 0  # padded / all-zero output columns give exactly zero outputs
-    trellis = pack_states(states, bits)
-    return QuantizedTensors(trellis, suh, svh, codebook, bits, proxy, a, damp, fit)
+        suh, svh, fit = _refit(f.inc, f.job.hessian, suh, q)
+    svh[f.inc.dead] = 0  # padded / all-zero output columns give exactly zero outputs
+    trellis = pack_states(states, f.job.bits)
+    return QuantizedTensors(trellis, suh, svh, codebook, f.job.bits, proxy, f.scale, f.damping, fit)
 
 
 def _refit(

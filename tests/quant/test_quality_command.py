@@ -97,8 +97,8 @@ def test_gguf_round_trip_error_shrinks_with_bits() -> None:
 def test_quality_table(tmp_path: Path, monkeypatch, capsys) -> None:
     # The EXL3 row's structure, fast: a greedy encoder and no scale search.
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
-    fast = partial(quantize_mod.quantize_weight, search_scale=False)
-    monkeypatch.setattr(convert_mod, "quantize_weight", fast)
+    fast = partial(quantize_mod.quantize_weights, search_scale=False)
+    monkeypatch.setattr(convert_mod, "quantize_weights", fast)
     src = _tiny_llama(tmp_path / "tiny", tied=False)
     text = tmp_path / "text.txt"
     text.write_text(TEXT.read_text()[:400])

@@ -164,3 +164,39 @@ def test_ldlq_scale_search_finds_the_lowest_proxy_error(monkeypatch, search_rows
     plain = quantize_mod.quantize_weight(w, None, 6, "mul1", seed=2)
     prior = quantize_mod.GAUSSIAN_SCALE[6]
     assert abs(plain.scale / std - prior) <= 0.1 * prior + 1e-6
+
+
+def test_lockstep_ldlq_equals_one_at_a_time() -> None:
+    # The real Viterbi on small problems: strips of different counts and widths, with and
+    # without feedback, encoded together give each problem exactly its own result.
+    table = codebook_table("mcg")
+    gen = torch.Generator().manual_seed(7)
+    problems = []
+    for rows, cols in ((48, 16), (16, 32), (32, 16)):
+        x = torch.randn(64, rows, generator=gen, dtype=torch.float64)
+        lower, _ = block_ldl(x.T @ x / 64)
+        problems.append((torch.randn(rows, cols, generator=gen), lower.float()))
+    problems.append((torch.randn(32, 16, generator=gen), None))
+    together = quantize_mod.ldlq_many(problems, 2, table)
+    for problem, (states, q) in zip(problems, together):
+        ((alone_states, alone_q),) = quantize_mod.ldlq_many([problem], 2, table)
+        assert torch.equal(states, alone_states) and torch.equal(q, alone_q)
+        assert states.shape == (problem[0].shape[0] // 16, problem[0].shape[1] // 16, 256)
+
+
+def test_quantize_weights_equals_one_at_a_time(monkeypatch) -> None:
+    # A block's linears quantized together (different shapes, K, one without a Hessian) store
+    # exactly what each stores when quantized alone.
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    gen = torch.Generator().manual_seed(8)
+    jobs = []
+    for out_f, in_f, k in ((160, 200, 3), (300, 128, 4), (96, 200, 3)):
+        x = torch.randn(256, in_f, generator=gen)
+        w = torch.randn(out_f, in_f, generator=gen)
+        jobs.append(quantize_mod.WeightJob(w, x.T @ x / 256, k, seed=len(jobs)))
+    jobs.append(quantize_mod.WeightJob(torch.randn(64, 128, generator=gen), None, 3, seed=9))
+    for job, qt in zip(jobs, quantize_mod.quantize_weights(jobs, "mul1")):
+        alone = quantize_mod.quantize_weight(job.weight, job.hessian, job.bits, "mul1", seed=job.seed)
+        assert torch.equal(qt.trellis, alone.trellis)
+        assert torch.equal(qt.suh, alone.suh) and torch.equal(qt.svh, alone.svh)
+        assert qt.scale == alone.scale and qt.proxy_error == alone.proxy_error

@@ -187,7 +187,7 @@ def test_convert_with_sensitivity_allocation(tiny_dir: Path, tmp_path: Path, mon
 
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     monkeypatch.setattr(
-        convert_mod, "quantize_weight", partial(quantize_mod.quantize_weight, search_scale=False)
+        convert_mod, "quantize_weights", partial(quantize_mod.quantize_weights, search_scale=False)
     )
     dst = tmp_path / "out"
     options = convert_mod.ConvertOptions(
@@ -220,16 +220,16 @@ def test_convert_with_sensitivity_allocation(tiny_dir: Path, tmp_path: Path, mon
 
 def test_resume_reuses_the_allocation(tiny_dir: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
-    fast = partial(quantize_mod.quantize_weight, search_scale=False)
+    fast = partial(quantize_mod.quantize_weights, search_scale=False)
     calls = {"n": 0}
 
     def failing(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 8:  # the first linear of the second block
+        if calls["n"] == 2:  # the linears of the second block
             raise KeyboardInterrupt
         return fast(*args, **kwargs)
 
-    monkeypatch.setattr(convert_mod, "quantize_weight", failing)
+    monkeypatch.setattr(convert_mod, "quantize_weights", failing)
     dst = tmp_path / "out"
     options = convert_mod.ConvertOptions(
         bits=3.25, head_bits=4, cal_rows=4, cal_cols=32, random_rows_fraction=1.0, device="cpu"
