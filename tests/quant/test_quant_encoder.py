@@ -200,3 +200,43 @@ def test_quantize_weights_equals_one_at_a_time(monkeypatch) -> None:
         assert torch.equal(qt.trellis, alone.trellis)
         assert torch.equal(qt.suh, alone.suh) and torch.equal(qt.svh, alone.svh)
         assert qt.scale == alone.scale and qt.proxy_error == alone.proxy_error
+
+
+def test_lockstep_groups_bound_the_weights_in_flight(monkeypatch) -> None:
+    import engine.quant.convert as convert_mod
+
+    def slot(name: str, n_in: int, n_out: int):
+        return convert_mod.LinearSlot(name, name, None, name, n_in, n_out)
+
+    monkeypatch.setattr(convert_mod, "LOCKSTEP_WEIGHTS", 1000)
+    slots = [slot("q", 10, 40), slot("k", 10, 20), slot("v", 10, 20), slot("o", 40, 10), slot("down", 50, 30)]
+    groups = [[s.key for s in group] for group in convert_mod.lockstep_groups(slots)]
+    assert groups == [["q", "k", "v"], ["o"], ["down"]]  # 800 + 400 > 1000; 1500 alone
+
+
+@pytest.mark.slow
+def test_conversion_does_not_depend_on_the_lockstep_grouping(
+    exl3_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    # The seeds follow each linear's place in the block, not its group: a block converted one
+    # linear at a time stores the same bytes as the block converted together.
+    from safetensors.torch import load_file
+
+    import engine.quant.convert as convert_mod
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    options = convert_mod.ConvertOptions(
+        bits=3.5, head_bits=4, codebook="mcg", cal_rows=2, cal_cols=32, device="cpu"
+    )
+    outputs = []
+    for limit in (convert_mod.LOCKSTEP_WEIGHTS, 1):
+        monkeypatch.setattr(convert_mod, "LOCKSTEP_WEIGHTS", limit)
+        dst = tmp_path / f"out{limit}"
+        convert_mod.convert_model(exl3_dir / "tiny-llama-hf", dst, options, log=lambda m: None)
+        tensors = {}
+        for f in sorted(dst.glob("*.safetensors")):
+            tensors.update(load_file(str(f)))
+        outputs.append(tensors)
+    together, alone = outputs
+    assert set(together) == set(alone) and len(together) > 30
+    assert all(torch.equal(together[k], alone[k]) for k in together)
