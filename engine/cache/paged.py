@@ -46,6 +46,23 @@ class KVCacheLayer:
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys.read(slots, self.dtype), self.values.read(slots, self.dtype)
 
+    def read_runs(self, slots: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Keys and values at ``slots`` as views of the store, one per run of consecutive slots
+        (a sequence's pages are mostly consecutive): no copy. Only for dense sides on the CPU, in
+        the cache's dtype; None elsewhere (then :meth:`read`). Readers must not write to them."""
+        dense = isinstance(self.keys, DenseStore) and isinstance(self.values, DenseStore)
+        if slots.is_cuda or not dense or slots.numel() == 0 or self.keys.data.dtype != self.dtype:
+            return None
+        breaks = (torch.diff(slots) != 1).nonzero().flatten().tolist()
+        starts, ends = [0] + [b + 1 for b in breaks], [b + 1 for b in breaks] + [slots.numel()]
+        runs = []
+        for start, end in zip(starts, ends):
+            first = int(slots[start])
+            runs.append(
+                (self.keys.data[first : first + end - start], self.values.data[first : first + end - start])
+            )
+        return runs
+
     @property
     def nbytes(self) -> int:
         return self.keys.nbytes + self.values.nbytes

@@ -13,6 +13,7 @@ allocation takes never-used pages first and evicts cached ones only when it must
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -41,7 +42,9 @@ class PageAllocator:
     def __init__(self, num_pages: int, page_size: int) -> None:
         self.num_pages, self.page_size = num_pages, page_size
         self.refcount = [0] * num_pages
-        self._free: list[int] = list(range(num_pages - 1, -1, -1))  # pop() yields page 0 first
+        # A min-heap: an allocation takes the lowest free pages, so a sequence's pages tend to be
+        # consecutive slots, which the CPU reads as one view (engine.cache.quantized.DenseStore).
+        self._free: list[int] = list(range(num_pages))
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced pages with a key, LRU first
         self._key_of: dict[int, bytes] = {}
         self._page_of: dict[bytes, int] = {}
@@ -75,7 +78,7 @@ class PageAllocator:
         pages = []
         for _ in range(count):
             if self._free:
-                page = self._free.pop()
+                page = heapq.heappop(self._free)
             else:
                 page, _ = self._cached.popitem(last=False)
                 del self._page_of[self._key_of.pop(page)]
@@ -98,7 +101,7 @@ class PageAllocator:
             if page in self._key_of:
                 self._cached[page] = None
             else:
-                self._free.append(page)
+                heapq.heappush(self._free, page)
 
     def _retain(self, page: int) -> None:
         if self.refcount[page] == 0:
@@ -110,4 +113,4 @@ class PageAllocator:
         while self._cached:
             page, _ = self._cached.popitem(last=False)
             del self._page_of[self._key_of.pop(page)]
-            self._free.append(page)
+            heapq.heappush(self._free, page)

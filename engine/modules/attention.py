@@ -88,6 +88,34 @@ def attend(
     return out.transpose(0, 1)
 
 
+def attend_one(
+    q: torch.Tensor,
+    runs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """One query ``[1, heads, d]`` over keys/values given as runs of ``[n_i, kv_heads, d]`` (views
+    of a paged cache, in position order) that it may all see: :func:`attend` for a decode step,
+    without gathering the runs into one tensor. Each KV head's query heads are handled together
+    and the softmax spans every run (float32). Returns ``[1, heads, d]``.
+    """
+    heads, d = q.shape[1], q.shape[2]
+    kv_heads = runs[0][0].shape[1]
+    grouped = q[0].view(kv_heads, heads // kv_heads, d)
+    # [n, kv_heads, d] viewed per head is a strided matrix BLAS reads in place (rows h*d apart).
+    scores = torch.cat([torch.matmul(grouped, k.permute(1, 2, 0)) for k, _ in runs], dim=-1)
+    scores = scores.float() * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    weights = torch.softmax(scores, dim=-1).to(q.dtype)
+    out, start = None, 0
+    for _, v in runs:
+        part = torch.matmul(weights[..., start : start + v.shape[0]], v.permute(1, 0, 2))
+        out = part if out is None else out + part
+        start += v.shape[0]
+    return out.reshape(1, heads, d)
+
+
 class Attention(nn.Module):
     def __init__(
         self,
@@ -137,18 +165,25 @@ class Attention(nn.Module):
         for seq in batch.sequences:
             rows = slice(seq.start, seq.start + seq.length)
             first = self._first_visible(seq)
-            keys, values = cache.read(seq.slots[first : seq.end_position])
-            o = attend(
-                q[rows],
-                keys,
-                values,
-                batch.positions[rows],
-                batch.key_positions(first, seq.end_position, x.device),
-                self.scale,
-                self.sliding_window,
-                self.softcap,
-                seq.bidirectional,
-            )
+            slots = seq.slots[first : seq.end_position]
+            # A decode step on the CPU reads the cache in place (the gather was most of the step
+            # at 4K context); a multi-token prompt, images or a quantized cache gather as below.
+            runs = cache.read_runs(slots) if seq.length == 1 and not seq.bidirectional else None
+            if runs is not None:
+                o = attend_one(q[rows], runs, self.scale, self.softcap)
+            else:
+                keys, values = cache.read(slots)
+                o = attend(
+                    q[rows],
+                    keys,
+                    values,
+                    batch.positions[rows],
+                    batch.key_positions(first, seq.end_position, x.device),
+                    self.scale,
+                    self.sliding_window,
+                    self.softcap,
+                    seq.bidirectional,
+                )
             if out is None:
                 out = o
             else:

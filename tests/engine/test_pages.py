@@ -49,3 +49,13 @@ def test_page_keys_continue_from_a_known_key():
     tokens = list(range(40))
     whole = page_keys(tokens, 8)
     assert page_keys(tokens[16:], 8, previous=whole[1]) == whole[2:]
+
+
+def test_allocation_takes_the_lowest_free_pages():
+    # Released pages come back in page order, whatever order they were freed in: a sequence's
+    # pages stay consecutive where they can (the CPU reads runs of them in place).
+    alloc = PageAllocator(8, 2)
+    first = alloc.allocate(5)
+    assert first == [0, 1, 2, 3, 4]
+    alloc.release([3, 1, 4])
+    assert alloc.allocate(4) == [1, 3, 4, 5]
