@@ -57,10 +57,8 @@ class KVCacheLayer:
         starts, ends = [0] + [b + 1 for b in breaks], [b + 1 for b in breaks] + [slots.numel()]
         runs = []
         for start, end in zip(starts, ends):
-            first = int(slots[start])
-            runs.append(
-                (self.keys.data[first : first + end - start], self.values.data[first : first + end - start])
-            )
+            run = slice(int(slots[start]), int(slots[start]) + end - start)
+            runs.append((self.keys.data[run], self.values.data[run]))
         return runs
 
     @property

@@ -43,7 +43,7 @@ class PageAllocator:
         self.num_pages, self.page_size = num_pages, page_size
         self.refcount = [0] * num_pages
         # A min-heap: an allocation takes the lowest free pages, so a sequence's pages tend to be
-        # consecutive slots, which the CPU reads as one view (engine.cache.quantized.DenseStore).
+        # consecutive slots, which the CPU reads in place (KVCacheLayer.read_runs).
         self._free: list[int] = list(range(num_pages))
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced pages with a key, LRU first
         self._key_of: dict[int, bytes] = {}
