@@ -39,7 +39,13 @@ from engine.errors import EngineError
 from engine.quant.allocation import achieved_bits
 from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES, INST3, MCG, MUL1
 from engine.quant.exl3_linear import EXL3Linear
-from engine.quant.quantize import WeightJob, quantize_weight, quantize_weights, stored_tensor_count
+from engine.quant.quantize import (
+    QuantizedTensors,
+    WeightJob,
+    quantize_weight,
+    quantize_weights,
+    stored_tensor_count,
+)
 
 WORK_DIR = ".exl3_work"
 CALIBRATION_DIR = Path(__file__).parent / "calibration"
@@ -420,6 +426,11 @@ def _fp16_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float16) if t.dtype == torch.float32 else t
 
 
+def _refit_note(qt: QuantizedTensors) -> str:
+    """The scale refit's loss before -> after for a linear's log line ('' when it did not run)."""
+    return "" if qt.refit is None else f"  refit {qt.refit.before:.6f}->{qt.refit.after:.6f}"
+
+
 # Linears of one block are encoded in lockstep (engine.quant.quantize.ldlq_many) up to this many
 # weights at once: small strips leave a GPU mostly idle, large ones fill it alone, and every linear
 # in flight holds a few float32 copies of itself.
@@ -574,9 +585,7 @@ def _convert_model(
                 if s.key in sensitivities:  # the pre-pass's figures at this K, for comparison
                     sens = sensitivities[s.key]
                     line += f"  predicted={sens.proxies[s.bits]:.6f}  e={sens.at(s.bits):.2e}"
-                if qt.refit is not None:
-                    line += f"  refit {qt.refit.before:.6f}->{qt.refit.after:.6f}"
-                lines.append(line)
+                lines.append(line + _refit_note(qt))
         with torch.inference_mode():
             hidden = _run_block(block, hidden, chunk_rows)
         rfn = float((hidden - reference).norm() / reference.norm())
@@ -616,10 +625,7 @@ def _convert_model(
         )
         head_tensors = qt.tensors(head_key)
         report.head = {"bits": options.head_bits, "proxy_err": qt.proxy_error}
-        line = f"    {head_key:48s} K={options.head_bits}  proxy_err={qt.proxy_error:.6f}"
-        if qt.refit is not None:
-            line += f"  refit {qt.refit.before:.6f}->{qt.refit.after:.6f}"
-        log(line)
+        log(f"    {head_key:48s} K={options.head_bits}  proxy_err={qt.proxy_error:.6f}" + _refit_note(qt))
 
     # Assemble the output in module order: embed, per layer (norms and linears), final norm, head.
     done = {}

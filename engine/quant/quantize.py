@@ -35,7 +35,7 @@ import torch
 from engine.quant.codebooks import FLAG_VALUES, INST3, codebook_table
 from engine.quant.hadamard import HADAMARD_SIZE, blockwise_hadamard
 from engine.quant.ldl import block_ldl
-from engine.quant.reconstruct import matrix_to_tiles, tiles_to_matrix
+from engine.quant.reconstruct import apply_scales, matrix_to_tiles, tiles_to_matrix
 from engine.quant.refit import RefitScales, refit_scales
 from engine.quant.trellis import TILE, check_bits, pack_states
 from engine.quant.viterbi import encode_tiles
@@ -336,12 +336,12 @@ class _InFlight:
     suh: torch.Tensor | None = None
 
 
-def _lockstep(items: list, problem, k_of) -> list:
+def _lockstep(items: list[_InFlight], problem) -> list:
     """:func:`ldlq_many` over ``items`` grouped by K: ``problem(item)`` is its ``(target, lower)``;
     returns each item's (states, decoded) in order."""
     out: list = [None] * len(items)
-    for k in sorted({k_of(item) for item in items}):
-        picked = [i for i, item in enumerate(items) if k_of(item) == k]
+    for k in sorted({item.job.bits for item in items}):
+        picked = [i for i, item in enumerate(items) if item.job.bits == k]
         table = items[picked[0]].table
         for i, result in zip(picked, ldlq_many([problem(items[i]) for i in picked], k, table)):
             out[i] = result
@@ -386,7 +386,7 @@ def quantize_weights(
         flights.append(flight)
 
     searching = [f for f in flights if f.search is not None]
-    results = _lockstep(searching, lambda f: (f.search.target, f.search.lower), lambda f: f.job.bits)
+    results = _lockstep(searching, lambda f: (f.search.target, f.search.lower))
     for f, (_, q) in zip(searching, results):
         f.scale, f.search = f.search.best(q), None
 
@@ -394,9 +394,7 @@ def quantize_weights(
     for f in flights:
         f.suh = _fp16_nonzero(f.inc.su / f.scale)
         f.target = blockwise_hadamard(f.inc.w / f.suh.float().unsqueeze(1), dim=0)
-    results = _lockstep(
-        flights, lambda f: (f.target, f.lower.float() if f.lower is not None else None), lambda f: f.job.bits
-    )
+    results = _lockstep(flights, lambda f: (f.target, f.lower.float() if f.lower is not None else None))
     return [_finish(f, states, q, codebook, refit) for f, (states, q) in zip(flights, results)]
 
 
@@ -430,7 +428,7 @@ def _refit(
     """Step 5: ``(suh, svh, fit)`` refit to the decoded rotated weight ``q``, rounded to fp16."""
     sv = inc.sv.float()
     original = blockwise_hadamard(inc.w, dim=1) * sv  # the padded weight, (in, out)
-    decoded = blockwise_hadamard(blockwise_hadamard(q, dim=0) * suh.float().unsqueeze(1), dim=1) * sv
+    decoded = apply_scales(q, suh, inc.sv)  # what the stored tensors decode to
     in_f = hessian.shape[0]
     h = torch.zeros(q.shape[0], q.shape[0], dtype=torch.float32, device=q.device)
     h[:in_f, :in_f] = hessian.to(device=q.device, dtype=torch.float32)
