@@ -107,6 +107,10 @@ def reset() -> None:
 def _kernel_ready(*tensors: torch.Tensor) -> ModuleType | None:
     if not all(t.is_cuda for t in tensors):
         return None
+    # The kernels have no backward: where autograd must see through an op (the converter's
+    # scale tuning, engine.quant.finetune) it takes the torch path.
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return None
     return extension()
 
 

@@ -52,7 +52,8 @@ def add_allocation_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_quantizer_args(p: argparse.ArgumentParser) -> None:
-    """``--damping`` and ``--no-refit`` (shared with the ``quality`` command)."""
+    """``--damping``, ``--no-refit``, ``--tune-steps`` and ``--tune-target`` (shared with the
+    ``quality`` command and ``convert_bench``; :func:`quantizer_options` reads them)."""
     p.add_argument(
         "--damping",
         type=float,
@@ -65,6 +66,33 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
         help="keep the input/output channel scales chosen before LDLQ instead of refitting them to the "
         "quantized weights (least squares in the layer's loss)",
     )
+    p.add_argument(
+        "--tune-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after each block is quantized, N Adam steps tune its linears' channel scales to the "
+        "unquantized block's output (the bits stay as chosen; 0: off, the default)",
+    )
+    p.add_argument(
+        "--tune-target",
+        choices=("block", "model"),
+        default="block",
+        help="what the tuning aims at: the unquantized block on the quantized model's inputs "
+        "(block, default) or the unquantized model's hidden state (model)",
+    )
+    p.add_argument("--tune-lr", type=float, default=1e-3, help="the tuning's learning rate (default 1e-3)")
+
+
+def quantizer_options(args: argparse.Namespace) -> dict:
+    """The :class:`~engine.quant.convert.ConvertOptions` fields :func:`add_quantizer_args` sets."""
+    return {
+        "damping": args.damping,
+        "refit": not args.no_refit,
+        "tune_steps": args.tune_steps,
+        "tune_target": args.tune_target,
+        "tune_lr": args.tune_lr,
+    }
 
 
 def add_tf32_arg(p: argparse.ArgumentParser) -> None:
@@ -95,8 +123,7 @@ def run(args: argparse.Namespace) -> int:
         allocation=args.allocation,
         sensitivity_rows=args.sensitivity_rows,
         tf32=args.tf32,
-        damping=args.damping,
-        refit=not args.no_refit,
+        **quantizer_options(args),
     )
     report = convert_model(
         args.input, args.output, options, resume=args.resume, log=lambda m: print(m, flush=True)

@@ -10,11 +10,13 @@ in total and per stage:
 - ``hessian_forward``: the unquantized block forwards that record the input Hessians;
 - ``ldl``: the block-LDL factorisations; ``viterbi``: the trellis encoder (plus its tiles/s);
 - ``packing``: state packing; ``refit``: the scale refit (:mod:`engine.quant.refit`);
-  ``quantized_forward``: the quantized block forwards;
+  ``quantized_forward``: the quantized block forwards (and, with ``--tune-target model``, the
+  unquantized model's own); ``tune``: the scale tuning (:mod:`engine.quant.finetune`);
 - ``quantize_other``: the rest of ``quantize_weights`` (rotations, LDLQ feedback, scale search).
 
 ``--layers N`` converts only the first N decoder layers (plus the head) and extrapolates the
-full model's time from the mean block time; the JSON says which figures are extrapolated.
+full model's time from the mean block time plus each layer's share of the sensitivity pre-pass
+(which runs over every layer); the JSON says which figures are extrapolated.
 
 Unless ``--no-kernel-bench``, it also times the Viterbi alone: tiles/s of the CUDA kernel on
 ``--kernel-tiles`` random Gaussian tiles at K = 2, 4, 6, against the torch path on the same GPU
@@ -47,6 +49,7 @@ STAGES = (
     "refit",
     "quantize_other",
     "quantized_forward",
+    "tune",
 )
 
 
@@ -125,13 +128,12 @@ class StageTimer:
     def install(self) -> None:
         from engine.quant import convert, quantize, sensitivity
 
-        calls = {"run_block": 0}
-
         def forward_stage(args: tuple) -> str:
-            # convert_model runs each block twice: first unquantized with the Hessian hooks on,
-            # then quantized (no resume in a benchmark).
-            calls["run_block"] += 1
-            return "hessian_forward" if calls["run_block"] % 2 else "quantized_forward"
+            # convert_model runs each block unquantized with the Hessian hooks on, then quantized
+            # (no resume in a benchmark); tuning towards the model adds an unhooked unquantized run.
+            block = args[0]
+            hooked = any(m._forward_pre_hooks for m in block.modules())
+            return "hessian_forward" if hooked else "quantized_forward"
 
         def viterbi_stage(args: tuple) -> str:
             self.viterbi_tiles += int(args[0].shape[0])
@@ -145,6 +147,7 @@ class StageTimer:
         self.wrap(quantize, "block_ldl", lambda a: "ldl")
         self.wrap(quantize, "pack_states", lambda a: "packing")
         self.wrap(quantize, "_refit", lambda a: "refit")
+        self.wrap(convert, "_tune_block", lambda a: "tune")
 
     def uninstall(self) -> None:
         for undo in reversed(self._undo):
@@ -198,6 +201,7 @@ def kernel_throughput(
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.commands.convert import quantizer_options
     from engine.quant.convert import ConvertOptions, convert_model
     from engine.shapes import shape_config
 
@@ -242,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
         device=str(device),
         allocation=args.allocation,
         tf32=args.tf32,
+        **quantizer_options(args),
     )
     timer = StageTimer(device)
     timer.install()
@@ -267,12 +272,14 @@ def run(args: argparse.Namespace) -> int:
     }
     if layers < full_layers:
         # Everything outside the blocks (load, calibration, head, writing) is taken as is; the
-        # blocks scale with their count.
-        est = wall + (full_layers - layers) * mean_block
+        # blocks and the sensitivity pre-pass (one pass per layer) scale with their count.
+        per_layer = mean_block + stages["sensitivity"] / layers
+        est = wall + (full_layers - layers) * per_layer
         results["extrapolated_full_model"] = {
             "layers": full_layers,
             "wall_min": round(est / 60, 2),
-            "note": f"EXTRAPOLATED from {layers} of {full_layers} layers (mean block {mean_block:.1f} s)",
+            "note": f"EXTRAPOLATED from {layers} of {full_layers} layers (mean block {mean_block:.1f} s "
+            f"+ sensitivity {stages['sensitivity'] / layers:.1f} s per layer)",
         }
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
@@ -285,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.commands.convert import add_tf32_arg
+    from engine.commands.convert import add_quantizer_args, add_tf32_arg
     from engine.quant.codebooks import CODEBOOKS
     from engine.quant.convert import ALLOCATIONS
 
@@ -301,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allocation", choices=ALLOCATIONS, default="sensitivity", help="bit allocation")
     p.add_argument("--seed", type=int, default=0)
     add_tf32_arg(p)
+    add_quantizer_args(p)
     p.add_argument("--workdir", help="where to write the model and output (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--no-kernel-bench", dest="kernel_bench", action="store_false")

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 
 from engine.commands.common import run_alone
-from engine.commands.convert import add_allocation_args, add_quantizer_args, add_tf32_arg
+from engine.commands.convert import add_allocation_args, add_quantizer_args, add_tf32_arg, quantizer_options
 
 DEFAULT_BPW = "2,3,4,5,6,8"
 DEFAULT_GGUF = "q8_0,q5_0,q4_0"
@@ -278,9 +278,8 @@ def convert_exl3(src: Path, dst: Path, bpw: float, args: argparse.Namespace, log
         allocation=args.allocation,
         sensitivity_rows=args.sensitivity_rows,
         tf32=args.tf32,
-        damping=args.damping,
-        refit=not args.no_refit,
         seed=args.seed,
+        **quantizer_options(args),
     )
     resume = (dst / WORK_DIR).exists()
     t0 = time.perf_counter()
@@ -366,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
         "codebook": args.codebook,
         "cal": [args.cal_rows, args.cal_cols],
         "allocation": [args.allocation, args.sensitivity_rows],
-        "quantizer": [args.damping, not args.no_refit, args.seed],
+        "quantizer": {**quantizer_options(args), "seed": args.seed},
         "gguf_head": args.gguf_head,
     }
     rows_file = work / ROWS_FILE

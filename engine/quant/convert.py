@@ -39,6 +39,7 @@ from engine.errors import EngineError
 from engine.quant.allocation import achieved_bits
 from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES, INST3, MCG, MUL1
 from engine.quant.exl3_linear import EXL3Linear
+from engine.quant.finetune import ScaledCore, TuneOptions, make_trainable, tune_block_scales
 from engine.quant.quantize import (
     QuantizedTensors,
     WeightJob,
@@ -58,6 +59,7 @@ _SKIP_NAMES = ("config.json", "model.safetensors.index.json", "quantization_conf
 _BIT_PRIORITY = ("v", "o", "down", "k", "q", "gate", "up")
 ALLOCATIONS = ("sensitivity", "uniform")
 ALLOCATION_FILE = "allocation.json"
+TUNE_TARGETS = ("block", "model")
 
 
 class ConvertError(EngineError):
@@ -82,6 +84,12 @@ class ConvertOptions:
     tf32: bool = False  # calibration matmuls on TF32 tensor cores (CUDA; see calibration_matmuls)
     damping: float = 0.01  # Hessian damping relative to its mean diagonal (engine.quant.ldl)
     refit: bool = True  # refit suh/svh to the chosen trellis (engine.quant.refit)
+    tune_steps: int = 0  # Adam steps tuning each block's scales to its output (engine.quant.finetune)
+    # What the tuning aims at: "block", the unquantized block on the quantized model's inputs;
+    # "model", the unquantized model's own hidden state there (also undoes earlier blocks' error,
+    # at one more block forward and one more hidden-state buffer).
+    tune_target: str = "block"
+    tune_lr: float = 1e-3  # Adam's learning rate on the scale multipliers' offsets
 
     def job_key(self) -> dict:
         """The options that change the result (a resume must match them). Device, shard size and
@@ -158,27 +166,31 @@ def calibration_ids(model_dir: Path, rows: int, cols: int, vocab: int, random_fr
 # -- running a block over calibration rows --------------------------------------------------
 
 
-def _run_block(block: nn.Module, hidden: torch.Tensor, chunk_rows: int) -> torch.Tensor:
-    """Run one DecoderBlock over ``hidden`` ``(rows, cols, dim)``, each row its own causal sequence."""
+def run_rows(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """One DecoderBlock over ``hidden`` ``(n, cols, dim)``, each row its own causal sequence, in one
+    forward (autograd sees through it where its inputs or weights need gradients)."""
     from engine.cache.paged import PagedKVCache
     from engine.modules.batch import BatchLayout, SequenceSlice
 
-    rows, cols, dim = hidden.shape
+    n, cols, dim = hidden.shape
     attn = block.attention
     device = hidden.device
+    # One page per row: row i owns slots i*cols .. (i+1)*cols - 1.
+    cache = PagedKVCache(1, attn.num_kv_heads, attn.head_dim, n, cols, hidden.dtype, device).layer(0)
+    seqs = [
+        SequenceSlice(i * cols, cols, 0, torch.arange(i * cols, (i + 1) * cols, device=device))
+        for i in range(n)
+    ]
+    positions = torch.arange(cols, device=device).repeat(n)
+    batch = BatchLayout(seqs, positions, torch.arange(n * cols, device=device))
+    return block(hidden.reshape(n * cols, dim), batch, cache).view(n, cols, dim)
+
+
+def _run_block(block: nn.Module, hidden: torch.Tensor, chunk_rows: int) -> torch.Tensor:
+    """Run one DecoderBlock over ``hidden`` ``(rows, cols, dim)`` in chunks of ``chunk_rows``."""
     out = torch.empty_like(hidden)
-    for r0 in range(0, rows, chunk_rows):
-        r1 = min(rows, r0 + chunk_rows)
-        n = r1 - r0
-        # One page per row: row i owns slots i*cols .. (i+1)*cols - 1.
-        cache = PagedKVCache(1, attn.num_kv_heads, attn.head_dim, n, cols, hidden.dtype, device).layer(0)
-        seqs = [
-            SequenceSlice(i * cols, cols, 0, torch.arange(i * cols, (i + 1) * cols, device=device))
-            for i in range(n)
-        ]
-        positions = torch.arange(cols, device=device).repeat(n)
-        batch = BatchLayout(seqs, positions, torch.arange(n * cols, device=device))
-        out[r0:r1] = block(hidden[r0:r1].reshape(n * cols, dim), batch, cache).view(n, cols, dim)
+    for r0 in range(0, hidden.shape[0], chunk_rows):
+        out[r0 : r0 + chunk_rows] = run_rows(block, hidden[r0 : r0 + chunk_rows])
     return out
 
 
@@ -437,6 +449,41 @@ def _refit_note(qt: QuantizedTensors) -> str:
 LOCKSTEP_WEIGHTS = 64 << 20
 
 
+def _tune_block(
+    block: nn.Module,
+    slots: list[LinearSlot],
+    tensors: dict[str, torch.Tensor],
+    hidden: torch.Tensor,
+    reference: torch.Tensor,
+    options: ConvertOptions,
+    index: int,
+) -> str:
+    """Tune the quantized block's scales to its unquantized output (:mod:`engine.quant.finetune`),
+    update ``tensors`` and the block's linears, and return the log line."""
+    layers = []
+    for s in slots:
+        linear = s.get()
+        t = {k[len(s.key) + 1 :]: v for k, v in tensors.items() if k.startswith(s.key + ".")}
+        bias = t.get("bias")
+        layers.append(
+            ScaledCore(t["trellis"], t["suh"], t["svh"], linear.codebook, s.in_features, s.out_features, bias)
+        )
+        s.set(layers[-1])
+    make_trainable(block)
+    tune = TuneOptions(steps=options.tune_steps, lr=options.tune_lr, seed=options.seed * 7919 + index)
+    result = tune_block_scales(lambda h: run_rows(block, h), layers, hidden, reference, tune)
+    for s, layer in zip(slots, layers):
+        suh, svh = layer.scales(tensors[f"{s.key}.suh"], tensors[f"{s.key}.svh"])
+        tensors[f"{s.key}.suh"], tensors[f"{s.key}.svh"] = suh, svh
+        sub = {k: v for k, v in tensors.items() if k.startswith(s.key + ".")}
+        s.set(EXL3Linear.from_tensors(sub, s.in_features, s.out_features, None, name=s.key))
+    verdict = "kept" if result.kept else "not kept"
+    return (
+        f"    scale tuning: held-out error {result.before:.3e} -> {result.after:.3e} ({verdict}, "
+        f"{options.tune_steps} steps, {result.seconds:.1f} s)"
+    )
+
+
 def lockstep_groups(slots: list[LinearSlot]) -> list[list[LinearSlot]]:
     """Consecutive runs of ``slots`` of at most :data:`LOCKSTEP_WEIGHTS` weights (a larger linear
     alone)."""
@@ -483,6 +530,10 @@ def _convert_model(
         raise ConvertError(f"unknown codebook {options.codebook!r}; choose one of {', '.join(CODEBOOKS)}")
     if not (1 <= options.head_bits <= 8 or options.head_bits == 16):
         raise ConvertError(f"head bits must be 1..8 or 16, got {options.head_bits}")
+    if options.tune_target not in TUNE_TARGETS:
+        raise ConvertError(
+            f"unknown tuning target {options.tune_target!r}; choose one of {', '.join(TUNE_TARGETS)}"
+        )
     if options.allocation not in ALLOCATIONS:
         raise ConvertError(
             f"unknown allocation {options.allocation!r}; choose one of {', '.join(ALLOCATIONS)}"
@@ -533,9 +584,14 @@ def _convert_model(
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
     block_times: list[float] = []
     outputs: list[tuple[str, dict[str, torch.Tensor], int | None]] = []
+    # The unquantized model's hidden state, for tuning towards it (tune_target "model").
+    exact = hidden.clone() if options.tune_steps > 0 and options.tune_target == "model" else None
     for i, (block, slots) in enumerate(zip(model.blocks, per_block)):
         t0 = time.perf_counter()
         saved = work / f"block_{i:04d}.safetensors"
+        if exact is not None:
+            with torch.inference_mode():
+                exact = _run_block(block, exact, chunk_rows)
         if resume and saved.exists():
             tensors = load_file(str(saved), device=str(device))
             for s in slots:
@@ -586,6 +642,9 @@ def _convert_model(
                     sens = sensitivities[s.key]
                     line += f"  predicted={sens.proxies[s.bits]:.6f}  e={sens.at(s.bits):.2e}"
                 lines.append(line + _refit_note(qt))
+        if options.tune_steps > 0:
+            target = reference if exact is None else exact
+            lines.append(_tune_block(block, slots, block_tensors, hidden, target, options, i))
         with torch.inference_mode():
             hidden = _run_block(block, hidden, chunk_rows)
         rfn = float((hidden - reference).norm() / reference.norm())
