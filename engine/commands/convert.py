@@ -101,7 +101,7 @@ def add_tf32_arg(p: argparse.ArgumentParser) -> None:
         "--tf32",
         action="store_true",
         help="calibration forwards and Hessians on TF32 tensor cores (CUDA): ~1.4x faster, slightly "
-        "worse quality (SmolLM2 4.0 bpw: +13.5%% vs +12.2%% perplexity); default fp32",
+        "worse quality (SmolLM2 4.0 bpw: mean KL 0.0975 vs 0.0937); default fp32",
     )
 
 

@@ -234,8 +234,9 @@ def calibration_matmuls(device: torch.device, tf32: bool) -> Iterator[None]:
     """Inside, float32 matrix products on ``device`` (the calibration forwards and the Hessians)
     may use TF32 tensor cores when ``tf32`` is set: ~8x the fp32 rate on an H200, products of
     10-bit mantissas accumulated in fp32. Opt-in (``convert --tf32``): a Llama-3.2-1B shape converts
-    in 2.7 instead of 4.0 min on an H200, but SmolLM2-135M at 4.0 bpw scored +13.5% perplexity
-    against +12.2% in fp32 (ext/NOTES.md, seventh session). No effect on CPU."""
+    in 3.1 instead of 4.5 min on an H200, but SmolLM2-135M at 4.0 bpw came out a little worse each
+    time it was measured (mean KL 0.0975 against 0.0937 in fp32; ext/NOTES.md, tenth session).
+    No effect on CPU."""
     if device.type != "cuda" or not tf32:
         yield
         return
