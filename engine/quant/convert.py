@@ -463,11 +463,9 @@ def _tune_block(
     update ``tensors`` and the block's linears, and return the log line."""
     layers = []
     for s in slots:
-        linear = s.get()
-        t = {k[len(s.key) + 1 :]: v for k, v in tensors.items() if k.startswith(s.key + ".")}
-        bias = t.get("bias")
+        sub = {k: v for k, v in tensors.items() if k.startswith(s.key + ".")}
         layers.append(
-            ScaledCore(t["trellis"], t["suh"], t["svh"], linear.codebook, s.in_features, s.out_features, bias)
+            ScaledCore(EXL3Linear.from_tensors(sub, s.in_features, s.out_features, None, "streaming"))
         )
         s.set(layers[-1])
     make_trainable(block)

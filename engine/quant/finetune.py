@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.quant.exl3_linear import EXL3Linear
 from engine.quant.hadamard import blockwise_hadamard
-from engine.quant.quantize import _fp16_nonzero
-from engine.quant.reconstruct import decode_trellis
+from engine.quant.quantize import fp16_scale
 
 
 @dataclass
@@ -54,25 +54,18 @@ class TuneResult:
 class ScaledCore(nn.Module):
     """A quantized linear with its decoded core fixed and its scales learnable (see module doc)."""
 
-    def __init__(
-        self,
-        trellis: torch.Tensor,
-        suh: torch.Tensor,
-        svh: torch.Tensor,
-        codebook: str,
-        in_features: int,
-        out_features: int,
-        bias: torch.Tensor | None,
-    ) -> None:
+    def __init__(self, linear: EXL3Linear) -> None:
+        """From ``linear`` in streaming mode (the mode that keeps the trellis and the scales)."""
         super().__init__()
-        core = blockwise_hadamard(blockwise_hadamard(decode_trellis(trellis, codebook).float(), 0), 1)
-        self.register_buffer("core", core[:in_features, :out_features].contiguous())
-        self.register_buffer("suh", suh[:in_features].float())
-        self.register_buffer("svh", svh[:out_features].float())
-        self.register_buffer("bias", None if bias is None else bias[:out_features].float())
-        self.a = nn.Parameter(torch.zeros(in_features, device=core.device))
-        self.c = nn.Parameter(torch.zeros(out_features, device=core.device))
-        self.in_features, self.out_features = in_features, out_features
+        n_in, n_out = linear.in_features, linear.out_features
+        core = blockwise_hadamard(blockwise_hadamard(linear.inner_weight().float(), 0), 1)
+        self.register_buffer("core", core[:n_in, :n_out].contiguous())
+        self.register_buffer("suh", linear.suh[:n_in].float())
+        self.register_buffer("svh", linear.svh[:n_out].float())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.float())
+        self.a = nn.Parameter(torch.zeros(n_in, device=core.device))
+        self.c = nn.Parameter(torch.zeros(n_out, device=core.device))
+        self.in_features, self.out_features = n_in, n_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = ((x.float() * (self.suh * (1 + self.a))) @ self.core) * (self.svh * (1 + self.c))
@@ -84,8 +77,8 @@ class ScaledCore(nn.Module):
         """The stored (padded, fp16) ``suh`` and ``svh`` with the learnt multipliers applied."""
         suh, svh = suh.clone(), svh.clone()
         with torch.no_grad():
-            suh[: self.in_features] = _fp16_nonzero(self.suh * (1 + self.a))
-            svh[: self.out_features] = _fp16_nonzero(self.svh * (1 + self.c))
+            suh[: self.in_features] = fp16_scale(self.suh * (1 + self.a))
+            svh[: self.out_features] = fp16_scale(self.svh * (1 + self.c))
         return suh, svh
 
     def round_to_storage(self) -> None:
@@ -93,7 +86,7 @@ class ScaledCore(nn.Module):
         stored model's."""
         with torch.no_grad():
             for scale, mult in ((self.suh, self.a), (self.svh, self.c)):
-                stored = _fp16_nonzero(scale * (1 + mult)).float()
+                stored = fp16_scale(scale * (1 + mult)).float()
                 mult.copy_(torch.where(scale != 0, stored / scale - 1, torch.zeros_like(mult)))
 
 

@@ -90,7 +90,7 @@ def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit
 
 
-def _fp16_nonzero(v: torch.Tensor) -> torch.Tensor:
+def fp16_scale(v: torch.Tensor) -> torch.Tensor:
     """Round a scale vector to fp16, keeping magnitudes inside fp16's normal range."""
     mag = v.abs().clamp(min=6.2e-5, max=6.0e4)
     return (torch.sign(v) * mag).to(torch.float16)
@@ -259,7 +259,7 @@ def incoherence(
         col_scale[dead] = 0.1
     else:
         col_scale = torch.ones_like(col_rms)
-    sv = _fp16_nonzero(_random_signs(n_out, gen, device) * col_scale)
+    sv = fp16_scale(_random_signs(n_out, gen, device) * col_scale)
     w = blockwise_hadamard(w / sv.float().unsqueeze(0), dim=1)
 
     # 2. Input side (before the global scale).
@@ -392,7 +392,7 @@ def quantize_weights(
 
     # Fix su in fp16 and form the exact target for it; 4. LDLQ over the whole matrices.
     for f in flights:
-        f.suh = _fp16_nonzero(f.inc.su / f.scale)
+        f.suh = fp16_scale(f.inc.su / f.scale)
         f.target = blockwise_hadamard(f.inc.w / f.suh.float().unsqueeze(1), dim=0)
     results = _lockstep(flights, lambda f: (f.target, f.lower.float() if f.lower is not None else None))
     return [_finish(f, states, q, codebook, refit) for f, (states, q) in zip(flights, results)]
@@ -433,4 +433,4 @@ def _refit(
     h = torch.zeros(q.shape[0], q.shape[0], dtype=torch.float32, device=q.device)
     h[:in_f, :in_f] = hessian.to(device=q.device, dtype=torch.float32)
     fit = refit_scales(original, decoded, h)
-    return _fp16_nonzero(suh.float() * fit.rows), _fp16_nonzero(sv * fit.cols), fit
+    return fp16_scale(suh.float() * fit.rows), fp16_scale(sv * fit.cols), fit

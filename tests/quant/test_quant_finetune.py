@@ -23,7 +23,7 @@ def _quantized(gen: torch.Generator, n_in: int, n_out: int, monkeypatch) -> dict
 
 
 def _core(t: dict[str, torch.Tensor], n_in: int, n_out: int) -> ScaledCore:
-    return ScaledCore(t["trellis"], t["suh"], t["svh"], "mul1", n_in, n_out, None)
+    return ScaledCore(EXL3Linear.from_tensors(t, n_in, n_out, None, mode="streaming"))
 
 
 def test_scaled_core_is_the_stored_linear(monkeypatch) -> None:
