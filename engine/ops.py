@@ -606,12 +606,11 @@ def quantized_cache_read(store, slots: torch.Tensor, dtype: torch.dtype) -> torc
 def viterbi_encode(x: torch.Tensor, k: int, table: torch.Tensor) -> torch.Tensor | None:
     """Tail-biting Viterbi for tiles ``x`` ``(N, 256)`` on the GPU (``ext/viterbi.cu``).
 
-    Returns None where the kernel does not apply (CPU tensors, no extension, K=1 whose
-    128 KB best-cost buffers do not fit twice in shared memory, a table that is none of the three
-    codebooks); the caller then runs :func:`engine.quant.viterbi.encode_tiles`. Same results as
-    that path (same float operations and first-index tie rule).
+    Returns None where the kernel does not apply (CPU tensors, no extension, a table that is none
+    of the three codebooks); the caller then runs :func:`engine.quant.viterbi.encode_tiles`. Same
+    results as that path (same float operations and first-index tie rule).
     """
-    if x.ndim != 2 or x.shape[1] != 256 or not 2 <= k <= 8:
+    if x.ndim != 2 or x.shape[1] != 256 or not 1 <= k <= 8:
         return None
     ext = _kernel_ready(x, table)
     if ext is None or not hasattr(ext, "viterbi_encode"):

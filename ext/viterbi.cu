@@ -10,9 +10,12 @@
 // Layout: one CTA of 1024 threads per tile, both passes in one launch. With
 // best[low] = min_h cost[h * 2^(16-K) + low], the cost of state s at step i is
 // best_prev[s >> K] + err_i(s), so a step only needs the 2^(16-K)-entry best array (double
-// buffered in shared memory: 128 KB at K=2, hence K=1 is left to the torch path) and the value
-// of each state, computed arithmetically from the codebook (a few integer ops: cheaper than a
-// 128 KB shared table, which would not fit beside the K=2 buffers anyway). A thread owns fixed
+// buffered in shared memory: 2 x 64 KB at K=2) and the value of each state, computed
+// arithmetically from the codebook (a few integer ops: cheaper than a 128 KB shared table, which
+// would not fit beside the K=2 buffers anyway). At K=1 the array is 128 KB and two would not fit
+// (227 KB per SM), so it is updated in place: a thread owns the lows 2m and 2m+1 for 16 values of
+// m, whose predecessors' best are entries m and 2^14 + m; it reads all 32 of them into registers,
+// the block meets at a barrier, and only then does anyone write. A thread owns fixed
 // "low" indices and loops over h, so the min over h is a register loop (K <= 6) or a 2/4-lane
 // shuffle (K = 7, 8, where there are fewer lows than threads). Back-pointers (argmin h, one byte
 // per low per step) go to a global workspace; thread 0 backtracks at the end of each pass.
@@ -48,7 +51,8 @@ struct VGeom {
   static constexpr int kGroup = kLow >= kThreads ? 1 : kThreads / kLow;     // threads per low
   static constexpr int kLowsPerThread = kLow >= kThreads ? kLow / kThreads : 1;
   static constexpr int kHPerThread = kHi / kGroup;
-  static constexpr size_t kSmem = 2 * kLow * sizeof(float) + kValues * sizeof(float);
+  static constexpr bool kInPlace = K == 1;  // one best[] buffer, updated in place (see above)
+  static constexpr size_t kSmem = (kInPlace ? 1 : 2) * kLow * sizeof(float) + kValues * sizeof(float);
   static constexpr size_t kWsPerTile = static_cast<size_t>(kValues - 1) * kLow;  // bytes
 };
 
@@ -66,14 +70,65 @@ __device__ __forceinline__ void min_pair(float& v, int& i, float ov, int oi) {
   }
 }
 
+// One K=1 step on the single best[] buffer (VGeom<1>::kInPlace). Successor lows 2m, 2m+1 (h = 0, 1
+// are states low and 2^15 + low) read best[m] and best[2^14 + m]: all reads, a barrier, all
+// writes, a barrier. Same float operations and tie rules as the general loop.
+template <int CB>
+__device__ __forceinline__ void in_place_step(float* best, uint8_t* back, float xi, bool last, int overlap,
+                                              float& fin_v, int& fin_s) {
+  constexpr int kLow = VGeom<1>::kLow;
+  constexpr int kPairs = kLow / 2 / kThreads;
+  const int tid = threadIdx.x;
+  float pred0[kPairs], pred1[kPairs];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int m = tid + j * kThreads;
+    pred0[j] = best[m];
+    pred1[j] = best[kLow / 2 + m];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int m = tid + j * kThreads;
+    float b[2];
+    uint8_t a[2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const uint32_t s0 = 2 * m + q;  // h = 0
+      const uint32_t s1 = s0 + kLow;  // h = 1
+      const float2 v = state_values<CB>(s0, s1);
+      const float e0 = __fmaf_rn(-2.f, __fmul_rn(xi, v.x), __fmul_rn(v.x, v.x));
+      const float e1 = __fmaf_rn(-2.f, __fmul_rn(xi, v.y), __fmul_rn(v.y, v.y));
+      const float c0 = __fadd_rn(pred0[j], e0);
+      const float c1 = __fadd_rn(pred1[j], e1);
+      b[q] = c0;  // the first candidate as is, then strict <: ties keep h = 0
+      a[q] = 0;
+      if (c1 < b[q]) {
+        b[q] = c1;
+        a[q] = 1;
+      }
+      if (last && (overlap < 0 || static_cast<int>(s0) == overlap)) {
+        min_pair(fin_v, fin_s, c0, static_cast<int>(s0));
+        min_pair(fin_v, fin_s, c1, static_cast<int>(s1));
+      }
+    }
+    if (!last) {
+      reinterpret_cast<float2*>(best)[m] = make_float2(b[0], b[1]);
+      back[2 * m] = a[0];
+      back[2 * m + 1] = a[1];
+    }
+  }
+  __syncthreads();
+}
+
 template <int K, int CB>
 __global__ void __launch_bounds__(kThreads, 1)
     viterbi_kernel(const float* __restrict__ x, int32_t* __restrict__ out, uint8_t* __restrict__ ws) {
   using G = VGeom<K>;
   extern __shared__ float smem[];
   float* buf0 = smem;
-  float* buf1 = smem + G::kLow;
-  float* xs = smem + 2 * G::kLow;
+  float* buf1 = G::kInPlace ? smem : smem + G::kLow;
+  float* xs = smem + (G::kInPlace ? 1 : 2) * G::kLow;
   __shared__ float red_v[kThreads / 32];
   __shared__ int red_i[kThreads / 32];
   __shared__ int overlap_s;
@@ -101,6 +156,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       float* next = (i & 1) ? buf0 : buf1;
       const float xi = xs[pass == 0 ? ((i + kHalf) & (kValues - 1)) : i];
       const bool last = i == kValues - 1;
+      if constexpr (G::kInPlace) {
+        in_place_step<CB>(buf0, back + static_cast<size_t>(i) * G::kLow, xi, last, overlap, fin_v, fin_s);
+        continue;
+      }
 #pragma unroll 1
       for (int lj = 0; lj < G::kLowsPerThread; ++lj) {
         const int low = (G::kGroup == 1) ? tid + lj * kThreads : tid / G::kGroup;
@@ -201,6 +260,7 @@ void launch(const float* x, int32_t* out, uint8_t* ws, int tiles, cudaStream_t s
 template <int CB>
 void launch_k(int K, const float* x, int32_t* out, uint8_t* ws, int tiles, cudaStream_t stream) {
   switch (K) {
+    case 1: launch<1, CB>(x, out, ws, tiles, stream); break;
     case 2: launch<2, CB>(x, out, ws, tiles, stream); break;
     case 3: launch<3, CB>(x, out, ws, tiles, stream); break;
     case 4: launch<4, CB>(x, out, ws, tiles, stream); break;
@@ -208,7 +268,7 @@ void launch_k(int K, const float* x, int32_t* out, uint8_t* ws, int tiles, cudaS
     case 6: launch<6, CB>(x, out, ws, tiles, stream); break;
     case 7: launch<7, CB>(x, out, ws, tiles, stream); break;
     case 8: launch<8, CB>(x, out, ws, tiles, stream); break;
-    default: TORCH_CHECK(false, "viterbi_encode: K must be 2..8, got ", K);
+    default: TORCH_CHECK(false, "viterbi_encode: K must be 1..8, got ", K);
   }
 }
 
@@ -220,7 +280,7 @@ at::Tensor viterbi_encode(const at::Tensor& x, int64_t K, int64_t codebook, int6
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.size(1) == kValues &&
                   x.is_contiguous(),
               "viterbi_encode: x must be a contiguous fp32 CUDA tensor (N, 256)");
-  TORCH_CHECK(K >= 2 && K <= 8, "viterbi_encode: K must be 2..8, got ", K);
+  TORCH_CHECK(K >= 1 && K <= 8, "viterbi_encode: K must be 1..8, got ", K);
   TORCH_CHECK(codebook >= 0 && codebook <= 2, "viterbi_encode: codebook id must be 0..2");
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t n = x.size(0);
@@ -245,7 +305,7 @@ at::Tensor viterbi_encode(const at::Tensor& x, int64_t K, int64_t codebook, int6
 }  // namespace
 
 void bind_viterbi(pybind11::module_& m) {
-  m.def("viterbi_encode", &viterbi_encode, "Tail-biting Viterbi over EXL3 tiles (K 2..8): states (N, 256) int32",
+  m.def("viterbi_encode", &viterbi_encode, "Tail-biting Viterbi over EXL3 tiles (K 1..8): states (N, 256) int32",
         pybind11::arg("x"), pybind11::arg("K"), pybind11::arg("codebook"), pybind11::arg("max_ws_bytes"));
 }
 

@@ -19,7 +19,7 @@ full model's time from the mean block time plus each layer's share of the sensit
 (which runs over every layer); the JSON says which figures are extrapolated.
 
 Unless ``--no-kernel-bench``, it also times the Viterbi alone: tiles/s of the CUDA kernel on
-``--kernel-tiles`` random Gaussian tiles at K = 2, 4, 6, against the torch path on the same GPU
+``--kernel-tiles`` random Gaussian tiles at K = 1, 2, 4, 6, against the torch path on the same GPU
 (a smaller sample, it is slow).
 
 Run as ``python3 -m engine.commands.convert_bench --shape llama3.2-1b --bpw 4.0 --device cuda``.
@@ -165,7 +165,7 @@ class StageTimer:
 def kernel_throughput(
     device: torch.device, codebook: str, tiles: int, torch_tiles: int
 ) -> list[dict[str, Any]]:
-    """Viterbi tiles/s, CUDA kernel vs torch path, at K = 2, 4, 6 on random Gaussian tiles."""
+    """Viterbi tiles/s, CUDA kernel vs torch path, at K = 1, 2, 4, 6 on random Gaussian tiles."""
     from engine import ops
     from engine.quant.codebooks import codebook_table
     from engine.quant.quantize import GAUSSIAN_SCALE
@@ -174,7 +174,7 @@ def kernel_throughput(
     table = codebook_table(codebook, device)
     std = float(table.float().std())
     rows = []
-    for k in (2, 4, 6):
+    for k in (1, 2, 4, 6):
         gen = torch.Generator().manual_seed(k)
         x = (torch.randn(tiles, 256, generator=gen) * GAUSSIAN_SCALE[k] * std).to(device)
         row: dict[str, Any] = {"K": k, "codebook": codebook, "tiles": tiles}
