@@ -53,7 +53,7 @@ Log = Callable[[str], None]
 @dataclass
 class Row:
     name: str  # "unquantized", "exl3 4.0", "gguf q4_0"
-    kind: str  # unquantized | exl3 | gguf
+    kind: str  # unquantized | exl3 | exl3-mean (over seeds) | gguf | compare
     bpw: float | None  # bits per weight of the quantized decoder linears (GGUF: incl. block scales)
     head: str  # what the output head is: "fp32", "EXL3 6 bit", "Q4_0 (tied to the embedding)"
     ppl: float
@@ -258,7 +258,7 @@ def quantized_description(model_dir: Path) -> tuple[float | None, str]:
 # -- EXL3 conversion --------------------------------------------------------------------------------
 
 
-def convert_exl3(src: Path, dst: Path, bpw: float, args: argparse.Namespace, log: Log) -> float:
+def convert_exl3(src: Path, dst: Path, bpw: float, seed: int, args: argparse.Namespace, log: Log) -> float:
     """Convert (or resume converting) ``src`` at ``bpw`` into ``dst``; returns conversion seconds.
 
     A finished conversion is reused: its time is kept in ``dst/quality_convert.json``.
@@ -278,7 +278,7 @@ def convert_exl3(src: Path, dst: Path, bpw: float, args: argparse.Namespace, log
         allocation=args.allocation,
         sensitivity_rows=args.sensitivity_rows,
         tf32=args.tf32,
-        seed=args.seed,
+        seed=seed,
         **quantizer_options(args),
     )
     resume = (dst / WORK_DIR).exists()
@@ -316,6 +316,23 @@ def markdown(rows: list[Row], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def seed_mean(rows: list[Row], base: Row, name: str) -> Row:
+    """One conversion's figures move with its luck (seeds; ext/NOTES.md, tenth session): the mean
+    of ``rows`` (the same row at several seeds), with their range in the note."""
+    n = len(rows)
+    ppl = sum(r.ppl for r in rows) / n
+    deltas = [r.ppl_delta_pct for r in rows]
+    kls = [r.mean_kl for r in rows]
+    note = (
+        f"mean of {n} seeds; ppl vs unquantized {min(deltas):+.2f}% .. {max(deltas):+.2f}%, "
+        f"KL {min(kls):.5f} .. {max(kls):.5f}"
+    )
+    return Row(
+        name, "exl3-mean", rows[0].bpw, rows[0].head, ppl, (ppl / base.ppl - 1) * 100, sum(kls) / n,
+        sum(r.top1_agree for r in rows) / n, rows[0].tokens, note=note,
+    )  # fmt: skip
+
+
 def _list(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -341,6 +358,14 @@ def run(args: argparse.Namespace) -> int:
         src = Path(args.model)
         reference_note = args.reference_note
     bpws = [float(b) for b in _list(args.bpw)] if not args.no_exl3 else []
+    try:
+        seeds = sorted({int(x) for x in _list(args.seeds)})
+    except ValueError:
+        raise SystemExit(
+            f"error: --seeds takes whole numbers separated by commas, got {args.seeds!r}"
+        ) from None
+    if not seeds:
+        raise SystemExit("error: --seeds needs at least one seed")
     gguf_rows = []  # (row name, linear type, head type)
     for item in _list(args.gguf.lower()):
         body, _, head_type = item.partition(":")
@@ -365,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
         "codebook": args.codebook,
         "cal": [args.cal_rows, args.cal_cols],
         "allocation": [args.allocation, args.sensitivity_rows],
-        "quantizer": {**quantizer_options(args), "seed": args.seed},
+        "quantizer": quantizer_options(args),
         "gguf_head": args.gguf_head,
     }
     rows_file = work / ROWS_FILE
@@ -412,18 +437,23 @@ def run(args: argparse.Namespace) -> int:
         return row
 
     for bpw in bpws:
-        name = f"exl3 {bpw:.1f}"
-        dst = work / f"exl3-{bpw:.2f}"
-        if name in saved:
-            scored(name, "exl3", bpw, "", dst, None)
-            continue
-        log(f" -- {name}: converting on {device} into {dst}")
-        seconds = convert_exl3(src, dst, bpw, args, lambda m: log("    " + m))
-        bits = json.loads((dst / "quantization_config.json").read_text())["bits"]
-        head = "fp16" if args.head_bits == 16 else f"EXL3 {args.head_bits} bit"
-        scored(name, "exl3", float(bits), head, dst, seconds)
-        if not args.keep:
-            shutil.rmtree(dst)
+        per_seed = []
+        for seed in seeds:
+            # Seed 0 keeps the plain name, so one-seed tables read as before.
+            name = f"exl3 {bpw:.1f}" + (f" seed {seed}" if seed else "")
+            dst = work / (f"exl3-{bpw:.2f}" + (f"-seed{seed}" if seed else ""))
+            if name in saved:
+                per_seed.append(scored(name, "exl3", bpw, "", dst, None))
+                continue
+            log(f" -- {name}: converting on {device} into {dst}")
+            seconds = convert_exl3(src, dst, bpw, seed, args, lambda m: log("    " + m))
+            bits = json.loads((dst / "quantization_config.json").read_text())["bits"]
+            head = "fp16" if args.head_bits == 16 else f"EXL3 {args.head_bits} bit"
+            per_seed.append(scored(name, "exl3", float(bits), head, dst, seconds))
+            if not args.keep:
+                shutil.rmtree(dst)
+        if len(per_seed) > 1:
+            keep(seed_mean(per_seed, base_row, f"exl3 {bpw:.1f} mean"))
 
     for name, model_dir in compare_rows:
         bits, head = quantized_description(model_dir)
@@ -523,11 +553,11 @@ def register(sub) -> None:
     add_allocation_args(p)
     add_quantizer_args(p)
     p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="converter seed (sign flips, calibration rows): rerun with others to see how much of a "
-        "difference between two rows one conversion's luck can make",
+        "--seeds",
+        default="0",
+        help="converter seeds (sign flips, calibration rows), comma-separated: each EXL3 rate is "
+        "converted once per seed and, with several, a mean row is added (default 0). One conversion's "
+        "luck moves perplexity by a point or more: compare variants by their means",
     )
     p.add_argument(
         "--compare",

@@ -180,6 +180,7 @@ def test_converter_options_reach_the_converter(tmp_path: Path, monkeypatch) -> N
 
     def fake_convert(src, dst, options, resume, log):
         seen.update(seed=options.seed, damping=options.damping, refit=options.refit)
+        seen.update(tune=(options.tune_steps, options.tune_target))
         raise SystemExit("stop after the options")
 
     monkeypatch.setattr(convert_mod, "convert_model", fake_convert)
@@ -187,7 +188,41 @@ def test_converter_options_reach_the_converter(tmp_path: Path, monkeypatch) -> N
     text = tmp_path / "text.txt"
     text.write_text(TEXT.read_text()[:200])
     argv = ["-m", str(src), "--text-file", str(text), "--ctx", "64", "--device", "cpu", "--gguf", ""]
-    argv += ["--bpw", "4", "--work", str(tmp_path / "work"), "--seed", "3", "--damping", "0.02", "--no-refit"]
+    argv += [
+        "--bpw",
+        "4",
+        "--work",
+        str(tmp_path / "work"),
+        "--seeds",
+        "3",
+        "--damping",
+        "0.02",
+        "--no-refit",
+    ]
     with pytest.raises(SystemExit, match="stop after the options"):
-        quality.main(argv)
-    assert seen == {"seed": 3, "damping": 0.02, "refit": False}
+        quality.main([*argv, "--tune-steps", "7", "--tune-target", "model"])
+    assert seen == {"seed": 3, "damping": 0.02, "refit": False, "tune": (7, "model")}
+    with pytest.raises(SystemExit, match="--seeds takes whole numbers"):
+        quality.main([*argv, "--seeds", "1,x"])
+
+
+def test_several_seeds_give_a_mean_row(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    monkeypatch.setattr(
+        convert_mod, "quantize_weights", partial(quantize_mod.quantize_weights, search_scale=False)
+    )
+    src = _tiny_llama(tmp_path / "tiny", tied=True)
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT.read_text()[:300])
+    out_json = tmp_path / "q.json"
+    argv = ["-m", str(src), "--text-file", str(text), "--ctx", "128", "--device", "cpu", "--dtype", "float32"]
+    argv += ["--bpw", "3", "--head-bits", "16", "--cal-rows", "2", "--cal-cols", "32", "--gguf", ""]
+    argv += ["--seeds", "2,0", "--work", str(tmp_path / "work"), "--json", str(out_json)]
+    assert quality.main(argv) == 0
+    rows = {r["name"]: r for r in json.loads(out_json.read_text())["rows"]}
+    assert list(rows) == ["unquantized", "exl3 3.0", "exl3 3.0 seed 2", "exl3 3.0 mean"]
+    a, b, mean = rows["exl3 3.0"], rows["exl3 3.0 seed 2"], rows["exl3 3.0 mean"]
+    assert a["mean_kl"] != b["mean_kl"]  # another seed, another conversion
+    assert mean["kind"] == "exl3-mean" and mean["mean_kl"] == pytest.approx((a["mean_kl"] + b["mean_kl"]) / 2)
+    assert mean["ppl"] == pytest.approx((a["ppl"] + b["ppl"]) / 2)
+    assert "mean of 2 seeds" in mean["note"]
