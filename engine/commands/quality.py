@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import torch
 
 from engine.commands.common import run_alone
 from engine.commands.convert import add_allocation_args, add_quantizer_args, add_tf32_arg, quantizer_options
+from engine.commands.ppl import reference_logprobs, score, text_windows
 
 DEFAULT_BPW = "2,3,4,5,6,8"
 DEFAULT_GGUF = "q8_0,q5_0,q4_0"
@@ -66,58 +66,6 @@ class Row:
 
 
 # -- scoring -------------------------------------------------------------------------------------
-
-
-def text_windows(tokenizer, text: str, ctx: int, max_windows: int | None = None) -> list[list[int]]:
-    """The windows ``ppl`` scores: ``ctx`` tokens each (BOS first where the tokenizer adds one)."""
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    bos = [tokenizer.bos_token_id] if tokenizer.encode("", add_special_tokens=True) else []
-    step = ctx - len(bos)
-    windows = []
-    for start in range(0, len(ids) - 1, step):
-        window = bos + ids[start : start + step]
-        if len(window) < 2 or (max_windows is not None and len(windows) >= max_windows):
-            break
-        windows.append(window)
-    return windows
-
-
-def window_logprobs(model, windows: list[list[int]]) -> Iterator[torch.Tensor]:
-    """float32 log-softmax of the logits predicting ``window[1:]``, one window at a time."""
-    from engine.cache.paged import PagedKVCache
-    from engine.generation.step import score_tokens
-
-    cache = PagedKVCache.for_model(
-        model.spec, max(len(w) for w in windows), dtype=model.dtype, device=model.device
-    )
-    with torch.inference_mode():
-        for window in windows:
-            logits = score_tokens(model.module, cache, window)[:-1]
-            yield torch.log_softmax(logits.float(), dim=-1)
-
-
-def reference_logprobs(model, windows: list[list[int]]) -> list[torch.Tensor]:
-    """The unquantized model's log-probabilities, kept on the CPU (float32: KL of a near-lossless
-    row is ~1e-4 nats, below what fp16 log-probabilities resolve)."""
-    return [lp.cpu() for lp in window_logprobs(model, windows)]
-
-
-def score(model, windows: list[list[int]], reference: list[torch.Tensor] | None) -> dict:
-    """Perplexity over ``windows``; with ``reference``, mean KL(reference || model) and top-1 agreement."""
-    nll, kl, agree, count = 0.0, 0.0, 0, 0
-    for i, (window, lq) in enumerate(zip(windows, window_logprobs(model, windows))):
-        targets = torch.tensor(window[1:], device=lq.device)
-        nll += float(-lq.gather(1, targets[:, None]).sum())
-        count += len(targets)
-        if reference is not None:
-            lp = reference[i].to(lq.device)
-            kl += float((lp.exp() * (lp - lq)).sum(-1).double().sum())
-            agree += int((lp.argmax(-1) == lq.argmax(-1)).sum())
-    out = {"ppl": math.exp(nll / count), "tokens": count}
-    if reference is not None:
-        out["mean_kl"] = kl / count
-        out["top1_agree"] = agree / count
-    return out
 
 
 # -- the quantized tensors ---------------------------------------------------------------------------
