@@ -12,13 +12,15 @@
 // best_prev[s >> K] + err_i(s), so a step only needs the 2^(16-K)-entry best array (double
 // buffered in shared memory: 2 x 64 KB at K=2) and the value of each state, computed
 // arithmetically from the codebook (a few integer ops: cheaper than a 128 KB shared table, which
-// would not fit beside the K=2 buffers anyway). At K=1 the array is 128 KB and two would not fit
-// (227 KB per SM), so it is updated in place: a thread owns the lows 2m and 2m+1 for 16 values of
-// m, whose predecessors' best are entries m and 2^14 + m; it reads all 32 of them into registers,
-// the block meets at a barrier, and only then does anyone write. A thread owns fixed
-// "low" indices and loops over h, so the min over h is a register loop (K <= 6) or a 2/4-lane
-// shuffle (K = 7, 8, where there are fewer lows than threads). Back-pointers (argmin h, one byte
-// per low per step) go to a global workspace; thread 0 backtracks at the end of each pass.
+// would not fit beside the K=2 buffers anyway). A thread owns fixed "low" indices and loops over
+// h, so the min over h is a register loop (K <= 6) or a 2/4-lane shuffle (K = 7, 8, where there
+// are fewer lows than threads). Back-pointers (argmin h, one byte per low per step) go to a global
+// workspace; thread 0 backtracks at the end of each pass.
+//
+// At K=1 the best array is 128 KB and two would not fit (227 KB per SM), so it is updated in
+// place (in_place_step): a thread owns the lows 2m and 2m+1 for 16 values of m, whose
+// predecessors' best are entries m and 2^14 + m; it reads all 32 of them into registers, the
+// block meets at a barrier, and only then does anyone write.
 //
 // Float arithmetic mirrors the torch path so that ties break identically: per state
 // err = fma(-2, x*v, v*v) (torch.addcmul(v2, x, v, value=-2) on CUDA is
