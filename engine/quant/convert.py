@@ -439,6 +439,11 @@ def _fp16_copy(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float16) if t.dtype == torch.float32 else t
 
 
+def linear_tensors(tensors: dict[str, torch.Tensor], key: str) -> dict[str, torch.Tensor]:
+    """The stored tensors of the linear ``key`` among ``tensors`` (full names, as stored)."""
+    return {k: v for k, v in tensors.items() if k.startswith(key + ".")}
+
+
 def _refit_note(qt: QuantizedTensors) -> str:
     """The scale refit's loss before -> after for a linear's log line ('' when it did not run)."""
     return "" if qt.refit is None else f"  refit {qt.refit.before:.6f}->{qt.refit.after:.6f}"
@@ -463,7 +468,7 @@ def _tune_block(
     update ``tensors`` and the block's linears, and return the log line."""
     layers = []
     for s in slots:
-        sub = {k: v for k, v in tensors.items() if k.startswith(s.key + ".")}
+        sub = linear_tensors(tensors, s.key)
         layers.append(
             ScaledCore(EXL3Linear.from_tensors(sub, s.in_features, s.out_features, None, "streaming"))
         )
@@ -474,7 +479,7 @@ def _tune_block(
     for s, layer in zip(slots, layers):
         suh, svh = layer.scales(tensors[f"{s.key}.suh"], tensors[f"{s.key}.svh"])
         tensors[f"{s.key}.suh"], tensors[f"{s.key}.svh"] = suh, svh
-        sub = {k: v for k, v in tensors.items() if k.startswith(s.key + ".")}
+        sub = linear_tensors(tensors, s.key)
         s.set(EXL3Linear.from_tensors(sub, s.in_features, s.out_features, None, name=s.key))
     verdict = "kept" if result.kept else "not kept"
     return (
@@ -594,7 +599,7 @@ def _convert_model(
         if resume and saved.exists():
             tensors = load_file(str(saved), device=str(device))
             for s in slots:
-                sub = {k[len(s.key) + 1 :]: v for k, v in tensors.items() if k.startswith(s.key + ".")}
+                sub = linear_tensors(tensors, s.key)
                 s.set(EXL3Linear.from_tensors(sub, s.in_features, s.out_features, None, name=s.key))
             with torch.inference_mode():
                 hidden = _run_block(block, hidden, chunk_rows)
@@ -706,7 +711,7 @@ def _convert_model(
                 for extra in (names.attn_out_norm, names.mlp_in_norm):
                     if extra:
                         plain(p + extra + ".weight")
-            outputs.append((s.key, {k: v for k, v in done.items() if k.startswith(s.key + ".")}, s.bits))
+            outputs.append((s.key, linear_tensors(done, s.key), s.bits))
         for extra in (names.q_norm, names.k_norm, names.mlp_out_norm):
             if extra:
                 plain(p + extra + ".weight")

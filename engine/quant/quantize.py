@@ -270,6 +270,14 @@ def incoherence(
     return Incoherent(w, sv, su, unit, dead)
 
 
+def padded_hessian(hessian: torch.Tensor, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``hessian`` ``(in, in)`` in ``dtype`` on ``device``, zero-padded to the stored ``(n, n)``."""
+    in_f = hessian.shape[0]
+    h = torch.zeros(n, n, dtype=dtype, device=device)
+    h[:in_f, :in_f] = hessian.to(device=device, dtype=dtype)
+    return h
+
+
 def rotated_hessian(
     hessian: torch.Tensor,
     su: torch.Tensor,
@@ -283,9 +291,7 @@ def rotated_hessian(
     error do not change), so ``h`` is formed with ``su / max|su|``, before ``a`` is known, and
     serves the scale search and the LDLQ pass. ``h`` is float64, padded to ``len(su)``.
     """
-    n_in, in_f = su.shape[0], hessian.shape[0]
-    h = torch.zeros(n_in, n_in, dtype=torch.float64, device=su.device)
-    h[:in_f, :in_f] = hessian.to(device=su.device, dtype=torch.float64)
+    h = padded_hessian(hessian, su.shape[0], torch.float64, su.device)
     s = su.double() / float(su.abs().max())
     h = blockwise_hadamard(blockwise_hadamard(s.unsqueeze(1) * h * s.unsqueeze(0), dim=0), dim=1)
     lower, damp = block_ldl(h, damping, TILE, warn)
@@ -429,8 +435,5 @@ def _refit(
     sv = inc.sv.float()
     original = blockwise_hadamard(inc.w, dim=1) * sv  # the padded weight, (in, out)
     decoded = apply_scales(q, suh, inc.sv)  # what the stored tensors decode to
-    in_f = hessian.shape[0]
-    h = torch.zeros(q.shape[0], q.shape[0], dtype=torch.float32, device=q.device)
-    h[:in_f, :in_f] = hessian.to(device=q.device, dtype=torch.float32)
-    fit = refit_scales(original, decoded, h)
+    fit = refit_scales(original, decoded, padded_hessian(hessian, q.shape[0], torch.float32, q.device))
     return fp16_scale(suh.float() * fit.rows), fp16_scale(sv * fit.cols), fit
