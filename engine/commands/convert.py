@@ -52,7 +52,7 @@ def add_allocation_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_quantizer_args(p: argparse.ArgumentParser) -> None:
-    """``--damping``, ``--no-refit``, ``--tune-steps`` and ``--tune-target`` (shared with the
+    """``--damping``, ``--no-refit``, ``--tune-*`` and ``--sequential`` (shared with the
     ``quality`` command and ``convert_bench``; :func:`quantizer_options` reads them)."""
     p.add_argument(
         "--damping",
@@ -82,6 +82,13 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
         "(block, default) or the unquantized model's hidden state (model)",
     )
     p.add_argument("--tune-lr", type=float, default=1e-3, help="the tuning's learning rate (default 1e-3)")
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="capture each linear's input Hessian after the linears before it in the block are "
+        "quantized (o_proj after q/k/v, gate/up after the attention, down after gate/up): up to "
+        "three more partial block forwards per block",
+    )
 
 
 def quantizer_options(args: argparse.Namespace) -> dict:
@@ -92,6 +99,7 @@ def quantizer_options(args: argparse.Namespace) -> dict:
         "tune_steps": args.tune_steps,
         "tune_target": args.tune_target,
         "tune_lr": args.tune_lr,
+        "sequential": args.sequential,
     }
 
 

@@ -7,7 +7,8 @@ in total and per stage:
 
 - ``sensitivity``: the bit-allocation pre-pass (:mod:`engine.quant.sensitivity`), all of it
   (its own block forwards and LDL factorisations are not counted in the stages below);
-- ``hessian_forward``: the unquantized block forwards that record the input Hessians;
+- ``hessian_forward``: the unquantized block forwards that record the input Hessians (and with
+  ``--sequential`` the partial forwards that record them again after each input group);
 - ``ldl``: the block-LDL factorisations; ``viterbi``: the trellis encoder (plus its tiles/s);
 - ``packing``: state packing; ``refit``: the scale refit (:mod:`engine.quant.refit`);
   ``quantized_forward``: the quantized block forwards (and, with ``--tune-target model``, the
@@ -141,6 +142,7 @@ class StageTimer:
 
         self.wrap(sensitivity, "measure_sensitivity", lambda a: "sensitivity", exclusive=True)
         self.wrap(convert, "_run_block", forward_stage)
+        self.wrap(convert, "capture_hessians", lambda a: "hessian_forward")  # --sequential's
         self.wrap(convert, "quantize_weights", lambda a: "quantize_total")  # a block's linears
         self.wrap(convert, "quantize_weight", lambda a: "quantize_total")  # the head
         self.wrap(quantize, "encode_tiles", viterbi_stage)

@@ -9,10 +9,11 @@ hands fractional extra bits out by a fixed kind priority (:func:`allocate_bits`)
 each decoder block, the block's linears record their input Hessians ``E[x^T x]`` while the
 *unquantized* block runs, every linear is quantized (:func:`engine.quant.quantize.quantize_weight`)
 and swapped for an :class:`EXL3Linear`, and the *quantized* block produces the next block's input
-(errors propagate as they will at inference). The per-block relative Frobenius error of the
-quantized block output against the unquantized block output is reported. Finally the head is
-quantized at ``head_bits`` and the output directory is written in the reference layout, so that
-ExLlamaV3 and our loader read it alike.
+(errors propagate as they will at inference); with ``sequential`` each input group's Hessian
+is captured again once the linears before it in the block are quantized. The per-block relative
+Frobenius error of the quantized block output against the unquantized block output is reported.
+Finally the head is quantized at ``head_bits`` and the output directory is written in the
+reference layout, so that ExLlamaV3 and our loader read it alike.
 
 Resume: each finished block's tensors go to ``<out>/.exl3_work/``; a rerun with ``resume`` loads
 them (after checking the job options match) and only re-runs the quantized block forward. The
@@ -90,6 +91,9 @@ class ConvertOptions:
     # at one more block forward and one more hidden-state buffer).
     tune_target: str = "block"
     tune_lr: float = 1e-3  # Adam's learning rate on the scale multipliers' offsets
+    # Capture each input group's Hessian after the groups before it in the block are quantized
+    # (o_proj sees the quantized q/k/v, down the quantized gate/up): see input_groups.
+    sequential: bool = False
 
     def job_key(self) -> dict:
         """The options that change the result (a resume must match them). Device, shard size and
@@ -210,23 +214,66 @@ class _HessianHook:
         return self.sum / max(self.count, 1)
 
 
-def hessian_hooks(slots: list[LinearSlot], device: torch.device) -> tuple[dict[str, _HessianHook], list]:
-    """One :class:`_HessianHook` per distinct linear input of a block, keyed by each slot's key,
-    and the hook handles (remove them after the forward).
+def input_groups(slots: list[LinearSlot]) -> list[list[LinearSlot]]:
+    """``slots`` grouped by the input they read, in forward order: the projections of one
+    ``ModuleList`` (q/k/v, gate/up) read the same input; any other linear reads its own."""
+    groups: list[list[LinearSlot]] = []
+    seen: dict[int, list[LinearSlot]] = {}
+    for s in slots:
+        shared = id(s.parent) if s.attr.isdigit() else id(s)
+        if shared not in seen:
+            seen[shared] = []
+            groups.append(seen[shared])
+        seen[shared].append(s)
+    return groups
 
-    The projections of one group (q/k/v, gate/up: the same ``ModuleList``) read the same input, so
-    they share one hook on the group's first linear: one ``x^T x`` instead of three (two)."""
+
+def hessian_hooks(
+    slots: list[LinearSlot], device: torch.device, stop: bool = False
+) -> tuple[dict[str, _HessianHook], list]:
+    """One :class:`_HessianHook` per distinct linear input of a block (:func:`input_groups`: one
+    ``x^T x`` for q/k/v instead of three), keyed by each slot's key, and the hook handles (remove
+    them after the forward). With ``stop``, the last group's hook ends the forward once it has
+    its input (:class:`_Captured`): nothing after it is needed."""
     hooks: dict[str, _HessianHook] = {}
     handles = []
-    by_input: dict[int, _HessianHook] = {}
-    for s in slots:
-        shared = id(s.parent) if s.attr.isdigit() else id(s)  # a ModuleList of projections
-        hook = by_input.get(shared)
-        if hook is None:
-            hook = by_input[shared] = _HessianHook(s.in_features, device)
-            handles.append(s.get().register_forward_pre_hook(hook))
-        hooks[s.key] = hook
+    groups = input_groups(slots)
+    for j, group in enumerate(groups):
+        last = stop and j == len(groups) - 1
+        hook = (_StoppingHessianHook if last else _HessianHook)(group[0].in_features, device)
+        handles.append(group[0].get().register_forward_pre_hook(hook))
+        for s in group:
+            hooks[s.key] = hook
     return hooks, handles
+
+
+class _Captured(Exception):
+    """Raised by a :class:`_StoppingHessianHook` to cut a capture forward short."""
+
+
+class _StoppingHessianHook(_HessianHook):
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        super().__call__(module, args)
+        raise _Captured
+
+
+def capture_hessians(
+    block: nn.Module, hidden: torch.Tensor, slots: list[LinearSlot], chunk_rows: int
+) -> dict[str, _HessianHook]:
+    """The input Hessians of ``slots`` with the block as it is now (some linears quantized),
+    running each chunk of rows only as far as the last of their inputs."""
+    hooks, handles = hessian_hooks(slots, hidden.device, stop=True)
+    try:
+        with torch.inference_mode():
+            for r0 in range(0, hidden.shape[0], chunk_rows):
+                try:
+                    run_rows(block, hidden[r0 : r0 + chunk_rows])
+                except _Captured:
+                    pass
+    finally:
+        for h in handles:
+            h.remove()
+    return hooks
 
 
 @contextlib.contextmanager
@@ -455,6 +502,57 @@ def _refit_note(qt: QuantizedTensors) -> str:
 LOCKSTEP_WEIGHTS = 64 << 20
 
 
+def _quantize_stage(
+    slots: list[LinearSlot],
+    hooks: dict[str, _HessianHook],
+    block_tensors: dict[str, torch.Tensor],
+    sensitivities: dict,
+    options: ConvertOptions,
+    index: int,
+    device: torch.device,
+    log: Callable[[str], None],
+) -> list[str]:
+    """Quantize ``slots`` (lockstep groups of them at a time) with their captured Hessians, swap
+    each for its :class:`EXL3Linear`, add its tensors to ``block_tensors`` and return the log
+    lines. A linear's seed counts the block's tensors stored before it, so it is the same however
+    the block's linears are staged."""
+    lines = []
+    for group in lockstep_groups(slots):
+        jobs = []
+        stored = len(block_tensors)
+        for s in group:
+            dense = s.get()
+            jobs.append(
+                WeightJob(
+                    dense.weight.detach(),
+                    hooks[s.key].hessian(),
+                    s.bits,
+                    seed=options.seed * 100003 + stored + index * 1009,
+                    warn=lambda msg, key=s.key: log(f"    warning: {key}: {msg}"),
+                )
+            )
+            stored += stored_tensor_count(options.codebook, getattr(dense, "bias", None) is not None)
+        results = quantize_weights(
+            jobs,
+            options.codebook,
+            out_scales=options.out_scales,
+            damping=options.damping,
+            refit=options.refit,
+            device=device,
+        )
+        for s, qt in zip(group, results):
+            bias = getattr(s.get(), "bias", None)
+            tensors = qt.tensors(s.key, bias.detach() if bias is not None else None)
+            block_tensors.update(tensors)
+            s.set(EXL3Linear.from_tensors(tensors, s.in_features, s.out_features, None, name=s.key))
+            line = f"    {s.key:48s} K={s.bits}  proxy_err={qt.proxy_error:.6f}  scale={qt.scale:.4f}"
+            if s.key in sensitivities:  # the pre-pass's figures at this K, for comparison
+                sens = sensitivities[s.key]
+                line += f"  predicted={sens.proxies[s.bits]:.6f}  e={sens.at(s.bits):.2e}"
+            lines.append(line + _refit_note(qt))
+    return lines
+
+
 def _tune_block(
     block: nn.Module,
     slots: list[LinearSlot],
@@ -606,46 +704,21 @@ def _convert_model(
             log(f" -- block {i}: resumed from {saved.name}")
             report.blocks.append({"block": i, "resumed": True})
             continue
-        hooks, handles = hessian_hooks(slots, device)
+        # Without ``sequential`` one forward of the unquantized block gives every Hessian; with it,
+        # each input group after the first is captured again once the groups before it are
+        # quantized, so its Hessian is that of the inputs it will see at inference.
+        stages = input_groups(slots) if options.sequential else [slots]
+        hooks, handles = hessian_hooks(stages[0], device)
         with torch.inference_mode():
             reference = _run_block(block, hidden, chunk_rows)
         for h in handles:
             h.remove()
         block_tensors: dict[str, torch.Tensor] = {}
         lines = []
-        for group in lockstep_groups(slots):
-            jobs = []
-            stored = len(block_tensors)  # tensors stored before each linear: part of its seed
-            for s in group:
-                dense = s.get()
-                jobs.append(
-                    WeightJob(
-                        dense.weight.detach(),
-                        hooks[s.key].hessian(),
-                        s.bits,
-                        seed=options.seed * 100003 + stored + i * 1009,
-                        warn=lambda msg, key=s.key: log(f"    warning: {key}: {msg}"),
-                    )
-                )
-                stored += stored_tensor_count(options.codebook, getattr(dense, "bias", None) is not None)
-            results = quantize_weights(
-                jobs,
-                options.codebook,
-                out_scales=options.out_scales,
-                damping=options.damping,
-                refit=options.refit,
-                device=device,
-            )
-            for s, qt in zip(group, results):
-                bias = getattr(s.get(), "bias", None)
-                tensors = qt.tensors(s.key, bias.detach() if bias is not None else None)
-                block_tensors.update(tensors)
-                s.set(EXL3Linear.from_tensors(tensors, s.in_features, s.out_features, None, name=s.key))
-                line = f"    {s.key:48s} K={s.bits}  proxy_err={qt.proxy_error:.6f}  scale={qt.scale:.4f}"
-                if s.key in sensitivities:  # the pre-pass's figures at this K, for comparison
-                    sens = sensitivities[s.key]
-                    line += f"  predicted={sens.proxies[s.bits]:.6f}  e={sens.at(s.bits):.2e}"
-                lines.append(line + _refit_note(qt))
+        for j, stage in enumerate(stages):
+            if j > 0:
+                hooks = capture_hessians(block, hidden, stage, chunk_rows)
+            lines += _quantize_stage(stage, hooks, block_tensors, sensitivities, options, i, device, log)
         if options.tune_steps > 0:
             target = reference if exact is None else exact
             lines.append(_tune_block(block, slots, block_tensors, hidden, target, options, i))

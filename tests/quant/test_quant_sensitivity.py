@@ -279,6 +279,84 @@ def test_projections_of_one_input_share_one_hessian(tiny_dir: Path) -> None:
         assert torch.equal(hooks[s.key].hessian(), separate[s.key].hessian()), s.kind
 
 
+def test_sequential_capture_sees_the_quantized_linears_before_it(tiny_dir: Path) -> None:
+    """With ``sequential``, a group's Hessian is captured again with the groups before it changed
+    (quantized): it equals a hook's on a full forward of the changed block, and the forward
+    stops at the group's input (the linears after it never run)."""
+    from engine.architectures import architecture_for
+    from engine.config import ModelConfig
+    from engine.model import load_model
+
+    names = architecture_for(ModelConfig.from_dir(tiny_dir).architecture).names
+    block = load_model(tiny_dir, device="cpu", dtype=torch.float32).module.blocks[0]
+    slots = convert_mod.block_linears(block, "b.", names)
+    groups = convert_mod.input_groups(slots)
+    assert [[s.kind for s in g] for g in groups] == [["q", "k", "v"], ["o"], ["gate", "up"], ["down"]]
+    hidden = torch.randn(3, 12, 64, generator=torch.Generator().manual_seed(7))
+    before = convert_mod.capture_hessians(block, hidden, groups[1], 2)[groups[1][0].key].hessian()
+    with torch.inference_mode():  # stands in for quantizing q and v
+        groups[0][0].get().weight.mul_(1.1)
+        groups[0][2].get().weight.mul_(0.9)
+    down_calls = []
+    watcher = groups[3][0].get().register_forward_pre_hook(lambda m, a: down_calls.append(1))
+    captured = convert_mod.capture_hessians(block, hidden, groups[1], 2)[groups[1][0].key]
+    assert not down_calls  # the forward ended at o_proj's input
+    assert captured.count == 36
+    watcher.remove()
+    full = convert_mod._HessianHook(groups[1][0].in_features, torch.device("cpu"))
+    handle = groups[1][0].get().register_forward_pre_hook(full)
+    with torch.inference_mode():
+        convert_mod._run_block(block, hidden, 2)
+    handle.remove()
+    assert torch.equal(captured.hessian(), full.hessian())
+    assert not torch.allclose(captured.hessian(), before, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_sequential_conversion_changes_only_what_follows_the_first_group(
+    tiny_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The first input group (q/k/v) sees the same Hessian and seeds either way, so its tensors
+    are the same bytes; o_proj's Hessian now comes from the quantized q/k/v and its tensors
+    differ. The option is part of the job key (a resume cannot mix the two)."""
+    from quant_helpers import cheap_encoder
+    from safetensors.torch import load_file
+
+    import engine.quant.quantize as quantize_mod
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    outputs = []
+    for sequential in (False, True):
+        options = convert_mod.ConvertOptions(
+            bits=4.0,
+            head_bits=4,
+            cal_rows=3,
+            cal_cols=16,
+            device="cpu",
+            allocation="uniform",
+            random_rows_fraction=1.0,
+            sequential=sequential,
+        )
+        dst = tmp_path / f"seq{int(sequential)}"
+        convert_mod.convert_model(tiny_dir, dst, options, log=lambda m: None)
+        tensors = {}
+        for f in sorted(dst.glob("*.safetensors")):
+            tensors.update(load_file(str(f)))
+        outputs.append(tensors)
+    plain, sequential = outputs
+    layer0 = "model.layers.0."
+    for name in ("q_proj", "k_proj", "v_proj"):
+        key = f"{layer0}self_attn.{name}.trellis"
+        assert torch.equal(plain[key], sequential[key]), name
+    assert not torch.equal(
+        plain[f"{layer0}self_attn.o_proj.suh"], sequential[f"{layer0}self_attn.o_proj.suh"]
+    )
+    assert (
+        convert_mod.ConvertOptions(bits=4.0, sequential=True).job_key()
+        != convert_mod.ConvertOptions(bits=4.0).job_key()
+    )
+
+
 def test_tf32_is_a_cuda_only_switch_outside_the_job_key() -> None:
     """Off by default; blocks converted with or without TF32 may be resumed into one model; on CPU
     the switch changes nothing, and it is restored on exit."""
