@@ -104,12 +104,14 @@ def quantizer_options(args: argparse.Namespace) -> dict:
 
 
 def add_tf32_arg(p: argparse.ArgumentParser) -> None:
-    """``--tf32`` (shared with the ``quality`` command and ``convert_bench``)."""
+    """``--tf32`` / ``--no-tf32`` (shared with the ``quality`` command and ``convert_bench``)."""
     p.add_argument(
         "--tf32",
-        action="store_true",
-        help="calibration forwards and Hessians on TF32 tensor cores (CUDA): ~1.4x faster, slightly "
-        "worse quality (SmolLM2 4.0 bpw: mean KL 0.0975 vs 0.0937); default fp32",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="calibration forwards and Hessians on TF32 tensor cores (CUDA; default on): a "
+        "Llama-3.2-1B shape converts in ~3.0 min on an H200 instead of ~4.6 in fp32, at the same "
+        "quality (SmolLM2 4.0 bpw, 3 seeds: mean KL 0.0946 vs 0.0947); --no-tf32 for fp32",
     )
 
 

@@ -82,7 +82,7 @@ class ConvertOptions:
     # "sensitivity": measured per-linear bits (module docstring); "uniform": the kind priority.
     allocation: str = "sensitivity"
     sensitivity_rows: int = 32  # calibration rows the sensitivity pre-pass runs over
-    tf32: bool = False  # calibration matmuls on TF32 tensor cores (CUDA; see calibration_matmuls)
+    tf32: bool = True  # calibration matmuls on TF32 tensor cores (CUDA; see calibration_matmuls)
     damping: float = 0.01  # Hessian damping relative to its mean diagonal (engine.quant.ldl)
     refit: bool = True  # refit suh/svh to the chosen trellis (engine.quant.refit)
     tune_steps: int = 0  # Adam steps tuning each block's scales to its output (engine.quant.finetune)
@@ -280,10 +280,10 @@ def capture_hessians(
 def calibration_matmuls(device: torch.device, tf32: bool) -> Iterator[None]:
     """Inside, float32 matrix products on ``device`` (the calibration forwards and the Hessians)
     may use TF32 tensor cores when ``tf32`` is set: ~8x the fp32 rate on an H200, products of
-    10-bit mantissas accumulated in fp32. Opt-in (``convert --tf32``): a Llama-3.2-1B shape converts
-    in 3.1 instead of 4.5 min on an H200, but SmolLM2-135M at 4.0 bpw came out a little worse each
-    time it was measured (mean KL 0.0975 against 0.0937 in fp32; ext/NOTES.md, tenth session).
-    No effect on CPU."""
+    10-bit mantissas accumulated in fp32. On by default (``convert --no-tf32`` for fp32): a
+    Llama-3.2-1B shape converts in ~3.0 instead of ~4.6 min on an H200, as fast as ExLlamaV3 1.6.5
+    there (3.04 min), and SmolLM2-135M at 4.0 bpw scored the same over 3 seeds (mean KL 0.0946
+    against 0.0947 in fp32; ext/NOTES.md, eleventh session). No effect on CPU."""
     if device.type != "cuda" or not tf32:
         yield
         return

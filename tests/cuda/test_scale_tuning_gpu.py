@@ -45,6 +45,7 @@ def test_conversion_with_scale_tuning_on_the_gpu(exl3_dir: Path, tmp_path: Path)
                 device="cuda",
                 tune_steps=steps,
                 tune_target=target,
+                tf32=False,  # measured in fp32 on the GPU (tenth session), before TF32 was the default
             )
             report = convert_model(src, tmp_path / f"{target}{steps}", options, log=lambda m: None)
             rfn[target, steps] = [b["rfn"] for b in report.blocks]

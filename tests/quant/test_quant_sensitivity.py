@@ -358,11 +358,11 @@ def test_sequential_conversion_changes_only_what_follows_the_first_group(
 
 
 def test_tf32_is_a_cuda_only_switch_outside_the_job_key() -> None:
-    """Off by default; blocks converted with or without TF32 may be resumed into one model; on CPU
+    """On by default; blocks converted with or without TF32 may be resumed into one model; on CPU
     the switch changes nothing, and it is restored on exit."""
-    assert not convert_mod.ConvertOptions(bits=4.0).tf32
+    assert convert_mod.ConvertOptions(bits=4.0).tf32
     assert (
-        convert_mod.ConvertOptions(bits=4.0, tf32=True).job_key()
+        convert_mod.ConvertOptions(bits=4.0, tf32=False).job_key()
         == convert_mod.ConvertOptions(bits=4.0).job_key()
     )
     before = torch.backends.cuda.matmul.allow_tf32
@@ -371,3 +371,14 @@ def test_tf32_is_a_cuda_only_switch_outside_the_job_key() -> None:
     with convert_mod.calibration_matmuls(torch.device("cuda"), True):
         assert torch.backends.cuda.matmul.allow_tf32  # the flag only; no CUDA call is made
     assert torch.backends.cuda.matmul.allow_tf32 == before
+
+
+def test_tf32_flag_defaults_on_and_can_be_turned_off() -> None:
+    import argparse
+
+    from engine.commands.convert import add_tf32_arg
+
+    p = argparse.ArgumentParser()
+    add_tf32_arg(p)
+    assert p.parse_args([]).tf32 and p.parse_args(["--tf32"]).tf32
+    assert not p.parse_args(["--no-tf32"]).tf32
