@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "logits",
     "ppl",
     "bench",
+    "synthetic",
     "cache_capacity",
     "import_gguf",
     "download",

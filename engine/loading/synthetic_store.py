@@ -17,11 +17,18 @@ What the store holds, per EXL3_FORMAT.md section 3:
 - embedding, norms: random floating point.
 
 ``bits=None`` gives dense weights instead (``P.weight``), for the unquantized baseline.
+
+:func:`write_synthetic_model` writes such a model as an EXL3 directory in the reference layout
+(``python -m engine synthetic``), so that another engine (ExLlamaV3) can be measured on the very
+bytes ours reads.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -218,3 +225,54 @@ def synthetic_model(
     config = synthetic_config(hf_config, name, bits, head_bits, codebook)
     store = SyntheticWeightStore(config, bits, head_bits, codebook, dtype, dev, seed)
     return build_model(config, store, dev, dtype, context, exl3_mode=exl3_mode)
+
+
+def write_synthetic_model(
+    hf_config: dict[str, Any],
+    bits: int,
+    out_dir: str | Path,
+    head_bits: int | None = 6,
+    codebook: str = "mul1",
+    dtype: torch.dtype = torch.float16,
+    device: torch.device | str = "cpu",
+    name: str = "custom",
+    seed: int = 0,
+    files_from: str | Path | None = None,
+) -> Path:
+    """Write a random-weight EXL3 model of shape ``hf_config`` at ``bits`` to ``out_dir`` in the
+    layout our converter writes (safetensors shards, config.json with ``quantization_config``,
+    quantization_config.json with ``tensor_storage``). ``files_from``: a model directory whose
+    other files (tokenizer, chat template) are copied along; ExLlamaV3 needs a tokenizer to load.
+    Tensors are made on ``device`` in the store's plan order, so a seed gives the same bytes."""
+    from engine.quant.convert import write_output  # deferred: the converter imports this package
+
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"{out} exists and is not empty")
+    config = synthetic_config(hf_config, name, bits, head_bits, codebook)
+    store = SyntheticWeightStore(config, bits, head_bits, codebook, dtype, device, seed)
+    # One module per linear (its trellis, scales, flag and bias) or per plain tensor, in plan order.
+    modules: dict[str, tuple[dict[str, torch.Tensor], int | None]] = {}
+    for key, (kind, *args) in store._plan.items():
+        module, _ = key.rsplit(".", 1)
+        tensors, k = modules.setdefault(module, ({}, None))
+        if kind == "trellis":
+            k = args[2]
+        tensors[key] = store.get(key).cpu()
+        modules[module] = (tensors, k)
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp)
+        if files_from is not None:
+            for path in Path(files_from).iterdir():
+                if path.is_file() and not path.name.endswith(".safetensors"):
+                    shutil.copyfile(path, src / path.name)
+        (src / "config.json").write_text(json.dumps(hf_config, indent=1))
+        write_output(
+            src,
+            out,
+            [(key, tensors, k) for key, (tensors, k) in modules.items()],
+            config.quantization,
+            codebook,
+            shard_size_mb=8192,
+        )
+    return out
