@@ -68,6 +68,10 @@ class ModelBuilder:
             return layer.to(self.device)
         return DenseLinear(self.tensor(f"{key}.weight", [out_features, in_features]), bias_t)
 
+    def has_linear(self, key: str) -> bool:
+        """Whether the checkpoint stores a linear under ``key`` (dense or EXL3)."""
+        return self.store.has(f"{key}.weight") or self.store.has(f"{key}.trellis")
+
     def exl3_mode(self) -> str:
         """EXL3 linears stay packed ("streaming") where the CUDA kernels decode them on the fly;
         elsewhere (CPU, or no extension) they are reconstructed once into dense weights.
@@ -89,7 +93,9 @@ class ModelBuilder:
     def attention(self, i: int, p: str, rope: dict[str, RotaryEmbedding]) -> Attention:
         s, n = self.spec, self.names
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        if n.qkv_fused:
+        # A fused checkpoint (Phi-3) may come with its projections split: EXL3 conversions store
+        # them quantized one by one under the split names (q_proj, k_proj, v_proj).
+        if n.qkv_fused and self.has_linear(p + n.qkv_fused):
             fused = self.linear(p + n.qkv_fused, s.hidden_size, q_out + 2 * kv_out, s.qkv_bias)
             qkv = ProjectionGroup([(fused, [q_out, kv_out, kv_out])])
         else:
@@ -118,7 +124,7 @@ class ModelBuilder:
     def mlp(self, p: str) -> GatedMLP:
         s, n = self.spec, self.names
         h, f = s.hidden_size, s.intermediate_size
-        if n.gate_up_fused:
+        if n.gate_up_fused and self.has_linear(p + n.gate_up_fused):
             gate_up = ProjectionGroup([(self.linear(p + n.gate_up_fused, h, 2 * f, s.mlp_bias), [f, f])])
         else:
             gate_up = ProjectionGroup(

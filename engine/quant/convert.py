@@ -298,14 +298,30 @@ def calibration_matmuls(device: torch.device, tf32: bool) -> Iterator[None]:
 # -- model structure -----------------------------------------------------------------------
 
 
+def unfuse_projections(group: nn.Module) -> None:
+    """Make a fused projection (one linear whose output is split, e.g. Phi-3's ``qkv_proj``) one
+    dense linear per output, in place: the reference layout stores a fused checkpoint's
+    projections quantized separately under the split names (``q_proj``, ``k_proj``, ...), and
+    quantizing them apart gives each its own scales and bits. The outputs stay the same."""
+    from engine.modules.linear import DenseLinear, ProjectionGroup
+
+    if len(group.linears) != 1 or len(group.splits[0]) == 1:
+        return
+    fused, sizes = group.linears[0], group.splits[0]
+    weights = fused.weight.detach().split(sizes, dim=0)
+    biases = fused.bias.detach().split(sizes) if fused.bias is not None else [None] * len(sizes)
+    split = ProjectionGroup([(DenseLinear(w.clone(), b), [n]) for w, b, n in zip(weights, biases, sizes)])
+    group.linears, group.splits = split.linears, split.splits
+
+
 def block_linears(block: nn.Module, prefix: str, names) -> list[LinearSlot]:
-    """The quantizable linears of one decoder block with their checkpoint keys."""
-    if names.qkv_fused or names.gate_up_fused:
-        raise ConvertError(
-            "converting architectures with fused qkv/gate_up checkpoints is not supported yet "
-            "(the reference layout stores them split per projection)"
-        )
+    """The quantizable linears of one decoder block with their checkpoint keys. Fused q/k/v and
+    gate/up projections are split first (:func:`unfuse_projections`) and keyed by the split names."""
     attn, mlp = block.attention, block.mlp
+    if names.qkv_fused:
+        unfuse_projections(attn.qkv)
+    if names.gate_up_fused:
+        unfuse_projections(mlp.gate_up)
     slots = []
     for j, (kind, name) in enumerate((("q", names.q), ("k", names.k), ("v", names.v))):
         lin = attn.qkv.linears[j]
@@ -792,6 +808,11 @@ def _convert_model(
     outputs.append((head_key, head_tensors, None if options.head_bits == 16 else options.head_bits))
     # Anything else the source holds that belongs to no quantized linear (e.g. extra norms).
     claimed = {f"{k}.{suffix}" for k in quantized_keys | {head_key} for suffix in ("weight", "bias")}
+    for i in range(len(model.blocks)):  # fused source projections, stored split and quantized
+        for fused in (names.qkv_fused, names.gate_up_fused):
+            if fused:
+                p = names.prefix + names.layer.format(i=i) + fused
+                claimed |= {f"{p}.weight", f"{p}.bias"}
     for key in sorted(store.keys()):
         if key not in claimed and key not in copied and not key.endswith("rotary_emb.inv_freq"):
             plain(key)
