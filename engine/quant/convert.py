@@ -663,7 +663,6 @@ def _convert_model(
     if config.quantization:
         raise ConvertError(f"{src} is already quantized ({config.quantization.get('quant_method')})")
     arch = architecture_for(config.architecture)
-    names = arch.names
     work = dst / WORK_DIR
     job_file = work / "job.json"
     job = {"source": str(src.resolve()), "options": options.job_key()}
@@ -680,6 +679,7 @@ def _convert_model(
     loaded = load_model(src, device=str(device), dtype=torch.float32)
     model, spec = loaded.module, loaded.spec
     store = WeightStore(src)
+    names = arch.tensor_names(store.has)  # a multimodal checkpoint nests its decoder's tensors
 
     ids = calibration_ids(
         src, options.cal_rows, options.cal_cols, spec.vocab_size, options.random_rows_fraction, options.seed

@@ -75,3 +75,58 @@ def test_every_supported_architecture_converts(variant: str, tmp_path: Path, mon
         assert "model.layers.0.self_attn.q_proj.trellis" in keys
         assert "model.layers.0.mlp.up_proj.trellis" in keys
         assert not any("qkv_proj" in k or "gate_up_proj" in k for k in keys)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "Gemma3ForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+        "Qwen3VLForConditionalGeneration",
+        "Mistral3ForConditionalGeneration",
+    ],
+)
+def test_vision_language_models_convert_their_decoder(arch: str, tmp_path: Path, monkeypatch) -> None:
+    """The decoder (nested under the family's prefix) is quantized; the vision tower and the
+    projector are copied unquantized; the result loads with its vision model and scores text
+    close to the source."""
+    from engine.quant.convert import ConvertOptions, convert_model
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "vision"))
+    from tiny_processors import write_processor_files
+    from tiny_vlms import build_tiny_vlm
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    src, dst = tmp_path / "src", tmp_path / "exl3"
+    hf = build_tiny_vlm(arch, src)
+    write_processor_files(arch, hf.config, src)
+    options = ConvertOptions(
+        bits=6.0,
+        head_bits=8,
+        cal_rows=4,
+        cal_cols=32,
+        device="cpu",
+        allocation="uniform",
+        random_rows_fraction=1.0,
+    )
+    convert_model(src, dst, options, log=lambda m: None)
+    source, _ = _logprobs(src)
+    quantized, linears = _logprobs(dst)
+    layers = hf.config.get_text_config().num_hidden_layers
+    assert len(linears) == 7 * layers + 1
+    kl = float((source.exp() * (source - quantized)).sum(-1).mean())
+    assert 0 < kl < 0.02, kl
+    src_keys, keys = _keys(src), _keys(dst)
+    tower = ("vision", "visual")
+    decoder = {
+        k
+        for k in src_keys
+        if ".layers." in k and k.endswith("_proj.weight") and not any(t in k for t in tower)
+    }
+    assert decoder and not (decoder & keys)  # every decoder projection became EXL3 tensors
+    others = src_keys - decoder - {k for k in src_keys if k.endswith("lm_head.weight")}
+    assert others <= keys  # vision tower, projector, norms, embedding: all copied
+    from engine.model import load_model
+
+    assert load_model(dst, device="cpu", dtype=torch.float32).vision is not None
