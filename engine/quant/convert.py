@@ -666,8 +666,13 @@ def _convert_model(
     work = dst / WORK_DIR
     job_file = work / "job.json"
     job = {"source": str(src.resolve()), "options": options.job_key()}
-    if work.exists() and not resume:
-        raise ConvertError(f"{work} exists from an earlier run: pass --resume to continue it, or remove it")
+    # An earlier run that saved nothing worth keeping (it stopped before the bit allocation, e.g.
+    # on a bad source file) does not stand in the way of a fresh one.
+    saved_work = work.exists() and (
+        (work / ALLOCATION_FILE).exists() or any(work.glob("block_*.safetensors"))
+    )
+    if saved_work and not resume:
+        raise ConvertError(f"{work} holds an earlier run's work: pass --resume to continue it, or remove it")
     if resume and job_file.exists():
         previous = json.loads(job_file.read_text())
         if previous != job:

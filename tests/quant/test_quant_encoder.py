@@ -128,10 +128,37 @@ def test_convert_pipeline(exl3_dir: Path, tmp_path: Path, monkeypatch) -> None:
     cache = PagedKVCache.for_model(model.spec, 16, page_size=16)
     logits = score_tokens(model.module, cache, [1, 5, 9, 13])
     assert logits.shape == (4, 2048) and torch.isfinite(logits).all()
-    # A second run into the same directory needs --resume; with it, finished blocks are reused.
-    (dst / ".exl3_work").mkdir()
+    # A second run into the same directory needs --resume once the first saved work (finished
+    # blocks, the bit allocation); with it, finished blocks are reused.
+    work = dst / ".exl3_work"
+    work.mkdir()
+    (work / "block_0000.safetensors").write_bytes(b"")
     with pytest.raises(ConvertError, match="resume"):
         convert_model(src, dst, options, log=logs.append)
+
+
+@pytest.mark.slow
+def test_a_run_that_saved_nothing_does_not_block_the_next(
+    exl3_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    from engine.errors import EngineError
+    from engine.quant.convert import ConvertOptions, convert_model
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    good = exl3_dir / "tiny-llama-hf"
+    bad = tmp_path / "truncated"
+    bad.mkdir()
+    for f in good.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100_000])
+    dst = tmp_path / "out"
+    options = ConvertOptions(bits=2.5, head_bits=4, codebook="mcg", cal_rows=2, cal_cols=32, device="cpu")
+    with pytest.raises(EngineError, match="truncated"):
+        convert_model(bad, dst, options, log=lambda m: None)
+    assert (dst / ".exl3_work" / "job.json").is_file()  # it had started
+    report = convert_model(good, dst, options, log=lambda m: None)  # no --resume needed
+    assert len(report.blocks) == 2 and not (dst / ".exl3_work").exists()
 
 
 def _correlated_problem(gen: torch.Generator, n_in: int = 256, n_out: int = 128):
