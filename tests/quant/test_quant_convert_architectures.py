@@ -19,8 +19,10 @@ from safetensors import safe_open
 import engine.quant.quantize as quantize_mod
 from engine.quant import EXL3Linear
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+sys.path[:0] = [str(Path(__file__).parents[1] / d) for d in ("engine", "vision")]
 from tiny_models import VARIANTS, build_tiny_model  # noqa: E402
+from tiny_processors import write_processor_files  # noqa: E402
+from tiny_vlms import VL_ARCHITECTURES, build_tiny_vlm  # noqa: E402
 
 IDS = [1, 5, 9, 13, 17, 21, 25, 29]
 
@@ -44,14 +46,11 @@ def _keys(directory: Path) -> set[str]:
     return keys
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if "-" not in v])  # one per architecture
-def test_every_supported_architecture_converts(variant: str, tmp_path: Path, monkeypatch) -> None:
+def _convert_and_check(src: Path, dst: Path, layers: int) -> set[str]:
+    """Convert ``src`` at 6 bits (greedy encoder), check the result loads with every projection
+    and the head quantized and scores close to the source; return the output's tensor keys."""
     from engine.quant.convert import ConvertOptions, convert_model
 
-    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
-    src, dst = tmp_path / "src", tmp_path / "exl3"
-    hf = build_tiny_model(variant, src)
     options = ConvertOptions(
         bits=6.0,
         head_bits=8,
@@ -64,12 +63,20 @@ def test_every_supported_architecture_converts(variant: str, tmp_path: Path, mon
     convert_model(src, dst, options, log=lambda m: None)
     source, _ = _logprobs(src)
     quantized, linears = _logprobs(dst)
-    layers = hf.config.num_hidden_layers
     # q k v o gate up down per layer, and the head (a tied head is a quantized copy of the embedding)
     assert len(linears) == 7 * layers + 1
     kl = float((source.exp() * (source - quantized)).sum(-1).mean())
     assert 0 < kl < 0.02, kl  # 6 bits with the greedy encoder: ~0.0002-0.005 on these models
-    keys = _keys(dst)
+    return _keys(dst)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if "-" not in v])  # one per architecture
+def test_every_supported_architecture_converts(variant: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    src, dst = tmp_path / "src", tmp_path / "exl3"
+    hf = build_tiny_model(variant, src)
+    keys = _convert_and_check(src, dst, hf.config.num_hidden_layers)
     assert not any(k.endswith(".weight") and ("_proj" in k) for k in keys)  # no dense projection left
     if variant.startswith("Phi3"):
         assert "model.layers.0.self_attn.q_proj.trellis" in keys
@@ -78,46 +85,17 @@ def test_every_supported_architecture_converts(variant: str, tmp_path: Path, mon
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "arch",
-    [
-        "Gemma3ForConditionalGeneration",
-        "Qwen2_5_VLForConditionalGeneration",
-        "Qwen3VLForConditionalGeneration",
-        "Mistral3ForConditionalGeneration",
-    ],
-)
+@pytest.mark.parametrize("arch", VL_ARCHITECTURES)
 def test_vision_language_models_convert_their_decoder(arch: str, tmp_path: Path, monkeypatch) -> None:
     """The decoder (nested under the family's prefix) is quantized; the vision tower and the
     projector are copied unquantized; the result loads with its vision model and scores text
     close to the source."""
-    from engine.quant.convert import ConvertOptions, convert_model
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "vision"))
-    from tiny_processors import write_processor_files
-    from tiny_vlms import build_tiny_vlm
-
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     src, dst = tmp_path / "src", tmp_path / "exl3"
     hf = build_tiny_vlm(arch, src)
     write_processor_files(arch, hf.config, src)
-    options = ConvertOptions(
-        bits=6.0,
-        head_bits=8,
-        cal_rows=4,
-        cal_cols=32,
-        device="cpu",
-        allocation="uniform",
-        random_rows_fraction=1.0,
-    )
-    convert_model(src, dst, options, log=lambda m: None)
-    source, _ = _logprobs(src)
-    quantized, linears = _logprobs(dst)
-    layers = hf.config.get_text_config().num_hidden_layers
-    assert len(linears) == 7 * layers + 1
-    kl = float((source.exp() * (source - quantized)).sum(-1).mean())
-    assert 0 < kl < 0.02, kl
-    src_keys, keys = _keys(src), _keys(dst)
+    keys = _convert_and_check(src, dst, hf.config.get_text_config().num_hidden_layers)
+    src_keys = _keys(src)
     tower = ("vision", "visual")
     decoder = {
         k
