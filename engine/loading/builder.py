@@ -94,8 +94,9 @@ class ModelBuilder:
         s, n = self.spec, self.names
         q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         # A fused checkpoint (Phi-3) may come with its projections split: EXL3 conversions store
-        # them quantized one by one under the split names (q_proj, k_proj, v_proj).
-        if n.qkv_fused and self.has_linear(p + n.qkv_fused):
+        # them quantized one by one under the split names (q_proj, k_proj, v_proj). Fused unless
+        # the split ones are there, so a damaged fused checkpoint's error names its fused tensor.
+        if n.qkv_fused and not self.has_linear(p + n.q):
             fused = self.linear(p + n.qkv_fused, s.hidden_size, q_out + 2 * kv_out, s.qkv_bias)
             qkv = ProjectionGroup([(fused, [q_out, kv_out, kv_out])])
         else:
@@ -124,7 +125,7 @@ class ModelBuilder:
     def mlp(self, p: str) -> GatedMLP:
         s, n = self.spec, self.names
         h, f = s.hidden_size, s.intermediate_size
-        if n.gate_up_fused and self.has_linear(p + n.gate_up_fused):
+        if n.gate_up_fused and not self.has_linear(p + n.gate):
             gate_up = ProjectionGroup([(self.linear(p + n.gate_up_fused, h, 2 * f, s.mlp_bias), [f, f])])
         else:
             gate_up = ProjectionGroup(

@@ -42,3 +42,17 @@ def test_phi3_with_split_projections_gives_the_same_logits(tmp_path: Path) -> No
         cache = PagedKVCache.for_model(model.spec, 16, page_size=16)
         logits.append(score_tokens(model.module, cache, [1, 7, 3, 11, 5]))
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_damaged_fused_checkpoint_names_its_fused_tensor(tmp_path: Path) -> None:
+    import pytest
+
+    from engine.errors import ModelLoadError
+    from engine.model import load_model
+
+    build_tiny_model("Phi3ForCausalLM", tmp_path)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.qkv_proj.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match="layers.1.self_attn.qkv_proj.weight"):
+        load_model(tmp_path, device="cpu", dtype=torch.float32)
