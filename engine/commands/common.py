@@ -50,6 +50,25 @@ def stderr_progress(fraction: float, message: str) -> None:
     )
 
 
+class ProgressLog:
+    """Log lines on stdout with a :func:`stderr_progress` bar kept under them: each line first
+    clears the bar and then redraws it, so a terminal shows the log scrolling above one bar."""
+
+    def __init__(self) -> None:
+        self._bar: tuple[float, str] | None = None
+
+    def log(self, message: str) -> None:
+        if self._bar is not None:
+            print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
+        print(message, flush=True)
+        if self._bar is not None:
+            stderr_progress(*self._bar)
+
+    def progress(self, fraction: float, message: str) -> None:
+        self._bar = None if fraction >= 1.0 else (fraction, message)
+        stderr_progress(fraction, message)
+
+
 def run_alone(register: Callable, command: str, argv: Sequence[str] | None = None) -> int:
     """Run one subcommand without the rest of the CLI (whose other commands need the app's full
     dependency set): ``python -m engine.commands.<module> ARGS`` on a GPU host, for instance."""

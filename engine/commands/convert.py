@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from engine.commands.common import ProgressLog
 from engine.quant.codebooks import CODEBOOKS
 
 
@@ -135,8 +136,9 @@ def run(args: argparse.Namespace) -> int:
         tf32=args.tf32,
         **quantizer_options(args),
     )
+    shown = ProgressLog()
     report = convert_model(
-        args.input, args.output, options, resume=args.resume, log=lambda m: print(m, flush=True)
+        args.input, args.output, options, resume=args.resume, log=shown.log, progress=shown.progress
     )
     if args.report:
         with open(args.report, "w", encoding="utf-8") as f:

@@ -624,16 +624,23 @@ def convert_model(
     options: ConvertOptions,
     resume: bool = False,
     log: Callable[[str], None] = print,
+    progress: Callable[[float, str], None] | None = None,
 ) -> ConvertReport:
-    """Convert ``src`` (HF directory) to an EXL3 directory ``dst``. See the module docstring."""
+    """Convert ``src`` (HF directory) to an EXL3 directory ``dst``. See the module docstring.
+    ``progress(fraction, message)``, if given, follows the blocks (with an ETA) to 1.0 at the end."""
     from engine.model import resolve_device
 
     with calibration_matmuls(resolve_device(options.device), options.tf32):
-        return _convert_model(src, dst, options, resume, log)
+        return _convert_model(src, dst, options, resume, log, progress or (lambda fraction, message: None))
 
 
 def _convert_model(
-    src: str | Path, dst: str | Path, options: ConvertOptions, resume: bool, log: Callable[[str], None]
+    src: str | Path,
+    dst: str | Path,
+    options: ConvertOptions,
+    resume: bool,
+    log: Callable[[str], None],
+    progress: Callable[[float, str], None],
 ) -> ConvertReport:
     from safetensors.torch import load_file, save_file
 
@@ -707,6 +714,9 @@ def _convert_model(
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
     block_times: list[float] = []
     outputs: list[tuple[str, dict[str, torch.Tensor], int | None]] = []
+    n_blocks = len(model.blocks)
+    # The head and the output count as one more block's worth of the bar.
+    progress(0.0, f"block 0/{n_blocks}")
     # The unquantized model's hidden state, for tuning towards it (tune_target "model").
     exact = hidden.clone() if options.tune_steps > 0 and options.tune_target == "model" else None
     for i, (block, slots) in enumerate(zip(model.blocks, per_block)):
@@ -724,6 +734,7 @@ def _convert_model(
                 hidden = _run_block(block, hidden, chunk_rows)
             log(f" -- block {i}: resumed from {saved.name}")
             report.blocks.append({"block": i, "resumed": True})
+            progress((i + 1) / (n_blocks + 1), f"block {i + 1}/{n_blocks} (resumed)")
             continue
         # Without ``sequential`` one forward of the unquantized block gives every Hessian; with it,
         # each input group after the first is captured again once the groups before it are
@@ -749,11 +760,12 @@ def _convert_model(
         save_file({k: v.contiguous().cpu() for k, v in block_tensors.items()}, str(saved))
         dt = time.perf_counter() - t0
         block_times.append(dt)
-        remaining = (len(model.blocks) - i - 1) * (sum(block_times) / len(block_times))
+        remaining = (n_blocks - i - 1) * (sum(block_times) / len(block_times))
         for line in lines:
             log(line)
-        log(f" -- block {i + 1}/{len(model.blocks)}: rfn={rfn:.6f}  [{dt:.1f} s]  ETA {remaining:.0f} s")
+        log(f" -- block {i + 1}/{n_blocks}: rfn={rfn:.6f}  [{dt:.1f} s]  ETA {remaining:.0f} s")
         report.blocks.append({"block": i, "rfn": rfn, "seconds": dt, "bits": [s.bits for s in slots]})
+        progress((i + 1) / (n_blocks + 1), f"block {i + 1}/{n_blocks}, ETA {_duration(remaining)}")
 
     # Head: Hessian of the final-normed hidden state.
     head_key = names.lm_head
@@ -836,7 +848,18 @@ def _convert_model(
     shutil.rmtree(work)
     report.seconds = time.perf_counter() - t_start
     log(f" -- wrote {dst} ({report.bits:.2f} bits/weight, {report.seconds:.1f} s)")
+    progress(1.0, f"done in {_duration(report.seconds)}")
     return report
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``1 h 02 min``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
 
 
 __all__ = ["ConvertError", "ConvertOptions", "ConvertReport", "convert_model", "INST3"]

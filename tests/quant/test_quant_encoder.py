@@ -267,3 +267,21 @@ def test_conversion_does_not_depend_on_the_lockstep_grouping(
     together, alone = outputs
     assert set(together) == set(alone) and len(together) > 30
     assert all(torch.equal(together[k], alone[k]) for k in together)
+
+
+@pytest.mark.slow
+def test_convert_command_shows_a_progress_bar_with_an_eta(
+    exl3_dir: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from engine.cli import main as cli_main
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    src, dst = exl3_dir / "tiny-llama-hf", tmp_path / "out"
+    argv = ["convert", "-i", str(src), "-o", str(dst), "-b", "2.5", "--codebook", "mcg", "--device", "cpu"]
+    assert cli_main([*argv, "--cal-rows", "2", "--cal-cols", "32", "--head-bits", "4"]) == 0
+    out, err = capsys.readouterr()
+    bars = [b for b in err.split("\r") if b.strip()]
+    fractions = [float(b.split("]")[1].split("%")[0]) for b in bars if b.startswith("[")]
+    assert fractions[0] == 0.0 and fractions[-1] == 100.0 and fractions == sorted(fractions)
+    assert any("block 1/2, ETA" in b for b in bars) and "done in" in bars[-1]
+    assert " -- block 2/2:" in out and not any(line.startswith("[") for line in out.splitlines())
