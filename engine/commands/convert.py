@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 from engine.commands.common import ProgressLog
 from engine.quant.codebooks import CODEBOOKS
@@ -119,7 +121,7 @@ def add_tf32_arg(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from engine.quant.convert import ConvertOptions, convert_model
+    from engine.quant.convert import WORK_DIR, ConvertOptions, convert_model
 
     options = ConvertOptions(
         bits=args.bits,
@@ -137,9 +139,19 @@ def run(args: argparse.Namespace) -> int:
         **quantizer_options(args),
     )
     shown = ProgressLog()
-    report = convert_model(
-        args.input, args.output, options, resume=args.resume, log=shown.log, progress=shown.progress
-    )
+    try:
+        report = convert_model(
+            args.input, args.output, options, resume=args.resume, log=shown.log, progress=shown.progress
+        )
+    except KeyboardInterrupt:
+        work = Path(args.output) / WORK_DIR
+        done = len(list(work.glob("block_*.safetensors"))) if work.is_dir() else 0
+        print(
+            f"\ninterrupted: {done} finished block(s) are saved in {work}; the same command with "
+            "--resume continues from there",
+            file=sys.stderr,
+        )
+        return 130
     if args.report:
         with open(args.report, "w", encoding="utf-8") as f:
             json.dump(asdict(report), f, indent=1)

@@ -285,3 +285,24 @@ def test_convert_command_shows_a_progress_bar_with_an_eta(
     assert fractions[0] == 0.0 and fractions[-1] == 100.0 and fractions == sorted(fractions)
     assert any("block 1/2, ETA" in b for b in bars) and "done in" in bars[-1]
     assert " -- block 2/2:" in out and not any(line.startswith("[") for line in out.splitlines())
+
+
+def test_an_interrupted_convert_says_what_is_saved_and_how_to_go_on(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    import engine.quant.convert as convert_mod
+    from engine.cli import main as cli_main
+
+    dst = tmp_path / "out"
+
+    def interrupted(src, out, options, resume=False, log=print, progress=None):
+        work = Path(out) / convert_mod.WORK_DIR
+        work.mkdir(parents=True)
+        for i in range(3):
+            (work / f"block_{i:04d}.safetensors").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(convert_mod, "convert_model", interrupted)
+    assert cli_main(["convert", "-i", str(tmp_path), "-o", str(dst), "-b", "4"]) == 130
+    err = capsys.readouterr().err
+    assert "3 finished block(s) are saved" in err and "--resume" in err
