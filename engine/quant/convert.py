@@ -24,6 +24,7 @@ pre-pass and cannot disagree with the blocks already written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import shutil
@@ -757,7 +758,12 @@ def _convert_model(
         with torch.inference_mode():
             hidden = _run_block(block, hidden, chunk_rows)
         rfn = float((hidden - reference).norm() / reference.norm())
-        save_file({k: v.contiguous().cpu() for k, v in block_tensors.items()}, str(saved))
+        with _disk_errors(saved, work):
+            # Written under another name and renamed: a block file is whole or absent, so a full
+            # disk or a kill mid-write never leaves one that breaks --resume.
+            partial = saved.with_suffix(".partial")
+            save_file({k: v.contiguous().cpu() for k, v in block_tensors.items()}, str(partial))
+            partial.replace(saved)
         dt = time.perf_counter() - t0
         block_times.append(dt)
         remaining = (n_blocks - i - 1) * (sum(block_times) / len(block_times))
@@ -844,12 +850,29 @@ def _convert_model(
         "codebook": options.codebook,
         "converter": "trellis-chat",
     }
-    write_output(src, dst, outputs, quant_config, options.codebook, options.shard_size_mb)
+    with _disk_errors(dst, work):
+        write_output(src, dst, outputs, quant_config, options.codebook, options.shard_size_mb)
     shutil.rmtree(work)
     report.seconds = time.perf_counter() - t_start
     log(f" -- wrote {dst} ({report.bits:.2f} bits/weight, {report.seconds:.1f} s)")
     progress(1.0, f"done in {_duration(report.seconds)}")
     return report
+
+
+@contextlib.contextmanager
+def _disk_errors(path: Path, work: Path) -> Iterator[None]:
+    """An OSError while writing ``path`` (a full disk, a lost mount) becomes a ConvertError that
+    says what is kept and how to go on: the finished blocks in ``work`` stay, and a rerun with
+    --resume starts after them."""
+    try:
+        yield
+    except OSError as exc:
+        blocks = len(list(work.glob("block_*.safetensors"))) if work.is_dir() else 0
+        cause = "no space left on the device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
+        raise ConvertError(
+            f"cannot write {path}: {cause}. The {blocks} finished block(s) in {work} are kept; "
+            "free some space (or fix the cause) and rerun the same command with --resume"
+        ) from exc
 
 
 def _duration(seconds: float) -> str:

@@ -306,3 +306,37 @@ def test_an_interrupted_convert_says_what_is_saved_and_how_to_go_on(
     assert cli_main(["convert", "-i", str(tmp_path), "-o", str(dst), "-b", "4"]) == 130
     err = capsys.readouterr().err
     assert "3 finished block(s) are saved" in err and "--resume" in err
+
+
+@pytest.mark.slow
+def test_a_full_disk_keeps_the_finished_blocks_for_resume(
+    exl3_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    import errno
+
+    import safetensors.torch
+
+    from engine.quant.convert import ConvertError, ConvertOptions, convert_model
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    real_save = safetensors.torch.save_file
+    calls = []
+
+    def save_until_full(tensors, path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 2:  # the second block: the disk fills up halfway through the file
+            Path(path).write_bytes(b"\0" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_until_full)
+    src, dst = exl3_dir / "tiny-llama-hf", tmp_path / "out"
+    options = ConvertOptions(bits=2.5, head_bits=4, codebook="mcg", cal_rows=2, cal_cols=32, device="cpu")
+    with pytest.raises(ConvertError, match="no space left on the device.*1 finished block.*--resume"):
+        convert_model(src, dst, options, log=lambda m: None)
+    work = dst / ".exl3_work"
+    assert (work / "block_0000.safetensors").is_file() and not (work / "block_0001.safetensors").exists()
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)  # space freed
+    report = convert_model(src, dst, options, resume=True, log=lambda m: None)
+    assert report.blocks[0] == {"block": 0, "resumed": True} and "rfn" in report.blocks[1]
+    assert (dst / "config.json").is_file() and not work.exists()
