@@ -68,6 +68,12 @@ class ProgressLog:
         self._bar = None if fraction >= 1.0 else (fraction, message)
         stderr_progress(fraction, message)
 
+    def close(self) -> None:
+        """End an unfinished bar's line, so what is printed next (an error) starts on its own."""
+        if self._bar is not None:
+            print(file=sys.stderr, flush=True)
+            self._bar = None
+
 
 def run_alone(register: Callable, command: str, argv: Sequence[str] | None = None) -> int:
     """Run one subcommand without the rest of the CLI (whose other commands need the app's full

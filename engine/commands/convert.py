@@ -144,14 +144,17 @@ def run(args: argparse.Namespace) -> int:
             args.input, args.output, options, resume=args.resume, log=shown.log, progress=shown.progress
         )
     except KeyboardInterrupt:
+        shown.close()
         work = Path(args.output) / WORK_DIR
         done = len(list(work.glob("block_*.safetensors"))) if work.is_dir() else 0
         print(
-            f"\ninterrupted: {done} finished block(s) are saved in {work}; the same command with "
+            f"interrupted: {done} finished block(s) are saved in {work}; the same command with "
             "--resume continues from there",
             file=sys.stderr,
         )
         return 130
+    finally:
+        shown.close()
     if args.report:
         with open(args.report, "w", encoding="utf-8") as f:
             json.dump(asdict(report), f, indent=1)

@@ -340,3 +340,16 @@ def test_a_full_disk_keeps_the_finished_blocks_for_resume(
     report = convert_model(src, dst, options, resume=True, log=lambda m: None)
     assert report.blocks[0] == {"block": 0, "resumed": True} and "rfn" in report.blocks[1]
     assert (dst / "config.json").is_file() and not work.exists()
+
+
+def test_an_error_after_the_bar_starts_on_its_own_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    import engine.quant.convert as convert_mod
+    from engine.cli import main as cli_main
+
+    def failing(src, out, options, resume=False, log=print, progress=None):
+        progress(0.5, "block 1/2")
+        raise convert_mod.ConvertError("boom")
+
+    monkeypatch.setattr(convert_mod, "convert_model", failing)
+    assert cli_main(["convert", "-i", str(tmp_path), "-o", str(tmp_path / "o"), "-b", "4"]) == 2
+    assert "\nerror: boom" in capsys.readouterr().err
