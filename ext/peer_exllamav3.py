@@ -16,6 +16,11 @@ module (23 MB, 15 MB gzipped for sm_90) to the GPU machine, as with our own exte
           8-token prompt and after a 4,096-token one, three runs each, and that prompt's prefill
           speed, from the job results of its ``Generator``.
 
+  load    python ext/peer_exllamav3.py load MODEL_DIR [--device cpu]
+          whether ExLlamaV3 reads a directory (ours: ``engine convert`` or ``engine synthetic``):
+          its config, every tensor into its modules (on the CPU too: no kernel runs), and how many
+          linears it took as EXL3.
+
 Compare with ``python -m engine bench -m MODEL_DIR --device cuda --no-peer --decode-tokens 256
 --prompt 4096 --context 4096`` on the same directory (ext/NOTES.md, eleventh session).
 """
@@ -92,6 +97,21 @@ def decode(model_dir: Path, json_out: str | None) -> None:
         Path(json_out).write_text(json.dumps(rows, indent=1))
 
 
+def load(model_dir: Path, device: str) -> None:
+    from exllamav3 import Config, Model
+
+    config = Config.from_directory(str(model_dir))
+    model = Model.from_config(config)
+    model.load(device=device)
+    kinds: dict[str, int] = {}
+    for module in model.modules:
+        for sub in module:
+            kind = getattr(sub, "quant_type", None)
+            if kind:
+                kinds[kind] = kinds.get(kind, 0) + 1
+    print(f"{model_dir}: {config.architecture} loaded on {device}; linears by storage: {kinds}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -102,8 +122,13 @@ def main() -> None:
     d = sub.add_parser("decode")
     d.add_argument("model", type=Path)
     d.add_argument("--json")
+    ld = sub.add_parser("load")
+    ld.add_argument("model", type=Path)
+    ld.add_argument("--device", default="cpu")
     args = p.parse_args()
-    if args.cmd == "build":
+    if args.cmd == "load":
+        load(args.model, args.device)
+    elif args.cmd == "build":
         if not os.environ.get("TORCH_CUDA_ARCH_LIST"):
             p.error("set TORCH_CUDA_ARCH_LIST (e.g. 9.0): there may be no GPU here to take it from")
         build(args.src, args.out, args.extra_include)
