@@ -15,7 +15,6 @@ module (23 MB, 15 MB gzipped for sm_90) to the GPU machine, as with our own exte
           PYTHONPATH: batch-1 greedy decode speed (new tokens / its own generate time) after an
           8-token prompt and after a 4,096-token one, three runs each, and that prompt's prefill
           speed, from the job results of its ``Generator``.
-
   load    python ext/peer_exllamav3.py load MODEL_DIR [--device cpu]
           whether ExLlamaV3 reads a directory (ours: ``engine convert`` or ``engine synthetic``):
           its config, every tensor into its modules (on the CPU too: no kernel runs), and how many
