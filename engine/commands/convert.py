@@ -121,7 +121,7 @@ def add_tf32_arg(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from engine.quant.convert import WORK_DIR, ConvertOptions, convert_model
+    from engine.quant.convert import WORK_DIR, ConvertOptions, convert_model, finished_blocks
 
     options = ConvertOptions(
         bits=args.bits,
@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         shown.close()
         work = Path(args.output) / WORK_DIR
-        done = len(list(work.glob("block_*.safetensors"))) if work.is_dir() else 0
+        done = finished_blocks(work)
         print(
             f"interrupted: {done} finished block(s) are saved in {work}; the same command with "
             "--resume continues from there",

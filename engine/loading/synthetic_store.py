@@ -252,14 +252,13 @@ def write_synthetic_model(
     config = synthetic_config(hf_config, name, bits, head_bits, codebook)
     store = SyntheticWeightStore(config, bits, head_bits, codebook, dtype, device, seed)
     # One module per linear (its trellis, scales, flag and bias) or per plain tensor, in plan order.
-    modules: dict[str, tuple[dict[str, torch.Tensor], int | None]] = {}
+    modules: dict[str, dict[str, torch.Tensor]] = {}
+    bits_of: dict[str, int] = {}  # the linears' K, from their trellis
     for key, (kind, *args) in store._plan.items():
-        module, _ = key.rsplit(".", 1)
-        tensors, k = modules.setdefault(module, ({}, None))
+        module = key.rsplit(".", 1)[0]
+        modules.setdefault(module, {})[key] = store.get(key).cpu()
         if kind == "trellis":
-            k = args[2]
-        tensors[key] = store.get(key).cpu()
-        modules[module] = (tensors, k)
+            bits_of[module] = args[2]
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp)
         if files_from is not None:
@@ -270,7 +269,7 @@ def write_synthetic_model(
         write_output(
             src,
             out,
-            [(key, tensors, k) for key, (tensors, k) in modules.items()],
+            [(module, tensors, bits_of.get(module)) for module, tensors in modules.items()],
             config.quantization,
             codebook,
             shard_size_mb=8192,

@@ -64,6 +64,16 @@ ALLOCATION_FILE = "allocation.json"
 TUNE_TARGETS = ("block", "model")
 
 
+def block_file(work: Path, index: int) -> Path:
+    """Where a finished block's tensors wait in the work directory until the output is written."""
+    return work / f"block_{index:04d}.safetensors"
+
+
+def finished_blocks(work: Path) -> int:
+    """How many finished blocks the work directory holds (0 where there is none)."""
+    return len(list(work.glob("block_*.safetensors"))) if work.is_dir() else 0
+
+
 class ConvertError(EngineError):
     """The conversion cannot proceed (unsupported model, mismatched resume, bad options)."""
 
@@ -676,9 +686,7 @@ def _convert_model(
     job = {"source": str(src.resolve()), "options": options.job_key()}
     # An earlier run that saved nothing worth keeping (it stopped before the bit allocation, e.g.
     # on a bad source file) does not stand in the way of a fresh one.
-    saved_work = work.exists() and (
-        (work / ALLOCATION_FILE).exists() or any(work.glob("block_*.safetensors"))
-    )
+    saved_work = (work / ALLOCATION_FILE).exists() or finished_blocks(work) > 0
     if saved_work and not resume:
         raise ConvertError(f"{work} holds an earlier run's work: pass --resume to continue it, or remove it")
     if resume and job_file.exists():
@@ -722,7 +730,7 @@ def _convert_model(
     exact = hidden.clone() if options.tune_steps > 0 and options.tune_target == "model" else None
     for i, (block, slots) in enumerate(zip(model.blocks, per_block)):
         t0 = time.perf_counter()
-        saved = work / f"block_{i:04d}.safetensors"
+        saved = block_file(work, i)
         if exact is not None:
             with torch.inference_mode():
                 exact = _run_block(block, exact, chunk_rows)
@@ -805,7 +813,7 @@ def _convert_model(
     # Assemble the output in module order: embed, per layer (norms and linears), final norm, head.
     done = {}
     for i in range(len(model.blocks)):
-        done.update(load_file(str(work / f"block_{i:04d}.safetensors")))
+        done.update(load_file(str(block_file(work, i))))
     quantized_keys = {s.key for s in all_slots}
     copied: set[str] = set()
 
@@ -867,7 +875,7 @@ def _disk_errors(path: Path, work: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
-        blocks = len(list(work.glob("block_*.safetensors"))) if work.is_dir() else 0
+        blocks = finished_blocks(work)
         cause = "no space left on the device" if exc.errno == errno.ENOSPC else exc.strerror or str(exc)
         raise ConvertError(
             f"cannot write {path}: {cause}. The {blocks} finished block(s) in {work} are kept; "
