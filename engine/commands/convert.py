@@ -92,6 +92,13 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
         "quantized (o_proj after q/k/v, gate/up after the attention, down after gate/up): up to "
         "three more partial block forwards per block",
     )
+    p.add_argument(
+        "--cal-text",
+        default="",
+        metavar="PATH",
+        help="calibration text instead of the shipped one: a UTF-8 file, or a folder whose files are "
+        "read in name order (e.g. text from the domain the model will be used in)",
+    )
 
 
 def quantizer_options(args: argparse.Namespace) -> dict:
@@ -103,6 +110,7 @@ def quantizer_options(args: argparse.Namespace) -> dict:
         "tune_target": args.tune_target,
         "tune_lr": args.tune_lr,
         "sequential": args.sequential,
+        "cal_text": args.cal_text,
     }
 
 

@@ -105,6 +105,9 @@ class ConvertOptions:
     # Capture each input group's Hessian after the groups before it in the block are quantized
     # (o_proj sees the quantized q/k/v, down the quantized gate/up): see input_groups.
     sequential: bool = False
+    # Calibration text: a file, or a folder whose files are read in name order ("" = the text
+    # shipped in engine/quant/calibration).
+    cal_text: str = ""
 
     def job_key(self) -> dict:
         """The options that change the result (a resume must match them). Device, shard size and
@@ -149,8 +152,43 @@ class ConvertReport:
 # -- calibration --------------------------------------------------------------------------
 
 
-def calibration_ids(model_dir: Path, rows: int, cols: int, vocab: int, random_fraction: float, seed: int):
-    """``(rows, cols)`` token ids: the shipped text tokenized and tiled, plus random-token rows.
+def calibration_text(source: str | Path = "") -> str:
+    """The calibration text: the shipped files, or ``source`` (a UTF-8 file, or a folder whose
+    regular, non-hidden files are read in name order)."""
+    if not source:
+        files = sorted(CALIBRATION_DIR.glob("*.txt"))
+    else:
+        path = Path(source)
+        if path.is_dir():
+            files = sorted(f for f in path.iterdir() if f.is_file() and not f.name.startswith("."))
+        elif path.is_file():
+            files = [path]
+        else:
+            raise ConvertError(f"calibration text {path} does not exist")
+    parts = []
+    for f in files:
+        try:
+            parts.append(f.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            reason = f"{e.reason} at byte {e.start}"
+            raise ConvertError(f"calibration text {f} is not UTF-8 text ({reason})") from e
+    text = "\n\n".join(parts)
+    if not text.strip():
+        raise ConvertError(f"calibration text {source or CALIBRATION_DIR} is empty")
+    return text
+
+
+def calibration_ids(
+    model_dir: Path,
+    rows: int,
+    cols: int,
+    vocab: int,
+    random_fraction: float,
+    seed: int,
+    text_source: str | Path = "",
+) -> torch.Tensor:
+    """``(rows, cols)`` token ids: the calibration text (:func:`calibration_text`) tokenized and cut
+    into rows, plus random-token rows.
 
     ``random_fraction >= 1`` makes every row random, and then no tokenizer is needed (timing
     runs on random-weight models, ``engine.commands.convert_bench``).
@@ -165,13 +203,14 @@ def calibration_ids(model_dir: Path, rows: int, cols: int, vocab: int, random_fr
         if not tok_path.is_file():
             raise ConvertError(f"{model_dir} has no tokenizer.json (needed for calibration)")
         tokenizer = Tokenizer.from_file(str(tok_path))
-        text = "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(CALIBRATION_DIR.glob("*.txt")))
-        ids = [i for i in tokenizer.encode(text).ids if i < vocab]
+        ids = [i for i in tokenizer.encode(calibration_text(text_source)).ids if i < vocab]
     out = torch.empty(rows, cols, dtype=torch.long)
     stream = torch.tensor(ids * (cols // max(len(ids), 1) + 2), dtype=torch.long)
+    # Rows start at different offsets so they are not identical copies; a text longer than the
+    # rows need is sampled evenly over its whole length rather than only its beginning.
+    stride = max(997, len(ids) // max(rows - n_random, 1))
     for r in range(rows - n_random):
-        # Different rows start at different offsets so they are not identical copies.
-        start = (r * 997) % max(len(ids), 1)
+        start = (r * stride) % max(len(ids), 1)
         out[r] = stream[start : start + cols]
     if n_random:
         out[rows - n_random :] = torch.randint(0, vocab, (n_random, cols), generator=gen)
@@ -703,7 +742,13 @@ def _convert_model(
     names = arch.tensor_names(store.has)  # a multimodal checkpoint nests its decoder's tensors
 
     ids = calibration_ids(
-        src, options.cal_rows, options.cal_cols, spec.vocab_size, options.random_rows_fraction, options.seed
+        src,
+        options.cal_rows,
+        options.cal_cols,
+        spec.vocab_size,
+        options.random_rows_fraction,
+        options.seed,
+        options.cal_text,
     )
     log(f" -- calibration: {ids.shape[0]} rows x {ids.shape[1]} tokens")
     all_slots = []

@@ -51,3 +51,64 @@ def test_calibration_ids_use_every_file(tmp_path) -> None:
     # One text row as long as the whole corpus: it must hold every word of every file.
     ids = calibration_ids(tmp_path, rows=1, cols=n_words, vocab=len(vocab), random_fraction=0.0, seed=0)
     assert set(ids[0].tolist()) == set(range(1, len(vocab)))
+
+
+def _word_tokenizer(directory: Path, words: list[str]) -> dict[str, int]:
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {"[UNK]": 0} | {w: i + 1 for i, w in enumerate(sorted(set(words)))}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    tok.save(str(directory / "tokenizer.json"))
+    return vocab
+
+
+def test_own_calibration_text_replaces_the_shipped_one(tmp_path) -> None:
+    words = [f"w{i}" for i in range(40)]
+    vocab = _word_tokenizer(tmp_path, words)
+    folder = tmp_path / "cal"
+    folder.mkdir()
+    (folder / "b.utf8").write_text(" ".join(words[20:]), encoding="utf-8")
+    (folder / "a.txt").write_text(" ".join(words[:20]), encoding="utf-8")
+    (folder / ".hidden").write_text("[UNK] [UNK]", encoding="utf-8")
+    ids = calibration_ids(tmp_path, 1, 40, len(vocab), 0.0, 0, text_source=folder)
+    # Every file of the folder, in name order (a.txt before b.utf8), hidden files skipped.
+    assert ids[0].tolist() == [vocab[w] for w in words]
+    one = calibration_ids(tmp_path, 1, 20, len(vocab), 0.0, 0, text_source=folder / "b.utf8")
+    assert one[0].tolist() == [vocab[w] for w in words[20:]]
+
+
+def test_long_calibration_text_is_sampled_over_its_whole_length(tmp_path) -> None:
+    words = [f"w{i:05d}" for i in range(20_000)]
+    vocab = _word_tokenizer(tmp_path, words)
+    (tmp_path / "long.txt").write_text(" ".join(words), encoding="utf-8")
+    ids = calibration_ids(tmp_path, 10, 16, len(vocab), 0.0, 0, text_source=tmp_path / "long.txt")
+    starts = ids[:, 0].tolist()
+    assert starts == sorted(starts) and len(set(starts)) == 10
+    assert max(starts) > vocab["w16000"]  # the rows reach the end of the text, not only its start
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "does not exist"), (b"\xff\xfe bad", "is not UTF-8"), (b"  \n ", "is empty")],
+)
+def test_bad_calibration_text_is_named(tmp_path, content, message) -> None:
+    from engine.quant.convert import ConvertError
+
+    _word_tokenizer(tmp_path, ["a"])
+    path = tmp_path / "cal.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConvertError, match=message) as err:
+        calibration_ids(tmp_path, 1, 4, 2, 0.0, 0, text_source=path)
+    assert "cal.txt" in str(err.value)
+
+
+def test_cal_text_reaches_the_converter_options() -> None:
+    import argparse
+
+    from engine.commands.convert import add_quantizer_args, quantizer_options
+
+    p = argparse.ArgumentParser()
+    add_quantizer_args(p)
+    assert quantizer_options(p.parse_args(["--cal-text", "/data/cal"]))["cal_text"] == "/data/cal"
+    assert quantizer_options(p.parse_args([]))["cal_text"] == ""
