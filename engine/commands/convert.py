@@ -99,6 +99,14 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
         help="calibration text instead of the shipped one: a UTF-8 file, or a folder whose files are "
         "read in name order (e.g. text from the domain the model will be used in)",
     )
+    p.add_argument(
+        "--generated-rows",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="share of the calibration text rows the model writes itself, each a run of snippets of "
+        "the calibration text continued by its own samples (0..1; default 0)",
+    )
 
 
 def quantizer_options(args: argparse.Namespace) -> dict:
@@ -111,6 +119,7 @@ def quantizer_options(args: argparse.Namespace) -> dict:
         "tune_lr": args.tune_lr,
         "sequential": args.sequential,
         "cal_text": args.cal_text,
+        "generated_rows": args.generated_rows,
     }
 
 

@@ -108,6 +108,9 @@ class ConvertOptions:
     # Calibration text: a file, or a folder whose files are read in name order ("" = the text
     # shipped in engine/quant/calibration).
     cal_text: str = ""
+    # Share of the text rows the model writes itself, continuing snippets of the calibration
+    # text (engine.quant.self_calibration); the rest are the text itself.
+    generated_rows: float = 0.0
 
     def job_key(self) -> dict:
         """The options that change the result (a resume must match them). Device, shard size and
@@ -115,6 +118,11 @@ class ConvertOptions:
         d = asdict(self)
         for key in ("device", "shard_size_mb", "tf32"):
             d.pop(key)
+        # Options added later are left out where they are off, so a job started before they
+        # existed still resumes.
+        for key, off in (("cal_text", ""), ("generated_rows", 0.0)):
+            if d[key] == off:
+                d.pop(key)
         return d
 
 
@@ -178,6 +186,17 @@ def calibration_text(source: str | Path = "") -> str:
     return text
 
 
+def n_random_rows(rows: int, random_fraction: float) -> int:
+    """How many of ``rows`` calibration rows are random tokens (at least one of several)."""
+    return min(rows, max(1 if rows > 1 else 0, round(rows * random_fraction)))
+
+
+def generated_row_count(rows: int, options: ConvertOptions) -> int:
+    """How many of the text rows the model writes itself (``options.generated_rows`` of them)."""
+    text_rows = rows - n_random_rows(rows, options.random_rows_fraction)
+    return min(text_rows, round(text_rows * options.generated_rows))
+
+
 def calibration_ids(
     model_dir: Path,
     rows: int,
@@ -194,7 +213,7 @@ def calibration_ids(
     runs on random-weight models, ``engine.commands.convert_bench``).
     """
     gen = torch.Generator().manual_seed(seed)
-    n_random = min(rows, max(1 if rows > 1 else 0, round(rows * random_fraction)))
+    n_random = n_random_rows(rows, random_fraction)
     ids: list[int] = []
     if n_random < rows:
         from tokenizers import Tokenizer
@@ -715,6 +734,8 @@ def _convert_model(
         )
     if not 1.0 <= options.bits <= 8.0:
         raise ConvertError(f"target bits per weight must be within 1.0..8.0, got {options.bits}")
+    if not 0.0 <= options.generated_rows <= 1.0:
+        raise ConvertError(f"the share of generated rows must be within 0..1, got {options.generated_rows}")
     device = resolve_device(options.device)
     config = ModelConfig.from_dir(src)
     if config.quantization:
@@ -750,7 +771,16 @@ def _convert_model(
         options.seed,
         options.cal_text,
     )
-    log(f" -- calibration: {ids.shape[0]} rows x {ids.shape[1]} tokens")
+    n_generated = generated_row_count(ids.shape[0], options)
+    if n_generated:
+        from engine.quant.self_calibration import load_or_generate_rows
+
+        # The snippets come from the text rows; the generated rows replace the first of them.
+        text_ids = ids[: ids.shape[0] - n_random_rows(ids.shape[0], options.random_rows_fraction)].flatten()
+        ids[:n_generated] = load_or_generate_rows(
+            work, loaded, text_ids, n_generated, options.cal_cols, options.seed, log=log
+        )
+    log(f" -- calibration: {ids.shape[0]} rows x {ids.shape[1]} tokens ({n_generated} model-written)")
     all_slots = []
     per_block = []
     for i, block in enumerate(model.blocks):

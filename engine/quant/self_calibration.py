@@ -1,0 +1,117 @@
+"""Calibration rows the model writes itself.
+
+The Hessians LDLQ minimises against are only as good as the activations they are estimated from.
+The shipped calibration text is ~33k tokens (it is written for the project, so its licence is
+clean), and 225 rows of 2,048 tokens repeat it ~14 times: the estimate sees few distinct contexts.
+A 6.7 MB corpus measured better on SmolLM2 at 4.0 bpw (ext/NOTES.md, twelfth session), but we
+cannot ship one of another project's. The model being converted can write more text of the kind
+it reads: each generated row is a run of short segments, each a snippet of the shipped text (so
+the topics, languages and code of that text steer it) continued by the model's own sampled
+tokens. This is "self-calibration" (Williams et al., 2025), which found model-written calibration
+data about as good as real text.
+
+The rows are drawn once per conversion with the continuous-batching generator on the converter's
+device, seeded by the conversion's seed, and kept in the work directory so a resumed conversion
+calibrates on the very same rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+SEGMENT_TOKENS = 256  # one generated segment: snippet + continuation
+SNIPPET_TOKENS = 16  # tokens of shipped text that start each segment
+TEMPERATURE = 1.0
+TOP_P = 0.95
+ROWS_FILE = "calibration_generated.safetensors"
+
+
+def _batch_size(loaded, segment: int) -> int:
+    """Jobs at once: many (eager steps are launch-bound), within a quarter of free device memory."""
+    if loaded.device.type != "cuda":
+        return 16
+    spec = loaded.spec
+    per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * loaded.dtype.itemsize
+    free, _ = torch.cuda.mem_get_info(loaded.device)
+    return int(max(8, min(256, free // 4 // (per_token * segment))))
+
+
+def generate_rows(
+    loaded,
+    text_ids: torch.Tensor,
+    rows: int,
+    cols: int,
+    seed: int,
+    segment: int = SEGMENT_TOKENS,
+    log: Callable[[str], None] = print,
+) -> torch.Tensor:
+    """``(rows, cols)`` token ids: each row ``cols // segment`` (at least one) segments, each a
+    ``SNIPPET_TOKENS``-token snippet of ``text_ids`` (a 1-D tensor of calibration-text tokens)
+    continued by the model's samples (temperature 1, top-p 0.95, no stop token) to ``segment``
+    tokens; the last segment of a row is cut or extended to fill it exactly."""
+    from engine.generation.generator import Generator
+    from engine.generation.job import Job
+    from engine.generation.sampling import SamplingSettings
+
+    segment = max(SNIPPET_TOKENS + 1, min(segment, cols))
+    per_row = -(-cols // segment)
+    n_jobs = rows * per_row
+    gen = torch.Generator().manual_seed(seed)
+    snippet = min(SNIPPET_TOKENS, max(1, text_ids.numel() - 1))
+    starts = torch.randint(0, max(1, text_ids.numel() - snippet), (n_jobs,), generator=gen)
+    job_seeds = torch.randint(0, 2**31 - 1, (n_jobs,), generator=gen)
+    jobs = [
+        Job(
+            input_ids=text_ids[s : s + snippet].tolist(),
+            max_new_tokens=segment - snippet,
+            sampling=SamplingSettings(temperature=TEMPERATURE, top_p=TOP_P, seed=int(js)),
+            stop_token_ids=(),
+        )
+        for s, js in zip(starts.tolist(), job_seeds.tolist(), strict=True)
+    ]
+    batch = min(_batch_size(loaded, segment), n_jobs)
+    generator = Generator(loaded, cache_tokens=batch * segment, max_batch_size=batch, cuda_graphs=False)
+    what = f"{n_jobs} segments of {segment} tokens, {batch} at once"
+    log(f" -- calibration: the model writes {rows} rows ({what})")
+    t0 = time.perf_counter()
+    results = generator.generate(jobs)
+    log(f" -- calibration: {n_jobs * (segment - snippet)} tokens written in {time.perf_counter() - t0:.1f} s")
+    del generator
+    if loaded.device.type == "cuda":
+        torch.cuda.empty_cache()
+    segments = [list(job.input_ids) + r.token_ids for job, r in zip(jobs, results, strict=True)]
+    out = torch.empty(rows, cols, dtype=torch.long)
+    for r in range(rows):
+        row = [t for seg in segments[r * per_row : (r + 1) * per_row] for t in seg]
+        row = row * -(-cols // len(row))  # a context shorter than the row: repeat its segments
+        out[r] = torch.tensor(row[:cols], dtype=torch.long)
+    return out
+
+
+def load_or_generate_rows(
+    work: Path,
+    loaded,
+    text_ids: torch.Tensor,
+    rows: int,
+    cols: int,
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> torch.Tensor:
+    """:func:`generate_rows`, saved in ``work`` the first time and read back on a resume."""
+    from safetensors.torch import load_file, save_file
+
+    path = work / ROWS_FILE
+    if path.is_file():
+        saved = load_file(str(path))["ids"]
+        if tuple(saved.shape) == (rows, cols):
+            log(f" -- calibration: {rows} model-written rows from {path.name}")
+            return saved
+    ids = generate_rows(loaded, text_ids, rows, cols, seed, log=log)
+    partial = path.with_name(path.name + ".partial")
+    save_file({"ids": ids.contiguous()}, str(partial))
+    partial.replace(path)
+    return ids
