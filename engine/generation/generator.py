@@ -43,7 +43,7 @@ from engine.cache.pages import page_keys
 from engine.errors import ContextOverflowError
 from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.cuda_graph import DecodeGraphs, graphs_enabled
-from engine.generation.decode_inputs import is_decode_item
+from engine.generation.decode_inputs import is_decode_item, run_decode_step
 from engine.generation.device_sampling import pack_rows
 from engine.generation.job import Job, JobResult, Timings
 from engine.generation.sampling import Sampler
@@ -176,6 +176,7 @@ class Generator:
         cuda_graphs: bool | None = None,
         pipeline: bool | None = None,
         device_sampling: bool | None = None,
+        batched_decode: bool | None = None,
     ) -> None:
         """``cuda_graphs``: replay decode steps from CUDA graphs on a CUDA model (default: yes,
         unless ``TRELLIS_NO_GRAPHS=1``). ``pipeline``: pipeline decode steps (greedy, and sampled
@@ -183,7 +184,11 @@ class Generator:
         ``TRELLIS_NO_PIPELINE=1``; elsewhere it only costs syncs, but
         works, which the CPU tests use). ``device_sampling``: sample unconstrained jobs where the
         logits are (default: on a CUDA model, unless ``TRELLIS_HOST_SAMPLING=1``; on the CPU it
-        runs the torch reference, which the CPU tests use)."""
+        runs the torch reference, which the CPU tests use). ``batched_decode``: run decode-only
+        steps that no graph replays (more rows than the graphs hold, or graphs off) through the
+        fixed-shape decode path, one paged-attention launch per layer for every row, instead of
+        attending row by row (default: on a CUDA model; on the CPU the row-by-row path reads the
+        cache in place and is the faster one)."""
         self.model, self.tokenizer = model, tokenizer
         if cache is None:
             tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
@@ -211,6 +216,7 @@ class Generator:
             host_only = os.environ.get(HOST_SAMPLING_ENV, "") not in ("", "0")
             device_sampling = model.device.type == "cuda" and not host_only
         self._device_sampling = device_sampling
+        self._batched_decode = model.device.type == "cuda" if batched_decode is None else batched_decode
 
     # -- queue ------------------------------------------------------------------------------
 
@@ -340,7 +346,7 @@ class Generator:
                 return []
         logits = self._decode_with_graphs(items, to_cpu=not (argmax_only or on_device))
         if logits is None:
-            logits = run_step(self.model.module, self.cache, items)
+            logits = self._eager_step(items)
         if argmax_only:
             chosen = _argmax_rows(logits)
         else:
@@ -378,7 +384,13 @@ class Generator:
         input tokens on the device (the step needs them on the host, so they are read there)."""
         if ids is not None:
             items = _with_tokens(items, ids)
-        return torch.stack([row[-1] for row in run_step(self.model.module, self.cache, items)])
+        return torch.stack([row[-1] for row in self._eager_step(items)])
+
+    def _eager_step(self, items: list[StepItem]) -> list[torch.Tensor | None]:
+        """``run_step`` for a step no graph replays; decode-only steps batched (``batched_decode``)."""
+        if self._batched_decode and all(map(is_decode_item, items)):
+            return run_decode_step(self.model.module, self.cache, items)
+        return run_step(self.model.module, self.cache, items)
 
     def _launch_sampled(
         self, items: list[StepItem], runs: list[_Running], ids: torch.Tensor | None = None

@@ -135,3 +135,28 @@ def test_penalised_or_sampled_jobs_use_the_sampler(llama, monkeypatch):
     assert all(len(r.token_ids) == 6 for r in results)
     assert SamplingSettings.greedy().is_plain_greedy
     assert not SamplingSettings(temperature=0.0, presence_penalty=0.5).is_plain_greedy
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_batched_decode_steps_give_the_same_tokens(llama, monkeypatch, sampled):
+    """Decode steps through the fixed-shape path (the GPU's eager path beyond the graphs' rows)
+    give each job the tokens the row-by-row path gives it."""
+    import engine.generation.generator as generator_mod
+
+    calls = []
+    real = generator_mod.run_decode_step
+    monkeypatch.setattr(
+        generator_mod, "run_decode_step", lambda *a, **k: calls.append(len(a[2])) or real(*a, **k)
+    )
+    ps = prompts(5, [30, 7, 45, 12, 20])
+    greedy = SamplingSettings.greedy()
+    sampling = SamplingSettings(temperature=0.9, top_p=0.95, seed=11) if sampled else greedy
+
+    def run(batched):
+        gen = Generator(llama, cache_tokens=1024, page_size=16, max_batch_size=4, batched_decode=batched)
+        return [r.token_ids for r in gen.generate([Job(p, 10, sampling, stop_token_ids=()) for p in ps])]
+
+    row_by_row = run(False)
+    assert not calls
+    assert run(True) == row_by_row
+    assert calls and max(calls) == 4  # decode steps of up to 4 rows went the batched way
