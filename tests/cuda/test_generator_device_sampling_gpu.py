@@ -49,3 +49,27 @@ def test_device_sampling_equals_host_sampling(graphs, tmp_path, monkeypatch):
     # Host: float32 softmax; device: integer weights. They differ only when a uniform falls
     # within ~1e-7 of a boundary of the cumulative distribution (not with these seeds).
     assert on_device == on_host
+
+
+def test_wide_decode_steps_take_the_batched_path_with_the_same_tokens(tmp_path, monkeypatch):
+    """12 jobs at once: more rows than the decode graphs hold, so their steps run eagerly; on the
+    GPU those go through the fixed-shape batched path and give the row-by-row path's tokens (in
+    float32, as the converter's self-calibration runs it; there the two differ by float rounding
+    only)."""
+    build_tiny_model("LlamaForCausalLM", tmp_path)
+    model = load_model(tmp_path, device="cuda", dtype="float32")
+    widths = []
+    original = generator_mod.run_decode_step
+    monkeypatch.setattr(
+        generator_mod, "run_decode_step", lambda *a, **k: widths.append(len(a[2])) or original(*a, **k)
+    )
+
+    def run(batched):
+        gen = Generator(model, cache_tokens=2048, page_size=16, max_batch_size=12, batched_decode=batched)
+        jobs = [Job(list(range(3 + i, 10 + 2 * i)), max_new_tokens=16, stop_token_ids=()) for i in range(12)]
+        return [r.token_ids for r in gen.generate(jobs)]
+
+    row_by_row = run(False)
+    assert not widths
+    assert run(None) == row_by_row  # the default on a CUDA model is the batched path
+    assert max(widths) == 12
