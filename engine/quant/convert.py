@@ -778,7 +778,7 @@ def _convert_model(
         # The snippets come from the text rows; the generated rows replace the first of them.
         text_ids = ids[: ids.shape[0] - n_random_rows(ids.shape[0], options.random_rows_fraction)].flatten()
         ids[:n_generated] = load_or_generate_rows(
-            work, loaded, text_ids, n_generated, options.cal_cols, options.seed, log=log
+            work, loaded, text_ids, n_generated, options.cal_cols, options.seed, log=log, progress=progress
         )
     log(f" -- calibration: {ids.shape[0]} rows x {ids.shape[1]} tokens ({n_generated} model-written)")
     all_slots = []
@@ -854,7 +854,7 @@ def _convert_model(
             log(line)
         log(f" -- block {i + 1}/{n_blocks}: rfn={rfn:.6f}  [{dt:.1f} s]  ETA {remaining:.0f} s")
         report.blocks.append({"block": i, "rfn": rfn, "seconds": dt, "bits": [s.bits for s in slots]})
-        progress((i + 1) / (n_blocks + 1), f"block {i + 1}/{n_blocks}, ETA {_duration(remaining)}")
+        progress((i + 1) / (n_blocks + 1), f"block {i + 1}/{n_blocks}, ETA {format_duration(remaining)}")
 
     # Head: Hessian of the final-normed hidden state.
     head_key = names.lm_head
@@ -938,7 +938,7 @@ def _convert_model(
     shutil.rmtree(work)
     report.seconds = time.perf_counter() - t_start
     log(f" -- wrote {dst} ({report.bits:.2f} bits/weight, {report.seconds:.1f} s)")
-    progress(1.0, f"done in {_duration(report.seconds)}")
+    progress(1.0, f"done in {format_duration(report.seconds)}")
     return report
 
 
@@ -958,7 +958,7 @@ def _disk_errors(path: Path, work: Path) -> Iterator[None]:
         ) from exc
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     """``42 s``, ``3 min 05 s``, ``1 h 02 min``."""
     s = max(0, round(seconds))
     if s < 60:

@@ -48,11 +48,13 @@ def generate_rows(
     seed: int,
     segment: int = SEGMENT_TOKENS,
     log: Callable[[str], None] = print,
+    progress: Callable[[float, str], None] | None = None,
 ) -> torch.Tensor:
     """``(rows, cols)`` token ids: each row ``cols // segment`` (at least one) segments, each a
     ``SNIPPET_TOKENS``-token snippet of ``text_ids`` (a 1-D tensor of calibration-text tokens)
     continued by the model's samples (temperature 1, top-p 0.95, no stop token) to ``segment``
-    tokens; the last segment of a row is cut or extended to fill it exactly."""
+    tokens; the last segment of a row is cut or extended to fill it exactly. ``progress(fraction,
+    message)`` follows the finished segments, with an ETA."""
     from engine.generation.generator import Generator
     from engine.generation.job import Job
     from engine.generation.sampling import SamplingSettings
@@ -77,19 +79,38 @@ def generate_rows(
     generator = Generator(loaded, cache_tokens=batch * segment, max_batch_size=batch, cuda_graphs=False)
     what = f"{n_jobs} segments of {segment} tokens, {batch} at once"
     log(f" -- calibration: the model writes {rows} rows ({what})")
-    t0 = time.perf_counter()
-    results = generator.generate(jobs)
-    log(f" -- calibration: {n_jobs * (segment - snippet)} tokens written in {time.perf_counter() - t0:.1f} s")
+    written = _run(generator, jobs, progress or (lambda fraction, message: None))
     del generator
     if loaded.device.type == "cuda":
         torch.cuda.empty_cache()
-    segments = [list(job.input_ids) + r.token_ids for job, r in zip(jobs, results, strict=True)]
+    segments = [list(job.input_ids) + written[job] for job in jobs]
     out = torch.empty(rows, cols, dtype=torch.long)
     for r in range(rows):
         row = [t for seg in segments[r * per_row : (r + 1) * per_row] for t in seg]
         row = row * -(-cols // len(row))  # a context shorter than the row: repeat its segments
         out[r] = torch.tensor(row[:cols], dtype=torch.long)
     return out
+
+
+def _run(generator, jobs: list, progress: Callable[[float, str], None]) -> dict:
+    """Every job's new tokens, reporting the finished ones as they come."""
+    from engine.quant.convert import format_duration
+
+    for job in jobs:
+        generator.enqueue(job)
+    written = {job: [] for job in jobs}
+    done, t0 = 0, time.perf_counter()
+    progress(0.0, f"calibration text 0/{len(jobs)} segments")
+    while generator.num_remaining_jobs:
+        finished = 0
+        for result in generator.iterate():
+            written[result.job] += result.token_ids
+            finished += result.done
+        if finished:
+            done += finished
+            eta = format_duration((time.perf_counter() - t0) * (len(jobs) - done) / done)
+            progress(done / len(jobs), f"calibration text {done}/{len(jobs)} segments, ETA {eta}")
+    return written
 
 
 def load_or_generate_rows(
@@ -100,6 +121,7 @@ def load_or_generate_rows(
     cols: int,
     seed: int,
     log: Callable[[str], None] = print,
+    progress: Callable[[float, str], None] | None = None,
 ) -> torch.Tensor:
     """:func:`generate_rows`, saved in ``work`` the first time and read back on a resume."""
     from safetensors.torch import load_file, save_file
@@ -110,7 +132,9 @@ def load_or_generate_rows(
         if tuple(saved.shape) == (rows, cols):
             log(f" -- calibration: {rows} model-written rows from {path.name}")
             return saved
-    ids = generate_rows(loaded, text_ids, rows, cols, seed, log=log)
+    t0 = time.perf_counter()
+    ids = generate_rows(loaded, text_ids, rows, cols, seed, log=log, progress=progress)
+    log(f" -- calibration: {rows} rows written in {time.perf_counter() - t0:.1f} s")
     partial = path.with_name(path.name + ".partial")
     save_file({"ids": ids.contiguous()}, str(partial))
     partial.replace(path)

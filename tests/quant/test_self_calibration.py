@@ -95,3 +95,12 @@ def test_a_share_outside_zero_to_one_is_refused(exl3_dir: Path, tmp_path: Path) 
     options = ConvertOptions(bits=4.0, generated_rows=1.5, device="cpu")
     with pytest.raises(ConvertError, match="generated rows must be within 0..1, got 1.5"):
         convert_model(exl3_dir / "tiny-llama-hf", tmp_path / "out", options, log=lambda m: None)
+
+
+def test_the_writing_reports_progress_to_the_end(tiny) -> None:
+    seen: list[tuple[float, str]] = []
+    report = lambda fraction, message: seen.append((fraction, message))  # noqa: E731
+    selfcal.generate_rows(tiny, _text_ids(), 3, 40, seed=2, segment=20, log=lambda m: None, progress=report)
+    fractions = [f for f, _ in seen]
+    assert fractions[0] == 0.0 and fractions[-1] == 1.0 and fractions == sorted(fractions)
+    assert seen[-1][1].startswith("calibration text 6/6 segments, ETA")
