@@ -197,6 +197,14 @@ def generated_row_count(rows: int, options: ConvertOptions) -> int:
     return min(text_rows, round(text_rows * options.generated_rows))
 
 
+def replaced_text_rows(text_rows: int, n_generated: int) -> list[int]:
+    """Which of ``text_rows`` text rows (in text order) make way for ``n_generated`` written by the
+    model: all but ``text_rows - n_generated`` evenly spaced ones."""
+    n_keep = text_rows - n_generated
+    keep = {i * text_rows // n_keep for i in range(n_keep)} if n_keep > 0 else set()
+    return [r for r in range(text_rows) if r not in keep]
+
+
 def calibration_ids(
     model_dir: Path,
     rows: int,
@@ -775,9 +783,11 @@ def _convert_model(
     if n_generated:
         from engine.quant.self_calibration import load_or_generate_rows
 
-        # The snippets come from the text rows; the generated rows replace the first of them.
-        text_ids = ids[: ids.shape[0] - n_random_rows(ids.shape[0], options.random_rows_fraction)].flatten()
-        ids[:n_generated] = load_or_generate_rows(
+        # The snippets come from the text rows; the generated rows replace some of them, and the
+        # text rows kept stay spread over the whole text.
+        text_rows = ids.shape[0] - n_random_rows(ids.shape[0], options.random_rows_fraction)
+        text_ids = ids[:text_rows].flatten()
+        ids[replaced_text_rows(text_rows, n_generated)] = load_or_generate_rows(
             work, loaded, text_ids, n_generated, options.cal_cols, options.seed, log=log, progress=progress
         )
     log(f" -- calibration: {ids.shape[0]} rows x {ids.shape[1]} tokens ({n_generated} model-written)")

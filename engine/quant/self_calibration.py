@@ -79,7 +79,7 @@ def generate_rows(
     generator = Generator(loaded, cache_tokens=batch * segment, max_batch_size=batch, cuda_graphs=False)
     what = f"{n_jobs} segments of {segment} tokens, {batch} at once"
     log(f" -- calibration: the model writes {rows} rows ({what})")
-    written = _run(generator, jobs, progress or (lambda fraction, message: None))
+    written = _run_jobs(generator, jobs, progress or (lambda fraction, message: None))
     del generator
     if loaded.device.type == "cuda":
         torch.cuda.empty_cache()
@@ -92,7 +92,7 @@ def generate_rows(
     return out
 
 
-def _run(generator, jobs: list, progress: Callable[[float, str], None]) -> dict:
+def _run_jobs(generator, jobs: list, progress: Callable[[float, str], None]) -> dict:
     """Every job's new tokens, reporting the finished ones as they come."""
     from engine.quant.convert import format_duration
 

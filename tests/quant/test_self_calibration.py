@@ -104,3 +104,15 @@ def test_the_writing_reports_progress_to_the_end(tiny) -> None:
     fractions = [f for f, _ in seen]
     assert fractions[0] == 0.0 and fractions[-1] == 1.0 and fractions == sorted(fractions)
     assert seen[-1][1].startswith("calibration text 6/6 segments, ETA")
+
+
+@pytest.mark.parametrize(("text_rows", "generated"), [(225, 202), (10, 5), (3, 2), (4, 4), (5, 0)])
+def test_the_text_rows_kept_stay_spread_over_the_text(text_rows: int, generated: int) -> None:
+    from engine.quant.convert import replaced_text_rows
+
+    replaced = replaced_text_rows(text_rows, generated)
+    assert len(replaced) == len(set(replaced)) == generated
+    kept = sorted(set(range(text_rows)) - set(replaced))
+    if len(kept) > 1:  # evenly spaced: the gaps differ by at most one row
+        gaps = {b - a for a, b in zip(kept, kept[1:])}
+        assert max(gaps) - min(gaps) <= 1 and kept[0] == 0 and kept[-1] >= text_rows - max(gaps)
