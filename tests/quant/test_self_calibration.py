@@ -116,3 +116,28 @@ def test_the_text_rows_kept_stay_spread_over_the_text(text_rows: int, generated:
     if len(kept) > 1:  # evenly spaced: the gaps differ by at most one row
         gaps = {b - a for a, b in zip(kept, kept[1:])}
         assert max(gaps) - min(gaps) <= 1 and kept[0] == 0 and kept[-1] >= text_rows - max(gaps)
+
+
+@pytest.mark.slow
+def test_convert_command_with_own_text_and_written_rows(
+    exl3_dir: Path, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The CLI end to end: --cal-text and --generated-rows reach the conversion, and the writing
+    shows on the progress bar before the blocks."""
+    from engine.cli import main as cli_main
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    words = [f"w{i}" for i in range(1500)]
+    (tmp_path / "mine.txt").write_text(" ".join(words), encoding="utf-8")
+    src, dst = exl3_dir / "tiny-llama-hf", tmp_path / "out"
+    argv = ["convert", "-i", str(src), "-o", str(dst), "-b", "2.5", "--codebook", "mcg", "--device", "cpu"]
+    argv += ["--cal-rows", "4", "--cal-cols", "32", "--head-bits", "4"]
+    argv += ["--cal-text", str(tmp_path / "mine.txt"), "--generated-rows", "0.5"]
+    assert cli_main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "(2 model-written)" in out
+    bars = [b for b in err.split("\r") if b.strip()]
+    writing = [i for i, b in enumerate(bars) if "calibration text" in b]
+    blocks = [i for i, b in enumerate(bars) if "block 1/2" in b]
+    assert writing and blocks and max(writing) < min(blocks)
+    assert (dst / "config.json").is_file()
