@@ -85,12 +85,14 @@ def decode(model_dir: Path, json_out: str | None) -> None:
     for prompt in (8, 4096):
         for _ in range(3):
             r = run(prompt, 256)
-            rows.append({
-                "prompt_tokens": r["prompt_tokens"],
-                "new_tokens": r["new_tokens"],
-                "decode_tok_s": r["new_tokens"] / r["time_generate"],
-                "prefill_tok_s": r["prompt_tokens"] / max(r["time_prefill"], 1e-9),
-            })
+            rows.append(
+                {
+                    "prompt_tokens": r["prompt_tokens"],
+                    "new_tokens": r["new_tokens"],
+                    "decode_tok_s": r["new_tokens"] / r["time_generate"],
+                    "prefill_tok_s": r["prompt_tokens"] / max(r["time_prefill"], 1e-9),
+                }
+            )
             print(rows[-1], flush=True)
     if json_out:
         Path(json_out).write_text(json.dumps(rows, indent=1))
