@@ -1,7 +1,8 @@
 """Several ``python -m engine quality`` jobs at once on one GPU, summarised per variant (a device tool).
 
-Device minutes are scarce and one SmolLM2 conversion does not fill an H200 (much of it is host
-work), so A/B measurements of the converter run their conversions side by side: one job per
+Device minutes are scarce, and a conversion of a model as small as SmolLM2 should leave most of an
+H200 idle (its blocks are small; not yet measured), so A/B measurements of the converter run their
+conversions side by side: one job per
 (variant, seed or bits), each with its own work folder, JSON and log under ``--out``. A
 conversion is deterministic per seed whatever runs beside it, so a job repeated from a serial run
 must reproduce its figures (the first check to make of a new parallel run).
