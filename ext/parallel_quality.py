@@ -2,10 +2,9 @@
 
 Device minutes are scarce, and a conversion of a model as small as SmolLM2 should leave most of an
 H200 idle (its blocks are small; not yet measured), so A/B measurements of the converter run their
-conversions side by side: one job per
-(variant, seed or bits), each with its own work folder, JSON and log under ``--out``. A
-conversion is deterministic per seed whatever runs beside it, so a job repeated from a serial run
-must reproduce its figures (the first check to make of a new parallel run).
+conversions side by side: one job per (variant, seed or bits), each with its own work folder, JSON
+and log under ``--out``. A conversion should be deterministic per seed whatever runs beside it, so
+a job repeated from a serial run must reproduce its figures: the first check of a parallel run.
 
   python ext/parallel_quality.py --model DIR --text eval.txt --out OUT [--parallel 7] \\
       "base|--bpw 4 --seeds 0" "mine|--bpw 4 --seeds 0 --cal-text /data/cal" ...
