@@ -191,12 +191,6 @@ def n_random_rows(rows: int, random_fraction: float) -> int:
     return min(rows, max(1 if rows > 1 else 0, round(rows * random_fraction)))
 
 
-def generated_row_count(rows: int, options: ConvertOptions) -> int:
-    """How many of the text rows the model writes itself (``options.generated_rows`` of them)."""
-    text_rows = rows - n_random_rows(rows, options.random_rows_fraction)
-    return min(text_rows, round(text_rows * options.generated_rows))
-
-
 def replaced_text_rows(text_rows: int, n_generated: int) -> list[int]:
     """Which of ``text_rows`` text rows (in text order) make way for ``n_generated`` written by the
     model: all but ``text_rows - n_generated`` evenly spaced ones."""
@@ -779,13 +773,13 @@ def _convert_model(
         options.seed,
         options.cal_text,
     )
-    n_generated = generated_row_count(ids.shape[0], options)
+    # The model writes ``generated_rows`` of the text rows; the snippets it continues come from
+    # the text rows, and the text rows kept stay spread over the whole text.
+    text_rows = ids.shape[0] - n_random_rows(ids.shape[0], options.random_rows_fraction)
+    n_generated = min(text_rows, round(text_rows * options.generated_rows))
     if n_generated:
         from engine.quant.self_calibration import load_or_generate_rows
 
-        # The snippets come from the text rows; the generated rows replace some of them, and the
-        # text rows kept stay spread over the whole text.
-        text_rows = ids.shape[0] - n_random_rows(ids.shape[0], options.random_rows_fraction)
         text_ids = ids[:text_rows].flatten()
         ids[replaced_text_rows(text_rows, n_generated)] = load_or_generate_rows(
             work, loaded, text_ids, n_generated, options.cal_cols, options.seed, log=log, progress=progress
