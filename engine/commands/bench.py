@@ -39,6 +39,7 @@ from engine.commands.common import add_cache_args, add_model_args, cache_bits, r
 from engine.commands.roofline import DecodeBytes, module_decode_bytes
 from engine.commands.timing import copy_bandwidth, median_of
 from engine.generation.sampling import SamplingSettings
+from engine.quant.codebooks import CODEBOOKS
 
 
 def register(sub) -> None:
@@ -54,7 +55,7 @@ def register(sub) -> None:
     p.add_argument("--bpw", default="4", help="synthetic: comma-separated whole bits per weight 1..8")
     p.add_argument("--fp16", action="store_true", help="synthetic: add a row with dense weights")
     p.add_argument("--head-bits", type=int, default=6, help="synthetic: bits of an untied head")
-    p.add_argument("--codebook", default="mul1", choices=["3inst", "mcg", "mul1"], help="synthetic codebook")
+    p.add_argument("--codebook", default="mul1", choices=CODEBOOKS, help="synthetic codebook")
     p.add_argument("--prompt-tokens", "--prompt", dest="prompt_tokens", type=int, default=4096)
     p.add_argument("--context", type=int, default=4096, help="context of the second decode figure")
     p.add_argument("--decode-tokens", type=int, default=128, help="new tokens per decode run")

@@ -17,6 +17,7 @@ import statistics
 import sys
 
 from engine.commands.common import run_alone
+from engine.quant.codebooks import CODEBOOKS
 
 LLAMA8B_SHAPES = ["4096x4096", "4096x14336", "14336x4096", "4096x1024"]
 # Projections of one input (in features, out features per matrix): separate launches vs one
@@ -34,7 +35,7 @@ def register(sub) -> None:
     )
     p.add_argument("--bits", default="2,3,4,5,6,8", help="comma-separated K values")
     p.add_argument("--batch", default="1,8", help="comma-separated row counts")
-    p.add_argument("--codebook", default="mcg", choices=["3inst", "mcg", "mul1"])
+    p.add_argument("--codebook", default="mcg", choices=CODEBOOKS)
     p.add_argument("--dtype", default="float16", choices=["float16", "bfloat16"])
     p.add_argument("--iters", type=int, default=50, help="calls per timed graph replay")
     p.add_argument("--repeats", type=int, default=7, help="timed replays (median reported)")

@@ -13,6 +13,8 @@ import time
 
 
 def register(sub) -> None:
+    from engine.quant.codebooks import CODEBOOKS
+
     p = sub.add_parser(
         "synthetic",
         help="write a random-weight EXL3 model of a published shape (for benchmarks)",
@@ -22,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("-o", "--out", required=True, help="directory to create (must not exist, or be empty)")
     p.add_argument("--bpw", type=float, default=4.0, help="whole bits per weight 1..8 (default 4)")
     p.add_argument("--head-bits", type=int, default=6, help="bits of an untied head (16: fp16)")
-    p.add_argument("--codebook", default="mul1", choices=["3inst", "mcg", "mul1"])
+    p.add_argument("--codebook", default="mul1", choices=CODEBOOKS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--files-from",
