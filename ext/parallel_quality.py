@@ -1,10 +1,14 @@
 """Several ``python -m engine quality`` jobs at once on one GPU, summarised per variant (a device tool).
 
-Device minutes are scarce, and a conversion of a model as small as SmolLM2 should leave most of an
-H200 idle (its blocks are small; not yet measured), so A/B measurements of the converter run their
-conversions side by side: one job per (variant, seed or bits), each with its own work folder, JSON
-and log under ``--out``. A conversion should be deterministic per seed whatever runs beside it, so
-a job repeated from a serial run must reproduce its figures: the first check of a parallel run.
+Device minutes are scarce and a device call lasts at most 10 minutes, so A/B measurements of the
+converter run as one batch of jobs: one job per (variant, seed or bits), each with its own work
+folder, JSON and log under ``--out``. Side by side they gain little: seven SmolLM2 conversions at
+once took about as long as one after another (ext/NOTES.md, thirteenth session), so size a batch
+by the sum of its jobs' serial times. What the batch does give: a job that runs out of time keeps
+its finished blocks in its work folder, and the same batch run again (same jobs in the same order,
+same ``--work``) resumes every job where it stopped. A conversion is deterministic per seed
+whatever runs beside it (measured: a job repeated from a serial run gave the same figures to the
+last digit).
 
   python ext/parallel_quality.py --model DIR --text eval.txt --out OUT [--parallel 7] \\
       "base|--bpw 4 --seeds 0" "mine|--bpw 4 --seeds 0 --cal-text /data/cal" ...
