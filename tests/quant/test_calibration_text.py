@@ -112,3 +112,17 @@ def test_cal_text_reaches_the_converter_options() -> None:
     add_quantizer_args(p)
     assert quantizer_options(p.parse_args(["--cal-text", "/data/cal"]))["cal_text"] == "/data/cal"
     assert quantizer_options(p.parse_args([]))["cal_text"] == ""
+
+
+def test_the_default_text_is_cal_text_on_a_folder_of_the_same_files(tmp_path) -> None:
+    # The thirteenth session measured the current default through --cal-text on a folder of these
+    # files (ext/NOTES.md); those figures are the default's only while both read the same text.
+    import shutil
+
+    from engine.quant.convert import calibration_text
+
+    for p in _files():
+        shutil.copy(p, tmp_path / p.name)
+    assert calibration_text(tmp_path) == calibration_text()
+    (tmp_path / "zz_extra.txt").write_text("one more file", encoding="utf-8")
+    assert calibration_text(tmp_path) == calibration_text() + "\n\none more file"
