@@ -148,20 +148,33 @@ class ModelBuilder:
             mlp_out_norm=self.norm(p + n.mlp_out_norm, s.hidden_size) if n.mlp_out_norm else None,
         )
 
-    def build(self, progress: Progress | None = None) -> CausalLM:
-        s, n = self.spec, self.names
-        # One rotary module per distinct RoPE setting, shared by the layers that use it.
+    def rotary(self) -> dict[str, RotaryEmbedding]:
+        """The rotary module of each layer kind: one per distinct RoPE setting, shared by the
+        layers that use it."""
         by_spec: dict[int, RotaryEmbedding] = {}
         rope = {}
-        for kind, rs in s.rope.items():
+        for kind, rs in self.spec.rope.items():
             key = id(rs)
             if key not in by_spec:
                 # Vision-language families rotate by three position axes (see engine.modules.mrope).
                 rotary = MultimodalRotaryEmbedding if "mrope_section" in rs.params else RotaryEmbedding
-                by_spec[key] = rotary(rs, s.head_dim, self.context).to(self.device)
+                by_spec[key] = rotary(rs, self.spec.head_dim, self.context).to(self.device)
             rope[kind] = by_spec[key]
-        embed_w = self.tensor(n.prefix + n.embed + ".weight", [s.vocab_size, s.hidden_size])
-        embedding = nn.Embedding.from_pretrained(embed_w, freeze=True)
+        return rope
+
+    def embedding(self) -> nn.Embedding:
+        s, n = self.spec, self.names
+        weight = self.tensor(n.prefix + n.embed + ".weight", [s.vocab_size, s.hidden_size])
+        return nn.Embedding.from_pretrained(weight, freeze=True)
+
+    def final_norm(self) -> RMSNorm:
+        return self.norm(self.names.prefix + self.names.final_norm, self.spec.hidden_size)
+
+    def build(self, progress: Progress | None = None) -> CausalLM:
+        s, n = self.spec, self.names
+        rope = self.rotary()
+        embedding = self.embedding()
+        embed_w = embedding.weight
         blocks = []
         for i in range(s.num_layers):
             blocks.append(self.block(i, rope))
@@ -176,7 +189,7 @@ class ModelBuilder:
         model = CausalLM(
             embedding,
             blocks,
-            self.norm(n.prefix + n.final_norm, s.hidden_size),
+            self.final_norm(),
             lm_head,
             s.embed_scale,
             s.final_softcap,

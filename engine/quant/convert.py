@@ -15,6 +15,11 @@ Frobenius error of the quantized block output against the unquantized block outp
 Finally the head is quantized at ``head_bits`` and the output directory is written in the
 reference layout, so that ExLlamaV3 and our loader read it alike.
 
+Memory: the source model is never loaded whole. Its blocks are read from the checkpoint onto
+the device one at a time, in float32 (:mod:`engine.quant.source_model`), so the weights need the
+largest block's memory plus the embedding; the calibration hidden states (``cal_rows x cal_cols x
+hidden`` floats, two copies while a block runs) stay on the device.
+
 Resume: each finished block's tensors go to ``<out>/.exl3_work/``; a rerun with ``resume`` loads
 them (after checking the job options match) and only re-runs the quantized block forward. The
 chosen bits are saved there too (``allocation.json``), so a resumed run does not redo the
@@ -132,7 +137,7 @@ class LinearSlot:
 
     key: str
     kind: str  # q, k, v, o, gate, up, down
-    parent: nn.Module
+    parent: nn.Module | None  # None while its block is not built (engine.quant.source_model)
     attr: str  # attribute name on parent, or index into parent (a ModuleList) as str
     in_features: int
     out_features: int
@@ -717,8 +722,8 @@ def _convert_model(
 
     from engine.architectures import architecture_for
     from engine.config import ModelConfig
-    from engine.loading.safetensors_store import WeightStore
     from engine.model import load_model, resolve_device
+    from engine.quant.source_model import SourceModel
 
     t_start = time.perf_counter()
     src, dst = Path(src), Path(dst)
@@ -742,7 +747,7 @@ def _convert_model(
     config = ModelConfig.from_dir(src)
     if config.quantization:
         raise ConvertError(f"{src} is already quantized ({config.quantization.get('quant_method')})")
-    arch = architecture_for(config.architecture)
+    architecture_for(config.architecture)  # an unknown architecture is named before any work
     work = dst / WORK_DIR
     job_file = work / "job.json"
     job = {"source": str(src.resolve()), "options": options.job_key()}
@@ -758,11 +763,11 @@ def _convert_model(
     work.mkdir(parents=True, exist_ok=True)
     job_file.write_text(json.dumps(job, indent=1))
 
-    log(f" -- loading {config.architecture} from {src} on {device}")
-    loaded = load_model(src, device=str(device), dtype=torch.float32)
-    model, spec = loaded.module, loaded.spec
-    store = WeightStore(src)
-    names = arch.tensor_names(store.has)  # a multimodal checkpoint nests its decoder's tensors
+    log(f" -- reading {config.architecture} from {src}: its blocks go to {device} one at a time")
+    source = SourceModel(src, device)
+    spec, store, names = source.spec, source.store, source.names
+    blocks, per_block = source.blocks, source.slots
+    all_slots = [s for slots in per_block for s in slots]
 
     ids = calibration_ids(
         src,
@@ -782,32 +787,33 @@ def _convert_model(
 
         text_ids = ids[:text_rows].flatten()
         ids[replaced_text_rows(text_rows, n_generated)] = load_or_generate_rows(
-            work, loaded, text_ids, n_generated, options.cal_cols, options.seed, log=log, progress=progress
+            work,
+            lambda: load_model(src, device=str(device), dtype=torch.float32),
+            text_ids,
+            n_generated,
+            options.cal_cols,
+            options.seed,
+            log=log,
+            progress=progress,
         )
     log(f" -- calibration: {ids.shape[0]} rows x {ids.shape[1]} tokens ({n_generated} model-written)")
-    all_slots = []
-    per_block = []
-    for i, block in enumerate(model.blocks):
-        slots = block_linears(block, names.prefix + names.layer.format(i=i), names)
-        per_block.append(slots)
-        all_slots.extend(slots)
 
     # Rows per forward chunk: bound the attention score matrix and activations (~256 MB).
     chunk_rows = max(1, int(2**26 // (options.cal_cols * max(spec.intermediate_size, options.cal_cols))))
     with torch.inference_mode():
-        hidden = torch.cat([model.embed(ids[r : r + 1].to(device)) for r in range(ids.shape[0])])
+        hidden = torch.cat([source.shell.embed(ids[r : r + 1].to(device)) for r in range(ids.shape[0])])
         hidden = hidden.view(ids.shape[0], ids.shape[1], -1)
-    achieved, sensitivities = _allocate(model.blocks, per_block, hidden, chunk_rows, options, work, log)
+    achieved, sensitivities = _allocate(blocks, per_block, hidden, chunk_rows, options, work, log)
     report = ConvertReport(bits=round(achieved, 2))
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
     block_times: list[float] = []
     outputs: list[tuple[str, dict[str, torch.Tensor], int | None]] = []
-    n_blocks = len(model.blocks)
+    n_blocks = len(blocks)
     # The head and the output count as one more block's worth of the bar.
     progress(0.0, f"block 0/{n_blocks}")
     # The unquantized model's hidden state, for tuning towards it (tune_target "model").
     exact = hidden.clone() if options.tune_steps > 0 and options.tune_target == "model" else None
-    for i, (block, slots) in enumerate(zip(model.blocks, per_block)):
+    for i, (block, slots) in enumerate(zip(blocks, per_block)):
         t0 = time.perf_counter()
         saved = block_file(work, i)
         if exact is not None:
@@ -871,7 +877,7 @@ def _convert_model(
         head_tensors = {f"{head_key}.weight": _fp16_copy(head_weight)}
     else:
         with torch.inference_mode():
-            x = model.final_norm(hidden.reshape(-1, dim)).float()
+            x = source.shell.final_norm(hidden.reshape(-1, dim)).float()
             head_h = x.T @ x / x.shape[0]
         qt = quantize_weight(
             head_weight.float(),
@@ -891,7 +897,8 @@ def _convert_model(
 
     # Assemble the output in module order: embed, per layer (norms and linears), final norm, head.
     done = {}
-    for i in range(len(model.blocks)):
+    blocks.release()
+    for i in range(n_blocks):
         done.update(load_file(str(block_file(work, i))))
     quantized_keys = {s.key for s in all_slots}
     copied: set[str] = set()
@@ -918,7 +925,7 @@ def _convert_model(
     outputs.append((head_key, head_tensors, None if options.head_bits == 16 else options.head_bits))
     # Anything else the source holds that belongs to no quantized linear (e.g. extra norms).
     claimed = {f"{k}.{suffix}" for k in quantized_keys | {head_key} for suffix in ("weight", "bias")}
-    for i in range(len(model.blocks)):  # fused source projections, stored split and quantized
+    for i in range(n_blocks):  # fused source projections, stored split and quantized
         for fused in (names.qkv_fused, names.gate_up_fused):
             if fused:
                 p = names.prefix + names.layer.format(i=i) + fused

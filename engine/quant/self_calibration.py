@@ -116,7 +116,7 @@ def _run_jobs(generator, jobs: list, progress: Callable[[float, str], None]) -> 
 
 def load_or_generate_rows(
     work: Path,
-    loaded,
+    load_model: Callable[[], object],
     text_ids: torch.Tensor,
     rows: int,
     cols: int,
@@ -124,7 +124,9 @@ def load_or_generate_rows(
     log: Callable[[str], None] = print,
     progress: Callable[[float, str], None] | None = None,
 ) -> torch.Tensor:
-    """:func:`generate_rows`, saved in ``work`` the first time and read back on a resume."""
+    """:func:`generate_rows`, saved in ``work`` the first time and read back on a resume.
+    ``load_model()`` gives the whole model to write with; it is called (and the model dropped
+    again) only when the rows are written, since the converter itself holds one block at a time."""
     from safetensors.torch import load_file, save_file
 
     path = work / ROWS_FILE
@@ -134,7 +136,9 @@ def load_or_generate_rows(
             log(f" -- calibration: {rows} model-written rows from {path.name}")
             return saved
     t0 = time.perf_counter()
+    loaded = load_model()
     ids = generate_rows(loaded, text_ids, rows, cols, seed, log=log, progress=progress)
+    del loaded
     log(f" -- calibration: {rows} rows written in {time.perf_counter() - t0:.1f} s")
     partial = path.with_name(path.name + ".partial")
     save_file({"ids": ids.contiguous()}, str(partial))

@@ -53,14 +53,15 @@ def test_rows_depend_on_the_seed_only(tiny) -> None:
 
 def test_a_resume_reads_the_saved_rows(tiny, tmp_path: Path, monkeypatch) -> None:
     text = _text_ids()
-    first = selfcal.load_or_generate_rows(tmp_path, tiny, text, 2, 40, seed=5, log=lambda m: None)
+    first = selfcal.load_or_generate_rows(tmp_path, lambda: tiny, text, 2, 40, seed=5, log=lambda m: None)
     assert (tmp_path / selfcal.ROWS_FILE).is_file()
 
     def must_not_run(*args, **kwargs):
-        raise AssertionError("a resume generated the rows again")
+        raise AssertionError("a resume generated the rows again (or loaded the model for it)")
 
     monkeypatch.setattr(selfcal, "generate_rows", must_not_run)
-    assert torch.equal(selfcal.load_or_generate_rows(tmp_path, tiny, text, 2, 40, 5, log=print), first)
+    again = selfcal.load_or_generate_rows(tmp_path, must_not_run, text, 2, 40, 5, log=print)
+    assert torch.equal(again, first)
 
 
 def test_convert_calibrates_on_model_written_rows(exl3_dir: Path, tmp_path: Path, monkeypatch) -> None:

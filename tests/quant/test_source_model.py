@@ -1,0 +1,142 @@
+"""The converter's view of the source model (engine.quant.source_model): its blocks are read from
+the checkpoint one at a time, so converting needs one block's weights on the device, not the
+whole model's."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from quant_helpers import cheap_encoder
+
+import engine.quant.quantize as quantize_mod
+from engine.loading.builder import ModelBuilder
+from engine.loading.safetensors_store import WeightStore
+
+
+def _record_reads(monkeypatch) -> list[str]:
+    keys: list[str] = []
+    real = WeightStore.get
+
+    def get(self, key, *args, **kwargs):
+        keys.append(key)
+        return real(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(WeightStore, "get", get)
+    return keys
+
+
+def test_the_slots_are_known_before_any_block_is_read(exl3_dir: Path, monkeypatch) -> None:
+    from engine.quant.source_model import SourceModel
+
+    reads = _record_reads(monkeypatch)
+    source = SourceModel(exl3_dir / "tiny-llama-hf", torch.device("cpu"))
+    assert sorted(reads) == ["model.embed_tokens.weight", "model.norm.weight"]
+    assert len(source.slots) == len(source.blocks) == source.spec.num_layers == 2
+    store = WeightStore(exl3_dir / "tiny-llama-hf")
+    for i, slots in enumerate(source.slots):
+        assert [s.kind for s in slots] == ["q", "k", "v", "o", "gate", "up", "down"]
+        for s in slots:
+            assert s.key.startswith(f"model.layers.{i}.")
+            assert store.shape(s.key + ".weight") == [s.out_features, s.in_features]
+
+
+def test_blocks_are_read_one_at_a_time_and_equal_the_loaded_model(exl3_dir: Path, monkeypatch) -> None:
+    from engine.model import load_model
+    from engine.quant.source_model import SourceModel
+
+    src = exl3_dir / "tiny-llama-hf"
+    whole = load_model(src, device="cpu", dtype=torch.float32).module
+    reads = _record_reads(monkeypatch)
+    source = SourceModel(src, torch.device("cpu"))
+    held: list[list[torch.Tensor]] = []
+    for i in range(len(source.blocks)):
+        del reads[:]
+        block = source.blocks[i]
+        assert source.blocks[i] is block  # asked again: the same block, not read again
+        assert reads and all(k.startswith(f"model.layers.{i}.") for k in reads)
+        for (name, p), (_, q) in zip(block.state_dict().items(), whole.blocks[i].state_dict().items()):
+            assert torch.equal(p, q), name
+        for s in source.slots[i]:
+            assert s.get() is not None and s.get().weight.device.type == "cpu"  # pointed at the block
+        held.append(list(block.parameters()))
+        # Only the latest block's weights are in memory, though this test holds every one.
+        assert [all(w.untyped_storage().nbytes() == 0 for w in ws) for ws in held] == [True] * i + [False]
+    source.blocks.release()
+    assert all(w.untyped_storage().nbytes() == 0 for ws in held for w in ws)
+    assert all(rope.inv_freq.untyped_storage().nbytes() for rope in source.rope.values())  # shared: kept
+    with pytest.raises(IndexError):
+        source.blocks[2]
+
+
+@pytest.mark.slow
+def test_a_conversion_holds_one_source_block_at_a_time(exl3_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    import engine.model
+    from engine.quant.convert import ConvertOptions, convert_model
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+
+    def whole_model(*args, **kwargs):
+        raise AssertionError("the converter loaded the whole model")
+
+    monkeypatch.setattr(engine.model, "load_model", whole_model)
+    # Each built block's weights, weakly: the quantization pass swaps a block's dense linears out
+    # (then nothing should hold them), and a caller may still hold a weight of the block (then
+    # its memory must have been freed all the same).
+    built: list[tuple[int, list[weakref.ref]]] = []
+    real_block = ModelBuilder.block
+
+    def in_memory(ref: weakref.ref) -> bool:
+        w = ref()
+        return w is not None and w.untyped_storage().nbytes() > 0
+
+    def block(self, i, rope):
+        if self.device.type == "meta":
+            return real_block(self, i, rope)
+        gc.collect()
+        held = [j for j, refs in built if any(map(in_memory, refs))]
+        assert not held, f"reading block {i} while the weights of block(s) {held} are still in memory"
+        made = real_block(self, i, rope)
+        built.append((i, [weakref.ref(p) for p in made.parameters()]))
+        return made
+
+    monkeypatch.setattr(ModelBuilder, "block", block)
+    options = ConvertOptions(bits=4.0, head_bits=6, cal_rows=4, cal_cols=32, device="cpu")
+    report = convert_model(exl3_dir / "tiny-llama-hf", tmp_path / "out", options, log=lambda m: None)
+    # The sensitivity pre-pass reads the blocks once, the quantization pass once more.
+    assert [i for i, _ in built] == [0, 1, 0, 1]
+    assert len(report.blocks) == 2 and report.bits == 4.0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [("drop", "'model.layers.1.mlp.down_proj.weight' is missing"), ("reshape", "has shape")],
+)
+def test_a_bad_tensor_in_the_last_block_is_named_before_any_block_is_read(
+    exl3_dir: Path, tmp_path: Path, monkeypatch, change: str, message: str
+) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from engine.errors import ModelLoadError
+    from engine.quant.source_model import SourceModel
+
+    src = exl3_dir / "tiny-llama-hf"
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, tmp_path / f.name)
+    tensors = load_file(str(src / "model.safetensors"))
+    key = "model.layers.1.mlp.down_proj.weight"
+    if change == "drop":
+        del tensors[key]
+    else:
+        tensors[key] = tensors[key][:, :-16].contiguous()
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    reads = _record_reads(monkeypatch)
+    with pytest.raises(ModelLoadError, match=message):
+        SourceModel(tmp_path, torch.device("cpu"))
+    assert not any(k.startswith("model.layers.") and k != key for k in reads)
