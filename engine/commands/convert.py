@@ -24,6 +24,13 @@ def register(sub) -> None:
     p.add_argument("--cal-cols", type=int, default=2048, help="tokens per calibration row (default 2048)")
     add_allocation_args(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument(
+        "--states",
+        choices=("auto", "device", "host"),
+        default="auto",
+        help="where the calibration hidden states live: on the device where they fit (auto, the "
+        "default), or in host memory (slower; a 70B model's states take ~34 GB)",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
     add_quantizer_args(p)
@@ -150,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         shard_size_mb=args.shard_size,
         device=args.device,
+        states=args.states,
         allocation=args.allocation,
         sensitivity_rows=args.sensitivity_rows,
         tf32=args.tf32,

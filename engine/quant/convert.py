@@ -116,12 +116,16 @@ class ConvertOptions:
     # Share of the text rows the model writes itself, continuing snippets of the calibration
     # text (engine.quant.self_calibration); the rest are the text itself.
     generated_rows: float = 0.0
+    # Where the calibration hidden states live: "device", "host" (CPU memory; each chunk of rows
+    # goes to the device to run), or "auto": the device where they fit (see state_device).
+    states: str = "auto"
 
     def job_key(self) -> dict:
-        """The options that change the result (a resume must match them). Device, shard size and
-        TF32 do not: blocks converted either way can be assembled into one model."""
+        """The options that change the result (a resume must match them). Device, shard size,
+        TF32 and where the states live do not: blocks converted either way can be assembled into
+        one model."""
         d = asdict(self)
-        for key in ("device", "shard_size_mb", "tf32"):
+        for key in ("device", "shard_size_mb", "tf32", "states"):
             d.pop(key)
         # Options added later are left out where they are off, so a job started before they
         # existed still resumes.
@@ -246,15 +250,22 @@ def calibration_ids(
 # -- running a block over calibration rows --------------------------------------------------
 
 
+def block_device(block: nn.Module) -> torch.device:
+    """The device a block's weights are on (where it runs)."""
+    return next(t for t in (*block.parameters(), *block.buffers())).device
+
+
 def run_rows(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """One DecoderBlock over ``hidden`` ``(n, cols, dim)``, each row its own causal sequence, in one
-    forward (autograd sees through it where its inputs or weights need gradients)."""
+    forward (autograd sees through it where its inputs or weights need gradients). It runs where
+    the block is; the output goes where ``hidden`` is (the host, when the states are kept there)."""
     from engine.cache.paged import PagedKVCache
     from engine.modules.batch import BatchLayout, SequenceSlice
 
     n, cols, dim = hidden.shape
     attn = block.attention
-    device = hidden.device
+    device = block_device(block)
+    home, hidden = hidden.device, hidden.to(device)
     # One page per row: row i owns slots i*cols .. (i+1)*cols - 1.
     cache = PagedKVCache(1, attn.num_kv_heads, attn.head_dim, n, cols, hidden.dtype, device).layer(0)
     seqs = [
@@ -263,7 +274,47 @@ def run_rows(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     ]
     positions = torch.arange(cols, device=device).repeat(n)
     batch = BatchLayout(seqs, positions, torch.arange(n * cols, device=device))
-    return block(hidden.reshape(n * cols, dim), batch, cache).view(n, cols, dim)
+    return block(hidden.reshape(n * cols, dim), batch, cache).view(n, cols, dim).to(home)
+
+
+STATE_PLACES = ("auto", "device", "host")
+STATE_SHARE = 0.6  # "auto" keeps the states on the device while they take at most this share of it
+
+
+def state_device(
+    place: str,
+    device: torch.device,
+    shape: torch.Size | tuple[int, int],
+    hidden_size: int,
+    copies: int,
+    per_block: list[list[LinearSlot]],
+    log: Callable[[str], None],
+) -> torch.device:
+    """Where the calibration hidden states go: ``copies`` float32 buffers of ``shape`` rows x cols
+    x ``hidden_size`` (the input and the unquantized output of the block being converted, and the
+    unquantized model's state when tuning towards it). ``place`` "auto" puts them on a CUDA
+    device while they and the largest block's float32 weights take at most :data:`STATE_SHARE` of
+    its free memory (the rest is for the Hessians, the quantizer and the forward's activations),
+    otherwise on the host."""
+    need = copies * shape[0] * shape[1] * hidden_size * 4 / 1e9  # GB
+    if device.type != "cuda":
+        return device  # a CPU conversion: the host is the device
+    if place == "device":
+        log(f" -- calibration states: {need:.1f} GB on {device} (--states device)")
+        return device
+    if place == "host":
+        log(f" -- calibration states: {need:.1f} GB in host memory (--states host)")
+        return torch.device("cpu")
+    block = max(sum(s.in_features * s.out_features for s in slots) for slots in per_block) * 4 / 1e9
+    free = torch.cuda.mem_get_info(device)[0] / 1e9
+    if need + block <= STATE_SHARE * free:
+        log(f" -- calibration states: {need:.1f} GB on {device} ({free:.1f} GB free)")
+        return device
+    log(
+        f" -- calibration states: {need:.1f} GB in host memory: with the largest block ({block:.1f} "
+        f"GB) they would take more than {STATE_SHARE:.0%} of the {free:.1f} GB free on {device}"
+    )
+    return torch.device("cpu")
 
 
 def _run_block(block: nn.Module, hidden: torch.Tensor, chunk_rows: int) -> torch.Tensor:
@@ -338,7 +389,7 @@ def capture_hessians(
 ) -> dict[str, _HessianHook]:
     """The input Hessians of ``slots`` with the block as it is now (some linears quantized),
     running each chunk of rows only as far as the last of their inputs."""
-    hooks, handles = hessian_hooks(slots, hidden.device, stop=True)
+    hooks, handles = hessian_hooks(slots, block_device(block), stop=True)
     try:
         with torch.inference_mode():
             for r0 in range(0, hidden.shape[0], chunk_rows):
@@ -741,6 +792,10 @@ def _convert_model(
         )
     if not 1.0 <= options.bits <= 8.0:
         raise ConvertError(f"target bits per weight must be within 1.0..8.0, got {options.bits}")
+    if options.states not in STATE_PLACES:
+        raise ConvertError(
+            f"unknown place for the states {options.states!r}; choose one of {', '.join(STATE_PLACES)}"
+        )
     if not 0.0 <= options.generated_rows <= 1.0:
         raise ConvertError(f"the share of generated rows must be within 0..1, got {options.generated_rows}")
     device = resolve_device(options.device)
@@ -800,9 +855,12 @@ def _convert_model(
 
     # Rows per forward chunk: bound the attention score matrix and activations (~256 MB).
     chunk_rows = max(1, int(2**26 // (options.cal_cols * max(spec.intermediate_size, options.cal_cols))))
+    copies = 3 if options.tune_steps > 0 and options.tune_target == "model" else 2
+    home = state_device(options.states, device, ids.shape, spec.hidden_size, copies, per_block, log)
     with torch.inference_mode():
-        hidden = torch.cat([source.shell.embed(ids[r : r + 1].to(device)) for r in range(ids.shape[0])])
-        hidden = hidden.view(ids.shape[0], ids.shape[1], -1)
+        rows = [source.shell.embed(ids[r : r + 1].to(device)).to(home) for r in range(ids.shape[0])]
+        hidden = torch.cat(rows).view(ids.shape[0], ids.shape[1], -1)
+        del rows
     achieved, sensitivities = _allocate(blocks, per_block, hidden, chunk_rows, options, work, log)
     report = ConvertReport(bits=round(achieved, 2))
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
@@ -877,8 +935,15 @@ def _convert_model(
         head_tensors = {f"{head_key}.weight": _fp16_copy(head_weight)}
     else:
         with torch.inference_mode():
-            x = source.shell.final_norm(hidden.reshape(-1, dim)).float()
-            head_h = x.T @ x / x.shape[0]
+            if hidden.device == device:
+                x = source.shell.final_norm(hidden.reshape(-1, dim)).float()
+                head_h = x.T @ x / x.shape[0]
+            else:  # states on the host: the same sum, a chunk of rows at a time on the device
+                head_h = torch.zeros(dim, dim, device=device)
+                for r0 in range(0, hidden.shape[0], chunk_rows):
+                    x = source.shell.final_norm(hidden[r0 : r0 + chunk_rows].to(device).reshape(-1, dim))
+                    head_h.addmm_(x.float().T, x.float())
+                head_h /= hidden.shape[0] * hidden.shape[1]
         qt = quantize_weight(
             head_weight.float(),
             head_h,

@@ -114,7 +114,7 @@ def _relative_error(
     run: Block, hidden: torch.Tensor, target: torch.Tensor, rows: torch.Tensor
 ) -> torch.Tensor:
     out = run(hidden[rows])
-    ref = target[rows]
+    ref = target[rows].to(out.device)  # the states may be kept on the host
     return (out.float() - ref.float()).pow(2).sum() / ref.float().pow(2).sum()
 
 

@@ -181,7 +181,7 @@ def measure_sensitivity(
     t_start = time.perf_counter()
     for i, (block, block_slots) in enumerate(zip(blocks, slots)):
         t0 = time.perf_counter()
-        hooks, handles = convert.hessian_hooks(block_slots, hidden.device)
+        hooks, handles = convert.hessian_hooks(block_slots, convert.block_device(block))
         try:
             with torch.inference_mode():
                 reference = convert._run_block(block, hidden, chunk_rows)

@@ -140,3 +140,42 @@ def test_a_bad_tensor_in_the_last_block_is_named_before_any_block_is_read(
     with pytest.raises(ModelLoadError, match=message):
         SourceModel(tmp_path, torch.device("cpu"))
     assert not any(k.startswith("model.layers.") and k != key for k in reads)
+
+
+def _slots(sizes: list[tuple[int, int]]):
+    from engine.quant.convert import LinearSlot
+
+    return [[LinearSlot(f"l{i}", "q", None, "0", a, b) for i, (a, b) in enumerate(sizes)]]
+
+
+@pytest.mark.parametrize(
+    ("place", "free_gb", "expected"),
+    [
+        ("auto", 80.0, "cuda"),  # 2 x 250 x 2048 x 4096 floats = 16.8 GB + 0.3 GB block: fits in 60%
+        ("auto", 24.0, "cpu"),  # a 24 GB GPU: 17.1 GB is more than 60% of it
+        ("device", 24.0, "cuda"),
+        ("host", 80.0, "cpu"),
+    ],
+)
+def test_where_the_calibration_states_go(monkeypatch, place: str, free_gb: float, expected: str) -> None:
+    from engine.quant.convert import state_device
+
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda device=None: (int(free_gb * 1e9), int(free_gb * 1e9))
+    )
+    lines: list[str] = []
+    block = _slots([(4096, 4096), (4096, 14336)])  # 75M weights: 0.3 GB in float32
+    got = state_device(place, torch.device("cuda"), (250, 2048), 4096, 2, block, lines.append)
+    assert got.type == expected
+    assert "16.8 GB" in lines[0] and ("host memory" in lines[0]) == (expected == "cpu")
+    # A CPU conversion keeps them where it runs, whatever is asked.
+    assert state_device(place, torch.device("cpu"), (250, 2048), 4096, 2, block, print).type == "cpu"
+
+
+def test_an_unknown_place_for_the_states_is_named_before_any_work(exl3_dir: Path, tmp_path: Path) -> None:
+    from engine.quant.convert import ConvertError, ConvertOptions, convert_model
+
+    options = ConvertOptions(bits=4.0, device="cpu", states="disk")
+    with pytest.raises(ConvertError, match="'disk'.*auto, device, host"):
+        convert_model(exl3_dir / "tiny-llama-hf", tmp_path / "out", options, log=lambda m: None)
+    assert not (tmp_path / "out").exists()

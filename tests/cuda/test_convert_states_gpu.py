@@ -1,0 +1,59 @@
+"""The converter on the GPU with its calibration states in host memory (``--states host``): each
+chunk of rows goes to the device to run and comes back, so the result is the one the states on
+the device give, bit for bit; and the source blocks are read one at a time there too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.cuda
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tune_target", ["none", "model"])
+def test_states_on_the_host_convert_as_on_the_device(
+    exl3_dir: Path, tmp_path: Path, tune_target: str
+) -> None:
+    from engine.quant.convert import ConvertOptions, convert_model
+
+    out = {}
+    for place in ("device", "host"):
+        options = ConvertOptions(
+            bits=4.0,
+            head_bits=16,  # a 16-bit head: every stored tensor comes from the blocks' path
+            cal_rows=16,
+            cal_cols=128,
+            device="cuda",
+            states=place,
+            tune_steps=20 if tune_target == "model" else 0,
+            tune_target="model" if tune_target == "model" else "block",
+        )
+        lines: list[str] = []
+        convert_model(exl3_dir / "tiny-llama-hf", tmp_path / place, options, log=lines.append)
+        assert any("calibration states" in line and ("host" in line) == (place == "host") for line in lines)
+        out[place] = load_file(str(tmp_path / place / "model.safetensors"))
+    assert out["device"].keys() == out["host"].keys()
+    for key, tensor in out["device"].items():
+        assert torch.equal(tensor, out["host"][key]), key
+
+
+def test_a_six_bit_head_from_host_states_matches_closely(exl3_dir: Path, tmp_path: Path) -> None:
+    """With the states on the host the head's Hessian is summed a chunk at a time: the same sum,
+    rounded differently, so the head is near (not bit-) identical."""
+    from engine.quant import EXL3Linear
+    from engine.quant.convert import ConvertOptions, convert_model, linear_tensors
+
+    heads = {}
+    for place in ("device", "host"):
+        options = ConvertOptions(bits=4.0, head_bits=6, cal_rows=8, cal_cols=64, device="cuda", states=place)
+        convert_model(exl3_dir / "tiny-llama-hf", tmp_path / place, options, log=lambda m: None)
+        tensors = load_file(str(tmp_path / place / "model.safetensors"))
+        head = linear_tensors(tensors, "lm_head")
+        rows, cols = head["lm_head.trellis"].shape[:2]  # 16x16 tiles: in x out
+        heads[place] = EXL3Linear.from_tensors(head, rows * 16, cols * 16, None).weight
+    rel = float((heads["host"] - heads["device"]).norm() / heads["device"].norm())
+    assert rel < 0.05, rel  # 6-bit quantization noise is ~0.03; a wrong Hessian gives far more
