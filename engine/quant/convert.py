@@ -571,6 +571,31 @@ def _module_entry(tensors: dict[str, torch.Tensor], bits: int | None, codebook: 
     return entry
 
 
+class WorkTensors:
+    """The tensors saved in a conversion's work files, read one at a time when needed: the
+    output of a large model is written a shard at a time instead of held in memory whole."""
+
+    _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I16": torch.int16}
+    _DTYPES |= {"I32": torch.int32, "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8}
+
+    def __init__(self, files: list[Path]) -> None:
+        from safetensors import safe_open
+
+        self._handles = [safe_open(str(f), "pt") for f in files]
+        self._file_of = {key: h for h in self._handles for key in h.keys()}
+
+    def placeholders(self) -> dict[str, torch.Tensor]:
+        """Every key with a ``meta`` tensor of its shape and dtype (nothing read)."""
+        out = {}
+        for key, h in self._file_of.items():
+            info = h.get_slice(key)
+            out[key] = torch.empty(info.get_shape(), dtype=self._DTYPES[info.get_dtype()], device="meta")
+        return out
+
+    def load(self, key: str) -> torch.Tensor:
+        return self._file_of[key].get_tensor(key)
+
+
 def write_output(
     src: Path,
     dst: Path,
@@ -578,8 +603,11 @@ def write_output(
     quant_config: dict,
     codebook: str,
     shard_size_mb: int,
+    load: Callable[[str], torch.Tensor] | None = None,
 ) -> None:
-    """Write safetensors shard(s), config.json, quantization_config.json and copied files."""
+    """Write safetensors shard(s), config.json, quantization_config.json and copied files.
+    Tensors on the ``meta`` device are placeholders: ``load(key)`` reads each when its shard is
+    written, so at most one shard's worth of them is in memory."""
     from safetensors.torch import save_file
 
     dst.mkdir(parents=True, exist_ok=True)
@@ -591,15 +619,20 @@ def write_output(
         if shards[-1] and size + n > limit:
             shards.append({})
             size = 0
-        shards[-1].update({k: v.contiguous().cpu() for k, v in tensors.items()})
+        shards[-1].update(tensors)
         size += n
+
+    def save(shard: dict[str, torch.Tensor], name: str) -> None:
+        real = {k: (load(k) if v.is_meta else v).contiguous().cpu() for k, v in shard.items()}
+        save_file(real, str(dst / name))
+
     if len(shards) == 1:
-        save_file(shards[0], str(dst / "model.safetensors"))
+        save(shards[0], "model.safetensors")
     else:
         weight_map, total = {}, 0
         for i, shard in enumerate(shards, 1):
             name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(dst / name))
+            save(shard, name)
             for k, t in shard.items():
                 weight_map[k] = name
                 total += t.numel() * t.element_size()
@@ -961,10 +994,10 @@ def _convert_model(
         log(f"    {head_key:48s} K={options.head_bits}  proxy_err={qt.proxy_error:.6f}" + _refit_note(qt))
 
     # Assemble the output in module order: embed, per layer (norms and linears), final norm, head.
-    done = {}
+    # The finished blocks' tensors stay in their work files until their shard is written.
     blocks.release()
-    for i in range(n_blocks):
-        done.update(load_file(str(block_file(work, i))))
+    finished = WorkTensors([block_file(work, i) for i in range(n_blocks)])
+    done = finished.placeholders()
     quantized_keys = {s.key for s in all_slots}
     copied: set[str] = set()
 
@@ -1010,7 +1043,8 @@ def _convert_model(
         "converter": "trellis-chat",
     }
     with _disk_errors(dst, work):
-        write_output(src, dst, outputs, quant_config, options.codebook, options.shard_size_mb)
+        write_output(src, dst, outputs, quant_config, options.codebook, options.shard_size_mb, finished.load)
+    del finished  # closes the work files (Windows cannot remove a file that is open)
     shutil.rmtree(work)
     report.seconds = time.perf_counter() - t_start
     log(f" -- wrote {dst} ({report.bits:.2f} bits/weight, {report.seconds:.1f} s)")

@@ -1,0 +1,93 @@
+"""The converter's output: sharded like the reference layout (a module's tensors never straddle
+two shards, an index names every tensor's shard), and written a shard at a time, reading the
+finished blocks' tensors from the work folder only for the shard being written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import safetensors.torch as st
+import torch
+from quant_helpers import cheap_encoder
+from safetensors.torch import load_file
+
+import engine.quant.convert as convert_mod
+import engine.quant.quantize as quantize_mod
+
+
+def _convert(src: Path, dst: Path, shard_mb: int) -> None:
+    options = convert_mod.ConvertOptions(
+        bits=4.0, cal_rows=2, cal_cols=32, device="cpu", allocation="uniform", shard_size_mb=shard_mb
+    )
+    convert_mod.convert_model(src, dst, options, log=lambda m: None)
+
+
+@pytest.mark.slow
+def test_a_sharded_output_holds_the_same_tensors_written_a_shard_at_a_time(
+    exl3_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    src = exl3_dir / "tiny-llama-hf"
+    _convert(src, tmp_path / "one", 8192)
+    whole = load_file(str(tmp_path / "one" / "model.safetensors"))
+
+    events: list[tuple[str, object]] = []
+    real_load, real_save = convert_mod.WorkTensors.load, st.save_file
+
+    def load(self, key):
+        events.append(("load", key))
+        return real_load(self, key)
+
+    def save(tensors, path, *args, **kwargs):
+        events.append(("save", (set(tensors), Path(path).parent)))
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(convert_mod.WorkTensors, "load", load)
+    monkeypatch.setattr(st, "save_file", save)
+    _convert(src, tmp_path / "sharded", 1)  # 1 MiB shards: the ~2 MB output takes several
+
+    out = tmp_path / "sharded"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    shards = sorted(out.glob("model-*-of-*.safetensors"))
+    assert len(shards) >= 2 and not (out / "model.safetensors").exists()
+    merged: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        tensors = load_file(str(shard))
+        assert {index["weight_map"][k] for k in tensors} == {shard.name}
+        # A module's tensors are all in one shard (trellis, suh, svh, ... of one linear).
+        merged |= tensors
+    assert merged.keys() == whole.keys() == index["weight_map"].keys()
+    for key, tensor in whole.items():
+        assert torch.equal(merged[key], tensor), key
+    for shard in shards:
+        modules = {k.rsplit(".", 1)[0] for k in load_file(str(shard))}
+        others = [s for s in shards if s != shard]
+        assert not any(k.rsplit(".", 1)[0] in modules for s in others for k in load_file(str(s)))
+    # Every block tensor is read from the work files just before the shard that holds it is saved.
+    pending: set[str] = set()
+    saves = 0
+    for kind, what in events:
+        if kind == "load":
+            pending.add(what)
+        elif what[1] == out:  # a shard of the output (not a finished block's work file)
+            assert pending <= what[0], f"read before its shard: {sorted(pending - what[0])[:3]}"
+            pending.clear()
+            saves += 1
+    assert saves == len(shards) and not pending
+    loaded = [what for kind, what in events if kind == "load"]
+    block_linears = {k for k in whole if ".layers." in k and "_proj." in k}
+    assert len(loaded) == len(set(loaded)) and set(loaded) == block_linears  # each read once, late
+    # And the sharded model loads and scores as the single-file one.
+    from engine.cache.paged import PagedKVCache
+    from engine.generation.step import score_tokens
+    from engine.model import load_model
+
+    logits = []
+    for d in ("one", "sharded"):
+        model = load_model(tmp_path / d, device="cpu", dtype=torch.float32)
+        logits.append(
+            score_tokens(model.module, PagedKVCache.for_model(model.spec, 16, page_size=16), [1, 5, 9])
+        )
+    assert torch.equal(*logits)
