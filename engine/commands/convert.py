@@ -24,13 +24,7 @@ def register(sub) -> None:
     p.add_argument("--cal-cols", type=int, default=2048, help="tokens per calibration row (default 2048)")
     add_allocation_args(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
-    p.add_argument(
-        "--states",
-        choices=("auto", "device", "host"),
-        default="auto",
-        help="where the calibration hidden states live: on the device where they fit (auto, the "
-        "default), or in host memory (slower; a 70B model's states take ~34 GB)",
-    )
+    add_states_arg(p)
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion")
     p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
     add_quantizer_args(p)
@@ -39,6 +33,20 @@ def register(sub) -> None:
     p.add_argument("--shard-size", type=int, default=8192, help="shard size in MiB (default 8192)")
     p.add_argument("--report", help="write the per-block error report here (JSON)")
     p.set_defaults(func=run)
+
+
+def add_states_arg(p: argparse.ArgumentParser) -> None:
+    """``--states`` (shared with ``convert_bench``)."""
+    from engine.quant.convert import STATE_PLACES
+
+    p.add_argument(
+        "--states",
+        choices=STATE_PLACES,
+        default="auto",
+        help="where the calibration hidden states live: on the device where they fit (auto, the "
+        "default), on the device (device), or in host memory (host: slower; a 70B model's states "
+        "take ~34 GB)",
+    )
 
 
 def add_allocation_args(p: argparse.ArgumentParser) -> None:

@@ -202,6 +202,17 @@ def kernel_throughput(
     return rows
 
 
+def peak_host_bytes() -> int | None:
+    """This process's peak resident memory so far (its high-water mark since it started); None
+    where the platform does not say (Windows has no ``resource`` module)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.commands.convert import quantizer_options
     from engine.quant.convert import ConvertOptions, convert_model
@@ -248,16 +259,25 @@ def run(args: argparse.Namespace) -> int:
         device=str(device),
         allocation=args.allocation,
         tf32=args.tf32,
+        states=args.states,
         **quantizer_options(args),
     )
     timer = StageTimer(device)
     timer.install()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     try:
         t = time.perf_counter()
         report = convert_model(src, dst, options, log=lambda m: print(m, flush=True))
         wall = time.perf_counter() - t
     finally:
         timer.uninstall()
+    # Memory does not grow with the layer count (one block is held at a time): the peaks of a
+    # few layers are the whole model's.
+    host = peak_host_bytes()
+    results["peak_host_gb"] = None if host is None else round(host / 1e9, 2)
+    if device.type == "cuda":
+        results["peak_device_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
     stages = timer.stages()
     block_s = [b["seconds"] for b in report.blocks if "seconds" in b]
     mean_block = sum(block_s) / max(len(block_s), 1)
@@ -294,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from engine.commands.convert import add_quantizer_args, add_tf32_arg
+    from engine.commands.convert import add_quantizer_args, add_states_arg, add_tf32_arg
     from engine.quant.codebooks import CODEBOOKS
     from engine.quant.convert import ALLOCATIONS
 
@@ -311,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     add_tf32_arg(p)
     add_quantizer_args(p)
+    add_states_arg(p)
     p.add_argument("--workdir", help="where to write the model and output (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument("--no-kernel-bench", dest="kernel_bench", action="store_false")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from engine.commands import convert_bench
@@ -56,3 +57,15 @@ def test_stage_timer_attributes_and_restores() -> None:
     stages = timer.stages()
     assert set(stages) == set(convert_bench.STAGES)
     assert stages["quantize_other"] == 0.0
+
+
+def test_peak_host_memory_is_this_process_high_water_mark() -> None:
+    from engine.commands.convert_bench import peak_host_bytes
+
+    before = peak_host_bytes()
+    if before is None:
+        pytest.skip("no resource module on this platform")
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB touched
+    after = peak_host_bytes()
+    assert 10 * 2**20 < before <= after < 64 * 2**30
+    assert after >= block.numel() * 4  # at least what is resident now
