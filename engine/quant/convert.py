@@ -17,8 +17,10 @@ reference layout, so that ExLlamaV3 and our loader read it alike.
 
 Memory: the source model is never loaded whole. Its blocks are read from the checkpoint onto
 the device one at a time, in float32 (:mod:`engine.quant.source_model`), so the weights need the
-largest block's memory plus the embedding; the calibration hidden states (``cal_rows x cal_cols x
-hidden`` floats, two copies while a block runs) stay on the device.
+largest block's memory plus the embedding. The calibration hidden states (``cal_rows x cal_cols x
+hidden`` floats, two copies while a block runs) stay on the device where they fit, and in host
+memory where they do not (``states``, :func:`state_device`). The output is written a shard at a
+time (:class:`WorkTensors`).
 
 Resume: each finished block's tensors go to ``<out>/.exl3_work/``; a rerun with ``resume`` loads
 them (after checking the job options match) and only re-runs the quantized block forward. The
@@ -968,7 +970,7 @@ def _convert_model(
         head_tensors = {f"{head_key}.weight": _fp16_copy(head_weight)}
     else:
         with torch.inference_mode():
-            if hidden.device == device:
+            if hidden.device.type == device.type:  # home is the device, or the host
                 x = source.shell.final_norm(hidden.reshape(-1, dim)).float()
                 head_h = x.T @ x / x.shape[0]
             else:  # states on the host: the same sum, a chunk of rows at a time on the device
