@@ -120,7 +120,8 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="FRACTION",
         help="share of the calibration text rows the model writes itself, each a run of snippets of "
-        "the calibration text continued by its own samples (0..1; default 0)",
+        "the calibration text continued by its own samples (0..1; default 0; the whole model is "
+        "loaded on the device while it writes)",
     )
 
 
