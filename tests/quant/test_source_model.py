@@ -58,7 +58,9 @@ def test_blocks_are_read_one_at_a_time_and_equal_the_loaded_model(exl3_dir: Path
         block = source.blocks[i]
         assert source.blocks[i] is block  # asked again: the same block, not read again
         assert reads and all(k.startswith(f"model.layers.{i}.") for k in reads)
-        for (name, p), (_, q) in zip(block.state_dict().items(), whole.blocks[i].state_dict().items()):
+        for (name, p), (_, q) in zip(
+            block.state_dict().items(), whole.blocks[i].state_dict().items(), strict=True
+        ):
             assert torch.equal(p, q), name
         for s in source.slots[i]:
             assert s.get() is not None and s.get().weight.device.type == "cpu"  # pointed at the block
