@@ -892,10 +892,10 @@ def _convert_model(
     chunk_rows = max(1, int(2**26 // (options.cal_cols * max(spec.intermediate_size, options.cal_cols))))
     copies = 3 if options.tune_steps > 0 and options.tune_target == "model" else 2
     home = state_device(options.states, device, ids.shape, spec.hidden_size, copies, per_block, log)
-    with torch.inference_mode():
-        rows = [source.shell.embed(ids[r : r + 1].to(device)).to(home) for r in range(ids.shape[0])]
-        hidden = torch.cat(rows).view(ids.shape[0], ids.shape[1], -1)
-        del rows
+    with torch.inference_mode():  # filled a row at a time: no second copy of the states
+        hidden = torch.empty(*ids.shape, spec.hidden_size, dtype=torch.float32, device=home)
+        for r in range(ids.shape[0]):
+            hidden[r] = source.shell.embed(ids[r : r + 1].to(device))[0]
     achieved, sensitivities = _allocate(blocks, per_block, hidden, chunk_rows, options, work, log)
     report = ConvertReport(bits=round(achieved, 2))
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
