@@ -319,9 +319,13 @@ def state_device(
     return torch.device("cpu")
 
 
-def _run_block(block: nn.Module, hidden: torch.Tensor, chunk_rows: int) -> torch.Tensor:
-    """Run one DecoderBlock over ``hidden`` ``(rows, cols, dim)`` in chunks of ``chunk_rows``."""
-    out = torch.empty_like(hidden)
+def _run_block(
+    block: nn.Module, hidden: torch.Tensor, chunk_rows: int, in_place: bool = False
+) -> torch.Tensor:
+    """Run one DecoderBlock over ``hidden`` ``(rows, cols, dim)`` in chunks of ``chunk_rows``;
+    ``in_place`` writes each chunk's output over its input (every row is its own sequence, so a
+    chunk is read whole before it is written), which saves a copy of the states."""
+    out = hidden if in_place else torch.empty_like(hidden)
     for r0 in range(0, hidden.shape[0], chunk_rows):
         out[r0 : r0 + chunk_rows] = run_rows(block, hidden[r0 : r0 + chunk_rows])
     return out
@@ -911,14 +915,14 @@ def _convert_model(
         saved = block_file(work, i)
         if exact is not None:
             with torch.inference_mode():
-                exact = _run_block(block, exact, chunk_rows)
+                exact = _run_block(block, exact, chunk_rows, in_place=True)
         if resume and saved.exists():
             tensors = load_file(str(saved), device=str(device))
             for s in slots:
                 sub = linear_tensors(tensors, s.key)
                 s.set(EXL3Linear.from_tensors(sub, s.in_features, s.out_features, None, name=s.key))
             with torch.inference_mode():
-                hidden = _run_block(block, hidden, chunk_rows)
+                hidden = _run_block(block, hidden, chunk_rows, in_place=True)
             log(f" -- block {i}: resumed from {saved.name}")
             report.blocks.append({"block": i, "resumed": True})
             progress((i + 1) / (n_blocks + 1), f"block {i + 1}/{n_blocks} (resumed)")
@@ -942,7 +946,7 @@ def _convert_model(
             target = reference if exact is None else exact
             lines.append(_tune_block(block, slots, block_tensors, hidden, target, options, i))
         with torch.inference_mode():
-            hidden = _run_block(block, hidden, chunk_rows)
+            hidden = _run_block(block, hidden, chunk_rows, in_place=True)
         rfn = float((hidden - reference).norm() / reference.norm())
         with _disk_errors(saved, work):
             # Written under another name and renamed: a block file is whole or absent, so a full
