@@ -17,7 +17,7 @@ reference layout, so that ExLlamaV3 and our loader read it alike.
 
 Memory: the source model is never loaded whole. Its blocks are read from the checkpoint onto
 the device one at a time, in float32 (:mod:`engine.quant.source_model`), so the weights need the
-largest block's memory plus the embedding. The calibration hidden states (``cal_rows x cal_cols x
+largest block's memory (the embedding lookup runs on the host). The calibration hidden states (``cal_rows x cal_cols x
 hidden`` floats, two copies while a block runs) stay on the device where they fit, and in host
 memory where they do not (``states``, :func:`state_device`). The output is written a shard at a
 time (:class:`WorkTensors`).
@@ -896,10 +896,7 @@ def _convert_model(
     chunk_rows = max(1, int(2**26 // (options.cal_cols * max(spec.intermediate_size, options.cal_cols))))
     copies = 3 if options.tune_steps > 0 and options.tune_target == "model" else 2
     home = state_device(options.states, device, ids.shape, spec.hidden_size, copies, per_block, log)
-    with torch.inference_mode():  # filled a row at a time: no second copy of the states
-        hidden = torch.empty(*ids.shape, spec.hidden_size, dtype=torch.float32, device=home)
-        for r in range(ids.shape[0]):
-            hidden[r] = source.shell.embed(ids[r : r + 1].to(device))[0]
+    hidden = source.embed_rows(ids, home)
     achieved, sensitivities = _allocate(blocks, per_block, hidden, chunk_rows, options, work, log)
     report = ConvertReport(bits=round(achieved, 2))
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}

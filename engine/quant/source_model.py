@@ -4,8 +4,8 @@ The converter needs the unquantized model's blocks in order (once for the sensit
 once to quantize them), its embedding (the calibration rows' first hidden states) and its final
 norm (the head's Hessian). Loaded whole in float32, as inference loads a model, that is 4 bytes
 per weight on the device: 32 GB for an 8B model, more than a 24 GB GPU holds, and 280 GB for a
-70B one. Here only the embedding, the final norm and the block being worked on are on the device.
-A block is built from the checkpoint when the converter reaches it and dropped when it moves on,
+70B one. Here only the final norm and the block being worked on are on the device (the
+calibration rows are embedded on the host, once). A block is built from the checkpoint when the converter reaches it and dropped when it moves on,
 so the weights take the largest block's memory (0.9 GB for the Llama-3.1-8B shape) however many
 layers the model has.
 
@@ -49,8 +49,8 @@ class _ShapeStore:
 
 class SourceModel:
     """The unquantized model at ``src`` for the converter: ``shell`` (a model without blocks: its
-    ``embed`` and ``final_norm``), ``blocks`` (built on access, one at a time) and ``slots`` (each
-    block's quantizable linears)."""
+    ``final_norm``, and its embedding until :meth:`embed_rows`), ``blocks`` (built on access, one
+    at a time) and ``slots`` (each block's quantizable linears)."""
 
     def __init__(self, src: str | Path, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         from engine.architectures import architecture_for
@@ -69,8 +69,9 @@ class SourceModel:
         with torch.inference_mode():
             self._builder = ModelBuilder(self.spec, self.names, self.store, dtype, device, context)
             self.rope = self._builder.rotary()
+            host = ModelBuilder(self.spec, self.names, self.store, dtype, "cpu", context)
             self.shell = CausalLM(
-                self._builder.embedding(),
+                host.embedding(),  # on the host: embed_rows is its only use
                 [],
                 self._builder.final_norm(),
                 nn.Identity(),  # the converter reads the head's weight from the store itself
@@ -84,6 +85,17 @@ class SourceModel:
                 for i in range(self.spec.num_layers)
             ]
         self.blocks = BlockStream(self)
+
+    def embed_rows(self, ids: torch.Tensor, home: torch.device) -> torch.Tensor:
+        """The first hidden states of the token rows ``ids`` ``(rows, cols)``, float32 on ``home``,
+        filled a row at a time. The lookup runs on the host (the embedding table, up to ~6 GB in
+        float32, never goes to the device) and the table is let go of afterwards."""
+        hidden = torch.empty(*ids.shape, self.spec.hidden_size, dtype=torch.float32, device=home)
+        with torch.inference_mode():
+            for r in range(ids.shape[0]):
+                hidden[r] = self.shell.embed(ids[r : r + 1].cpu())[0]
+        self.shell.embedding = None
+        return hidden
 
     def prefix(self, i: int) -> str:
         """Checkpoint key prefix of block ``i``."""

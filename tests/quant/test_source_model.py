@@ -181,3 +181,18 @@ def test_an_unknown_place_for_the_states_is_named_before_any_work(exl3_dir: Path
     with pytest.raises(ConvertError, match="'disk'.*auto, device, host"):
         convert_model(exl3_dir / "tiny-llama-hf", tmp_path / "out", options, log=lambda m: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_calibration_rows_are_embedded_once_on_the_host(exl3_dir: Path) -> None:
+    from engine.model import load_model
+    from engine.quant.source_model import SourceModel
+
+    src = exl3_dir / "tiny-llama-hf"
+    source = SourceModel(src, torch.device("cpu"))
+    assert source.shell.embedding.weight.device.type == "cpu"
+    ids = torch.randint(0, source.spec.vocab_size, (3, 16))
+    hidden = source.embed_rows(ids, torch.device("cpu"))
+    whole = load_model(src, device="cpu", dtype=torch.float32).module
+    assert hidden.shape == (3, 16, source.spec.hidden_size) and hidden.dtype == torch.float32
+    assert torch.equal(hidden, whole.embed(ids))
+    assert source.shell.embedding is None  # the table is let go of once the rows are embedded
