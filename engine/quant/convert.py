@@ -17,10 +17,10 @@ reference layout, so that ExLlamaV3 and our loader read it alike.
 
 Memory: the source model is never loaded whole. Its blocks are read from the checkpoint onto
 the device one at a time, in float32 (:mod:`engine.quant.source_model`), so the weights need the
-largest block's memory (the embedding lookup runs on the host). The calibration hidden states (``cal_rows x cal_cols x
-hidden`` floats, two copies while a block runs) stay on the device where they fit, and in host
-memory where they do not (``states``, :func:`state_device`). The output is written a shard at a
-time (:class:`WorkTensors`).
+largest block's memory (the embedding lookup runs on the host). The calibration hidden states
+(``cal_rows x cal_cols x hidden`` floats, two copies while a block runs) stay on the device where
+they fit, and in host memory where they do not (``states``, :func:`state_device`). The output is
+written a shard at a time (:class:`WorkTensors`).
 
 Resume: each finished block's tensors go to ``<out>/.exl3_work/``; a rerun with ``resume`` loads
 them (after checking the job options match) and only re-runs the quantized block forward. The

@@ -5,9 +5,9 @@ once to quantize them), its embedding (the calibration rows' first hidden states
 norm (the head's Hessian). Loaded whole in float32, as inference loads a model, that is 4 bytes
 per weight on the device: 32 GB for an 8B model, more than a 24 GB GPU holds, and 280 GB for a
 70B one. Here only the final norm and the block being worked on are on the device (the
-calibration rows are embedded on the host, once). A block is built from the checkpoint when the converter reaches it and dropped when it moves on,
-so the weights take the largest block's memory (0.9 GB for the Llama-3.1-8B shape) however many
-layers the model has.
+calibration rows are embedded on the host, once). A block is built from the checkpoint when the
+converter reaches it and dropped when it moves on, so the weights take the largest block's
+memory (0.9 GB for the Llama-3.1-8B shape) however many layers the model has.
 
 Every block's quantizable linears (:class:`~engine.quant.convert.LinearSlot`) are known up front,
 without reading a weight: the blocks are first built on PyTorch's ``meta`` device from the
