@@ -196,3 +196,20 @@ def test_the_calibration_rows_are_embedded_once_on_the_host(exl3_dir: Path) -> N
     assert hidden.shape == (3, 16, source.spec.hidden_size) and hidden.dtype == torch.float32
     assert torch.equal(hidden, whole.embed(ids))
     assert source.shell.embedding is None  # the table is let go of once the rows are embedded
+
+
+@pytest.mark.parametrize(("argv", "expected"), [([], "auto"), (["--states", "host"], "host")])
+def test_convert_passes_states_to_the_converter(tmp_path: Path, monkeypatch, argv, expected) -> None:
+    import engine.quant.convert as convert_mod
+    from engine.cli import main as cli_main
+
+    seen = {}
+
+    def record(src, out, options, resume=False, log=print, progress=None):
+        seen["options"] = options
+        return convert_mod.ConvertReport(bits=4.0)
+
+    monkeypatch.setattr(convert_mod, "convert_model", record)
+    assert cli_main(["convert", "-i", str(tmp_path), "-o", str(tmp_path / "out"), "-b", "4", *argv]) == 0
+    assert seen["options"].states == expected
+    assert "states" not in seen["options"].job_key()  # a resume may change where they live
