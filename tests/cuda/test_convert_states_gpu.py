@@ -56,4 +56,4 @@ def test_a_six_bit_head_from_host_states_matches_closely(exl3_dir: Path, tmp_pat
         rows, cols = head["lm_head.trellis"].shape[:2]  # 16x16 tiles: in x out
         heads[place] = EXL3Linear.from_tensors(head, rows * 16, cols * 16, None).weight
     rel = float((heads["host"] - heads["device"]).norm() / heads["device"].norm())
-    assert rel < 0.05, rel  # 6-bit quantization noise is ~0.03; a wrong Hessian gives far more
+    assert rel < 0.05, rel  # 6-bit noise is ~0.017 (MSE per K): two independent ones differ by ~0.025
