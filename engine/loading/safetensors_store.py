@@ -68,14 +68,21 @@ class TensorIndex:
         return any(k.startswith(prefix) for k in self._index())
 
 
-class WeightStore(TensorIndex):
-    """All tensors of a model directory, by name, read lazily from memory-mapped shards."""
+# safetensors' dtype names, for placeholders of stored tensors (WeightStore.meta)
+_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+_DTYPES |= {"I8": torch.int8, "U8": torch.uint8, "I16": torch.int16, "I32": torch.int32, "I64": torch.int64}
+_DTYPES |= {"BOOL": torch.bool}
 
-    def __init__(self, directory: str | Path) -> None:
+
+class WeightStore(TensorIndex):
+    """All tensors of a model directory, by name, read lazily from memory-mapped shards (or of
+    the safetensors ``files`` given, e.g. a conversion's finished blocks)."""
+
+    def __init__(self, directory: str | Path, files: Iterable[Path] | None = None) -> None:
         self.directory = Path(directory)
         self._file_of: dict[str, Path] = {}
         self._handles: dict[Path, object] = {}
-        for path in self._shard_paths():
+        for path in self._shard_paths() if files is None else files:
             _check_header(path)
             try:
                 handle = safe_open(str(path), framework="pt")
@@ -112,6 +119,11 @@ class WeightStore(TensorIndex):
 
     def shape(self, key: str) -> list[int]:
         return list(self._handle(key).get_slice(key).get_shape())
+
+    def meta(self, key: str) -> torch.Tensor:
+        """A ``meta`` tensor of the stored shape and dtype (nothing is read)."""
+        info = self._handle(key).get_slice(key)
+        return torch.empty(info.get_shape(), dtype=_DTYPES[info.get_dtype()], device="meta")
 
     def _handle(self, key: str):
         try:

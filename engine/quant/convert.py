@@ -20,7 +20,7 @@ the device one at a time, in float32 (:mod:`engine.quant.source_model`), so the 
 largest block's memory (the embedding lookup runs on the host). The calibration hidden states
 (``cal_rows x cal_cols x hidden`` floats, two copies while a block runs) stay on the device where
 they fit, and in host memory where they do not (``states``, :func:`state_device`). The output is
-written a shard at a time (:class:`WorkTensors`).
+written a shard at a time (placeholders for the finished blocks' tensors until then).
 
 Resume: each finished block's tensors go to ``<out>/.exl3_work/``; a rerun with ``resume`` loads
 them (after checking the job options match) and only re-runs the quantized block forward. The
@@ -577,31 +577,6 @@ def _module_entry(tensors: dict[str, torch.Tensor], bits: int | None, codebook: 
     return entry
 
 
-class WorkTensors:
-    """The tensors saved in a conversion's work files, read one at a time when needed: the
-    output of a large model is written a shard at a time instead of held in memory whole."""
-
-    _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "I16": torch.int16}
-    _DTYPES |= {"I32": torch.int32, "I64": torch.int64, "U8": torch.uint8, "I8": torch.int8}
-
-    def __init__(self, files: list[Path]) -> None:
-        from safetensors import safe_open
-
-        self._handles = [safe_open(str(f), "pt") for f in files]
-        self._file_of = {key: h for h in self._handles for key in h.keys()}
-
-    def placeholders(self) -> dict[str, torch.Tensor]:
-        """Every key with a ``meta`` tensor of its shape and dtype (nothing read)."""
-        out = {}
-        for key, h in self._file_of.items():
-            info = h.get_slice(key)
-            out[key] = torch.empty(info.get_shape(), dtype=self._DTYPES[info.get_dtype()], device="meta")
-        return out
-
-    def load(self, key: str) -> torch.Tensor:
-        return self._file_of[key].get_tensor(key)
-
-
 def write_output(
     src: Path,
     dst: Path,
@@ -812,6 +787,7 @@ def _convert_model(
 
     from engine.architectures import architecture_for
     from engine.config import ModelConfig
+    from engine.loading.safetensors_store import WeightStore
     from engine.model import load_model, resolve_device
     from engine.quant.source_model import SourceModel
 
@@ -999,8 +975,8 @@ def _convert_model(
     # Assemble the output in module order: embed, per layer (norms and linears), final norm, head.
     # The finished blocks' tensors stay in their work files until their shard is written.
     blocks.release()
-    finished = WorkTensors([block_file(work, i) for i in range(n_blocks)])
-    done = finished.placeholders()
+    finished = WeightStore(work, [block_file(work, i) for i in range(n_blocks)])
+    done = {key: finished.meta(key) for key in finished.keys()}
     quantized_keys = {s.key for s in all_slots}
     copied: set[str] = set()
 
@@ -1046,7 +1022,7 @@ def _convert_model(
         "converter": "trellis-chat",
     }
     with _disk_errors(dst, work):
-        write_output(src, dst, outputs, quant_config, options.codebook, options.shard_size_mb, finished.load)
+        write_output(src, dst, outputs, quant_config, options.codebook, options.shard_size_mb, finished.get)
     del finished  # closes the work files (Windows cannot remove a file that is open)
     shutil.rmtree(work)
     report.seconds = time.perf_counter() - t_start

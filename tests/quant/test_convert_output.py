@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 import engine.quant.convert as convert_mod
 import engine.quant.quantize as quantize_mod
+from engine.loading.safetensors_store import WeightStore
 
 
 def _convert(src: Path, dst: Path, shard_mb: int) -> None:
@@ -34,17 +35,18 @@ def test_a_sharded_output_holds_the_same_tensors_written_a_shard_at_a_time(
     whole = load_file(str(tmp_path / "one" / "model.safetensors"))
 
     events: list[tuple[str, object]] = []
-    real_load, real_save = convert_mod.WorkTensors.load, st.save_file
+    real_get, real_save = WeightStore.get, st.save_file
 
-    def load(self, key):
-        events.append(("load", key))
-        return real_load(self, key)
+    def get(self, key, *args, **kwargs):
+        if self.directory.name == convert_mod.WORK_DIR:  # the finished blocks, not the source
+            events.append(("load", key))
+        return real_get(self, key, *args, **kwargs)
 
     def save(tensors, path, *args, **kwargs):
         events.append(("save", (set(tensors), Path(path).parent)))
         return real_save(tensors, path, *args, **kwargs)
 
-    monkeypatch.setattr(convert_mod.WorkTensors, "load", load)
+    monkeypatch.setattr(WeightStore, "get", get)
     monkeypatch.setattr(st, "save_file", save)
     _convert(src, tmp_path / "sharded", 1)  # 1 MiB shards: the ~2 MB output takes several
 
@@ -91,3 +93,20 @@ def test_a_sharded_output_holds_the_same_tensors_written_a_shard_at_a_time(
             score_tokens(model.module, PagedKVCache.for_model(model.spec, 16, page_size=16), [1, 5, 9])
         )
     assert torch.equal(*logits)
+
+
+def test_a_store_of_given_files_holds_only_them_and_describes_each_tensor(
+    exl3_dir: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import save_file
+
+    src = load_file(str(exl3_dir / "tiny-llama-exl3-4.0bpw-h6-mul1" / "model.safetensors"))
+    layer0 = {k: v for k, v in src.items() if k.startswith("model.layers.0.")}
+    save_file(layer0, str(tmp_path / "block_0000.safetensors"))
+    save_file({"other": torch.zeros(3)}, str(tmp_path / "not_listed.safetensors"))
+    store = WeightStore(tmp_path, [tmp_path / "block_0000.safetensors"])
+    assert store.keys() == set(layer0)  # only the files given
+    for key, tensor in layer0.items():
+        meta = store.meta(key)
+        assert meta.is_meta and meta.shape == tensor.shape and meta.dtype == tensor.dtype, key
+        assert torch.equal(store.get(key), tensor)
