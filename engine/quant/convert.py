@@ -870,7 +870,9 @@ def _convert_model(
 
     # Rows per forward chunk: bound the attention score matrix and activations (~256 MB).
     chunk_rows = max(1, int(2**26 // (options.cal_cols * max(spec.intermediate_size, options.cal_cols))))
-    copies = 3 if options.tune_steps > 0 and options.tune_target == "model" else 2
+    # Tuning towards the unquantized model keeps its hidden state too: a third copy of the states.
+    tune_to_model = options.tune_steps > 0 and options.tune_target == "model"
+    copies = 3 if tune_to_model else 2
     home = state_device(options.states, device, ids.shape, spec.hidden_size, copies, per_block, log)
     hidden = source.embed_rows(ids, home)
     achieved, sensitivities = _allocate(blocks, per_block, hidden, chunk_rows, options, work, log)
@@ -882,7 +884,7 @@ def _convert_model(
     # The head and the output count as one more block's worth of the bar.
     progress(0.0, f"block 0/{n_blocks}")
     # The unquantized model's hidden state, for tuning towards it (tune_target "model").
-    exact = hidden.clone() if options.tune_steps > 0 and options.tune_target == "model" else None
+    exact = hidden.clone() if tune_to_model else None
     for i, (block, slots) in enumerate(zip(blocks, per_block)):
         t0 = time.perf_counter()
         saved = block_file(work, i)
@@ -951,11 +953,11 @@ def _convert_model(
                 x = source.shell.final_norm(hidden.reshape(-1, dim)).float()
                 head_h = x.T @ x / x.shape[0]
             else:  # states on the host: the same sum, a chunk of rows at a time on the device
-                head_h = torch.zeros(dim, dim, device=device)
+                hook = _HessianHook(dim, device)
                 for r0 in range(0, hidden.shape[0], chunk_rows):
                     x = source.shell.final_norm(hidden[r0 : r0 + chunk_rows].to(device).reshape(-1, dim))
-                    head_h.addmm_(x.float().T, x.float())
-                head_h /= hidden.shape[0] * hidden.shape[1]
+                    hook(source.shell, (x,))
+                head_h = hook.hessian()
         qt = quantize_weight(
             head_weight.float(),
             head_h,
