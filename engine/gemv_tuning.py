@@ -18,13 +18,20 @@ takes the kernel's choice. ``TRELLIS_GEMV_TUNE=0`` turns tuning off (the kernel'
 Within a process a shape always gets the same split count, so eager and graph-replayed calls stay
 bit-identical; another process may choose differently where two counts time alike (the outputs
 then differ in the order of fp32 additions only).
+
+A launch timed alone is not a launch between the other kernels of a decode step (chained, with
+the previous kernel's tail and the next one's weight prefetch beside it), so
+``engine.generation.step_tuning`` can revise the choices by timing whole steps: it learns a step's
+launch shapes from :func:`recorded_keys`, tries each shape's best few counts from
+:func:`ranked_candidates` through :func:`choose`, and keeps what makes the step fastest.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -38,6 +45,8 @@ _WARMUP = 2
 _ROUNDS = 5
 
 _chosen: dict[tuple, int] = {}
+_times: dict[tuple, dict[int, float]] = {}  # key -> split count -> ms of the timed graph
+_recording: list[set[tuple]] = []  # the key sets of the open recorded_keys() blocks
 
 
 def split_range(in_features: int, max_chunks_per_split: int, max_cluster: int) -> range:
@@ -80,6 +89,8 @@ def tuned_splits(
         variant,
         x.dtype,
     )
+    for keys in _recording:
+        keys.add(key)
     chosen = _chosen.get(key)
     if chosen is not None:
         return chosen
@@ -90,12 +101,16 @@ def tuned_splits(
     # Unchained: the timing copies were just written by kernels, and a chained GEMV may fetch its
     # first weight rows before the previous kernel has finished.
     with ops.chained_launches(x.device, enabled=False):
-        chosen = _measure(x, trellises, launch, candidates)
-    _chosen[key] = chosen
+        times = _measure(x, trellises, launch, candidates)
+    chosen = fastest(candidates, times.get)
+    _chosen[key], _times[key] = chosen, times
     return chosen
 
 
-def _measure(x: torch.Tensor, trellises: Sequence[torch.Tensor], launch, candidates: range) -> int:
+def _measure(
+    x: torch.Tensor, trellises: Sequence[torch.Tensor], launch, candidates: range
+) -> dict[int, float]:
+    """ms of the graph of every copy's launch, per split count that launches (none: no room)."""
     device = x.device
     per_copy = sum(t.numel() * t.element_size() for t in trellises)
     copies = max(1, min(_MAX_COPIES, math.ceil(_ROTATION_BYTES / max(per_copy, 1))))
@@ -106,7 +121,7 @@ def _measure(x: torch.Tensor, trellises: Sequence[torch.Tensor], launch, candida
             for _ in range(copies - 1)
         ]
     except torch.OutOfMemoryError:  # no room for the timing copies: the kernel's model decides
-        return 0
+        return {}
     suhs = [torch.ones(in_f, dtype=torch.float16, device=device) for _ in trellises]
     svhs = [torch.ones(t.shape[1] * 16, dtype=torch.float16, device=device) for t in trellises]
     ys = [torch.empty(x.shape[0], t.shape[1] * 16, dtype=x.dtype, device=device) for t in trellises]
@@ -138,9 +153,48 @@ def _measure(x: torch.Tensor, trellises: Sequence[torch.Tensor], launch, candida
         end.synchronize()
         return start.elapsed_time(end)
 
-    return fastest(candidates, time_one)  # the copies are freed on return
+    times = {}
+    for s in candidates:
+        t = time_one(s)
+        if t is not None:
+            times[s] = t
+    return times  # the copies are freed on return
+
+
+@contextmanager
+def recorded_keys() -> Iterator[set[tuple]]:
+    """Inside, every tuned launch adds its launch shape (key) to the yielded set."""
+    keys: set[tuple] = set()
+    _recording.append(keys)
+    try:
+        yield keys
+    finally:
+        _recording.remove(keys)
+
+
+def choice(key: tuple) -> int | None:
+    """The split count launches of ``key`` run with (None: not chosen yet)."""
+    return _chosen.get(key)
+
+
+def choose(key: tuple, splits: int) -> None:
+    """Make launches of ``key`` run with ``splits`` from now on (a count the launch accepts)."""
+    _chosen[key] = splits
+
+
+def ranked_candidates(key: tuple, limit: int) -> list[int]:
+    """Up to ``limit`` split counts of ``key``, fastest first by their time alone, starting with
+    the current choice (where one was timed)."""
+    times = _times.get(key, {})
+    ranked = sorted(times, key=lambda s: (times[s], s))
+    current = _chosen.get(key)
+    if current in times:
+        ranked.remove(current)
+        ranked.insert(0, current)
+    return ranked[:limit]
 
 
 def forget() -> None:
     """Drop every measured choice (tests; a changed GPU clock)."""
     _chosen.clear()
+    _times.clear()

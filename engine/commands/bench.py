@@ -75,6 +75,12 @@ def register(sub) -> None:
         action="store_true",
         help="also time decode (empty context) with the app's 'balanced' sampling instead of greedy",
     )
+    p.add_argument(
+        "--step-tune",
+        action="store_true",
+        help="also time decode with the GEMV split counts tuned on whole decode steps "
+        "(engine.generation.step_tuning), after the figures with the per-launch choice",
+    )
     p.add_argument("--no-peer", action="store_true", help="skip the transformers comparison")
     p.add_argument(
         "--peer-compile",
@@ -130,9 +136,45 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
         balanced = SamplingSettings(**PRESETS["app balanced"], seed=0)
         row["decode_sampled_tokens_per_s"] = median_of(lambda: decode(ctx_prompt[:1], balanced), args.repeats)
     kvb = gen.cache.nbytes / gen.cache.capacity
+    if getattr(args, "step_tune", False) and gen._use_graphs:
+        row.update(step_tuned_figures(model, args, tokens, bits, ctx_prompt))
     decode_bytes = module_decode_bytes(model.module, model.module.embedding.weight, kvb)
     row.update(roofline_fields(decode_bytes, bandwidth, row, args))
     return row
+
+
+def step_tuned_figures(model, args, tokens: int, bits, ctx_prompt: list[int]) -> dict[str, Any]:
+    """Decode figures again with a Generator that tunes the split counts on whole steps (its first
+    graph capture tunes; engine.generation.step_tuning), and what the tuning changed."""
+    from engine.generation import step_tuning
+    from engine.generation.generator import Generator
+    from engine.generation.job import Job
+
+    n, b = args.decode_tokens, args.batch
+    gen = Generator(
+        model, None, cache_tokens=tokens, max_batch_size=b, cache_bits=bits, tune_step_splits=True
+    )
+
+    def decode(prompt: list[int]) -> float:
+        jobs = [Job(prompt, n, sampling=SamplingSettings.greedy(), stop_token_ids=()) for _ in range(b)]
+        results = gen.generate(jobs)
+        return b * (n - 1) / max(max(r.timings.decode_s for r in results), 1e-9)
+
+    out: dict[str, Any] = {
+        "step_tuned_decode_tokens_per_s": median_of(lambda: decode(ctx_prompt[:1]), args.repeats),
+        "step_tuned_decode_ctx_tokens_per_s": median_of(lambda: decode(ctx_prompt), args.repeats),
+    }
+    tuning = step_tuning.last()
+    if tuning is not None:
+        _log(f"  step tuning: {tuning.summary()}")
+        out["step_tuning"] = {
+            "before_ms": round(tuning.before_ms, 4),
+            "after_ms": round(tuning.after_ms, 4),
+            "changes": {step_tuning.describe(k): list(v) for k, v in tuning.changes.items()},
+            "timings": tuning.timings,
+            "seconds": round(tuning.seconds, 1),
+        }
+    return out
 
 
 def roofline_fields(db: DecodeBytes, bandwidth: float, figures: dict, args) -> dict[str, Any]:
@@ -360,6 +402,13 @@ def format_table(r: dict) -> str:
         if "decode_sampled_tokens_per_s" in row:
             sampled = row["decode_sampled_tokens_per_s"]
             lines.append(f"{row['label']} decode with the app's 'balanced' sampling: {sampled:.1f} tok/s")
+    for row in r["rows"]:
+        if "step_tuned_decode_tokens_per_s" in row:
+            lines.append(
+                f"{row['label']} with split counts tuned on whole steps: decode "
+                f"{row['step_tuned_decode_tokens_per_s']:.1f} tok/s, at context "
+                f"{row['step_tuned_decode_ctx_tokens_per_s']:.1f} tok/s"
+            )
     if r.get("transformers", {}).get("note"):
         lines.append(f"note: {r['transformers']['note']}")
     return "\n".join(lines)

@@ -24,14 +24,19 @@ from collections.abc import Sequence
 
 import torch
 
-from engine import ops
+from engine import gemv_tuning, ops
 from engine.cache.paged import PagedKVCache
+from engine.generation import step_tuning
 from engine.generation.decode_inputs import DecodeInputs, decode_forward, is_decode_item, pages_needed
 from engine.generation.step import StepItem
 from engine.modules.decoder import CausalLM
 
 DISABLE_ENV = "TRELLIS_NO_GRAPHS"
 WARMUP_STEPS = 2
+# Step tuning (engine.generation.step_tuning) times a candidate as the median of these rounds of
+# replays of its captured step.
+TUNE_ROUNDS = 5
+TUNE_REPLAYS = 8
 
 
 def graphs_enabled() -> bool:
@@ -72,8 +77,12 @@ class DecodeGraphs:
         max_batch: int = 8,
         max_pages: int | None = None,
         min_pages: int = 8,
+        tune_splits: bool | None = None,
     ) -> None:
+        """``tune_splits``: before the first capture of a step shape, revise the GEMVs' split
+        counts by timing whole steps (engine.generation.step_tuning; default: ``TRELLIS_STEP_TUNE``)."""
         self.model, self.cache = model, cache
+        self.tune_splits = step_tuning.enabled() if tune_splits is None else tune_splits
         self.max_batch = max_batch
         self.max_pages = min(max_pages or cache.num_pages, cache.num_pages)
         self.min_pages = min_pages
@@ -166,10 +175,17 @@ class DecodeGraphs:
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream), gemv_tuning.recorded_keys() as keys:
                 for _ in range(WARMUP_STEPS):
                     decode_forward(self.model, self.cache, entry.inputs)
             torch.cuda.current_stream(self.device).wait_stream(stream)
+            if self.tune_splits:
+                tuning = step_tuning.tune_once(sorted(keys, key=repr), lambda: self._time_step(entry))
+                if tuning is not None:
+                    print(
+                        f"trellis: split counts tuned for the {describe_step(entry)}: {tuning.summary()}",
+                        file=sys.stderr,
+                    )
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
@@ -188,7 +204,36 @@ class DecodeGraphs:
         entry.keepalive = tuple(ops._workspaces.values())
         return True
 
+    def _time_step(self, entry: _Graph) -> float:
+        """ms of one replay of the step in ``entry.inputs`` captured with the current split counts
+        (its own graph and memory, freed on return): the median of :data:`TUNE_ROUNDS` rounds.
+        Every replay writes the same keys and values, as the warm-up does."""
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                decode_forward(self.model, self.cache, entry.inputs)
+            graph.replay()
+            rounds = []
+            for _ in range(TUNE_ROUNDS):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                for _ in range(TUNE_REPLAYS):
+                    graph.replay()
+                end.record(stream)
+                end.synchronize()
+                rounds.append(start.elapsed_time(end) / TUNE_REPLAYS)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        del graph
+        return sorted(rounds)[len(rounds) // 2]
+
     @property
     def captured(self) -> list[tuple[int, int]]:
         """(batch, pages) shapes captured so far."""
         return sorted(key for key, g in self._graphs.items() if g.graph is not None)
+
+
+def describe_step(entry: _Graph) -> str:
+    """The captured step's shape in words (log lines)."""
+    return f"decode step of batch {entry.inputs.batch} ({entry.inputs.max_pages} pages)"

@@ -177,6 +177,7 @@ class Generator:
         pipeline: bool | None = None,
         device_sampling: bool | None = None,
         batched_decode: bool | None = None,
+        tune_step_splits: bool | None = None,
     ) -> None:
         """``cuda_graphs``: replay decode steps from CUDA graphs on a CUDA model (default: yes,
         unless ``TRELLIS_NO_GRAPHS=1``). ``pipeline``: pipeline decode steps (greedy, and sampled
@@ -188,8 +189,11 @@ class Generator:
         steps that no graph replays (more rows than the graphs hold, or graphs off) through the
         fixed-shape decode path, one paged-attention launch per layer for every row, instead of
         attending row by row (default: on a CUDA model; on the CPU the row-by-row path reads the
-        cache in place and is the faster one)."""
+        cache in place and is the faster one). ``tune_step_splits``: before a decode step shape
+        is first captured, choose its GEMVs' split counts by timing whole steps
+        (engine.generation.step_tuning; default: ``TRELLIS_STEP_TUNE``)."""
         self.model, self.tokenizer = model, tokenizer
+        self._tune_step_splits = tune_step_splits
         if cache is None:
             tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
             cache = PagedKVCache.for_model(
@@ -368,7 +372,9 @@ class Generator:
 
     def _decode_graphs(self) -> DecodeGraphs:
         if self._graphs is None or self._graphs.cache is not self.cache:  # new cache: new graphs
-            self._graphs = DecodeGraphs(self.model.module, self.cache, max_batch=8)
+            self._graphs = DecodeGraphs(
+                self.model.module, self.cache, max_batch=8, tune_splits=self._tune_step_splits
+            )
         return self._graphs
 
     def _launch_greedy(self, items: list[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -58,7 +58,7 @@ def test_each_launch_shape_is_timed_once(monkeypatch):
     first = _chosen()
     assert len(first) == 1
     timed = []
-    monkeypatch.setattr(gemv_tuning, "_measure", lambda *a: timed.append(a) or 0)
+    monkeypatch.setattr(gemv_tuning, "_measure", lambda *a: timed.append(a) or {})
     ops.exl3_gemv(x, ts[0], suhs[0], svhs[0], "mcg", fast=True)  # same shape: cached
     assert timed == [] and _chosen() == first
     x2 = torch.randn(2, 2048, device="cuda", dtype=torch.float16)
