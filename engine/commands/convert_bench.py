@@ -93,12 +93,19 @@ def write_random_model(directory: Path, config: dict[str, Any], seed: int = 0) -
 
 
 class StageTimer:
-    """Wraps functions in the converter's modules to add their synchronised wall time to a stage."""
+    """Wraps functions in the converter's modules to add their synchronised wall time to a stage,
+    and on CUDA the peak device memory allocated while each runs (``stage_peaks``, bytes: the
+    peak counter is reset as a wrapped call starts and read as it ends; a call inside another
+    counts towards both). ``outside_stages`` is the peak while no wrapped call ran (the head's
+    Hessian, the per-block error, the output writing)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.seconds: dict[str, float] = defaultdict(float)
         self.viterbi_tiles = 0
+        self.stage_peaks: dict[str, int] = defaultdict(int)
+        self.overall_peak = 0  # the whole run's peak (the counter is reset for every stage)
+        self._open: list[list[int]] = []  # running peaks of the wrapped calls in progress
         self._undo: list[Callable[[], None]] = []
         self._exclusive = False  # inside an exclusive stage: other wrapped calls are not timed
 
@@ -106,8 +113,49 @@ class StageTimer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def wrap(self, module: Any, name: str, stage: Callable[[tuple], str], exclusive: bool = False) -> None:
-        """Time ``module.name`` into ``stage(args)``; an ``exclusive`` stage owns all of its time."""
+    def _fold_peak(self) -> None:
+        """Credit the peak since the last reset to every call in progress (or to the time outside
+        them) and to the whole run."""
+        peak = torch.cuda.max_memory_allocated(self.device)
+        for running in self._open:
+            running[0] = max(running[0], peak)
+        if not self._open:
+            self.stage_peaks["outside_stages"] = max(self.stage_peaks["outside_stages"], peak)
+        self.overall_peak = max(self.overall_peak, peak)
+
+    def _enter_peak(self) -> None:
+        if self.device.type == "cuda":
+            self._fold_peak()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._open.append([0])
+
+    def _exit_peak(self, stage: str) -> None:
+        if self.device.type == "cuda":
+            self._fold_peak()
+            peak = self._open.pop()[0]
+            self.stage_peaks[stage] = max(self.stage_peaks[stage], peak)
+            # Already credited to every call still open: what follows starts its own count.
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def finish_peaks(self) -> None:
+        """Fold in the peak since the last wrapped call (call once the run is over)."""
+        if self.device.type == "cuda":
+            self._fold_peak()
+
+    def peaks_gb(self) -> dict[str, float]:
+        """The per-stage peaks in GB (empty off CUDA)."""
+        return {k: round(v / 1e9, 2) for k, v in sorted(self.stage_peaks.items())}
+
+    def wrap(
+        self,
+        module: Any,
+        name: str,
+        stage: Callable[[tuple], str],
+        exclusive: bool = False,
+        peak: str | None = None,
+    ) -> None:
+        """Time ``module.name`` into ``stage(args)``; an ``exclusive`` stage owns all of its time.
+        Its device peak goes under ``peak`` (default: the stage's name)."""
         original = getattr(module, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -116,12 +164,15 @@ class StageTimer:
             self._sync()
             t = time.perf_counter()
             self._exclusive = exclusive
+            self._enter_peak()
             try:
                 return original(*args, **kwargs)
             finally:
                 self._exclusive = False
                 self._sync()
-                self.seconds[stage(args)] += time.perf_counter() - t
+                named = stage(args)
+                self.seconds[named] += time.perf_counter() - t
+                self._exit_peak(peak or named)
 
         setattr(module, name, timed)
         self._undo.append(lambda: setattr(module, name, original))
@@ -143,8 +194,9 @@ class StageTimer:
         self.wrap(sensitivity, "measure_sensitivity", lambda a: "sensitivity", exclusive=True)
         self.wrap(convert, "_run_block", forward_stage)
         self.wrap(convert, "capture_hessians", lambda a: "hessian_forward")  # --sequential's
-        self.wrap(convert, "quantize_weights", lambda a: "quantize_total")  # a block's linears
-        self.wrap(convert, "quantize_weight", lambda a: "quantize_total")  # the head
+        # a block's linears, and the head
+        self.wrap(convert, "quantize_weights", lambda a: "quantize_total", peak="quantize_block")
+        self.wrap(convert, "quantize_weight", lambda a: "quantize_total", peak="quantize_head")
         self.wrap(quantize, "encode_tiles", viterbi_stage)
         self.wrap(quantize, "block_ldl", lambda a: "ldl")
         self.wrap(quantize, "pack_states", lambda a: "packing")
@@ -272,12 +324,16 @@ def run(args: argparse.Namespace) -> int:
         wall = time.perf_counter() - t
     finally:
         timer.uninstall()
+        timer.finish_peaks()
     # Memory does not grow with the layer count (one block is held at a time): the peaks of a
     # few layers are the whole model's.
     host = peak_host_bytes()
     results["peak_host_gb"] = None if host is None else round(host / 1e9, 2)
     if device.type == "cuda":
-        results["peak_device_gb"] = round(torch.cuda.max_memory_allocated(device) / 1e9, 2)
+        results["peak_device_gb"] = round(timer.overall_peak / 1e9, 2)
+        # Where it is: the peak while each wrapped stage ran (quantize_block / quantize_head are
+        # quantize_weights and the head's quantize_weight, Viterbi, LDL and refit included).
+        results["stage_peak_device_gb"] = timer.peaks_gb()
     stages = timer.stages()
     block_s = [b["seconds"] for b in report.blocks if "seconds" in b]
     mean_block = sum(block_s) / max(len(block_s), 1)

@@ -261,13 +261,21 @@ def run_rows(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """One DecoderBlock over ``hidden`` ``(n, cols, dim)``, each row its own causal sequence, in one
     forward (autograd sees through it where its inputs or weights need gradients). It runs where
     the block is; the output goes where ``hidden`` is (the host, when the states are kept there)."""
+    return forward_rows(block, hidden).to(hidden.device)
+
+
+def forward_rows(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """:func:`run_rows` with the output left on the block's device: what runs there next (the
+    tuning loss, a norm, a copy into a page-locked host buffer) then reads it without a round trip
+    through host memory, and computes the same numbers whether the states live on the host or
+    on the device."""
     from engine.cache.paged import PagedKVCache
     from engine.modules.batch import BatchLayout, SequenceSlice
 
     n, cols, dim = hidden.shape
     attn = block.attention
     device = block_device(block)
-    home, hidden = hidden.device, hidden.to(device)
+    hidden = hidden.to(device, non_blocking=True)  # page-locked host states copy asynchronously
     # One page per row: row i owns slots i*cols .. (i+1)*cols - 1.
     cache = PagedKVCache(1, attn.num_kv_heads, attn.head_dim, n, cols, hidden.dtype, device).layer(0)
     seqs = [
@@ -276,7 +284,7 @@ def run_rows(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     ]
     positions = torch.arange(cols, device=device).repeat(n)
     batch = BatchLayout(seqs, positions, torch.arange(n * cols, device=device))
-    return block(hidden.reshape(n * cols, dim), batch, cache).view(n, cols, dim).to(home)
+    return block(hidden.reshape(n * cols, dim), batch, cache).view(n, cols, dim)
 
 
 STATE_PLACES = ("auto", "device", "host")
@@ -320,15 +328,106 @@ def state_device(
 
 
 def _run_block(
-    block: nn.Module, hidden: torch.Tensor, chunk_rows: int, in_place: bool = False
+    block: nn.Module,
+    hidden: torch.Tensor,
+    chunk_rows: int,
+    in_place: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run one DecoderBlock over ``hidden`` ``(rows, cols, dim)`` in chunks of ``chunk_rows``;
     ``in_place`` writes each chunk's output over its input (every row is its own sequence, so a
-    chunk is read whole before it is written), which saves a copy of the states."""
-    out = hidden if in_place else torch.empty_like(hidden)
+    chunk is read whole before it is written), which saves a copy of the states; ``out`` (a buffer
+    like ``hidden``) receives the output instead of a new one, so host states are not allocated
+    (and page-faulted in) again for every block.
+
+    Host states on a CUDA device: each chunk's output is copied straight from the device into its
+    rows of ``out`` without waiting (from page-locked memory that runs while the next chunk is
+    queued); one synchronisation at the end makes ``out`` readable."""
+    if out is None:
+        out = hidden if in_place else torch.empty_like(hidden)
+    device = block_device(block)
+    asynchronous = out.device.type == "cpu" and device.type == "cuda"
     for r0 in range(0, hidden.shape[0], chunk_rows):
-        out[r0 : r0 + chunk_rows] = run_rows(block, hidden[r0 : r0 + chunk_rows])
+        rows = forward_rows(block, hidden[r0 : r0 + chunk_rows])
+        out[r0 : r0 + chunk_rows].copy_(rows, non_blocking=asynchronous)
+    if asynchronous:
+        torch.cuda.synchronize(device)
     return out
+
+
+def relative_frobenius(
+    output: torch.Tensor, reference: torch.Tensor, chunk_rows: int, device: torch.device
+) -> float:
+    """``||output - reference|| / ||reference||`` over states ``(rows, cols, dim)``, a chunk of
+    ``chunk_rows`` rows at a time on ``device`` with float64 sums: no state-sized temporary (8.4 GB
+    for an 8B model's calibration), and the same number whether the states live on the host or on
+    the device (a float32 norm over 2e9 host values is off in the third digit)."""
+    num = torch.zeros((), dtype=torch.float64, device=device)
+    den = torch.zeros((), dtype=torch.float64, device=device)
+    for r0 in range(0, reference.shape[0], chunk_rows):
+        ref = reference[r0 : r0 + chunk_rows].to(device).double()
+        num += (output[r0 : r0 + chunk_rows].to(device).double() - ref).pow(2).sum()
+        den += ref.pow(2).sum()
+    return float(num.sqrt() / den.sqrt()) if float(den) > 0 else 0.0
+
+
+class HostPins:
+    """Page-locks (pins) host tensors in place for fast copies to and from a CUDA ``device``.
+
+    Pageable host memory is copied through a driver staging buffer at a fraction of PCIe speed;
+    registering the tensor's own pages (``cudaHostRegister``) pins exactly its bytes, where
+    ``pin_memory=True`` would round an 8.4 GB buffer up to a 16 GB power-of-two block. A tensor
+    stays referenced here until :meth:`unpin` or :meth:`release` (unregistering freed memory is
+    an error). For any other device (a CPU conversion) nothing is touched: CUDA is never
+    initialised. Where registration fails the tensor stays pageable (slower, same results) and
+    a note is logged."""
+
+    def __init__(self, device: torch.device, log: Callable[[str], None]) -> None:
+        self.device = device
+        self.log = log
+        self._pinned: dict[int, torch.Tensor] = {}  # data pointer -> tensor
+
+    def __enter__(self) -> HostPins:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def pin(self, t: torch.Tensor) -> bool:
+        """Page-lock ``t``'s memory (a contiguous host tensor); False where it was not."""
+        if self.device.type != "cuda" or t.device.type != "cpu" or t.numel() == 0:
+            return False
+        ptr = t.data_ptr()
+        if ptr in self._pinned:
+            return True
+        cudart = torch.cuda.cudart()
+        register = getattr(cudart, "cudaHostRegister", None)
+        if register is None or not t.is_contiguous():
+            self.log(" -- note: host states stay in pageable memory (cannot page-lock them here)")
+            return False
+        err = int(register(ptr, t.numel() * t.element_size(), 0))
+        if err != 0:
+            clear = getattr(cudart, "cudaGetLastError", None)
+            if clear is not None:
+                clear()  # the failure is handled here; later kernel checks must not report it
+            gb = t.numel() * t.element_size() / 1e9
+            self.log(
+                f" -- note: could not page-lock {gb:.1f} GB of host states (CUDA error {err}); "
+                "they stay pageable: slower copies, same results"
+            )
+            return False
+        self._pinned[ptr] = t
+        return True
+
+    def unpin(self, t: torch.Tensor) -> None:
+        """Unregister ``t`` (if pinned here) and let go of it."""
+        if self._pinned.pop(t.data_ptr() if t.numel() else -1, None) is not None:
+            torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+
+    def release(self) -> None:
+        """Unregister every pinned tensor (before they can be freed)."""
+        for t in list(self._pinned.values()):
+            self.unpin(t)
 
 
 class _HessianHook:
@@ -400,7 +499,7 @@ def capture_hessians(
         with torch.inference_mode():
             for r0 in range(0, hidden.shape[0], chunk_rows):
                 try:
-                    run_rows(block, hidden[r0 : r0 + chunk_rows])
+                    forward_rows(block, hidden[r0 : r0 + chunk_rows])
                 except _Captured:
                     pass
     finally:
@@ -504,6 +603,7 @@ def _allocate(
     options: ConvertOptions,
     work: Path,
     log: Callable[[str], None],
+    device: torch.device | None = None,
 ) -> tuple[float, dict]:
     """Set ``bits`` on every slot by ``options.allocation`` and log the result; returns the
     achieved bits per weight and the sensitivities by key (empty for ``uniform`` or when the bits
@@ -527,18 +627,26 @@ def _allocate(
         k_ref = min(max(int(math.floor(options.bits)), lo), hi)
         rows = calibration_subset(hidden.shape[0], options.sensitivity_rows).to(hidden.device)
         log(f" -- sensitivity pre-pass: {len(rows)} rows, K_ref={k_ref}, K in {lo}..{hi}")
-        sensitivities = measure_sensitivity(
-            blocks,
-            per_block,
-            hidden.index_select(0, rows),
-            k_ref,
-            chunk_rows,
-            range(lo, hi + 1),
-            seed=options.seed,
-            out_scales=options.out_scales,
-            damping=options.damping,
-            log=log,
-        )
+        # The subset is the pre-pass's own copy (it may overwrite it); with host states, it and
+        # the pre-pass's buffers are page-locked while it runs (HostPins).
+        with HostPins(device or hidden.device, log) as pins:
+            subset = hidden.index_select(0, rows)
+            pins.pin(subset)
+            sensitivities = measure_sensitivity(
+                blocks,
+                per_block,
+                subset,
+                k_ref,
+                chunk_rows,
+                range(lo, hi + 1),
+                seed=options.seed,
+                out_scales=options.out_scales,
+                damping=options.damping,
+                log=log,
+                pin=pins.pin,
+                own_hidden=True,
+            )
+            del subset
         sens = [sensitivities[s.key] for s in all_slots]
         chosen = greedy_bits([x.weights for x in sens], [x.at for x in sens], options.bits)
         for s, k in zip(all_slots, chosen):
@@ -730,7 +838,7 @@ def _tune_block(
         s.set(layers[-1])
     make_trainable(block)
     tune = TuneOptions(steps=options.tune_steps, lr=options.tune_lr, seed=options.seed * 7919 + index)
-    result = tune_block_scales(lambda h: run_rows(block, h), layers, hidden, reference, tune)
+    result = tune_block_scales(tuning_runner(block), layers, hidden, reference, tune)
     for s, layer in zip(slots, layers):
         suh, svh = layer.scales(tensors[f"{s.key}.suh"], tensors[f"{s.key}.svh"])
         tensors[f"{s.key}.suh"], tensors[f"{s.key}.svh"] = suh, svh
@@ -741,6 +849,13 @@ def _tune_block(
         f"    scale tuning: held-out error {result.before:.3e} -> {result.after:.3e} ({verdict}, "
         f"{options.tune_steps} steps, {result.seconds:.1f} s)"
     )
+
+
+def tuning_runner(block: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The block as :func:`~engine.quant.finetune.tune_block_scales` runs it: rows in, output left
+    on the block's device (:func:`forward_rows`), so the loss and its backward run there whether
+    the states live on the host or the device: the same rounding either way (and GPU speed)."""
+    return lambda rows: forward_rows(block, rows)
 
 
 def lockstep_groups(slots: list[LinearSlot]) -> list[list[LinearSlot]]:
@@ -771,8 +886,11 @@ def convert_model(
     ``progress(fraction, message)``, if given, follows the blocks (with an ETA) to 1.0 at the end."""
     from engine.model import resolve_device
 
-    with calibration_matmuls(resolve_device(options.device), options.tf32):
-        return _convert_model(src, dst, options, resume, log, progress or (lambda fraction, message: None))
+    device = resolve_device(options.device)
+    with calibration_matmuls(device, options.tf32), HostPins(device, log) as pins:
+        return _convert_model(
+            src, dst, options, resume, log, progress or (lambda fraction, message: None), pins
+        )
 
 
 def _convert_model(
@@ -782,6 +900,7 @@ def _convert_model(
     resume: bool,
     log: Callable[[str], None],
     progress: Callable[[float, str], None],
+    pins: HostPins,
 ) -> ConvertReport:
     from safetensors.torch import load_file, save_file
 
@@ -875,7 +994,8 @@ def _convert_model(
     copies = 3 if tune_to_model else 2
     home = state_device(options.states, device, ids.shape, spec.hidden_size, copies, per_block, log)
     hidden = source.embed_rows(ids, home)
-    achieved, sensitivities = _allocate(blocks, per_block, hidden, chunk_rows, options, work, log)
+    pins.pin(hidden)  # host states: page-locked for PCIe-speed copies (HostPins)
+    achieved, sensitivities = _allocate(blocks, per_block, hidden, chunk_rows, options, work, log, device)
     report = ConvertReport(bits=round(achieved, 2))
     report.sensitivity = {key: asdict(sens) for key, sens in sensitivities.items()}
     block_times: list[float] = []
@@ -885,6 +1005,11 @@ def _convert_model(
     progress(0.0, f"block 0/{n_blocks}")
     # The unquantized model's hidden state, for tuning towards it (tune_target "model").
     exact = hidden.clone() if tune_to_model else None
+    if exact is not None:
+        pins.pin(exact)
+    # The unquantized block's output: one buffer for every block (host states are then not
+    # allocated and page-faulted in again for each block), made when the first block needs it.
+    reference: torch.Tensor | None = None
     for i, (block, slots) in enumerate(zip(blocks, per_block)):
         t0 = time.perf_counter()
         saved = block_file(work, i)
@@ -907,8 +1032,11 @@ def _convert_model(
         # quantized, so its Hessian is that of the inputs it will see at inference.
         stages = input_groups(slots) if options.sequential else [slots]
         hooks, handles = hessian_hooks(stages[0], device)
+        if reference is None:
+            reference = torch.empty_like(hidden)
+            pins.pin(reference)
         with torch.inference_mode():
-            reference = _run_block(block, hidden, chunk_rows)
+            _run_block(block, hidden, chunk_rows, out=reference)
         for h in handles:
             h.remove()
         block_tensors: dict[str, torch.Tensor] = {}
@@ -922,7 +1050,7 @@ def _convert_model(
             lines.append(_tune_block(block, slots, block_tensors, hidden, target, options, i))
         with torch.inference_mode():
             hidden = _run_block(block, hidden, chunk_rows, in_place=True)
-        rfn = float((hidden - reference).norm() / reference.norm())
+        rfn = relative_frobenius(hidden, reference, chunk_rows, block_device(block))
         with _disk_errors(saved, work):
             # Written under another name and renamed: a block file is whole or absent, so a full
             # disk or a kill mid-write never leaves one that breaks --resume.
@@ -938,6 +1066,13 @@ def _convert_model(
         report.blocks.append({"block": i, "rfn": rfn, "seconds": dt, "bits": [s.bits for s in slots]})
         progress((i + 1) / (n_blocks + 1), f"block {i + 1}/{n_blocks}, ETA {format_duration(remaining)}")
 
+    # The head needs only the quantized model's state: let the other copies go first (on the
+    # device they would otherwise sit beside the head's quantization, its largest step).
+    for spare in (reference, exact):
+        if spare is not None:
+            pins.unpin(spare)
+    reference = exact = spare = None
+
     # Head: Hessian of the final-normed hidden state.
     head_key = names.lm_head
     dim = spec.hidden_size
@@ -949,15 +1084,19 @@ def _convert_model(
         head_tensors = {f"{head_key}.weight": _fp16_copy(head_weight)}
     else:
         with torch.inference_mode():
-            if hidden.device.type == device.type:  # home is the device, or the host
+            if device.type == "cpu":  # a CPU conversion: in one product, as it always was
                 x = source.shell.final_norm(hidden.reshape(-1, dim)).float()
                 head_h = x.T @ x / x.shape[0]
-            else:  # states on the host: the same sum, a chunk of rows at a time on the device
+                del x
+            else:
+                # On a GPU, wherever the states live: the same sum a chunk of rows at a time, so
+                # the normed states (8.4 GB for an 8B model) never exist whole on the device.
                 hook = _HessianHook(dim, device)
                 for r0 in range(0, hidden.shape[0], chunk_rows):
                     x = source.shell.final_norm(hidden[r0 : r0 + chunk_rows].to(device).reshape(-1, dim))
                     hook(source.shell, (x,))
                 head_h = hook.hessian()
+                del x, hook
         qt = quantize_weight(
             head_weight.float(),
             head_h,

@@ -237,7 +237,9 @@ class Incoherent:
     w: torch.Tensor  # (n_in, n_out): the weight after the output side, (W / sv) . H_out
     sv: torch.Tensor  # (n_out,) fp16 output scales (signs times column RMS)
     su: torch.Tensor  # (n_in,) float32 input scales before the global scale (signs times row RMS)
-    unit: torch.Tensor  # (n_in, n_out): H_in . diag(1/su) . w, rows of unit RMS
+    # (n_in, n_out): H_in . diag(1/su) . w, rows of unit RMS; quantize_weights drops it once the
+    # scale is chosen (a head-sized copy that nothing after the scale search reads).
+    unit: torch.Tensor | None
     dead: torch.Tensor  # (n_out,) bool: all-zero (or padding) output columns
 
 
@@ -340,6 +342,8 @@ class _InFlight:
     search: _ScaleSearch | None = None  # the LDLQ-aware scale search, while it is pending
     target: torch.Tensor | None = None
     suh: torch.Tensor | None = None
+    states: torch.Tensor | None = None  # LDLQ's result, until _finish packs it
+    q: torch.Tensor | None = None
 
 
 def _lockstep(items: list[_InFlight], problem) -> list:
@@ -389,6 +393,7 @@ def quantize_weights(
             flight.scale = choose_scale(inc.unit, job.bits, table, gen=gen)
         else:
             flight.search = _scale_search(inc.unit, h_rot, lower, table, gen)
+        inc.unit = None
         flights.append(flight)
 
     searching = [f for f in flights if f.search is not None]
@@ -400,31 +405,64 @@ def quantize_weights(
     for f in flights:
         f.suh = fp16_scale(f.inc.su / f.scale)
         f.target = blockwise_hadamard(f.inc.w / f.suh.float().unsqueeze(1), dim=0)
-    results = _lockstep(flights, lambda f: (f.target, f.lower.float() if f.lower is not None else None))
-    return [_finish(f, states, q, codebook, refit) for f, (states, q) in zip(flights, results)]
+    # The flights own their results (not a list beside them), so _finish can let each go early.
+    for f, (states, q) in zip(
+        flights, _lockstep(flights, lambda f: (f.target, f.lower.float() if f.lower is not None else None))
+    ):
+        f.states, f.q = states, q
+    states = q = None
+    return [_finish(f, codebook, refit) for f in flights]
 
 
-def _finish(
-    f: _InFlight, states: torch.Tensor, q: torch.Tensor, codebook: str, refit: bool
-) -> QuantizedTensors:
-    """Proxy error, step 5 and packing for one job."""
-    target, h_rot = f.target, f.h_rot
+# Elements per float64 column block of the proxy error (256 MB), and tiles per packing step: a
+# head's whole-matrix float64 copies (4.2 GB each for an 8B model's) and packing's K int32 bits
+# per weight (12.6 GB at K=6) were its largest allocations on the device.
+PROXY_BLOCK = 1 << 25
+PACK_TILES = 1 << 16
+
+
+def _proxy_error(target: torch.Tensor, q: torch.Tensor, h_rot: torch.Tensor | None) -> float:
+    """``tr(E^T H E) / tr(T^T H T)`` (``E = T - Q``; ``H`` None: the identity), summed over
+    column blocks in float64. ``tr(E^T H E)`` is ``sum((H E) * E)``: never the (out x out)
+    product (an LM head has out = vocab, which would be 128k x 128k)."""
+    width = max(1, PROXY_BLOCK // max(target.shape[0], 1))
+    num = den = 0.0
+    for c0 in range(0, target.shape[1], width):
+        part = target[:, c0 : c0 + width]
+        e = (part - q[:, c0 : c0 + width]).double()
+        t = part.double()
+        if h_rot is not None:
+            num += float(((h_rot @ e) * e).sum())
+            den += float(((h_rot @ t) * t).sum())
+        else:
+            num += float(e.pow(2).sum())
+            den += float(t.pow(2).sum())
+    if den == 0:
+        return float("nan") if num == 0 else float("inf")
+    return num / den
+
+
+def _pack(states: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`pack_states` a bounded number of tiles at a time (each tile packs on its own)."""
+    rows = max(1, PACK_TILES // max(states.shape[1], 1))
+    return torch.cat([pack_states(states[r0 : r0 + rows], k) for r0 in range(0, states.shape[0], rows)])
+
+
+def _finish(f: _InFlight, codebook: str, refit: bool) -> QuantizedTensors:
+    """Proxy error, step 5 and packing for one job; lets go of its target and states (and q at
+    the end) so the refit runs without them."""
+    q, h_rot = f.q, f.h_rot
     # Proxy error in the rotated basis (the loss LDLQ minimises), relative to the target's.
-    e = (target - q).double()
-    if h_rot is not None:
-        # trace(E^T H E) as sum((H E) * E): never forms the (out x out) product (an LM head has
-        # out = vocab, which would be 128k x 128k).
-        t = target.double()
-        proxy = float(((h_rot @ e) * e).sum() / ((h_rot @ t) * t).sum())
-    else:
-        proxy = float(e.pow(2).sum() / target.double().pow(2).sum())
+    proxy = _proxy_error(f.target, q, h_rot)
+    trellis = _pack(f.states, f.job.bits)
+    f.target = f.states = f.q = None
 
     suh, svh = f.suh, f.inc.sv.clone()
     fit = None
     if refit and h_rot is not None:
         suh, svh, fit = _refit(f.inc, f.job.hessian, suh, q)
+    del q
     svh[f.inc.dead] = 0  # padded / all-zero output columns give exactly zero outputs
-    trellis = pack_states(states, f.job.bits)
     return QuantizedTensors(trellis, suh, svh, codebook, f.job.bits, proxy, f.scale, f.damping, fit)
 
 

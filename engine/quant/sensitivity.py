@@ -79,9 +79,11 @@ def ldlq_errors(h: torch.Tensor, lower: torch.Tensor | None, mses: Sequence[floa
         return [mse * float(h.diagonal().sum()) for mse in mses]
     eye = torch.eye(lower.shape[0], dtype=torch.float64, device=lower.device)
     l_inv = torch.linalg.solve_triangular(lower.double(), eye, upper=False, unitriangular=True)
-    weight = ((l_inv @ h) * l_inv).sum(1)  # diag(L^-1 H L^-T): the cost of each strip error
+    # diag(L^-1 H L^-T): the cost of each strip error (the product scaled in place: one
+    # n x n float64 temporary fewer, 1.6 GB for an 8B model's down projection).
+    weight = (l_inv @ h).mul_(l_inv).sum(1)
     gain = (eye - l_inv.T).pow_(2)  # feedback: strip target error = (I - L^-T) eta
-    del l_inv
+    del l_inv, eye
     out = []
     for mse in mses:
         v = torch.full_like(weight, mse)
@@ -134,17 +136,32 @@ def predicted_proxy(weight: torch.Tensor, hessian: torch.Tensor, k: int, **kwarg
     return predicted_proxies(weight, hessian, [k], **kwargs)[k]
 
 
-def relative_change(noisy: torch.Tensor, clean: torch.Tensor) -> tuple[float, float]:
+def relative_change(
+    noisy: torch.Tensor,
+    clean: torch.Tensor,
+    chunk_rows: int | None = None,
+    device: torch.device | None = None,
+) -> tuple[float, float]:
     """``(per-token, global)`` relative squared change of block outputs ``(rows, cols, dim)``:
     the mean over tokens of ``||d_t||^2 / ||y_t||^2``, and ``||d||^2 / ||y||^2``.
+
+    ``chunk_rows``: the per-token sums are taken that many rows at a time on ``device`` (default:
+    where the outputs are), so the float64 copies are a chunk's, not the outputs' (three of
+    2.1 GB for an 8B model's 32 pre-pass rows), and host-held outputs are summed on the GPU.
 
     The per-token form is the one used: the next block sees each token through an RMSNorm, so
     what matters is each token's error relative to that token. The global ratio is dominated by
     the few tokens with massive activations (SmolLM2's residual RMS jumps ~10x at block 12 from
     a handful of positions), which made every linear past that block look ~100x less sensitive.
     """
-    d = (noisy.double() - clean.double()).pow(2).sum(-1)
-    y = clean.double().pow(2).sum(-1)
+    step = chunk_rows or max(clean.shape[0], 1)
+    ds, ys = [], []
+    for r0 in range(0, clean.shape[0], step):
+        a = noisy[r0 : r0 + step].to(device or noisy.device)
+        b = clean[r0 : r0 + step].to(device or clean.device)
+        ds.append((a.double() - b.double()).pow(2).sum(-1))
+        ys.append(b.double().pow(2).sum(-1))
+    d, y = (torch.cat(ds), torch.cat(ys)) if len(ds) > 1 else (ds[0], ys[0])
     per_token = float((d / y.clamp_min(1e-300)).mean())
     return per_token, float(d.sum() / y.sum().clamp_min(1e-300))
 
@@ -169,26 +186,51 @@ def measure_sensitivity(
     out_scales: bool = True,
     damping: float = 0.01,
     log: Callable[[str], None] = print,
+    pin: Callable[[torch.Tensor], object] | None = None,
+    own_hidden: bool = False,
 ) -> dict[str, Sensitivity]:
     """Run the pre-pass (module docstring) over ``blocks`` with their :class:`LinearSlot` lists
     ``slots``, from the embedded calibration rows ``hidden`` ``(rows, cols, dim)``.
     ``ks``: the K the curves are predicted at (``k_ref`` is added). Returns one
-    :class:`Sensitivity` per linear key; the model is left as it was."""
+    :class:`Sensitivity` per linear key; the model is left as it was.
+
+    The block outputs go to buffers like ``hidden`` made once (``pin``, if given, is called on
+    each: the converter page-locks host states); with ``own_hidden`` the caller's ``hidden`` is
+    one of them (it is overwritten), otherwise it is left as it was."""
     from engine.quant import convert  # the converter's block runner and Hessian hook
 
     ks = sorted({*ks, k_ref})
     out: dict[str, Sensitivity] = {}
     t_start = time.perf_counter()
+
+    def buffer() -> torch.Tensor:
+        t = torch.empty_like(hidden)
+        if pin is not None:
+            pin(t)
+        return t
+
+    caller = hidden
+    reference, noisy = buffer(), buffer()
     for i, (block, block_slots) in enumerate(zip(blocks, slots)):
         t0 = time.perf_counter()
-        hooks, handles = convert.hessian_hooks(block_slots, convert.block_device(block))
+        device = convert.block_device(block)
+        # A CPU conversion sums the outputs whole, as it always did (its results stay bit for
+        # bit); on a GPU a chunk at a time there, wherever the states live.
+        chunks = None if device.type == "cpu" else chunk_rows
+        hooks, handles = convert.hessian_hooks(block_slots, device)
         try:
             with torch.inference_mode():
-                reference = convert._run_block(block, hidden, chunk_rows)
+                convert._run_block(block, hidden, chunk_rows, out=reference)
         finally:
             for handle in handles:
                 handle.remove()
-        power = float(reference.double().pow(2).mean())
+        if chunks is None:
+            power = float(reference.double().pow(2).mean())
+        else:
+            power = sum(
+                float(reference[r0 : r0 + chunks].to(device).double().pow(2).sum())
+                for r0 in range(0, reference.shape[0], chunks)
+            ) / max(reference.numel(), 1)
         for j, s in enumerate(block_slots):
             linear = s.get()
             weight = linear.weight
@@ -211,17 +253,20 @@ def measure_sensitivity(
                 # weights inference tensors.
                 with torch.inference_mode():
                     weight.add_(noise.to(device=weight.device, dtype=weight.dtype))
-                    noisy = convert._run_block(block, hidden, chunk_rows)
+                    convert._run_block(block, hidden, chunk_rows, out=noisy)
             finally:
                 with torch.inference_mode():
                     weight.copy_(original)
-            error, error_global = relative_change(noisy, reference)
+                del original
+            error, error_global = relative_change(noisy, reference, chunks, device)
             proxies = {k: rel for k, (_, rel) in predicted.items()}
             out[s.key] = Sensitivity(
                 s.key, s.in_features * s.out_features, k_ref, error, proxies, error_global, power
             )
-        # The next block sees the unquantized model's activations.
-        hidden = reference
+        # The next block sees the unquantized model's activations; its output goes to the buffer
+        # that held this block's input (a new one once, when that was the caller's to keep).
+        free = hidden if own_hidden or hidden is not caller else buffer()
+        hidden, reference = reference, free
         errs = [out[s.key].error for s in block_slots]
         log(
             f" -- sensitivity block {i + 1}/{len(blocks)}: e(K={k_ref}) {min(errs):.2e}..{max(errs):.2e}"

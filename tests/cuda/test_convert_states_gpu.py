@@ -20,7 +20,7 @@ def test_states_on_the_host_convert_as_on_the_device(
 ) -> None:
     from engine.quant.convert import ConvertOptions, convert_model
 
-    out = {}
+    out, rfn = {}, {}
     for place in ("device", "host"):
         options = ConvertOptions(
             bits=4.0,
@@ -33,9 +33,13 @@ def test_states_on_the_host_convert_as_on_the_device(
             tune_target="model" if tune_target == "model" else "block",
         )
         lines: list[str] = []
-        convert_model(exl3_dir / "tiny-llama-hf", tmp_path / place, options, log=lines.append)
+        report = convert_model(exl3_dir / "tiny-llama-hf", tmp_path / place, options, log=lines.append)
         assert any("calibration states" in line and ("host" in line) == (place == "host") for line in lines)
+        assert not any("page-lock" in line for line in lines)  # the host states were pinned
         out[place] = load_file(str(tmp_path / place / "model.safetensors"))
+        rfn[place] = [b["rfn"] for b in report.blocks]
+    # The per-block error is summed a chunk at a time on the device either way: the same number.
+    assert rfn["device"] == rfn["host"]
     assert out["device"].keys() == out["host"].keys()
     for key, tensor in out["device"].items():
         assert torch.equal(tensor, out["host"][key]), key
@@ -57,3 +61,18 @@ def test_a_six_bit_head_from_host_states_matches_closely(exl3_dir: Path, tmp_pat
         heads[place] = EXL3Linear.from_tensors(head, rows * 16, cols * 16, None).weight
     rel = float((heads["host"] - heads["device"]).norm() / heads["device"].norm())
     assert rel < 0.05, rel  # 6-bit noise is ~0.017 (MSE per K): two independent ones differ by ~0.025
+
+
+def test_host_pins_register_and_unregister_on_cuda() -> None:
+    """cudaHostRegister through torch.cuda.cudart() pins a tensor's own pages: copies from it are
+    asynchronous-capable, and unregistering leaves it an ordinary tensor."""
+    from engine.quant.convert import HostPins
+
+    notes: list[str] = []
+    t = torch.arange(1 << 20, dtype=torch.float32)
+    with HostPins(torch.device("cuda"), notes.append) as pins:
+        assert pins.pin(t), notes
+        assert t.is_pinned()
+        assert torch.equal(t.to("cuda", non_blocking=True).cpu(), t)
+    assert not t.is_pinned()
+    assert notes == []

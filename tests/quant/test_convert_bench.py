@@ -69,3 +69,62 @@ def test_peak_host_memory_is_this_process_high_water_mark() -> None:
     after = peak_host_bytes()
     assert 10 * 2**20 < before <= after < 64 * 2**30
     assert after >= block.numel() * 4  # at least what is resident now
+
+
+def test_stage_peaks_nest_and_reset(monkeypatch) -> None:
+    """On CUDA each wrapped stage records the peak allocated while it ran; a stage inside another
+    counts towards both, and the whole run's peak survives the resets. Faked counters here."""
+    counter = {"allocated": 0, "peak": 0}
+
+    def allocate(n: int) -> None:
+        counter["allocated"] += n
+        counter["peak"] = max(counter["peak"], counter["allocated"])
+
+    def reset(device=None) -> None:
+        counter["peak"] = counter["allocated"]
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: counter["peak"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+
+    class Stages:
+        @staticmethod
+        def inner() -> None:
+            allocate(50)
+            allocate(-50)
+
+        @staticmethod
+        def outer() -> None:
+            allocate(10)
+            Stages.inner()
+            allocate(-10)
+
+    timer = convert_bench.StageTimer(torch.device("cuda", 0))
+    timer.wrap(Stages, "inner", lambda a: "viterbi")
+    timer.wrap(Stages, "outer", lambda a: "quantize_total", peak="quantize_block")
+    allocate(100)  # held outside any stage (the states)
+    allocate(-100)
+    allocate(5)
+    Stages.outer()
+    allocate(200)  # after the stages: the head's Hessian, say
+    allocate(-200)
+    timer.finish_peaks()
+    timer.uninstall()
+    assert timer.peaks_gb() == {
+        "outside_stages": round(205 / 1e9, 2),
+        "quantize_block": round(65 / 1e9, 2),
+        "viterbi": round(65 / 1e9, 2),
+    }
+    assert dict(timer.stage_peaks) == {"outside_stages": 205, "quantize_block": 65, "viterbi": 65}
+    assert timer.overall_peak == 205
+
+
+def test_stage_peaks_are_a_cuda_only_step() -> None:
+    timer = convert_bench.StageTimer(torch.device("cpu"))
+    timer.wrap(convert_bench, "peak_host_bytes", lambda a: "refit")
+    try:
+        convert_bench.peak_host_bytes()
+    finally:
+        timer.uninstall()
+    timer.finish_peaks()
+    assert timer.peaks_gb() == {} and timer.overall_peak == 0

@@ -382,3 +382,39 @@ def test_tf32_flag_defaults_on_and_can_be_turned_off() -> None:
     add_tf32_arg(p)
     assert p.parse_args([]).tf32 and p.parse_args(["--tf32"]).tf32
     assert not p.parse_args(["--no-tf32"]).tf32
+
+
+def test_prepass_keeps_or_reuses_the_callers_rows(tiny_dir: Path) -> None:
+    """The pre-pass writes block outputs into buffers made once: the caller's rows are left as
+    they were unless it hands them over (``own_hidden``), and the result is the same either way."""
+    from engine.architectures import architecture_for
+    from engine.config import ModelConfig
+    from engine.model import load_model
+
+    names = architecture_for(ModelConfig.from_dir(tiny_dir).architecture).names
+    model = load_model(tiny_dir, device="cpu", dtype=torch.float32).module
+    per_block = [
+        convert_mod.block_linears(b, names.prefix + names.layer.format(i=i), names)
+        for i, b in enumerate(model.blocks)
+    ]
+    ids = convert_mod.calibration_ids(tiny_dir, 3, 24, 96, 1.0, seed=0)
+    with torch.inference_mode():
+        hidden = model.embed(ids).clone()
+    kept = hidden.clone()
+    pinned: list[torch.Tensor] = []
+    kwargs = dict(log=lambda m: None)
+    a = measure_sensitivity(model.blocks, per_block, hidden, 3, 2, pin=pinned.append, **kwargs)
+    assert torch.equal(hidden, kept)
+    assert len(pinned) == 3 and all(t.shape == hidden.shape for t in pinned)  # 2 + 1 for the caller's
+    b = measure_sensitivity(model.blocks, per_block, hidden, 3, 2, own_hidden=True, **kwargs)
+    assert not torch.equal(hidden, kept)  # handed over: reused as a buffer
+    assert {k: v.error for k, v in a.items()} == {k: v.error for k, v in b.items()}
+
+
+def test_relative_change_in_chunks_is_the_whole() -> None:
+    gen = torch.Generator().manual_seed(2)
+    clean = torch.randn(5, 6, 8, generator=gen)
+    noisy = clean + 0.05 * torch.randn(5, 6, 8, generator=gen)
+    whole = relative_change(noisy, clean)
+    for chunk in (1, 2, 5):
+        assert relative_change(noisy, clean, chunk, torch.device("cpu")) == pytest.approx(whole, rel=1e-12)
