@@ -1077,11 +1077,15 @@ def _convert_model(
     head_key = names.lm_head
     dim = spec.hidden_size
     head_weight = store.get(f"{head_key}.weight") if store.has(f"{head_key}.weight") else None
-    if head_weight is None:  # tied: the converter quantizes a copy of the embedding (section 3.4)
+    tied = head_weight is None
+    if tied:  # the converter quantizes a copy of the embedding (section 3.4)
         head_weight = store.get(names.prefix + names.embed + ".weight")
     head_tensors: dict[str, torch.Tensor]
     if options.head_bits == 16:
-        head_tensors = {f"{head_key}.weight": _fp16_copy(head_weight)}
+        head = _fp16_copy(head_weight)
+        # A bf16/fp16 tied head is the embedding's own tensor: safetensors refuses to save two
+        # names over one memory, so the head gets its own copy.
+        head_tensors = {f"{head_key}.weight": head.clone() if tied and head is head_weight else head}
     else:
         with torch.inference_mode():
             if device.type == "cpu":  # a CPU conversion: in one product, as it always was

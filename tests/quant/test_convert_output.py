@@ -110,3 +110,31 @@ def test_a_store_of_given_files_holds_only_them_and_describes_each_tensor(
         meta = store.meta(key)
         assert meta.is_meta and meta.shape == tensor.shape and meta.dtype == tensor.dtype, key
         assert torch.equal(store.get(key), tensor)
+
+
+def test_a_tied_half_precision_head_kept_at_16_bits_is_saved_as_its_own_copy(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A tied bf16 model with ``head_bits=16``: the head is the embedding's own tensor, which
+    safetensors would refuse to save under two names; it is written as an equal copy."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+    from tiny_models import build_tiny_model
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    hf = build_tiny_model("Gemma2ForCausalLM", tmp_path / "src", dtype=torch.bfloat16)
+    assert hf.config.tie_word_embeddings
+    options = convert_mod.ConvertOptions(
+        bits=4.0,
+        head_bits=16,
+        cal_rows=2,
+        cal_cols=32,
+        device="cpu",
+        allocation="uniform",
+        random_rows_fraction=1.0,  # no tokenizer: random calibration rows
+    )
+    convert_mod.convert_model(tmp_path / "src", tmp_path / "out", options, log=lambda m: None)
+    out = load_file(str(tmp_path / "out" / "model.safetensors"))
+    embed = out["model.embed_tokens.weight"]
+    assert embed.dtype == torch.bfloat16 and torch.equal(out["lm_head.weight"], embed)
