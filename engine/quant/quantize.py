@@ -502,6 +502,13 @@ def _proxy_ratio(error_power: float, target_power: float) -> float:
     return error_power / target_power
 
 
+def _proxy_error(target: torch.Tensor, q: torch.Tensor, h_rot: torch.Tensor | None) -> float:
+    """``tr(E^T H E) / tr(T^T H T)`` with ``E = T - Q`` (``H`` None: the identity). The quantizer
+    itself takes the two terms apart (the denominator before LDLQ, the numerator from the error
+    LDLQ leaves in place of the target); this is the same value from ``T`` and ``Q``."""
+    return _proxy_ratio(_proxy_terms(target - q, h_rot), _proxy_terms(target, h_rot))
+
+
 def _pack(states: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`pack_states` a bounded number of tiles at a time (each tile packs on its own)."""
     rows = max(1, PACK_TILES // max(states.shape[1], 1))
