@@ -521,9 +521,12 @@ def _finish(f: _InFlight, codebook: str, refit: bool) -> QuantizedTensors:
     with the fewest weight-sized buffers alive."""
     # Proxy error in the rotated basis (the loss LDLQ minimises), relative to the target's.
     proxy = _proxy_ratio(_proxy_terms(f.target, f.h_rot), f.target_power)
-    f.target = None
+    usable = f.h_rot is not None
+    # The rotated Hessian and its factor are done with: a down projection's are 2.5 GB that the
+    # refit (which has its own n x n float64 system to solve) need not have beside it.
+    f.target = f.h_rot = f.lower = None
     trellis = _pack(f.states, f.job.bits)
-    q = decode_states(f.states, f.table) if refit and f.h_rot is not None else None
+    q = decode_states(f.states, f.table) if refit and usable else None
     f.states = None
 
     suh, svh = f.suh, f.inc.sv.clone()
