@@ -58,3 +58,32 @@ def blockwise_hadamard(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     blocks = moved.reshape(-1, HADAMARD_SIZE)
     out = torch.mm(blocks, hadamard_matrix(HADAMARD_SIZE, x.dtype, x.device))
     return out.reshape(moved.shape).movedim(-1, dim)
+
+
+def blockwise_hadamard_into(
+    x: torch.Tensor, dim: int, out: torch.Tensor, staging: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`blockwise_hadamard` bit for bit, with the result written to ``out`` (contiguous, of
+    ``x``'s numel and dtype), which may hold ``x`` itself.
+
+    Where ``x`` is not laid out along ``dim`` (a transform along dim 0 of a row-major matrix),
+    :func:`blockwise_hadamard` copies it to a contiguous buffer first; here that copy goes to
+    ``staging`` (contiguous, same size), so a caller that owns its buffers can rotate a large
+    matrix with two of them instead of four (the copy, the result, and the inputs the caller
+    still holds). Same GEMM on the same values in the same layout: the same bits.
+    """
+    dim = dim % x.ndim
+    n = x.shape[dim]
+    if n % HADAMARD_SIZE:
+        raise ValueError(f"blockwise Hadamard needs a multiple of {HADAMARD_SIZE}, got {n}")
+    moved = x.movedim(dim, -1)
+    if moved.is_contiguous():  # where reshape would have viewed rather than copied
+        if out.data_ptr() == moved.data_ptr():
+            raise ValueError("out may hold x only when x is copied to staging first")
+        blocks = moved.view(-1, HADAMARD_SIZE)
+    else:
+        if staging is None:
+            raise ValueError("x is not contiguous along dim: a staging buffer is needed")
+        blocks = staging.view(moved.shape).copy_(moved).view(-1, HADAMARD_SIZE)
+    torch.mm(blocks, hadamard_matrix(HADAMARD_SIZE, x.dtype, x.device), out=out.view(-1, HADAMARD_SIZE))
+    return out.view(moved.shape).movedim(-1, dim)

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.quant.codebooks import FLAG_VALUES, INST3, codebook_table
-from engine.quant.hadamard import HADAMARD_SIZE, blockwise_hadamard
+from engine.quant.hadamard import HADAMARD_SIZE, blockwise_hadamard, blockwise_hadamard_into
 from engine.quant.ldl import block_ldl
-from engine.quant.reconstruct import apply_scales, matrix_to_tiles, tiles_to_matrix
+from engine.quant.reconstruct import matrix_to_tiles, tiles_to_matrix
 from engine.quant.refit import RefitScales, refit_scales
 from engine.quant.trellis import TILE, check_bits, pack_states
 from engine.quant.viterbi import encode_tiles
@@ -104,15 +104,31 @@ def ldlq_many(
     problems: Sequence[tuple[torch.Tensor, torch.Tensor | None]], k: int, table: torch.Tensor
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """LDLQ of independent problems ``(target (rows, cols), lower)`` at the same K, in lockstep:
-    returns (states ``(rows/16, cols/16, 256)``, decoded) for each.
+    returns (states ``(rows/16, cols/16, 256)``, decoded) for each (:func:`ldlq_in_place` on
+    copies of the targets, which are left as they are)."""
+    work = [(target.clone(), lower) for target, lower in problems]
+    states = ldlq_in_place(work, k, table)
+    del work
+    return [(st, decode_states(st, table)) for st in states]
+
+
+def ldlq_in_place(
+    problems: Sequence[tuple[torch.Tensor, torch.Tensor | None]], k: int, table: torch.Tensor
+) -> list[torch.Tensor]:
+    """LDLQ of independent problems ``(target (rows, cols), lower)`` at the same K, in lockstep;
+    each target is overwritten with its error ``T - Q`` and the states ``(rows/16, cols/16,
+    256)`` int32 are returned (:func:`decode_states` gives ``Q``).
 
     Last strip first; strip b's target is ``T_b + sum_{j>b} L_jb^T (T_j - Q_j)`` (``lower`` None:
     plain rounding, no feedback). The strips of one problem are sequential, but problems (and the
     columns within one) never interact, so each step encodes the current strip of every problem in
     one Viterbi call: a GPU runs a call's tiles side by side, and one small strip alone would leave
     it mostly idle. Tiles are encoded independently, so the result is the same as one at a time.
+
+    The rows below the current strip are only ever read as ``T_j - Q_j``, so each strip's error
+    replaces its target as soon as it is encoded: no decoded copy and no per-strip difference
+    of the weight's size (an LM head's is 2.1 GB in float32).
     """
-    qs = [torch.zeros_like(target) for target, _ in problems]
     states = [
         torch.zeros(t.shape[0] // TILE, t.shape[1] // TILE, 256, dtype=torch.int32, device=t.device)
         for t, _ in problems
@@ -127,7 +143,7 @@ def ldlq_many(
             r0, r1 = b * TILE, (b + 1) * TILE
             strip = target[r0:r1]
             if lower is not None and r1 < target.shape[0]:
-                strip = strip + lower[r1:, r0:r1].t() @ (target[r1:] - qs[i][r1:])
+                strip = strip + lower[r1:, r0:r1].t() @ target[r1:]  # rows r1.. hold T - Q
             tiles.append(matrix_to_tiles(strip)[0])  # (cols/16, 256) in storage order
             where.append((i, b))
         codes = encode_tiles(torch.cat(tiles), k, table)
@@ -136,9 +152,26 @@ def ldlq_many(
         for (i, b), part in zip(where, tiles):
             n = part.shape[0]
             states[i][b] = codes[offset : offset + n]
-            qs[i][b * TILE : (b + 1) * TILE] = tiles_to_matrix(values[offset : offset + n].unsqueeze(0))
+            decoded = tiles_to_matrix(values[offset : offset + n].unsqueeze(0))
+            problems[i][0][b * TILE : (b + 1) * TILE].sub_(decoded)
             offset += n
-    return list(zip(states, qs))
+    return states
+
+
+# Tile rows per step of decode_states: its int64 indices are 8 bytes per weight.
+DECODE_TILE_ROWS = 64
+
+
+def decode_states(states: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The decoded matrix ``Q`` ``(rows, cols)`` float32 of LDLQ's states ``(rows/16, cols/16,
+    256)``: ``table[state]`` laid out as :func:`ldlq_in_place` subtracted it, a few tile rows at a
+    time."""
+    a, b, _ = states.shape
+    q = torch.empty(a * TILE, b * TILE, dtype=torch.float32, device=states.device)
+    for a0 in range(0, a, DECODE_TILE_ROWS):
+        part = states[a0 : a0 + DECODE_TILE_ROWS]
+        q[a0 * TILE : (a0 + part.shape[0]) * TILE] = tiles_to_matrix(table[part.long()].float())
+    return q
 
 
 @dataclass
@@ -194,7 +227,10 @@ def _scale_search(
     # the best scale the error does not grow smoothly: a few values driven out of the codebook's
     # range by the feedback start a runaway in their column, so the columns where that starts
     # must be in the sample or the search picks a scale that fails elsewhere.
-    peaks = unit.abs().amax(0).reshape(tile_cols, TILE).amax(1).cpu()
+    # Column blocks: |unit| whole is a head-sized temporary, and a max is exact in any grouping.
+    step = max(TILE, PROXY_BLOCK // max(n_rows, 1) // TILE * TILE)
+    col_peaks = torch.cat([unit[:, c0 : c0 + step].abs().amax(0) for c0 in range(0, n_cols, step)])
+    peaks = col_peaks.reshape(tile_cols, TILE).amax(1).cpu()
     chosen = torch.zeros(tile_cols, dtype=torch.bool)
     chosen[peaks.topk(take // 2).indices] = True
     others = torch.randperm(tile_cols, generator=gen)
@@ -203,7 +239,8 @@ def _scale_search(
     cols = (picked[:, None] * TILE + torch.arange(TILE)).reshape(-1).to(unit.device)
     sample = unit[:rows].index_select(1, cols)
     h = h_rot[:rows, :rows].float()
-    lower_f = lower[:rows, :rows].float()
+    # Contiguous as the float64 slice's conversion was (``lower`` may be float32 already).
+    lower_f = lower[:rows, :rows].float().contiguous()
 
     target = torch.cat([sample * (a * std) for a in SCALE_GRID], dim=1)
     per_col = torch.tensor(SCALE_GRID, device=unit.device).repeat_interleave(sample.shape[1]) * std
@@ -251,7 +288,7 @@ def incoherence(
     out_f, in_f = weight.shape
     n_in, n_out = _round_up(in_f, HADAMARD_SIZE), _round_up(out_f, HADAMARD_SIZE)
     w = torch.zeros(n_in, n_out, dtype=torch.float32, device=device)
-    w[:in_f, :out_f] = weight.to(device=device, dtype=torch.float32).t()
+    w[:in_f, :out_f].copy_(weight.t())  # converts on the way: no float32 copy of the weight beside w
 
     # 1. Output side.
     col_rms = w.pow(2).mean(dim=0).sqrt()
@@ -262,21 +299,31 @@ def incoherence(
     else:
         col_scale = torch.ones_like(col_rms)
     sv = fp16_scale(_random_signs(n_out, gen, device) * col_scale)
-    w = blockwise_hadamard(w / sv.float().unsqueeze(0), dim=1)
+    w = blockwise_hadamard(w.div_(sv.float().unsqueeze(0)), dim=1)  # w is ours: divided in place
 
     # 2. Input side (before the global scale).
     row_rms = w.pow(2).mean(dim=1).sqrt()
     row_rms = torch.where(row_rms > 0, row_rms, torch.ones_like(row_rms))
     su = _random_signs(n_in, gen, device) * row_rms
-    unit = blockwise_hadamard(w / su.unsqueeze(1), dim=0)
+    unit = input_hadamard(w, su)
     return Incoherent(w, sv, su, unit, dead)
+
+
+def input_hadamard(w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """``blockwise_hadamard(w / scales.unsqueeze(1), dim=0)`` bit for bit, with one temporary of
+    ``w``'s size instead of two: the division writes straight into the transposed staging copy
+    that the transform along dim 0 makes anyway."""
+    staging = torch.empty(w.shape[1], w.shape[0], dtype=w.dtype, device=w.device)
+    torch.div(w.t(), scales.unsqueeze(0), out=staging)
+    out = torch.empty(w.shape[1], w.shape[0], dtype=w.dtype, device=w.device)
+    return blockwise_hadamard_into(staging.t(), 0, out)  # staging.t() along dim 0 is staging itself
 
 
 def padded_hessian(hessian: torch.Tensor, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``hessian`` ``(in, in)`` in ``dtype`` on ``device``, zero-padded to the stored ``(n, n)``."""
     in_f = hessian.shape[0]
     h = torch.zeros(n, n, dtype=dtype, device=device)
-    h[:in_f, :in_f] = hessian.to(device=device, dtype=dtype)
+    h[:in_f, :in_f].copy_(hessian)  # converts on the way: no converted copy beside h
     return h
 
 
@@ -285,18 +332,27 @@ def rotated_hessian(
     su: torch.Tensor,
     damping: float = 0.01,
     warn: Callable[[str], None] | None = None,
+    lower_dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
     """The Hessian in Q's input basis and its block-LDL factor: ``(h, L, damping_used)``.
 
     Q's input is ``x' = (x * su') H_in`` with ``su' = su / a``, so ``H' = H_in diag(su') H
     diag(su') H_in``. The global scale only multiplies ``H'`` (``L`` and the relative proxy
     error do not change), so ``h`` is formed with ``su / max|su|``, before ``a`` is known, and
-    serves the scale search and the LDLQ pass. ``h`` is float64, padded to ``len(su)``.
+    serves the scale search and the LDLQ pass. ``h`` is float64, padded to ``len(su)``; ``L`` is
+    computed in float64 and returned in ``lower_dtype``.
+
+    ``H'`` is built in one float64 buffer of its own plus one staging buffer (the transform's
+    transposed copy), scaled in place: the values of ``H_in (s H s) H_in`` as two
+    :func:`blockwise_hadamard` calls give them, without their input and output copies.
     """
     h = padded_hessian(hessian, su.shape[0], torch.float64, su.device)
     s = su.double() / float(su.abs().max())
-    h = blockwise_hadamard(blockwise_hadamard(s.unsqueeze(1) * h * s.unsqueeze(0), dim=0), dim=1)
-    lower, damp = block_ldl(h, damping, TILE, warn)
+    h.mul_(s.unsqueeze(1)).mul_(s.unsqueeze(0))  # (s_i h_ij) s_j, as s.unsqueeze(1) * h * s.unsqueeze(0)
+    staging = torch.empty_like(h)
+    h = blockwise_hadamard_into(blockwise_hadamard_into(h, 0, h, staging), 1, h, staging)
+    del staging
+    lower, damp = block_ldl(h, damping, TILE, warn, dtype=lower_dtype)
     return h, lower, damp
 
 
@@ -336,14 +392,14 @@ class _InFlight:
     table: torch.Tensor
     inc: Incoherent
     h_rot: torch.Tensor | None  # the rotated Hessian (None: no usable Hessian)
-    lower: torch.Tensor | None
+    lower: torch.Tensor | None  # its block-LDL factor in float32 (what LDLQ multiplies by)
     damping: float
     scale: float = 0.0
     search: _ScaleSearch | None = None  # the LDLQ-aware scale search, while it is pending
-    target: torch.Tensor | None = None
+    target: torch.Tensor | None = None  # the target T, then (after LDLQ) its error T - Q
+    target_power: float = 0.0  # tr(T^T H T): the proxy error's denominator, taken before LDLQ
     suh: torch.Tensor | None = None
     states: torch.Tensor | None = None  # LDLQ's result, until _finish packs it
-    q: torch.Tensor | None = None
 
 
 def _lockstep(items: list[_InFlight], problem) -> list:
@@ -383,16 +439,20 @@ def quantize_weights(
         inc = incoherence(job.weight, gen, out_scales, dev)
         h_rot, lower, damp = None, None, float("inf")
         if job.hessian is not None:
-            h, lower, damp = rotated_hessian(job.hessian, inc.su, damping, job.warn)
+            # L straight to float32: LDLQ multiplies in float32, and the float64 factor beside it
+            # would be another Hessian-sized buffer held through the whole pass.
+            h, lower, damp = rotated_hessian(job.hessian, inc.su, damping, job.warn, torch.float32)
             h_rot = h if damp != float("inf") else None
+            del h
         flight = _InFlight(job, table, inc, h_rot, lower if h_rot is not None else None, damp)
+        del h_rot, lower
         # 3. Global scale (the LDLQ-aware searches run below, together).
         if not search_scale:
             flight.scale = GAUSSIAN_SCALE[job.bits] * float(table.std())
-        elif h_rot is None:
+        elif flight.h_rot is None:
             flight.scale = choose_scale(inc.unit, job.bits, table, gen=gen)
         else:
-            flight.search = _scale_search(inc.unit, h_rot, lower, table, gen)
+            flight.search = _scale_search(inc.unit, flight.h_rot, flight.lower, table, gen)
         inc.unit = None
         flights.append(flight)
 
@@ -401,16 +461,18 @@ def quantize_weights(
     for f, (_, q) in zip(searching, results):
         f.scale, f.search = f.search.best(q), None
 
-    # Fix su in fp16 and form the exact target for it; 4. LDLQ over the whole matrices.
+    # Fix su in fp16 and form the exact target for it; 4. LDLQ over the whole matrices, each
+    # target turned into its error in place (the proxy error's denominator is taken first).
     for f in flights:
         f.suh = fp16_scale(f.inc.su / f.scale)
-        f.target = blockwise_hadamard(f.inc.w / f.suh.float().unsqueeze(1), dim=0)
-    # The flights own their results (not a list beside them), so _finish can let each go early.
-    for f, (states, q) in zip(
-        flights, _lockstep(flights, lambda f: (f.target, f.lower.float() if f.lower is not None else None))
-    ):
-        f.states, f.q = states, q
-    states = q = None
+        f.target = input_hadamard(f.inc.w, f.suh.float())
+        f.target_power = _proxy_terms(f.target, f.h_rot)
+    for k in sorted({f.job.bits for f in flights}):
+        group = [f for f in flights if f.job.bits == k]
+        # The flights own their results (not a list beside them), so _finish can let each go early.
+        for f, states in zip(group, ldlq_in_place([(f.target, f.lower) for f in group], k, group[0].table)):
+            f.states = states
+        del states
     return [_finish(f, codebook, refit) for f in flights]
 
 
@@ -421,25 +483,30 @@ PROXY_BLOCK = 1 << 25
 PACK_TILES = 1 << 16
 
 
+def _proxy_terms(x: torch.Tensor, h_rot: torch.Tensor | None) -> float:
+    """``tr(X^T H X)`` (``H`` None: the identity), summed over column blocks in float64.
+    ``tr(X^T H X)`` is ``sum((H X) * X)``: never the (out x out) product (an LM head has out =
+    vocab, which would be 128k x 128k)."""
+    width = max(1, PROXY_BLOCK // max(x.shape[0], 1))
+    total = 0.0
+    for c0 in range(0, x.shape[1], width):
+        part = x[:, c0 : c0 + width].double()
+        total += float(((h_rot @ part) * part).sum()) if h_rot is not None else float(part.pow(2).sum())
+    return total
+
+
+def _proxy_ratio(error_power: float, target_power: float) -> float:
+    """``tr(E^T H E) / tr(T^T H T)``, the relative proxy error (nan for an all-zero problem)."""
+    if target_power == 0:
+        return float("nan") if error_power == 0 else float("inf")
+    return error_power / target_power
+
+
 def _proxy_error(target: torch.Tensor, q: torch.Tensor, h_rot: torch.Tensor | None) -> float:
-    """``tr(E^T H E) / tr(T^T H T)`` (``E = T - Q``; ``H`` None: the identity), summed over
-    column blocks in float64. ``tr(E^T H E)`` is ``sum((H E) * E)``: never the (out x out)
-    product (an LM head has out = vocab, which would be 128k x 128k)."""
-    width = max(1, PROXY_BLOCK // max(target.shape[0], 1))
-    num = den = 0.0
-    for c0 in range(0, target.shape[1], width):
-        part = target[:, c0 : c0 + width]
-        e = (part - q[:, c0 : c0 + width]).double()
-        t = part.double()
-        if h_rot is not None:
-            num += float(((h_rot @ e) * e).sum())
-            den += float(((h_rot @ t) * t).sum())
-        else:
-            num += float(e.pow(2).sum())
-            den += float(t.pow(2).sum())
-    if den == 0:
-        return float("nan") if num == 0 else float("inf")
-    return num / den
+    """``tr(E^T H E) / tr(T^T H T)`` with ``E = T - Q`` (``H`` None: the identity). The quantizer
+    itself takes the two terms apart (the denominator before LDLQ, the numerator from the error
+    LDLQ leaves in place of the target); this is the same value from ``T`` and ``Q``."""
+    return _proxy_ratio(_proxy_terms(target - q, h_rot), _proxy_terms(target, h_rot))
 
 
 def _pack(states: torch.Tensor, k: int) -> torch.Tensor:
@@ -449,29 +516,48 @@ def _pack(states: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def _finish(f: _InFlight, codebook: str, refit: bool) -> QuantizedTensors:
-    """Proxy error, step 5 and packing for one job; lets go of its target and states (and q at
-    the end) so the refit runs without them."""
-    q, h_rot = f.q, f.h_rot
+    """Proxy error, step 5 and packing for one job; lets go of its error and states (the decoded
+    weight the refit needs is made from the states once they are packed) so that the refit runs
+    with the fewest weight-sized buffers alive."""
     # Proxy error in the rotated basis (the loss LDLQ minimises), relative to the target's.
-    proxy = _proxy_error(f.target, q, h_rot)
+    proxy = _proxy_ratio(_proxy_terms(f.target, f.h_rot), f.target_power)
+    usable = f.h_rot is not None
+    # The rotated Hessian and its factor are done with: a down projection's are 2.5 GB that the
+    # refit (which has its own n x n float64 system to solve) need not have beside it.
+    f.target = f.h_rot = f.lower = None
     trellis = _pack(f.states, f.job.bits)
-    f.target = f.states = f.q = None
+    q = decode_states(f.states, f.table) if refit and usable else None
+    f.states = None
 
     suh, svh = f.suh, f.inc.sv.clone()
     fit = None
-    if refit and h_rot is not None:
-        suh, svh, fit = _refit(f.inc, f.job.hessian, suh, q)
-    del q
+    if q is not None:
+        decoded = [q]  # handed over: _refit transforms it in place
+        del q
+        suh, svh, fit = _refit(f.inc, f.job.hessian, suh, decoded)
+    f.inc.w = None  # nothing reads the rotated weight past the refit
     svh[f.inc.dead] = 0  # padded / all-zero output columns give exactly zero outputs
     return QuantizedTensors(trellis, suh, svh, codebook, f.job.bits, proxy, f.scale, f.damping, fit)
 
 
 def _refit(
-    inc: Incoherent, hessian: torch.Tensor, suh: torch.Tensor, q: torch.Tensor
+    inc: Incoherent, hessian: torch.Tensor, suh: torch.Tensor, decoded: list[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, RefitScales]:
-    """Step 5: ``(suh, svh, fit)`` refit to the decoded rotated weight ``q``, rounded to fp16."""
+    """Step 5: ``(suh, svh, fit)`` refit to the decoded rotated weight ``Q`` (the one item of
+    ``decoded``, taken out and overwritten), rounded to fp16.
+
+    ``W_hat = diag(suh) H_in Q H_out diag(sv)`` is what the stored tensors decode to, computed as
+    :func:`engine.quant.reconstruct.apply_scales` does in float32 (same transforms and products
+    in the same order) but in ``Q``'s own buffer plus one staging copy. The padded weight is
+    formed in place too, and ``inc.w`` is let go once it exists.
+    """
     sv = inc.sv.float()
-    original = blockwise_hadamard(inc.w, dim=1) * sv  # the padded weight, (in, out)
-    decoded = apply_scales(q, suh, inc.sv)  # what the stored tensors decode to
-    fit = refit_scales(original, decoded, padded_hessian(hessian, q.shape[0], torch.float32, q.device))
+    original = blockwise_hadamard(inc.w, dim=1).mul_(sv)  # the padded weight, (in, out)
+    inc.w = None
+    q = decoded.pop()
+    staging = torch.empty_like(q)
+    w_hat = blockwise_hadamard_into(blockwise_hadamard_into(q, 0, q, staging), 1, q, staging)
+    del staging
+    w_hat.mul_(suh.float().unsqueeze(1)).mul_(sv.unsqueeze(0))  # (suh_i w_ij) sv_j
+    fit = refit_scales(original, w_hat, padded_hessian(hessian, q.shape[0], torch.float32, q.device))
     return fp16_scale(suh.float() * fit.rows), fp16_scale(sv * fit.cols), fit

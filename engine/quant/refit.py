@@ -85,9 +85,9 @@ def refit_scales(
         b = torch.zeros(n_in, dtype=torch.float64, device=w.device)
         for part in _chunks(n_out, chunk):
             v = scaled(part)
-            a += (v @ v.T).double()
+            a.add_(v @ v.T)  # promoted to float64 as it is added: no float64 copy of the product
             b += (v * (h @ w[:, part].float())).sum(1, dtype=torch.float64)
-        a *= h.double()
+        a.mul_(h)  # likewise: the float64 products of h.double(), without that copy on a GPU
         a.diagonal().add_(1e-9 * float(a.diagonal().mean()) + 1e-300)
         r = torch.linalg.solve(a, b)
         rows *= torch.where(seen & torch.isfinite(r) & (r > 0), r, torch.ones_like(r))

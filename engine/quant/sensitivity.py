@@ -77,13 +77,32 @@ def ldlq_errors(h: torch.Tensor, lower: torch.Tensor | None, mses: Sequence[floa
     h = h.double()
     if lower is None:
         return [mse * float(h.diagonal().sum()) for mse in mses]
+    l_inv = unit_lower_inverse(lower)
+    return feedback_errors(strip_costs(h, l_inv), [l_inv], mses)
+
+
+def unit_lower_inverse(lower: torch.Tensor) -> torch.Tensor:
+    """``L^-1`` of a unit lower-triangular ``lower``, float64. Solved into the identity's own
+    buffer (``out=``): the same triangular solve, without a second ``n x n`` float64 buffer."""
     eye = torch.eye(lower.shape[0], dtype=torch.float64, device=lower.device)
-    l_inv = torch.linalg.solve_triangular(lower.double(), eye, upper=False, unitriangular=True)
-    # diag(L^-1 H L^-T): the cost of each strip error (the product scaled in place: one
-    # n x n float64 temporary fewer, 1.6 GB for an 8B model's down projection).
-    weight = (l_inv @ h).mul_(l_inv).sum(1)
-    gain = (eye - l_inv.T).pow_(2)  # feedback: strip target error = (I - L^-T) eta
-    del l_inv, eye
+    return torch.linalg.solve_triangular(lower.double(), eye, upper=False, unitriangular=True, out=eye)
+
+
+def strip_costs(h: torch.Tensor, l_inv: torch.Tensor) -> torch.Tensor:
+    """``diag(L^-1 H L^-T)``: the cost of each strip error (the product scaled in place: one
+    n x n float64 temporary fewer, 1.6 GB for an 8B model's down projection)."""
+    return (l_inv @ h.double()).mul_(l_inv).sum(1)
+
+
+def feedback_errors(weight: torch.Tensor, inverse: list[torch.Tensor], mses: Sequence[float]) -> list[float]:
+    """:func:`ldlq_errors` from the strip costs ``weight`` and ``L^-1``, the one item of
+    ``inverse`` (taken out, so that it is freed once the feedback gain is formed)."""
+    l_inv = inverse.pop()
+    # Feedback: strip target error = (I - L^-T) eta; formed in the identity's buffer, in place
+    # (the same elementwise difference as ``eye - l_inv.T``, in the same row-major layout).
+    gain = torch.eye(l_inv.shape[0], dtype=torch.float64, device=l_inv.device).sub_(l_inv.T)
+    del l_inv
+    gain.pow_(2)
     out = []
     for mse in mses:
         v = torch.full_like(weight, mse)
@@ -116,14 +135,29 @@ def predicted_proxies(
     device = hessian.device
     gen = torch.Generator().manual_seed(seed)
     inc = incoherence(weight, gen, out_scales, device)
+    inc.w = inc.unit = None  # only the scales are used
     h, lower, damp = rotated_hessian(hessian, inc.su, damping)
     peak = float(inc.su.abs().max()) ** 2  # h was formed with su / max|su|
     svh = torch.where(inc.dead, torch.zeros_like(inc.sv), inc.sv).double()
     columns = float(svh.pow(2).sum()) * peak
+    ks = list(ks)
+    mses = [TRELLIS_MSE[k] for k in ks]
+    # ldlq_errors step by step, each n x n float64 buffer let go as soon as the next exists:
+    # at most three at a time (an 8B model's down projection: 1.6 GB each).
+    if damp == float("inf"):
+        del lower
+        errors = ldlq_errors(h, None, mses)
+        del h
+    else:
+        l_inv = unit_lower_inverse(lower)
+        del lower
+        weight_costs = strip_costs(h, l_inv)
+        del h
+        inverse = [l_inv]
+        del l_inv
+        errors = feedback_errors(weight_costs, inverse, mses)
     w = weight.to(device=device, dtype=torch.float64)
     reference = float(((w @ hessian.double()) * w).sum())
-    ks = list(ks)
-    errors = ldlq_errors(h, lower if damp != float("inf") else None, [TRELLIS_MSE[k] for k in ks])
     out = {}
     for k, err in zip(ks, errors):
         absolute = columns * err
@@ -281,6 +315,9 @@ __all__ = [
     "calibration_subset",
     "ldlq_error",
     "ldlq_errors",
+    "feedback_errors",
+    "strip_costs",
+    "unit_lower_inverse",
     "measure_sensitivity",
     "predicted_proxies",
     "predicted_proxy",
