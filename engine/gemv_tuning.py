@@ -145,13 +145,7 @@ def _measure(
             graph.capture_end()
         stream.wait_stream(side)
         graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        for _ in range(_ROUNDS):
-            graph.replay()
-        end.record(stream)
-        end.synchronize()
-        return start.elapsed_time(end)
+        return replay_ms(graph, stream, _ROUNDS)
 
     times = {}
     for s in candidates:
@@ -159,6 +153,18 @@ def _measure(
         if t is not None:
             times[s] = t
     return times  # the copies are freed on return
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, replays: int) -> float:
+    """ms per replay of ``graph`` over ``replays`` back-to-back replays on ``stream`` (warmed up
+    by the caller), timed with CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    for _ in range(replays):
+        graph.replay()
+    end.record(stream)
+    end.synchronize()
+    return start.elapsed_time(end) / replays
 
 
 @contextmanager

@@ -215,15 +215,7 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 decode_forward(self.model, self.cache, entry.inputs)
             graph.replay()
-            rounds = []
-            for _ in range(TUNE_ROUNDS):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(stream)
-                for _ in range(TUNE_REPLAYS):
-                    graph.replay()
-                end.record(stream)
-                end.synchronize()
-                rounds.append(start.elapsed_time(end) / TUNE_REPLAYS)
+            rounds = [gemv_tuning.replay_ms(graph, stream, TUNE_REPLAYS) for _ in range(TUNE_ROUNDS)]
         torch.cuda.current_stream(self.device).wait_stream(stream)
         del graph
         return sorted(rounds)[len(rounds) // 2]
