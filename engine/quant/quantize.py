@@ -35,7 +35,7 @@ import torch
 from engine.quant.codebooks import FLAG_VALUES, INST3, codebook_table
 from engine.quant.hadamard import HADAMARD_SIZE, blockwise_hadamard, blockwise_hadamard_into
 from engine.quant.ldl import block_ldl
-from engine.quant.reconstruct import matrix_to_tiles, tiles_to_matrix
+from engine.quant.reconstruct import apply_scales, matrix_to_tiles, tiles_to_matrix
 from engine.quant.refit import RefitScales, refit_scales
 from engine.quant.trellis import TILE, check_bits, pack_states
 from engine.quant.viterbi import encode_tiles
@@ -402,14 +402,14 @@ class _InFlight:
     states: torch.Tensor | None = None  # LDLQ's result, until _finish packs it
 
 
-def _lockstep(items: list[_InFlight], problem) -> list:
-    """:func:`ldlq_many` over ``items`` grouped by K: ``problem(item)`` is its ``(target, lower)``;
-    returns each item's (states, decoded) in order."""
+def _lockstep(items: list[_InFlight], problem: Callable, solve: Callable[..., list] = ldlq_many) -> list:
+    """``solve`` (:func:`ldlq_many`, or :func:`ldlq_in_place`) over ``items`` grouped by K:
+    ``problem(item)`` is its ``(target, lower)``; returns each item's result in order."""
     out: list = [None] * len(items)
     for k in sorted({item.job.bits for item in items}):
         picked = [i for i, item in enumerate(items) if item.job.bits == k]
         table = items[picked[0]].table
-        for i, result in zip(picked, ldlq_many([problem(items[i]) for i in picked], k, table)):
+        for i, result in zip(picked, solve([problem(items[i]) for i in picked], k, table)):
             out[i] = result
     return out
 
@@ -467,12 +467,10 @@ def quantize_weights(
         f.suh = fp16_scale(f.inc.su / f.scale)
         f.target = input_hadamard(f.inc.w, f.suh.float())
         f.target_power = _proxy_terms(f.target, f.h_rot)
-    for k in sorted({f.job.bits for f in flights}):
-        group = [f for f in flights if f.job.bits == k]
-        # The flights own their results (not a list beside them), so _finish can let each go early.
-        for f, states in zip(group, ldlq_in_place([(f.target, f.lower) for f in group], k, group[0].table)):
-            f.states = states
-        del states
+    states = _lockstep(flights, lambda f: (f.target, f.lower), ldlq_in_place)
+    # The flights own their results (not a list beside them), so _finish can let each go early.
+    for f in flights:
+        f.states = states.pop(0)
     return [_finish(f, codebook, refit) for f in flights]
 
 
@@ -500,13 +498,6 @@ def _proxy_ratio(error_power: float, target_power: float) -> float:
     if target_power == 0:
         return float("nan") if error_power == 0 else float("inf")
     return error_power / target_power
-
-
-def _proxy_error(target: torch.Tensor, q: torch.Tensor, h_rot: torch.Tensor | None) -> float:
-    """``tr(E^T H E) / tr(T^T H T)`` with ``E = T - Q`` (``H`` None: the identity). The quantizer
-    itself takes the two terms apart (the denominator before LDLQ, the numerator from the error
-    LDLQ leaves in place of the target); this is the same value from ``T`` and ``Q``."""
-    return _proxy_ratio(_proxy_terms(target - q, h_rot), _proxy_terms(target, h_rot))
 
 
 def _pack(states: torch.Tensor, k: int) -> torch.Tensor:
@@ -546,18 +537,14 @@ def _refit(
     """Step 5: ``(suh, svh, fit)`` refit to the decoded rotated weight ``Q`` (the one item of
     ``decoded``, taken out and overwritten), rounded to fp16.
 
-    ``W_hat = diag(suh) H_in Q H_out diag(sv)`` is what the stored tensors decode to, computed as
-    :func:`engine.quant.reconstruct.apply_scales` does in float32 (same transforms and products
-    in the same order) but in ``Q``'s own buffer plus one staging copy. The padded weight is
+    ``W_hat = diag(suh) H_in Q H_out diag(sv)`` is what the stored tensors decode to
+    (:func:`~engine.quant.reconstruct.apply_scales` in ``Q``'s own buffer). The padded weight is
     formed in place too, and ``inc.w`` is let go once it exists.
     """
     sv = inc.sv.float()
     original = blockwise_hadamard(inc.w, dim=1).mul_(sv)  # the padded weight, (in, out)
     inc.w = None
     q = decoded.pop()
-    staging = torch.empty_like(q)
-    w_hat = blockwise_hadamard_into(blockwise_hadamard_into(q, 0, q, staging), 1, q, staging)
-    del staging
-    w_hat.mul_(suh.float().unsqueeze(1)).mul_(sv.unsqueeze(0))  # (suh_i w_ij) sv_j
+    w_hat = apply_scales(q, suh, inc.sv, in_place=True)
     fit = refit_scales(original, w_hat, padded_hessian(hessian, q.shape[0], torch.float32, q.device))
     return fp16_scale(suh.float() * fit.rows), fp16_scale(sv * fit.cols), fit

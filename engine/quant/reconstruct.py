@@ -11,7 +11,7 @@ from functools import cache, lru_cache
 import torch
 
 from engine.quant.codebooks import decode_states
-from engine.quant.hadamard import blockwise_hadamard
+from engine.quant.hadamard import blockwise_hadamard, blockwise_hadamard_into
 from engine.quant.trellis import TILE, TILE_VALUES, unpack_states
 
 
@@ -85,14 +85,27 @@ def expand_sign_bits(packed: torch.Tensor) -> torch.Tensor:
 
 
 def apply_scales(
-    q: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, dtype: torch.dtype = torch.float32
+    q: torch.Tensor,
+    suh: torch.Tensor,
+    svh: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    in_place: bool = False,
 ) -> torch.Tensor:
     """``W = diag(suh) . H_in . Q . H_out . diag(svh)`` (section 4), computed in ``dtype``.
 
     ``Q``'s rows are input features, so ``H_in`` acts along dim 0 and ``H_out`` along dim 1.
     float32 (default) is within fp16 rounding of the exact result; float64 gives the exact one
     for the inputs (Q, suh and svh are fp16, all exactly representable).
+
+    ``in_place`` (``q`` contiguous and already in ``dtype``): ``W`` is formed in ``q``'s own buffer
+    with one staging copy, the same values bit for bit (the converter's refit, where ``Q`` may be
+    an LM head's 2.1 GB and is not needed afterwards). Not for tensors that need gradients.
     """
+    if in_place:
+        staging = torch.empty_like(q)
+        w = blockwise_hadamard_into(blockwise_hadamard_into(q, 0, q, staging), 1, q, staging)
+        del staging
+        return w.mul_(suh.to(dtype).unsqueeze(1)).mul_(svh.to(dtype).unsqueeze(0))  # (suh_i w_ij) svh_j
     w = blockwise_hadamard(q.to(dtype), dim=0)
     w = blockwise_hadamard(w, dim=1)
     return suh.to(dtype).unsqueeze(1) * w * svh.to(dtype).unsqueeze(0)

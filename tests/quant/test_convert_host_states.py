@@ -12,7 +12,7 @@ from torch import nn
 
 import engine.quant.convert as convert
 from engine.quant.convert import HostPins, relative_frobenius
-from engine.quant.quantize import _pack, _proxy_error
+from engine.quant.quantize import _pack, _proxy_ratio, _proxy_terms
 from engine.quant.trellis import pack_states
 
 
@@ -162,8 +162,12 @@ def test_proxy_error_in_column_blocks_is_the_whole_sum(monkeypatch) -> None:
     whole = float(((h @ e) * e).sum() / ((h @ t) * t).sum())
     plain = float(e.pow(2).sum() / t.pow(2).sum())
     monkeypatch.setattr("engine.quant.quantize.PROXY_BLOCK", 32 * 5)  # 5 columns per block
-    assert _proxy_error(target, q, h) == pytest.approx(whole, rel=1e-12)
-    assert _proxy_error(target, q, None) == pytest.approx(plain, rel=1e-12)
+
+    def proxy(hessian):  # as the quantizer takes it: the error's terms over the target's
+        return _proxy_ratio(_proxy_terms(target - q, hessian), _proxy_terms(target, hessian))
+
+    assert proxy(h) == pytest.approx(whole, rel=1e-12)
+    assert proxy(None) == pytest.approx(plain, rel=1e-12)
 
 
 @pytest.mark.parametrize("k", [1, 3, 6, 8])
