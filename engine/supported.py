@@ -19,6 +19,10 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
         "Gemma3ForCausalLM",
         "Phi3ForCausalLM",
         "SmolLM3ForCausalLM",
+        # mixture of experts
+        "Qwen3MoeForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "MixtralForCausalLM",
         # vision-language (image + text)
         "Gemma3ForConditionalGeneration",
         "Qwen2_5_VLForConditionalGeneration",

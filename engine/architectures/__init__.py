@@ -9,15 +9,19 @@ from engine.architectures.gemma3_vl import Gemma3VL
 from engine.architectures.llama import Llama
 from engine.architectures.mistral import Mistral
 from engine.architectures.mistral3 import Mistral3
+from engine.architectures.mixtral import Mixtral
 from engine.architectures.phi3 import Phi3
 from engine.architectures.qwen2 import Qwen2
 from engine.architectures.qwen2_5_vl import Qwen2_5_VL
+from engine.architectures.qwen2_moe import Qwen2Moe
 from engine.architectures.qwen3 import Qwen3
+from engine.architectures.qwen3_moe import Qwen3Moe
 from engine.architectures.qwen3_vl import Qwen3VL
 from engine.architectures.smollm3 import SmolLM3
 from engine.errors import UnsupportedArchitectureError
 
 _FAMILIES: list[type[Architecture]] = [Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3]
+_FAMILIES += [Qwen3Moe, Qwen2Moe, Mixtral]  # mixture of experts
 _FAMILIES += [Gemma3VL, Qwen2_5_VL, Qwen3VL, Mistral3]  # vision-language
 REGISTRY: dict[str, type[Architecture]] = {name: cls for cls in _FAMILIES for name in cls.hf_names}
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(REGISTRY)

@@ -43,6 +43,16 @@ class TensorNames:
     up: str = "mlp.up_proj"
     gate_up_fused: str | None = None
     down: str = "mlp.down_proj"
+    # Mixture-of-experts layers ({e} = expert index): the router, each expert's projections as the
+    # Hub checkpoints store them, and the fused 3-D ``gate_up_proj`` [experts, 2 * f, hidden] /
+    # ``down_proj`` [experts, hidden, f] that transformers 5 keeps in memory, under ``experts_fused``.
+    router: str = "mlp.gate"
+    expert_gate: str = "mlp.experts.{e}.gate_proj"
+    expert_up: str = "mlp.experts.{e}.up_proj"
+    expert_down: str = "mlp.experts.{e}.down_proj"
+    experts_fused: str = "mlp.experts"
+    shared_expert: str = "mlp.shared_expert"  # Qwen2-MoE: an always-on expert ...
+    shared_expert_gate: str = "mlp.shared_expert_gate"  # ... scaled by sigmoid(this linear)
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,17 @@ class DecoderSpec:
     attn_softcap: float | None = None
     final_softcap: float | None = None
     tie_word_embeddings: bool = False
+    # Mixture of experts: True where a layer's MLP is a sparse MoE block (empty: a dense model).
+    sparse_layers: tuple[bool, ...] = ()
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the chosen experts' probabilities to sum to 1
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert (0: none)
+
+    def is_sparse(self, i: int) -> bool:
+        """Whether layer ``i``'s MLP is a mixture-of-experts block."""
+        return bool(self.sparse_layers) and self.sparse_layers[i]
 
 
 def _rope_from_params(params: dict[str, Any], cfg: ModelConfig, default_theta: float) -> RopeSpec:
@@ -172,4 +193,24 @@ def gemma_family(spec: DecoderSpec, cfg: ModelConfig) -> DecoderSpec:
         attn_softcap=cfg.get("attn_logit_softcapping"),
         final_softcap=cfg.get("final_logit_softcapping"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+    )
+
+
+def mixture_of_experts(spec: DecoderSpec, cfg: ModelConfig, normalize: bool) -> DecoderSpec:
+    """The MoE fields of a Qwen-MoE or Mixtral config. A layer is sparse unless it is listed in
+    ``mlp_only_layers`` or falls between ``decoder_sparse_step`` strides (Qwen), where it keeps a
+    dense MLP of ``intermediate_size``. ``normalize`` is the family's default for
+    ``norm_topk_prob`` (Mixtral has no such field and always renormalises)."""
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
+    sparse = tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(spec.num_layers))
+    return replace(
+        spec,
+        sparse_layers=sparse,
+        num_experts=experts,
+        experts_per_token=int(cfg.require("num_experts_per_tok")) if experts else 0,
+        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or spec.intermediate_size),
+        norm_topk_prob=bool(cfg.get("norm_topk_prob", normalize)),
+        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
     )

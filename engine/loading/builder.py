@@ -18,6 +18,7 @@ from engine.modules.attention import Attention
 from engine.modules.decoder import CausalLM, DecoderBlock
 from engine.modules.linear import DenseLinear, ProjectionGroup
 from engine.modules.mlp import GatedMLP
+from engine.modules.moe import SparseMoE
 from engine.modules.mrope import MultimodalRotaryEmbedding
 from engine.modules.norms import RMSNorm
 from engine.modules.rope import RotaryEmbedding
@@ -127,14 +128,53 @@ class ModelBuilder:
         h, f = s.hidden_size, s.intermediate_size
         if n.gate_up_fused and not self.has_linear(p + n.gate):
             gate_up = ProjectionGroup([(self.linear(p + n.gate_up_fused, h, 2 * f, s.mlp_bias), [f, f])])
+            return GatedMLP(gate_up, self.linear(p + n.down, f, h, s.mlp_bias), s.activation)
+        return self.gated_mlp(p + n.gate, p + n.up, p + n.down, f, s.mlp_bias)
+
+    def gated_mlp(self, gate: str, up: str, down: str, f: int, bias: bool = False) -> GatedMLP:
+        """A gated MLP of width ``f`` from three separately stored linears."""
+        h = self.spec.hidden_size
+        gate_up = ProjectionGroup([(self.linear(gate, h, f, bias), [f]), (self.linear(up, h, f, bias), [f])])
+        return GatedMLP(gate_up, self.linear(down, f, h, bias), self.spec.activation)
+
+    def moe(self, p: str) -> SparseMoE:
+        """A mixture-of-experts block. Experts stored one linear each (the Hub's layout, and every
+        EXL3 conversion's) are read as such; otherwise the fused 3-D ``gate_up_proj`` /
+        ``down_proj`` of transformers 5 are sliced per expert (views: no copy)."""
+        s, n = self.spec, self.names
+        h, f, count = s.hidden_size, s.moe_intermediate_size, s.num_experts
+        router = self.linear(p + n.router, h, count, False)
+        fused = p + n.experts_fused
+        first = p + n.expert_gate.format(e=0)
+        if not self.has_linear(first) and self.store.has(f"{fused}.gate_up_proj"):
+            gate_up = self.tensor(f"{fused}.gate_up_proj", [count, 2 * f, h])
+            down = self.tensor(f"{fused}.down_proj", [count, h, f])
+            experts = [
+                GatedMLP(
+                    ProjectionGroup([(DenseLinear(gate_up[e, :f]), [f]), (DenseLinear(gate_up[e, f:]), [f])]),
+                    DenseLinear(down[e]),
+                    s.activation,
+                )
+                for e in range(count)
+            ]
         else:
-            gate_up = ProjectionGroup(
-                [
-                    (self.linear(p + n.gate, h, f, s.mlp_bias), [f]),
-                    (self.linear(p + n.up, h, f, s.mlp_bias), [f]),
-                ]
+            experts = [
+                self.gated_mlp(
+                    p + n.expert_gate.format(e=e),
+                    p + n.expert_up.format(e=e),
+                    p + n.expert_down.format(e=e),
+                    f,
+                )
+                for e in range(count)
+            ]
+        shared = shared_gate = None
+        if s.shared_expert_intermediate_size:
+            k = p + n.shared_expert
+            shared = self.gated_mlp(
+                f"{k}.gate_proj", f"{k}.up_proj", f"{k}.down_proj", s.shared_expert_intermediate_size
             )
-        return GatedMLP(gate_up, self.linear(p + n.down, f, h, s.mlp_bias), s.activation)
+            shared_gate = self.linear(p + n.shared_expert_gate, h, 1, False)
+        return SparseMoE(router, experts, s.experts_per_token, s.norm_topk_prob, shared, shared_gate)
 
     def block(self, i: int, rope: dict[str, RotaryEmbedding]) -> DecoderBlock:
         s, n = self.spec, self.names
@@ -143,7 +183,7 @@ class ModelBuilder:
             attn_in_norm=self.norm(p + n.attn_in_norm, s.hidden_size),
             attention=self.attention(i, p, rope),
             mlp_in_norm=self.norm(p + n.mlp_in_norm, s.hidden_size),
-            mlp=self.mlp(p),
+            mlp=self.moe(p) if s.is_sparse(i) else self.mlp(p),
             attn_out_norm=self.norm(p + n.attn_out_norm, s.hidden_size) if n.attn_out_norm else None,
             mlp_out_norm=self.norm(p + n.mlp_out_norm, s.hidden_size) if n.mlp_out_norm else None,
         )

@@ -10,6 +10,7 @@ from torch import nn
 from engine.modules.attention import Attention
 from engine.modules.batch import BatchLayout
 from engine.modules.mlp import GatedMLP
+from engine.modules.moe import SparseMoE
 from engine.modules.norms import add_and_norm
 from engine.modules.splice import InputSplice
 
@@ -29,7 +30,7 @@ class DecoderBlock(nn.Module):
         attn_in_norm: nn.Module,
         attention: Attention,
         mlp_in_norm: nn.Module,
-        mlp: GatedMLP,
+        mlp: GatedMLP | SparseMoE,
         attn_out_norm: nn.Module | None = None,
         mlp_out_norm: nn.Module | None = None,
     ) -> None:

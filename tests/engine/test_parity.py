@@ -29,7 +29,15 @@ def test_logits_match_transformers(variant, tiny_model_factory):
 
 
 @pytest.mark.parametrize(
-    "variant", ["LlamaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM"]
+    "variant",
+    [
+        "LlamaForCausalLM",
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Phi3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "MixtralForCausalLM",
+    ],
 )
 def test_ragged_batch_matches_single_runs(variant, tiny_model_factory):
     """Three sequences of different lengths share the paged cache: chunked prefill together, then

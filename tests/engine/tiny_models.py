@@ -61,6 +61,28 @@ def _configs():
         ),
         "Phi3ForCausalLM": tf.Phi3Config(**COMMON, sliding_window=None, pad_token_id=0),
         "SmolLM3ForCausalLM": tf.SmolLM3Config(**COMMON, pad_token_id=0),
+        # Mixtures of experts: few experts, so that a decode step of a few tokens leaves some idle.
+        # Layer 2 of the Qwen3-MoE is a dense MLP (mlp_only_layers).
+        "Qwen3MoeForCausalLM": tf.Qwen3MoeConfig(
+            **COMMON,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[2],
+        ),
+        "MixtralForCausalLM": tf.MixtralConfig(
+            **COMMON, num_local_experts=4, num_experts_per_tok=2, sliding_window=16
+        ),
+        "Qwen2MoeForCausalLM": tf.Qwen2MoeConfig(
+            **COMMON,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            decoder_sparse_step=2,
+        ),
     }
 
 
@@ -75,6 +97,9 @@ VARIANTS = [
     "Gemma3ForCausalLM",
     "Phi3ForCausalLM",
     "SmolLM3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
 ]
 
 
