@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from engine.config import ModelConfig
+from engine.errors import ModelLoadError
 from engine.modules.rope import RopeSpec
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -202,6 +203,12 @@ def mixture_of_experts(spec: DecoderSpec, cfg: ModelConfig, normalize: bool) -> 
     dense MLP of ``intermediate_size``. ``normalize`` is the family's default for
     ``norm_topk_prob`` (Mixtral has no such field and always renormalises)."""
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
+    top_k = int(cfg.require("num_experts_per_tok")) if experts else 0
+    if experts and not 1 <= top_k <= experts:
+        raise ModelLoadError(
+            f"{cfg.directory / 'config.json'}: num_experts_per_tok is {top_k}, "
+            f"but the model has {experts} experts"
+        )
     step = int(cfg.get("decoder_sparse_step") or 1)
     dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
     sparse = tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(spec.num_layers))
@@ -209,7 +216,7 @@ def mixture_of_experts(spec: DecoderSpec, cfg: ModelConfig, normalize: bool) -> 
         spec,
         sparse_layers=sparse,
         num_experts=experts,
-        experts_per_token=int(cfg.require("num_experts_per_tok")) if experts else 0,
+        experts_per_token=top_k,
         moe_intermediate_size=int(cfg.get("moe_intermediate_size") or spec.intermediate_size),
         norm_topk_prob=bool(cfg.get("norm_topk_prob", normalize)),
         shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
