@@ -148,6 +148,9 @@ class LinearSlot:
     in_features: int
     out_features: int
     bits: int = 0
+    # A mixture-of-experts expert's linear: its inputs are only the tokens the router sends it,
+    # so its Hessian may rest on few rows (see _HessianHook).
+    routed: bool = False
 
     def get(self) -> nn.Module:
         return self.parent[int(self.attr)] if self.attr.isdigit() else getattr(self.parent, self.attr)
@@ -431,11 +434,23 @@ class HostPins:
 
 
 class _HessianHook:
-    """Accumulates ``sum x^T x`` and the row count of a linear's inputs (a forward pre-hook)."""
+    """Accumulates ``sum x^T x`` and the row count of a linear's inputs (a forward pre-hook).
 
-    def __init__(self, in_features: int, device: torch.device) -> None:
+    ``min_rows`` (set for mixture-of-experts experts, which see only the calibration tokens the
+    router sends them) is how many rows a Hessian needs to be trusted alone: with fewer, the
+    rows missing are filled with the identity at the seen rows' scale (their mean diagonal),
+    ``H = (sum x^T x + (min_rows - n) * s * I) / min_rows``. The estimate is thereby shrunk
+    towards plain rounding in proportion to what is missing, so a rarely chosen expert is not
+    fitted to a rank-deficient few tokens, and one that no calibration token reached is quantized
+    with ``H = I`` (no error feedback: each weight rounded on its own, in the Hadamard basis)
+    rather than with a zero Hessian. ``min_rows`` is the input width: fewer rows cannot give a
+    full-rank estimate.
+    """
+
+    def __init__(self, in_features: int, device: torch.device, min_rows: int = 0) -> None:
         self.sum = torch.zeros(in_features, in_features, dtype=torch.float32, device=device)
         self.count = 0
+        self.min_rows = min_rows
 
     def __call__(self, module: nn.Module, args: tuple) -> None:
         x = args[0].reshape(-1, args[0].shape[-1]).float()
@@ -443,7 +458,14 @@ class _HessianHook:
         self.count += x.shape[0]
 
     def hessian(self) -> torch.Tensor:
-        return self.sum / max(self.count, 1)
+        h = self.sum / max(self.count, 1)
+        if self.count >= self.min_rows:
+            return h
+        scale = float(h.diagonal().mean()) if self.count else 0.0
+        filled = self.count / self.min_rows
+        h *= filled
+        h.diagonal().add_((1.0 - filled) * (scale if scale > 0 else 1.0))
+        return h
 
 
 def input_groups(slots: list[LinearSlot]) -> list[list[LinearSlot]]:
@@ -472,7 +494,8 @@ def hessian_hooks(
     groups = input_groups(slots)
     for j, group in enumerate(groups):
         last = stop and j == len(groups) - 1
-        hook = (_StoppingHessianHook if last else _HessianHook)(group[0].in_features, device)
+        min_rows = group[0].in_features if group[0].routed else 0
+        hook = (_StoppingHessianHook if last else _HessianHook)(group[0].in_features, device, min_rows)
         handles.append(group[0].get().register_forward_pre_hook(hook))
         for s in group:
             hooks[s.key] = hook
@@ -546,13 +569,33 @@ def unfuse_projections(group: nn.Module) -> None:
     group.linears, group.splits = split.linears, split.splits
 
 
+def mlp_linears(mlp: nn.Module, gate: str, up: str, down: str, routed: bool = False) -> list[LinearSlot]:
+    """The gate, up and down linears of one ``GatedMLP`` under the keys ``gate``, ``up``, ``down``."""
+    slots = []
+    for j, (kind, key) in enumerate((("gate", gate), ("up", up))):
+        lin = mlp.gate_up.linears[j]
+        slots.append(
+            LinearSlot(
+                key, kind, mlp.gate_up.linears, str(j), lin.in_features, lin.out_features, routed=routed
+            )
+        )
+    slots.append(
+        LinearSlot(down, "down", mlp, "down", mlp.down.in_features, mlp.down.out_features, routed=routed)
+    )
+    return slots
+
+
 def block_linears(block: nn.Module, prefix: str, names) -> list[LinearSlot]:
     """The quantizable linears of one decoder block with their checkpoint keys. Fused q/k/v and
-    gate/up projections are split first (:func:`unfuse_projections`) and keyed by the split names."""
+    gate/up projections are split first (:func:`unfuse_projections`) and keyed by the split names.
+    A mixture-of-experts block gives each expert's gate/up/down (keyed one linear per expert,
+    whether the source fused them or not) and its shared expert's; its router is not quantized."""
+    from engine.modules.moe import SparseMoE
+
     attn, mlp = block.attention, block.mlp
     if names.qkv_fused:
         unfuse_projections(attn.qkv)
-    if names.gate_up_fused:
+    if names.gate_up_fused and not isinstance(mlp, SparseMoE):
         unfuse_projections(mlp.gate_up)
     slots = []
     for j, (kind, name) in enumerate((("q", names.q), ("k", names.k), ("v", names.v))):
@@ -563,14 +606,14 @@ def block_linears(block: nn.Module, prefix: str, names) -> list[LinearSlot]:
     slots.append(
         LinearSlot(prefix + names.o, "o", attn, "o_proj", attn.o_proj.in_features, attn.o_proj.out_features)
     )
-    for j, (kind, name) in enumerate((("gate", names.gate), ("up", names.up))):
-        lin = mlp.gate_up.linears[j]
-        slots.append(
-            LinearSlot(prefix + name, kind, mlp.gate_up.linears, str(j), lin.in_features, lin.out_features)
-        )
-    slots.append(
-        LinearSlot(prefix + names.down, "down", mlp, "down", mlp.down.in_features, mlp.down.out_features)
-    )
+    if not isinstance(mlp, SparseMoE):
+        return slots + mlp_linears(mlp, prefix + names.gate, prefix + names.up, prefix + names.down)
+    for e, expert in enumerate(mlp.experts):
+        keys = (names.expert_gate, names.expert_up, names.expert_down)
+        slots += mlp_linears(expert, *(prefix + k.format(e=e) for k in keys), routed=True)
+    if mlp.shared is not None:
+        shared = prefix + names.shared_expert
+        slots += mlp_linears(mlp.shared, f"{shared}.gate_proj", f"{shared}.up_proj", f"{shared}.down_proj")
     return slots
 
 
@@ -1135,8 +1178,8 @@ def _convert_model(
         p = names.prefix + names.layer.format(i=i)
         plain(p + names.attn_in_norm + ".weight")
         for s in slots:
-            if s.kind == "gate":  # attention side done: its norms, then the MLP
-                for extra in (names.attn_out_norm, names.mlp_in_norm):
+            if s.kind == "gate":  # attention side done: its norms, then the MLP (a MoE's router first)
+                for extra in (names.attn_out_norm, names.mlp_in_norm, names.router, names.shared_expert_gate):
                     if extra:
                         plain(p + extra + ".weight")
             outputs.append((s.key, linear_tensors(done, s.key), s.bits))
@@ -1152,6 +1195,8 @@ def _convert_model(
             if fused:
                 p = names.prefix + names.layer.format(i=i) + fused
                 claimed |= {f"{p}.weight", f"{p}.bias"}
+        experts = names.prefix + names.layer.format(i=i) + names.experts_fused
+        claimed |= {f"{experts}.gate_up_proj", f"{experts}.down_proj"}
     for key in sorted(store.keys()):
         if key not in claimed and key not in copied and not key.endswith("rotary_emb.inv_freq"):
             plain(key)
