@@ -30,6 +30,7 @@ wrote a cache slot past the job's end.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -211,6 +212,16 @@ class Generator:
         self.prefilled_tokens = 0  # statistics: prompt tokens actually computed
         use_graphs = graphs_enabled() if cuda_graphs is None else cuda_graphs
         self._use_graphs = use_graphs and model.device.type == "cuda"
+        if self._use_graphs and not getattr(model.module, "static_decode", True):
+            # A mixture-of-experts block reads its per-expert token counts on the host and runs
+            # only the chosen experts, on as many rows as chose them: no fixed shapes for a graph
+            # to capture. Such a model decodes eagerly (and so, by default, without pipelining).
+            print(
+                "trellis: mixture-of-experts model: decode steps run without CUDA graphs "
+                "(the experts each step runs depend on its tokens)",
+                file=sys.stderr,
+            )
+            self._use_graphs = False
         self._graphs: DecodeGraphs | None = None
         if pipeline is None:
             pipeline = self._use_graphs and os.environ.get(PIPELINE_DISABLE_ENV, "") in ("", "0")

@@ -89,6 +89,13 @@ class CausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.embedding.weight.device
 
+    @property
+    def static_decode(self) -> bool:
+        """Whether a decode step launches the same kernels on the same shapes whatever its tokens
+        are, so that a CUDA graph can replay it. Not so with a mixture-of-experts block: which
+        experts run, and on how many rows, depends on the router's choice."""
+        return not any(isinstance(block.mlp, SparseMoE) for block in self.blocks)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embedding(input_ids)
         if self.embed_scale != 1.0:

@@ -189,3 +189,52 @@ def test_qwen3_moe_dense_and_sparse_layers(tiny_model_factory):
     kinds = [type(b.mlp).__name__ for b in model.module.blocks]
     assert kinds == ["SparseMoE", "SparseMoE", "GatedMLP", "SparseMoE"]
     assert len(model.module.blocks[0].mlp.experts) == 8 and model.module.blocks[0].mlp.top_k == 2
+
+
+# -- generation ---------------------------------------------------------------------------------
+
+
+def _greedy(model, prompts, **kwargs) -> list[list[int]]:
+    from engine.generation.generator import Generator
+    from engine.generation.job import Job
+
+    gen = Generator(model, cache_tokens=512, page_size=16, **kwargs)
+    jobs = [Job(p, max_new_tokens=6, stop_token_ids=()) for p in prompts]
+    return [r.token_ids for r in gen.generate(jobs)]
+
+
+def test_moe_model_generates_the_same_batched_as_alone(tiny_model_factory):
+    """Continuous batching of a MoE model: the experts each row gets do not depend on the rows
+    it shares a step with."""
+    directory, _ = tiny_model_factory("MixtralForCausalLM")
+    model = load_model(directory, device="cpu")
+    prompts = [list(range(3, 8)), list(range(40, 70)), list(range(100, 111))]
+    together = _greedy(model, prompts)
+    assert together == [_greedy(model, [p])[0] for p in prompts]
+    assert all(len(t) == 6 for t in together)
+
+
+def test_moe_model_decodes_without_cuda_graphs(tiny_model_factory, capsys):
+    """On a CUDA device a MoE model's Generator turns graph capture off (with a notice), and the
+    graph runner refuses its steps too; a dense model's keeps graphs on."""
+    import dataclasses
+
+    from engine.generation.cuda_graph import DecodeGraphs
+    from engine.generation.generator import Generator
+    from engine.generation.step import StepItem
+
+    moe = load_model(tiny_model_factory("Qwen3MoeForCausalLM")[0], device="cpu")
+    dense = load_model(tiny_model_factory("LlamaForCausalLM")[0], device="cpu")
+    assert not moe.module.static_decode and dense.module.static_decode
+    for model, graphs in ((moe, False), (dense, True)):
+        # Only the flag is read here: nothing runs, so a CPU model may pose as a CUDA one.
+        posing = dataclasses.replace(model, device=torch.device("cuda"))
+        cache = PagedKVCache.for_model(model.spec, 64, page_size=16)
+        assert Generator(posing, cache=cache, cuda_graphs=True)._use_graphs is graphs
+    assert "mixture-of-experts model: decode steps run without CUDA graphs" in capsys.readouterr().err
+
+    cache = PagedKVCache.for_model(moe.spec, 64, page_size=16)
+    table = cache.pages.allocate(1)
+    runner = DecodeGraphs(moe.module, cache, max_batch=2, min_pages=1)
+    assert runner.run([StepItem([5], 3, table, "last")]) is None
+    assert "mixture-of-experts" in runner.failed
