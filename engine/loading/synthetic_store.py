@@ -121,12 +121,25 @@ class SyntheticWeightStore(TensorIndex):
                 linear(p + n.k, h, kv_out, s.qkv_bias, bits)
                 linear(p + n.v, h, kv_out, s.qkv_bias, bits)
             linear(p + n.o, q_out, h, s.o_bias, bits)
-            if n.gate_up_fused:
+            if s.is_sparse(i):  # routers stay dense, as a converter leaves them
+                linear(p + n.router, h, s.num_experts, False, None)
+                fe = s.moe_intermediate_size
+                for e in range(s.num_experts):
+                    linear(p + n.expert_gate.format(e=e), h, fe, False, bits)
+                    linear(p + n.expert_up.format(e=e), h, fe, False, bits)
+                    linear(p + n.expert_down.format(e=e), fe, h, False, bits)
+                if s.shared_expert_intermediate_size:
+                    fs, k = s.shared_expert_intermediate_size, p + n.shared_expert
+                    for key, n_in, n_out in (("gate_proj", h, fs), ("up_proj", h, fs), ("down_proj", fs, h)):
+                        linear(f"{k}.{key}", n_in, n_out, False, bits)
+                    linear(p + n.shared_expert_gate, h, 1, False, None)
+            elif n.gate_up_fused:
                 linear(p + n.gate_up_fused, h, 2 * f, s.mlp_bias, bits)
+                linear(p + n.down, f, h, s.mlp_bias, bits)
             else:
                 linear(p + n.gate, h, f, s.mlp_bias, bits)
                 linear(p + n.up, h, f, s.mlp_bias, bits)
-            linear(p + n.down, f, h, s.mlp_bias, bits)
+                linear(p + n.down, f, h, s.mlp_bias, bits)
         self._plan[n.prefix + n.final_norm + ".weight"] = ("norm", h)
         if not s.tie_word_embeddings:
             head_k = head_bits if bits is not None and head_bits is not None and head_bits < 16 else None

@@ -15,6 +15,12 @@ Frobenius error of the quantized block output against the unquantized block outp
 Finally the head is quantized at ``head_bits`` and the output directory is written in the
 reference layout, so that ExLlamaV3 and our loader read it alike.
 
+Mixture of experts: every expert's gate/up/down is an ordinary linear here, keyed one per expert
+(also where the source fused them), and quantized with the Hessian of the calibration tokens the
+unquantized router sent it; an expert that got fewer tokens than its input width has that
+Hessian filled towards the identity (:class:`_HessianHook`). Routers (and Qwen2-MoE's
+shared-expert gate) are copied in fp16, unquantized, as ExLlamaV3 keeps them.
+
 Memory: the source model is never loaded whole. Its blocks are read from the checkpoint onto
 the device one at a time, in float32 (:mod:`engine.quant.source_model`), so the weights need the
 largest block's memory (the embedding lookup runs on the host). The calibration hidden states

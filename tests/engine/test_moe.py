@@ -238,3 +238,32 @@ def test_moe_model_decodes_without_cuda_graphs(tiny_model_factory, capsys):
     runner = DecodeGraphs(moe.module, cache, max_batch=2, min_pages=1)
     assert runner.run([StepItem([5], 3, table, "last")]) is None
     assert "mixture-of-experts" in runner.failed
+
+
+def test_synthetic_moe_model_builds_with_quantized_experts_and_a_dense_router():
+    """``bench --synthetic`` shapes may be MoE: random EXL3 experts (shared one too), dense routers."""
+    from engine.loading.synthetic_store import synthetic_model
+    from engine.quant import EXL3Linear
+
+    shape = {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 256,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 320,
+        "max_position_embeddings": 256,
+    }
+    model = synthetic_model(shape, bits=3, dtype=torch.float32, exl3_mode="dense")
+    dense, sparse = (b.mlp for b in model.module.blocks)
+    assert isinstance(dense, GatedMLP) and isinstance(sparse, SparseMoE)
+    assert isinstance(sparse.router, DenseLinear) and isinstance(sparse.shared_gate, DenseLinear)
+    assert isinstance(sparse.experts[3].down, EXL3Linear) and isinstance(sparse.shared.down, EXL3Linear)
+    cache = PagedKVCache.for_model(model.spec, 32, page_size=16)
+    assert torch.isfinite(score_tokens(model.module, cache, list(range(3, 19)))).all()
