@@ -88,9 +88,7 @@ class DecodeGraphs:
         self.min_pages = min_pages
         self.device = model.device
         self.failed: str | None = None  # why capture failed; then run() always returns None
-        if not getattr(
-            model, "static_decode", True
-        ):  # the Generator does not use graphs for these; nor do we
+        if not getattr(model, "static_decode", True):  # the Generator decodes these eagerly too
             self.failed = "a mixture-of-experts step has data-dependent shapes"
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
