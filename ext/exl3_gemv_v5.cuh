@@ -48,11 +48,13 @@ __host__ __device__ constexpr int v5_u_rows(int n_chunks, int splits) { return 8
 __host__ __device__ constexpr int v5_u_bytes(int n_chunks, int splits, int m) {
   return v5_u_rows(n_chunks, splits) * m * 32;
 }
-__host__ __device__ constexpr int v5_red_bytes(int m) { return (kGemvThreads / 32) * m * kV5RedStride * 4; }
-
 // Rows of the int8 variant. The layout holds 4 (B columns: hi 0..3, lo 4..7), but at 3-4 rows it
 // measured no faster than the fast kernel (ext/NOTES.md, eighth session), so it stops at 2.
 constexpr int kV5Int8MaxRows = 2;
+// The per-warp sums; the int8 variant stores its hi and lo sums apart (two rows per batch row).
+__host__ __device__ constexpr int v5_red_bytes(int m) {
+  return (kGemvThreads / 32) * (m <= kV5Int8MaxRows ? 2 * m : m) * kV5RedStride * 4;
+}
 constexpr float kV5Int8Range = 16383.f;  // |q| <= 2^14 - 1: hi = q >> 7 fits a signed byte
 
 struct alignas(16) GemvV5Smem {
@@ -140,6 +142,13 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   };
 #pragma unroll
   for (int i = 0; i < ST - 1; ++i) issue_next();
+  // The input and output sign vectors are weights too: start them towards L2 now, so that their
+  // loads after the wait (in the rotations) hit L2 instead of DRAM. Two 128-byte lines per chunk.
+  if (lane < 2) {
+    const __half* suh = static_cast<const __half*>(args.suh) + (c_begin << 7) + 64 * lane;
+    for (int c = warp; c < nch; c += kWarps) prefetch_l2(suh + (c << 7));
+    if (warp == 0 && s < m) prefetch_l2(static_cast<const __half*>(args.svh) + (g << 7) + 64 * lane);
+  }
   // Chained (chained_launch.cuh), the block may start before the previous kernel has finished:
   // the weight copies above overlap its tail, and everything that reads its output (x) or writes
   // (y) comes after this wait. Unchained it returns at once. The trellis is no kernel's output.
@@ -209,8 +218,9 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   if constexpr (I8) {
 #pragma unroll
     for (int r = 0; r < kV5Int8MaxRows; ++r) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) wmax[r] = max_nan(wmax[r], __shfl_xor_sync(0xFFFFFFFFu, wmax[r], o));
+      // |u| >= 0 or a NaN with a clear sign bit: as unsigned integers they order as max_nan does
+      // (a NaN above +inf), so one warp reduction instruction takes the max.
+      wmax[r] = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(wmax[r])));
       if (lane == 0) sm.wmax_s[warp][r] = wmax[r];  // 0 where the warp had no item of row r
     }
   }
@@ -255,8 +265,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     }
 #pragma unroll
     for (int r = 0; r < kV5Int8MaxRows; ++r) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) qsum[r] += __shfl_xor_sync(0xFFFFFFFFu, qsum[r], o);
+      qsum[r] = __reduce_add_sync(0xFFFFFFFFu, qsum[r]);
       if (lane == 0) sm.wqsum_s[warp][r] = qsum[r];  // read after the loop's block barriers
     }
     __syncwarp();  // this warp's q words are written before it reads them
@@ -341,17 +350,6 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     slot = slot + 1 == ST ? 0 : slot + 1;
   }
   cp_async_wait<0>();
-  if constexpr (I8) {
-    // Columns 0..3 (lanes with lane % 4 < 2) hold sum(b * hi), columns 4..7 two lanes up sum(b * lo):
-    // sum(b * q) = 128 * hi part + lo part, in the C fragment of the fp path (columns = rows n).
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int lo = __shfl_down_sync(0xFFFFFFFFu, acci[t][e], 2);
-        acc[t][e] = fmaf(128.f, static_cast<float>(acci[t][e]), static_cast<float>(lo));
-      }
-  }
   // A chained next kernel may launch now (it waits for our completion before it touches our
   // output); no effect on unchained launches.
   chain_release();
@@ -359,7 +357,24 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 
   // ---- 3. block sum: per-warp stores, one fixed-order sum ---------------------------------
   float* red_w = reinterpret_cast<float*>(area);  // [warp][n][kV5RedStride]
-  {
+  if constexpr (I8) {
+    // C columns 0..3 hold sum(b * hi) of rows n = 0..3, columns 4..7 sum(b * lo): lanes with
+    // lane % 4 == 0 store the hi sums of rows 0, 1 and lanes with lane % 4 == 2 the lo sums, as
+    // integers ([warp][hi/lo][n][kV5RedStride]); the block sum combines them (no shuffles here).
+    const int q = lane & 3, col = lane >> 2;
+    int* rw = reinterpret_cast<int*>(red_w) + (warp * 2 + (q >> 1)) * m * kV5RedStride;
+    if ((q & 1) == 0) {
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        rw[16 * t + col] = acci[t][0];
+        rw[16 * t + col + 8] = acci[t][2];
+        if (m > 1) {
+          rw[kV5RedStride + 16 * t + col] = acci[t][1];
+          rw[kV5RedStride + 16 * t + col + 8] = acci[t][3];
+        }
+      }
+    }
+  } else {
     // C fragment: c0 = (out 16t + lane/4, batch 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
     const int n0 = 2 * (lane & 3);
     const int col = lane >> 2;
@@ -380,8 +395,18 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   for (int e = threadIdx.x; e < m * 128; e += kGemvThreads) {
     const int n = e >> 7, c = e & 127;
     float a = 0.f;
+    if constexpr (I8) {
+      // sum(b * q) = 128 * hi part + lo part per warp, then the warps in order
+      const int* ri = reinterpret_cast<const int*>(red_w);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) a += red_w[(w * m + n) * kV5RedStride + c];
+      for (int w = 0; w < kWarps; ++w) {
+        const int hi = ri[((w * 2) * m + n) * kV5RedStride + c], lo = ri[((w * 2 + 1) * m + n) * kV5RedStride + c];
+        a += fmaf(128.f, static_cast<float>(hi), static_cast<float>(lo));
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) a += red_w[(w * m + n) * kV5RedStride + c];
+    }
     if constexpr (I8) {
       // sum_k u_k w_k with w = (1024 + b) k_inv + k_bias and u = q max|u| / 16383:
       // (max|u| / 16383) (k_inv sum(b q) + (1024 k_inv + k_bias) sum(q)).
@@ -402,8 +427,14 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   }
 
   // ---- 4. split sum across the cluster (DSMEM), output rotation, store --------------------
-  cluster_sync_acq_rel();  // every block's red_s is complete and visible to the cluster
   const int n = s + warp * S;  // batch rows n = s, s + S, ... belong to this block, one per warp
+  const int f = (g << 7) + 4 * lane;
+  uint2 sv = make_uint2(0u, 0u);  // loaded before the barrier, so its latency hides behind it
+  if (n < m) sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
+  // Every block's red_s is complete and visible to the cluster; a cluster of one block needs
+  // only the block barrier (a cluster barrier costs ~600 cycles more, ext/NOTES.md 16th session).
+  if (S == 1) __syncthreads();
+  else cluster_sync_acq_rel();
   if (n < m) {
     float v[4] = {0.f, 0.f, 0.f, 0.f};
     for (int q0 = 0; q0 < S; q0 += 8) {
@@ -420,15 +451,13 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       }
     }
     warp_hadamard128(v, lane);
-    const int f = (g << 7) + 4 * lane;
-    const uint2 sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
     const float2 s01 = __half22float2(u32_as_h2(sv.x));
     const float2 s23 = __half22float2(u32_as_h2(sv.y));
     v[0] *= kRsqrt128 * s01.x; v[1] *= kRsqrt128 * s01.y;
     v[2] *= kRsqrt128 * s23.x; v[3] *= kRsqrt128 * s23.y;
     store4(args.y, args.x_dtype, (size_t)n * args.out + f, v);
   }
-  cluster_sync_relaxed();  // no block leaves (freeing its shared memory) while others still read it
+  if (S > 1) cluster_sync_relaxed();  // no block leaves (freeing its shared memory) while others read it
 }
 #endif
 
