@@ -54,7 +54,12 @@ def register(sub) -> None:
     )
     p.add_argument("--bpw", default="4", help="synthetic: comma-separated whole bits per weight 1..8")
     p.add_argument("--fp16", action="store_true", help="synthetic: add a row with dense weights")
-    p.add_argument("--head-bits", type=int, default=6, help="synthetic: bits of an untied head")
+    p.add_argument(
+        "--head-bits",
+        type=int,
+        default=6,
+        help="synthetic: bits of the head, tied or not (16: fp16; a tied head is then the embedding)",
+    )
     p.add_argument("--codebook", default="mul1", choices=CODEBOOKS, help="synthetic codebook")
     p.add_argument("--prompt-tokens", "--prompt", dest="prompt_tokens", type=int, default=4096)
     p.add_argument("--context", type=int, default=4096, help="context of the second decode figure")

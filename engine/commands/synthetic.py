@@ -23,7 +23,12 @@ def register(sub) -> None:
     p.add_argument("shape", help="a shape name from engine.shapes (e.g. llama3.1-8b), or a config.json path")
     p.add_argument("-o", "--out", required=True, help="directory to create (must not exist, or be empty)")
     p.add_argument("--bpw", type=float, default=4.0, help="whole bits per weight 1..8 (default 4)")
-    p.add_argument("--head-bits", type=int, default=6, help="bits of an untied head (16: fp16)")
+    p.add_argument(
+        "--head-bits",
+        type=int,
+        default=6,
+        help="bits of the head, tied or not, as the reference converter writes it (16: fp16)",
+    )
     p.add_argument("--codebook", default="mul1", choices=CODEBOOKS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -12,8 +12,10 @@ What the store holds, per EXL3_FORMAT.md section 3:
   codes, ``suh``/``svh`` fp16 random signs (``suh`` also carries ``1/sqrt(in)`` so activations
   keep their size from layer to layer, like the folded channel scales of a real model), and the
   codebook flag tensor;
-- the head: EXL3 at ``head_bits`` when the config does not tie it to the embedding, else the
-  embedding matrix itself (as a real tied checkpoint with ``head_bits = 16``);
+- the head: EXL3 at ``head_bits``, also where the config ties it to the embedding: the reference
+  converter then quantizes a copy of the embedding as ``lm_head`` (section 3.4), which is what a
+  user downloads; with ``head_bits = 16`` (or ``None``) an untied head is fp16 and a tied one is
+  the embedding matrix itself;
 - embedding, norms: random floating point.
 
 ``bits=None`` gives dense weights instead (``P.weight``), for the unquantized baseline.
@@ -141,8 +143,8 @@ class SyntheticWeightStore(TensorIndex):
                 linear(p + n.up, h, f, s.mlp_bias, bits)
                 linear(p + n.down, f, h, s.mlp_bias, bits)
         self._plan[n.prefix + n.final_norm + ".weight"] = ("norm", h)
-        if not s.tie_word_embeddings:
-            head_k = head_bits if bits is not None and head_bits is not None and head_bits < 16 else None
+        head_k = head_bits if bits is not None and head_bits is not None and head_bits < 16 else None
+        if head_k is not None or not s.tie_word_embeddings:
             linear(n.lm_head, h, s.vocab_size, False, head_k)
 
     def _index(self) -> dict[str, tuple]:
@@ -205,12 +207,11 @@ def synthetic_config(
         raise ValueError(f"synthetic shape '{name}' names no architecture ('architectures')")
     quant = None
     if bits is not None:
-        tied = bool(raw.get("tie_word_embeddings", False))
         quant = {
             "quant_method": "exl3",
             "version": "1.0.0",
             "bits": float(bits),
-            "head_bits": 16 if tied or head_bits is None else head_bits,
+            "head_bits": 16 if head_bits is None else head_bits,
             "codebook": codebook,
         }
         raw["quantization_config"] = quant

@@ -75,9 +75,15 @@ def test_store_writes_exl3_tensors_of_the_format(tmp_path):
     head = store.get("lm_head.trellis")
     assert tuple(head.shape) == (8, 384 // 16, 16 * 6)  # vocab 320 padded to 384, head_bits 6
     assert not store.has("lm_head.weight") and not store.has(f"{key}.weight")
-    # Tied embeddings: no head tensors at all (the model reuses the embedding matrix).
+    # Tied embeddings: the head is an EXL3 copy of the embedding, as the reference converter
+    # writes it (section 3.4); at head_bits 16 there are no head tensors (the model reuses the
+    # embedding matrix).
     tied = SyntheticWeightStore(synthetic_config(TINY_QWEN3_TIED, "t", 4, 6, "3inst"), 4)
-    assert not tied.has_prefix("lm_head") and tied.has("model.layers.1.self_attn.q_norm.weight")
+    assert tuple(tied.get("lm_head.trellis").shape) == (8, 384 // 16, 16 * 6)
+    assert not tied.has("lm_head.weight") and tied.has("model.layers.1.self_attn.q_norm.weight")
+    config16 = synthetic_config(TINY_QWEN3_TIED, "t", 4, 16, "3inst")
+    assert config16.quantization["head_bits"] == 16
+    assert not SyntheticWeightStore(config16, 4, head_bits=16).has_prefix("lm_head")
     assert not tied.has("model.layers.0.mlp.up_proj.mcg")  # 3INST has no flag tensor
     dense = SyntheticWeightStore(synthetic_config(TINY, "tiny", None, 6, "mul1"), None)
     assert dense.get("lm_head.weight", shape=[320, 128]).dtype == torch.float16
@@ -166,7 +172,7 @@ def test_named_shapes_build_their_stores():
         )
         trellis = store.get("model.layers.0.self_attn.k_proj.trellis")
         assert tuple(trellis.shape) == (cfg["hidden_size"] // 16, k // 16, 64)
-        assert store.has("lm_head.trellis") != cfg["tie_word_embeddings"]
+        assert store.has("lm_head.trellis")  # tied or not (a tied head is a quantized copy)
 
 
 def test_peer_on_a_tiny_shape(tmp_path):

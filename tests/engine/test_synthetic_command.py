@@ -58,7 +58,10 @@ def test_loads_runs_and_is_reproducible(exl3_dir: Path, tmp_path: Path, capsys) 
 
     model = load_model(tmp_path / "a", device="cpu", dtype=torch.float32)
     linears = [m for m in model.module.modules() if isinstance(m, EXL3Linear)]
-    assert len(linears) == 2 * 7 and {m.bits for m in linears} == {3}  # tied head: not quantized
+    # the tied head: a 6-bit copy of the embedding, as the reference converter writes it
+    assert len(linears) == 2 * 7 + 1 and sorted({m.bits for m in linears}) == [3, 6]
+    assert model.module.lm_head.bits == 6  # the embedding is a separate (float) matrix
+    assert model.module.lm_head.in_features == cfg["hidden_size"]
     logits = score_tokens(model.module, PagedKVCache.for_model(model.spec, 16, page_size=16), [1, 5, 9])
     assert logits.shape == (3, cfg["vocab_size"]) and torch.isfinite(logits).all()
 
