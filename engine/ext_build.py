@@ -39,6 +39,7 @@ SOURCES = (
     "quantized_cache_read.cu",
     "exl3_weight.cu",
     "sampling.cu",
+    "argmax.cu",
 )
 HEADERS = (
     "trellis_ext.h",

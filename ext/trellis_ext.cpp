@@ -289,5 +289,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   trellis::bind_quantized_cache_read(m);
   trellis::bind_exl3_weight(m);
   trellis::bind_sampling(m);
+  trellis::bind_argmax(m);
   m.attr("ABI_VERSION") = 2;
 }

@@ -57,4 +57,5 @@ void bind_gemv_v5(pybind11::module_& m);          // ext/exl3_gemv_v5.cu
 void bind_quantized_cache_read(pybind11::module_& m);  // ext/quantized_cache_read.cu
 void bind_exl3_weight(pybind11::module_& m);          // ext/exl3_weight.cu
 void bind_sampling(pybind11::module_& m);             // ext/sampling.cu
+void bind_argmax(pybind11::module_& m);               // ext/argmax.cu
 }  // namespace trellis

@@ -128,7 +128,7 @@ class DecodeGraphs:
         on the host); the items' own ``tokens`` are then placeholders. Ties: the first maximum.
         """
         logits = self._replay(items, ids)
-        return None if logits is None else logits.argmax(dim=-1)
+        return None if logits is None else ops.argmax_rows(logits)
 
     @torch.inference_mode()
     def run_logits(self, items: Sequence[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:

@@ -116,7 +116,7 @@ def _argmax_rows(logits: list) -> dict[int, int]:
     present = [(i, row[-1]) for i, row in enumerate(logits) if row is not None]
     if not present:
         return {}
-    ids = torch.stack([row for _, row in present]).argmax(dim=-1).tolist()
+    ids = ops.argmax_rows(torch.stack([row for _, row in present])).tolist()
     return {i: int(token) for (i, _), token in zip(present, ids)}
 
 

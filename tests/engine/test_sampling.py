@@ -140,3 +140,10 @@ def test_sampler_keeps_the_context_ids_as_the_context_grows():
         assert torch.equal(cached, apply_penalties(logits.clone(), settings, context, context[-10:]))
     short = [5, 6, 7]
     assert sorted(sampler.context_ids(short).tolist()) == short
+
+
+def test_argmax_rows_on_the_cpu_is_torch_argmax() -> None:
+    from engine import ops
+
+    x = torch.tensor([[1.0, 3.0, 3.0], [float("nan"), 5.0, float("nan")]])
+    assert ops.argmax_rows(x).tolist() == [1, 0] == x.argmax(dim=-1).tolist()

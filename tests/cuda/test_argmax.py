@@ -1,0 +1,42 @@
+"""Greedy decoding's argmax kernel (ext/argmax.cu) gives torch.argmax's answer: the first maximum,
+a NaN above every number, on rows of any length and stride."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import ops
+
+pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
+
+
+@pytest.mark.parametrize("vocab", [1, 3, 32000, 128256, 151937])
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_random_rows(vocab: int, rows: int) -> None:
+    x = torch.randn(rows, vocab, device="cuda", generator=torch.Generator("cuda").manual_seed(vocab + rows))
+    assert torch.equal(ops.extension().argmax_rows(x), x.argmax(dim=-1))
+
+
+def test_ties_nans_and_infinities_as_torch() -> None:
+    x = torch.zeros(7, 4099, device="cuda")
+    x[0, [5, 900, 4000]] = 3.0  # tied maxima: the first
+    x[1] = -float("inf")  # every value -inf: index 0
+    x[2, 17] = float("nan")  # a NaN beats +inf
+    x[2, 10] = float("inf")
+    x[3, [4098, 2000]] = float("nan")  # two NaNs: the first
+    x[4] = float("nan")
+    x[5, 4098] = 1.0  # the last element, outside any 16-byte vector
+    x[6, 1] = -0.0  # -0 == 0: the first zero stays
+    assert torch.equal(ops.extension().argmax_rows(x), x.argmax(dim=-1))
+
+
+def test_strided_and_unaligned_rows() -> None:
+    base = torch.randn(4, 1001, device="cuda")
+    for x in (base[:, :1000], base[:, 1:], base[::2]):  # row stride 1001 (odd), offset 1, every other row
+        assert torch.equal(ops.argmax_rows(x), x.argmax(dim=-1)), x.shape
+
+
+def test_other_dtypes_take_torch_path() -> None:
+    x = torch.randn(3, 500, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(ops.argmax_rows(x), x.argmax(dim=-1))
