@@ -540,49 +540,10 @@ def paged_decode_attention(
         float(scale),
         int(window or 0),
         float(softcap or 0.0),
-        tickets=_attention_tickets(q.device, q.shape[0] * q.shape[1]),
     )
 
 
 PAGED_HEAD_DIMS = (64, 128, 256)  # ext/paged_attention.cu instantiations
-
-# The decode attention kernel sums its own splits (the last split block of a row does it, counted
-# on a ticket it resets to zero) instead of a second launch: ~5 us per layer less at batch 1
-# (ext/NOTES.md, 16th session). TRELLIS_ATTN_COMBINE_LAUNCH=1 keeps the separate launch (A/B).
-ATTN_OWN_COMBINE = os.environ.get("TRELLIS_ATTN_COMBINE_LAUNCH", "0") in ("", "0")
-_ATTN_TICKETS = 1 << 16  # one int per (sequence, kv head, head chunk): far above any decode batch
-_attn_tickets: dict[torch.device, torch.Tensor] = {}
-
-
-def _zeroed_tickets(cache: dict, device: torch.device, rows: int, size: int) -> torch.Tensor | None:
-    """A kernel's zeroed ticket counters on ``device`` (allocated once, never replaced: a captured
-    graph keeps using the same memory; the kernels reset every ticket they count on), or None:
-    more rows than tickets, or first needed inside a graph capture (where a fresh tensor's zeros
-    would not exist until the graph first runs)."""
-    if rows > size:
-        return None
-    tickets = cache.get(device)
-    if tickets is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        tickets = torch.zeros(size, dtype=torch.int32, device=device)
-        cache[device] = tickets
-    return tickets
-
-
-_argmax_tickets_cache: dict[torch.device, torch.Tensor] = {}
-
-
-def _argmax_tickets(device: torch.device, rows: int) -> torch.Tensor | None:
-    """argmax_rows' tickets (one per row; None: one block per row)."""
-    return _zeroed_tickets(_argmax_tickets_cache, device, rows, 1 << 12)
-
-
-def _attention_tickets(device: torch.device, rows_bound: int) -> torch.Tensor | None:
-    """The decode attention kernel's tickets (see _zeroed_tickets), or None for the combine launch."""
-    if not ATTN_OWN_COMBINE:
-        return None
-    return _zeroed_tickets(_attn_tickets, device, rows_bound, _ATTN_TICKETS)
 
 
 def _cache_side(store, q: torch.Tensor) -> tuple | None:
@@ -711,7 +672,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
         or logits.stride(-1) != 1
     ):
         return logits.argmax(dim=-1)
-    return ext.argmax_rows(logits, tickets=_argmax_tickets(logits.device, logits.shape[0]))
+    return ext.argmax_rows(logits)
 
 
 def _fused_ready(*tensors: torch.Tensor) -> ModuleType | None:

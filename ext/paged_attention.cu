@@ -62,11 +62,6 @@ struct Params {
   Side k, v;
   int heads, kv_heads, group, head_chunks, max_pages, page_size, page_shift, splits, pages_per_split, window;
   float scale, softcap;
-  // Combining in the decode kernel (tickets != null): the last split block of a (sequence, grid
-  // row) to finish sums the splits into `out` (q's type), so no combine launch follows.
-  int* tickets;            // [B, kv_heads * head_chunks], zero between launches (the last block resets)
-  void* out;               // [B, H, D]
-  bool rotated;            // values are stored rotated (quantized cache): rotate the output back
 };
 
 __device__ __forceinline__ void load8(const __half* p, float (&x)[8]) {
@@ -307,82 +302,6 @@ __device__ __forceinline__ void sum_over_key_lanes(float (&v)[16], int lane) {
   }
 }
 
-// Sum the splits of one (sequence, head): one thread per output number, one warp per group, so
-// quantized values rotate back with warp shuffles. At batch 1 the grid is small and there are
-// many splits (32 at 4K for the Llama-8B shape), so the loads are issued kCombineChunk splits at a
-// time, none depending on another: a chunk costs one L2 round trip. (Loading a split's
-// accumulator only after testing its max made each split a dependent round trip, ~0.23 us: 4K
-// batch 1 took 19.2 us instead of 14.1, ext/NOTES.md.) Indices past the end are clamped to the
-// last split; an empty split's unwritten accumulator is read but never used (a select, not a
-// product).
-constexpr int kCombineChunk = 16;
-
-// Output number d of row (sequence, head) `row` from its splits' partials (before the rotation).
-// The loads bypass L1 (ld.global.cg): in the decode kernel's own combine, other blocks wrote them.
-__device__ __forceinline__ float combine_row(const float* __restrict__ part_acc, const float* __restrict__ part_m,
-                                             const float* __restrict__ part_l, int row, int splits, int D, int d) {
-  const size_t base = static_cast<size_t>(row) * splits;
-  float mx = -INFINITY;
-  for (int s0 = 0; s0 < splits; s0 += kCombineChunk) {
-    float ms[kCombineChunk];
-#pragma unroll
-    for (int i = 0; i < kCombineChunk; ++i) ms[i] = __ldcg(part_m + base + min(s0 + i, splits - 1));
-#pragma unroll
-    for (int i = 0; i < kCombineChunk; ++i) mx = fmaxf(mx, ms[i]);  // a repeated last split: same max
-  }
-  float num = 0.0f, den = 0.0f;
-  for (int s0 = 0; s0 < splits; s0 += kCombineChunk) {
-    float ms[kCombineChunk], a[kCombineChunk], lv[kCombineChunk];
-#pragma unroll
-    for (int i = 0; i < kCombineChunk; ++i) {
-      const size_t at = base + min(s0 + i, splits - 1);
-      ms[i] = __ldcg(part_m + at);
-      lv[i] = __ldcg(part_l + at);
-      a[i] = __ldcg(part_acc + at * D + d);
-    }
-#pragma unroll
-    for (int i = 0; i < kCombineChunk; ++i) {
-      if (s0 + i < splits && ms[i] != -INFINITY) {  // an empty split wrote no accumulator
-        const float w = exp2f(ms[i] - mx);
-        num += w * a[i];
-        den += w * lv[i];
-      }
-    }
-  }
-  return den > 0.0f ? num / den : 0.0f;
-}
-
-// The end of every decode block (empty splits included) where the kernel combines itself: the
-// block counts itself done on its (sequence, grid row)'s ticket; the last of the row's splits
-// then sums all of them, as combine_kernel would (same arithmetic, same order), and resets the
-// ticket. Why: the combine launch cost ~5 us per layer at batch 1 (profile-step, 16th session),
-// as much as the attention itself; the last block's sum is one L2 round trip plus a few
-// microseconds of arithmetic on a few hundred numbers.
-template <typename T>
-__device__ __forceinline__ void combine_if_last(const Params& p, int b, int h0, int nh, int D) {
-  if (p.tickets == nullptr) return;
-  __shared__ int s_last;
-  __threadfence();  // this thread's partial stores are visible device-wide ...
-  __syncthreads();  // ... for every thread of the block, before the ticket says so
-  if (threadIdx.x == 0) {
-    int* ticket = p.tickets + static_cast<size_t>(blockIdx.z) * gridDim.y + blockIdx.y;
-    const bool last = atomicAdd(ticket, 1) == p.splits - 1;
-    if (last) *ticket = 0;  // every split has counted: ready for the next launch
-    s_last = last;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();  // the other splits' stores, seen through their tickets, before our loads
-  // A warp covers 32 consecutive numbers of one head (D % 32 == 0): one rotation group.
-  for (int idx = threadIdx.x; idx < nh * D; idx += kThreads) {
-    const int h = idx / D, d = idx % D;
-    const int row = b * p.heads + h0 + h;
-    float o = combine_row(p.part_acc, p.part_m, p.part_l, row, p.splits, D, d);
-    if (p.rotated) o = hadamard32_warp(o, threadIdx.x % 32) * kInvSqrtGroup;
-    store1(static_cast<T*>(p.out) + static_cast<size_t>(row) * D + d, o);
-  }
-}
-
 template <int D, typename T, int MAXH>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params p) {
   constexpr int L = D / 8;
@@ -411,7 +330,6 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
       p.part_m[part + threadIdx.x * p.splits] = -INFINITY;
       p.part_l[part + threadIdx.x * p.splits] = 0.0f;
     }
-    combine_if_last<T>(p, b, h0, nh, D);
     return;
   }
   const int last = end - 1, stride = kWarps * KPI;
@@ -589,7 +507,6 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
       p.part_l[at] = den;
     }
   }
-  combine_if_last<T>(p, b, h0, nh, D);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -855,7 +772,6 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
       p.part_m[part + threadIdx.x * p.splits] = -INFINITY;
       p.part_l[part + threadIdx.x * p.splits] = 0.0f;
     }
-    combine_if_last<T>(p, b, h0, nh, D);
     return;
   }
   const int last = end - 1, stride = kWarps * kTile;
@@ -1080,8 +996,17 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
       p.part_l[at] = den;
     }
   }
-  combine_if_last<T>(p, b, h0, nh, D);
 }
+
+// Sum the splits of one (sequence, head): one thread per output number, one warp per group, so
+// quantized values rotate back with warp shuffles. At batch 1 the grid is small and there are
+// many splits (32 at 4K for the Llama-8B shape), so the loads are issued kCombineChunk splits at a
+// time, none depending on another: a chunk costs one L2 round trip. (Loading a split's
+// accumulator only after testing its max made each split a dependent round trip, ~0.23 us: 4K
+// batch 1 took 19.2 us instead of 14.1, ext/NOTES.md.) Indices past the end are clamped to the
+// last split; an empty split's unwritten accumulator is read but never used (a select, not a
+// product).
+constexpr int kCombineChunk = 16;
 
 template <typename T>
 __global__ void combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_m,
@@ -1090,7 +1015,35 @@ __global__ void combine_kernel(const float* __restrict__ part_acc, const float* 
   chain_wait();
   chain_release();
   const int row = blockIdx.y * heads + blockIdx.x, d = threadIdx.x;
-  float o = combine_row(part_acc, part_m, part_l, row, splits, D, d);
+  const size_t base = static_cast<size_t>(row) * splits;
+  float mx = -INFINITY;
+  for (int s0 = 0; s0 < splits; s0 += kCombineChunk) {
+    float ms[kCombineChunk];
+#pragma unroll
+    for (int i = 0; i < kCombineChunk; ++i) ms[i] = part_m[base + min(s0 + i, splits - 1)];
+#pragma unroll
+    for (int i = 0; i < kCombineChunk; ++i) mx = fmaxf(mx, ms[i]);  // a repeated last split: same max
+  }
+  float num = 0.0f, den = 0.0f;
+  for (int s0 = 0; s0 < splits; s0 += kCombineChunk) {
+    float ms[kCombineChunk], a[kCombineChunk], lv[kCombineChunk];
+#pragma unroll
+    for (int i = 0; i < kCombineChunk; ++i) {
+      const size_t at = base + min(s0 + i, splits - 1);
+      ms[i] = part_m[at];
+      lv[i] = part_l[at];
+      a[i] = part_acc[at * D + d];
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineChunk; ++i) {
+      if (s0 + i < splits && ms[i] != -INFINITY) {  // an empty split wrote no accumulator
+        const float w = exp2f(ms[i] - mx);
+        num += w * a[i];
+        den += w * lv[i];
+      }
+    }
+  }
+  float o = den > 0.0f ? num / den : 0.0f;
   if (rotated) o = hadamard32_warp(o, threadIdx.x % 32) * kInvSqrtGroup;
   store1(out + static_cast<size_t>(row) * D + d, o);
 }
@@ -1245,8 +1198,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
                                   int64_t k_bits, const c10::optional<at::Tensor>& v_dense,
                                   const c10::optional<at::Tensor>& v_codes, const c10::optional<at::Tensor>& v_scales,
                                   int64_t v_bits, const at::Tensor& block_tables, const at::Tensor& lengths,
-                                  int64_t page_size, double scale, int64_t window, double softcap, int64_t splits,
-                                  const c10::optional<at::Tensor>& tickets) {
+                                  int64_t page_size, double scale, int64_t window, double softcap, int64_t splits) {
   TORCH_CHECK(q.is_cuda() && q.is_contiguous() && q.dim() == 3, "q must be a contiguous [batch, heads, dim] CUDA tensor");
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
@@ -1305,18 +1257,6 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   const dim3 grid(p.splits, p.kv_heads * p.head_chunks, static_cast<unsigned>(B));
   const dim3 cgrid(static_cast<unsigned>(H), static_cast<unsigned>(B));
   const bool rotated = p.v.bits < 16;
-  if (tickets.has_value() && tickets->defined()) {  // the decode kernel combines its own splits
-    TORCH_CHECK(tickets->is_cuda() && tickets->scalar_type() == at::kInt && tickets->is_contiguous() &&
-                    tickets->numel() >= B * p.kv_heads * p.head_chunks && tickets->device() == q.device(),
-                "tickets: zeroed int32 on q's device, one per (sequence, kv head, head chunk)");
-    p.tickets = tickets->data_ptr<int>();
-    p.out = out.data_ptr();
-    p.rotated = rotated;
-    if (half) launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr);
-    else launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream, nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return out;
-  }
   if (half) {
     launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -1387,7 +1327,7 @@ void bind_paged_attention(pybind11::module_& m) {
         py::arg("q"), py::arg("k_dense"), py::arg("k_codes"), py::arg("k_scales"), py::arg("k_bits"),
         py::arg("v_dense"), py::arg("v_codes"), py::arg("v_scales"), py::arg("v_bits"), py::arg("block_tables"),
         py::arg("lengths"), py::arg("page_size"), py::arg("scale"), py::arg("window") = 0,
-        py::arg("softcap") = 0.0, py::arg("splits") = 0, py::arg("tickets") = py::none());
+        py::arg("softcap") = 0.0, py::arg("splits") = 0);
   m.def("quantized_cache_write", &quantized_cache_write,
         "quantize x [n, kv_heads, dim] to 2-8 bit planes and write rows `slots` of codes/scales", py::arg("x"),
         py::arg("slots"), py::arg("codes"), py::arg("scales"), py::arg("bits"));

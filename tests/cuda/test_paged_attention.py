@@ -234,9 +234,8 @@ def test_store_write_uses_the_kernel_and_reads_back():
     assert 0.02 < rel_fro(back, x.float()) < 0.15
 
 
-def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits=0, tickets=None):
-    """``ops.paged_decode_attention``'s extension call, with the binding's ``splits`` (and, given
-    ``tickets``, the decode kernel combining its own splits)."""
+def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits=0):
+    """``ops.paged_decode_attention``'s extension call, with the binding's ``splits``."""
     k_side, v_side = ops._cache_side(layer.keys, q), ops._cache_side(layer.values, q)
     return ops.extension().paged_decode_attention(
         q,
@@ -249,7 +248,6 @@ def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits
         window=int(window or 0),
         softcap=float(softcap or 0.0),
         splits=splits,
-        tickets=tickets,
     )
 
 
@@ -274,29 +272,3 @@ def test_combine_over_split_counts(kbits, vbits, head_dim, dtype, splits):
         assert torch.isfinite(got).all()
         assert rel_fro(got, want) < TOL[dtype], (window, softcap)
         assert torch.equal(got, _ext_call(layer, tables, lens, q, 64, window, softcap, splits=splits))
-
-
-# The decode kernel's own combine (the last split block of a row sums the splits) against the
-# combine launch: the same arithmetic in the same order, so the same bits; every ticket is back
-# to zero after each call (the next launch counts from there).
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (3, 6)])
-@pytest.mark.parametrize("splits", [0, 1, 17, 200])
-def test_own_combine_equals_the_combine_launch(kbits, vbits, head_dim, dtype, splits):
-    lengths = [1, 64 * 40 - 5, 700, 65]
-    layer, tables, lens, q = _case(kbits, vbits, head_dim, 16, 2, lengths, dtype, page=64, seed=splits + 5)
-    tickets = torch.zeros(64, dtype=torch.int32, device="cuda")
-    for window, softcap in ((None, None), (100, 30.0)):
-        launch = _ext_call(layer, tables, lens, q, 64, window, softcap, splits=splits)
-        for _ in range(2):
-            own = _ext_call(layer, tables, lens, q, 64, window, softcap, splits=splits, tickets=tickets)
-            assert torch.equal(own, launch), (window, softcap)
-            assert not tickets.any()
-
-
-def test_ops_call_uses_the_own_combine():
-    layer, tables, lens, q = _case(4, 4, 128, 32, 8, [900], torch.bfloat16, seed=3)
-    got = ops.paged_decode_attention(q, layer, tables, lens, PAGE, 128**-0.5, None, None)
-    assert ops.ATTN_OWN_COMBINE and not ops._attn_tickets[q.device].any()
-    assert torch.equal(got, _ext_call(layer, tables.to(torch.int32), lens, q, PAGE))
