@@ -19,7 +19,9 @@ from tiny_models import build_tiny_model  # noqa: E402
 pytestmark = pytest.mark.cuda
 
 
-@pytest.mark.parametrize("variant", ["LlamaForCausalLM", "Gemma3ForCausalLM", "Qwen3ForCausalLM"])
+@pytest.mark.parametrize(
+    "variant", ["LlamaForCausalLM", "Gemma3ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"]
+)
 def test_tiny_models_on_gpu_match_transformers(variant, tmp_path):
     reference = build_tiny_model(variant, tmp_path).cuda()
     ids = torch.randint(3, 320, (64,), generator=torch.Generator().manual_seed(0))
