@@ -2,7 +2,8 @@
 //
 // Why: torch.argmax over a 128K vocabulary took 28 us per decode step on the H200 (profile-step,
 // session 16), ~3% of a 1B model's step, for 0.5 MB of reading. One 1024-thread block with 16-byte
-// loads reads a row in a few microseconds.
+// loads took 16.6 us (one multiprocessor's reading); several blocks per row, combined by the last
+// one, measured no faster in the whole step (ext/NOTES.md, sixteenth session).
 // The answer is torch.argmax's: the first maximum, and a NaN counts as larger than any number
 // (the first NaN wins).
 #include <c10/cuda/CUDAException.h>
