@@ -9,13 +9,19 @@ The facts, per family (from llama.cpp's converter and runtime):
 * Qwen2/Qwen3 and Gemma use the "NEOX" (halves) RoPE in llama.cpp too: no permutation.
 * Gemma: HF's RMSNorm computes ``x * (1 + w)`` and stores ``w``; llama.cpp computes ``x * w``, so
   the converter stored ``w + 1`` for every ``*norm.weight``. We subtract 1.
+* Mixtures of experts: llama.cpp stacks a layer's experts into one 3-D tensor per projection
+  (``ffn_{gate,up,down}_exps``, expert-major); older Mixtral files have one 2-D tensor per expert
+  (``ffn_gate.E``). The router is ``ffn_gate_inp``. Mixtral is converted with the *llama*
+  architecture (and its q/k permutation) plus ``llama.expert_count``. GGUF has no
+  ``mlp_only_layers`` / ``decoder_sparse_step``: which layers are sparse is read off the tensors
+  (a layer with a router is sparse). We write the Hub's layout: one 2-D tensor per expert.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +47,11 @@ class ArchSpec:
     unpermute_qk: bool = False
     norm_offset: float = 0.0  # subtracted from every *norm.weight
     optional_tensors: frozenset[str] = field(default_factory=frozenset)
+    # Mixture of experts: GGUF stem of a stacked expert tensor (``ffn_gate_exps``) -> HF name
+    # under model.layers.N. with ``{e}`` for the expert. Empty for dense families.
+    expert_tensors: Mapping[str, str] = field(default_factory=dict)
+    # Block tensors HF keeps as a [1, n] matrix that llama.cpp may store as a vector.
+    row_vectors: frozenset[str] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,26 @@ _GEMMA3_BLOCK = {
 }
 
 
+_QWEN_MOE_BLOCK = {"ffn_gate_inp": "mlp.gate"}
+_QWEN_EXPERTS = {
+    "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+    "ffn_up_exps": "mlp.experts.{e}.up_proj",
+    "ffn_down_exps": "mlp.experts.{e}.down_proj",
+}
+_QWEN2_SHARED_EXPERT = {
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+_MIXTRAL_MOE_BLOCK = {"ffn_gate_inp": "block_sparse_moe.gate"}
+_MIXTRAL_EXPERTS = {  # Mixtral's w1/w3/w2 are gate/up/down
+    "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+    "ffn_up_exps": "block_sparse_moe.experts.{e}.w3",
+    "ffn_down_exps": "block_sparse_moe.experts.{e}.w2",
+}
+
+
 class _Reader:
     """``meta["<arch>.<key>"]`` with a clear error when a required key is absent."""
 
@@ -109,7 +140,8 @@ def _common_config(meta: Meta, ctx: ArchContext, arch: str) -> dict[str, Any]:
     head_dim = int(r.get("attention.key_length") or hidden // heads)
     cfg: dict[str, Any] = {
         "hidden_size": hidden,
-        "intermediate_size": int(r.require("feed_forward_length")),
+        # An all-MoE file may carry only the experts' width.
+        "intermediate_size": int(r.get("feed_forward_length") or r.require("expert_feed_forward_length")),
         "num_hidden_layers": int(r.require("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(kv_heads),
@@ -164,6 +196,72 @@ def _qwen3_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
     return cfg
 
 
+def sparse_layers(ctx: ArchContext) -> set[int]:
+    """Layers with a router: the sparse ones (GGUF does not say which layers are sparse)."""
+    return {
+        int(n.split(".")[1]) for n in ctx.tensor_names if n.startswith("blk.") and ".ffn_gate_inp.weight" in n
+    }
+
+
+def _moe_config(meta: Meta, ctx: ArchContext, arch: str, layers: int, normalize: bool) -> dict[str, Any]:
+    """Expert counts, widths and which layers stay dense, in Qwen-MoE's field names."""
+    r = _Reader(meta, arch, ctx.path)
+    experts = int(r.require("expert_count"))
+    used = int(r.require("expert_used_count"))
+    if not 1 <= used <= experts:
+        raise GGUFImportError(
+            f"{ctx.path}: {arch}.expert_used_count is {used}, but there are {experts} experts"
+        )
+    sparse = sparse_layers(ctx)
+    cfg: dict[str, Any] = {
+        "num_experts": experts,
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": int(r.get("expert_feed_forward_length") or r.require("feed_forward_length")),
+        # llama.cpp hard-codes the renormalisation per family unless the file says otherwise.
+        "norm_topk_prob": bool(r.get("expert_weights_norm", normalize)),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": sorted(set(range(layers)) - sparse),
+    }
+    if any(".ffn_up_shexp." in n for n in ctx.tensor_names):
+        cfg["shared_expert_intermediate_size"] = int(r.require("expert_shared_feed_forward_length"))
+    return cfg
+
+
+def _qwen3moe_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
+    cfg = _common_config(meta, ctx, "qwen3moe")
+    cfg.update(hidden_act="silu", use_sliding_window=False)
+    cfg.update(_moe_config(meta, ctx, "qwen3moe", cfg["num_hidden_layers"], normalize=True))
+    return cfg
+
+
+def _qwen2moe_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
+    cfg = _common_config(meta, ctx, "qwen2moe")
+    cfg["qkv_bias"] = cfg.pop("attention_bias")  # Qwen2-MoE's name for the q/k/v biases
+    cfg.update(hidden_act="silu", use_sliding_window=False)
+    cfg.update(_moe_config(meta, ctx, "qwen2moe", cfg["num_hidden_layers"], normalize=False))
+    return cfg
+
+
+def _mixtral_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
+    cfg = _common_config(meta, ctx, "llama")
+    layers = cfg["num_hidden_layers"]
+    moe = _moe_config(meta, ctx, "llama", layers, normalize=True)
+    if moe["mlp_only_layers"]:
+        raise GGUFImportError(
+            f"{ctx.path}: Mixtral layers {moe['mlp_only_layers']} have no experts (no ffn_gate_inp router); "
+            "Mixtral has no dense layers"
+        )
+    cfg.pop("attention_bias")  # Mixtral's config has no such field (and no biases)
+    cfg.update(
+        hidden_act="silu",
+        num_local_experts=moe["num_experts"],
+        num_experts_per_tok=moe["num_experts_per_tok"],
+        intermediate_size=moe["moe_intermediate_size"],  # Mixtral's experts are its only MLPs
+        sliding_window=None,  # llama.cpp keeps no sliding window for Mixtral
+    )
+    return cfg
+
+
 GEMMA3_SLIDING_PATTERN = 6  # five sliding-window layers, then one global (llama.cpp hard-codes it)
 GEMMA3_LOCAL_ROPE_THETA = 10000.0  # base of the sliding layers' RoPE, not stored in GGUF
 
@@ -194,16 +292,48 @@ def _gemma3_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
     return cfg
 
 
+_LLAMA = ArchSpec("llama", "LlamaForCausalLM", "llama", _LLAMA_BLOCK, _llama_config, unpermute_qk=True)
+
 ARCHITECTURES: dict[str, ArchSpec] = {
     spec.gguf_name: spec
     for spec in (
-        ArchSpec("llama", "LlamaForCausalLM", "llama", _LLAMA_BLOCK, _llama_config, unpermute_qk=True),
+        _LLAMA,
         ArchSpec("qwen2", "Qwen2ForCausalLM", "qwen2", _LLAMA_BLOCK, _qwen2_config),
         ArchSpec("qwen3", "Qwen3ForCausalLM", "qwen3", {**_LLAMA_BLOCK, **_QK_NORM}, _qwen3_config),
         ArchSpec(
             "gemma3", "Gemma3ForCausalLM", "gemma3_text", _GEMMA3_BLOCK, _gemma3_config, norm_offset=1.0
         ),
+        ArchSpec(
+            "qwen3moe",
+            "Qwen3MoeForCausalLM",
+            "qwen3_moe",
+            {**_LLAMA_BLOCK, **_QK_NORM, **_QWEN_MOE_BLOCK},
+            _qwen3moe_config,
+            expert_tensors=_QWEN_EXPERTS,
+        ),
+        ArchSpec(
+            "qwen2moe",
+            "Qwen2MoeForCausalLM",
+            "qwen2_moe",
+            {**_LLAMA_BLOCK, **_QWEN_MOE_BLOCK, **_QWEN2_SHARED_EXPERT},
+            _qwen2moe_config,
+            expert_tensors=_QWEN_EXPERTS,
+            row_vectors=frozenset({"ffn_gate_inp_shexp"}),
+        ),
     )
+}
+
+# A GGUF architecture whose files with ``<arch>.expert_count`` > 0 are another HF architecture:
+# llama.cpp writes Mixtral as "llama".
+MOE_VARIANTS: dict[str, ArchSpec] = {
+    "llama": replace(
+        _LLAMA,
+        hf_architecture="MixtralForCausalLM",
+        model_type="mixtral",
+        block_tensors={**_LLAMA_BLOCK, **_MIXTRAL_MOE_BLOCK},
+        build_config=_mixtral_config,
+        expert_tensors=_MIXTRAL_EXPERTS,
+    ),
 }
 
 
@@ -212,6 +342,8 @@ def arch_spec(meta: Meta, path: str) -> ArchSpec:
     if arch is None:
         raise GGUFImportError(f"{path}: metadata general.architecture is missing")
     spec = ARCHITECTURES.get(str(arch))
+    if str(arch) in MOE_VARIANTS and int(meta.get(f"{arch}.expert_count") or 0) > 0:
+        spec = MOE_VARIANTS[str(arch)]
     if spec is None:
         raise GGUFImportError(
             f"{path}: architecture {arch!r} is not supported by the GGUF importer "
@@ -221,6 +353,20 @@ def arch_spec(meta: Meta, path: str) -> ArchSpec:
 
 
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(.+)\.(weight|bias)")
+
+
+_EXPERT_NAME = re.compile(r"blk\.(\d+)\.(ffn_(?:gate|up|down))(_exps|\.\d+)\.weight")
+
+
+def expert_tensor(spec: ArchSpec, gguf_name: str) -> tuple[str, int | None] | None:
+    """For an expert tensor, its HF name template (``{e}`` left to fill) and, for a per-expert
+    2-D tensor of an old file, its expert index (None for a stacked 3-D one); None otherwise."""
+    match = _EXPERT_NAME.fullmatch(gguf_name)
+    if not match or f"{match.group(2)}_exps" not in spec.expert_tensors:
+        return None
+    layer, stem, suffix = match.groups()
+    template = f"model.layers.{layer}.{spec.expert_tensors[stem + '_exps']}.weight"
+    return template, (None if suffix == "_exps" else int(suffix[1:]))
 
 
 def hf_tensor_name(spec: ArchSpec, gguf_name: str, path: str) -> str:

@@ -26,6 +26,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from engine.loading.gguf_arch import (
     ArchContext,
     ArchSpec,
     arch_spec,
+    expert_tensor,
     fix_tensor,
     hf_tensor_name,
     needs_whole_tensor,
@@ -100,13 +102,25 @@ def import_gguf(
 # ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Output:
+    """One tensor of the output: all of a GGUF tensor, or one expert of a stacked 3-D one."""
+
+    info: TensorInfo
+    name: str
+    shape: tuple[int, ...]
+    expert: int | None = None  # index along the stacked tensor's first axis
+
+
 class _Plan:
-    def __init__(
-        self, spec: ArchSpec, config: dict[str, Any], tensors: list[tuple[TensorInfo, str]], dtype: str
-    ):
+    def __init__(self, spec: ArchSpec, config: dict[str, Any], tensors: list[_Output], dtype: str):
         self.spec, self.config, self.tensors, self.dtype = spec, config, tensors, dtype
         self.itemsize = SUPPORTED_DTYPES[dtype][1]
-        self.output_bytes = sum(int(np.prod(t.shape, dtype=np.int64)) * self.itemsize for t, _ in tensors)
+        self.output_bytes = sum(_size(t.shape) * self.itemsize for t in tensors)
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
 
 
 def _plan(gguf: GGUFFile, dtype: str) -> _Plan:
@@ -121,8 +135,61 @@ def _plan(gguf: GGUFFile, dtype: str) -> _Plan:
     config = spec.build_config(gguf.metadata, ctx)
     _check_block_count(gguf, config, path)
 
-    tensors = [(info, hf_tensor_name(spec, info.name, path)) for info in gguf.tensors]
+    tensors: list[_Output] = []
+    for info in gguf.tensors:
+        expert = expert_tensor(spec, info.name)
+        if expert is None:
+            shape, parts = info.shape, info.name.split(".")
+            if len(shape) == 1 and len(parts) == 4 and parts[2] in spec.row_vectors:
+                shape = (1, shape[0])
+            tensors.append(_Output(info, hf_tensor_name(spec, info.name, path), shape))
+        elif expert[1] is not None:  # an old file's per-expert 2-D tensor
+            tensors.append(_Output(info, expert[0].format(e=expert[1]), info.shape))
+        else:
+            tensors += [_Output(info, expert[0].format(e=e), info.shape[1:], e) for e in range(info.shape[0])]
+    if spec.expert_tensors:
+        _check_experts(gguf, spec, config, path)
     return _Plan(spec, config, tensors, dtype)
+
+
+def _check_experts(gguf: GGUFFile, spec: ArchSpec, config: dict[str, Any], path: str) -> None:
+    """Every sparse layer (one with a router) has all its experts, as many as the metadata says."""
+    count = int(config.get("num_experts") or config["num_local_experts"])
+    arch = spec.gguf_name
+    shapes = {t.name: t.shape for t in gguf.tensors}
+    found: dict[tuple[int, str], set[int]] = {}  # (layer, stacked stem) -> expert indices
+    for name, shape in shapes.items():
+        expert = expert_tensor(spec, name)
+        if expert is None:
+            continue
+        layer, stem = int(name.split(".")[1]), name.split(".")[2]
+        if expert[1] is None:
+            if len(shape) != 3 or shape[0] != count:
+                raise GGUFImportError(
+                    f"{path}: metadata says {count} experts ({arch}.expert_count), "
+                    f"but {name} has shape {list(shape)}"
+                )
+            found.setdefault((layer, stem), set()).update(range(count))
+        else:
+            found.setdefault((layer, f"{stem}_exps"), set()).add(expert[1])
+    routers = {int(n.split(".")[1]): shapes[n] for n in shapes if n.endswith(".ffn_gate_inp.weight")}
+    for layer in sorted({layer for layer, _ in found} | set(routers)):
+        router = routers.get(layer)
+        if router is None:
+            raise GGUFImportError(f"{path}: layer {layer} has expert tensors but no router (ffn_gate_inp)")
+        if router[0] != count:
+            raise GGUFImportError(
+                f"{path}: metadata says {count} experts ({arch}.expert_count), "
+                f"but the router blk.{layer}.ffn_gate_inp.weight has {router[0]} rows"
+            )
+        for stem in spec.expert_tensors:
+            indices = found.get((layer, stem), set())
+            if indices != set(range(count)):
+                missing = sorted(set(range(count)) - indices) or sorted(indices - set(range(count)))
+                raise GGUFImportError(
+                    f"{path}: layer {layer}: {stem} expert tensors are missing or extra "
+                    f"for experts {missing} (metadata says {count} experts)"
+                )
 
 
 def _check_block_count(gguf: GGUFFile, config: dict[str, Any], path: str) -> None:
@@ -211,16 +278,16 @@ def _publish(staging: Path, out_dir: Path) -> None:
     os.replace(staging, out_dir)
 
 
-def _shards(plan: _Plan) -> list[list[tuple[TensorInfo, str]]]:
-    ordered = sorted(plan.tensors, key=lambda item: item[1])
-    shards: list[list[tuple[TensorInfo, str]]] = [[]]
+def _shards(plan: _Plan) -> list[list[_Output]]:
+    ordered = sorted(plan.tensors, key=lambda item: item.name)
+    shards: list[list[_Output]] = [[]]
     size = 0
-    for info, name in ordered:
-        n = int(np.prod(info.shape, dtype=np.int64)) * plan.itemsize
+    for item in ordered:
+        n = _size(item.shape) * plan.itemsize
         if shards[-1] and size + n > SHARD_BYTES:
             shards.append([])
             size = 0
-        shards[-1].append((info, name))
+        shards[-1].append(item)
         size += n
     return shards
 
@@ -237,10 +304,10 @@ def _write_safetensors(gguf: GGUFFile, plan: _Plan, out: Path, report: Progress)
     for file_name, shard in zip(names, shards):
         with open(out / file_name, "wb") as handle:
             _write_header(handle, shard, plan)
-            for info, hf_name in shard:
-                done += _write_tensor(handle, gguf, plan, info)
-                weight_map[hf_name] = file_name
-                report(done / total, f"converting weights ({hf_name})")
+            for item in shard:
+                done += _write_tensor(handle, gguf, plan, item)
+                weight_map[item.name] = file_name
+                report(done / total, f"converting weights ({item.name})")
     if len(shards) > 1:
         index = {
             "metadata": {"total_size": plan.output_bytes},
@@ -249,15 +316,15 @@ def _write_safetensors(gguf: GGUFFile, plan: _Plan, out: Path, report: Progress)
         _write_json(out / "model.safetensors.index.json", index)
 
 
-def _write_header(handle: Any, shard: list[tuple[TensorInfo, str]], plan: _Plan) -> None:
+def _write_header(handle: Any, shard: list[_Output], plan: _Plan) -> None:
     """safetensors layout: u64 header length, JSON header (dtype, shape, byte range relative to
     the data), then the raw little-endian tensors back to back in header order."""
     tag = SUPPORTED_DTYPES[plan.dtype][0]
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for info, name in shard:
-        n = int(np.prod(info.shape, dtype=np.int64)) * plan.itemsize
-        header[name] = {"dtype": tag, "shape": list(info.shape), "data_offsets": [offset, offset + n]}
+    for item in shard:
+        n = _size(item.shape) * plan.itemsize
+        header[item.name] = {"dtype": tag, "shape": list(item.shape), "data_offsets": [offset, offset + n]}
         offset += n
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)  # keeps the data 8-byte aligned, as safetensors writes it
@@ -265,14 +332,18 @@ def _write_header(handle: Any, shard: list[tuple[TensorInfo, str]], plan: _Plan)
     handle.write(blob)
 
 
-def _write_tensor(handle: Any, gguf: GGUFFile, plan: _Plan, info: TensorInfo) -> int:
+def _write_tensor(handle: Any, gguf: GGUFFile, plan: _Plan, item: _Output) -> int:
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    info = item.info
     qtype = GGMLQuantizationType(info.ggml_type)
     raw = gguf.tensor_bytes(info)
     rows = int(np.prod(info.shape[:-1], dtype=np.int64)) if len(info.shape) > 1 else 1
     raw = raw.reshape(rows, -1)
+    if item.expert is not None:  # one expert of a stacked tensor: its own block of whole rows
+        rows //= info.shape[0]
+        raw = raw[item.expert * rows : (item.expert + 1) * rows]
     written = 0
     if needs_whole_tensor(plan.spec, info.name) or rows == 1:
         step = rows
@@ -281,15 +352,15 @@ def _write_tensor(handle: Any, gguf: GGUFFile, plan: _Plan, info: TensorInfo) ->
     for start in range(0, rows, step):
         block = dequantize(raw[start : start + step], qtype).astype(np.float32, copy=False)
         if step == rows:
-            block = block.reshape(info.shape)
+            block = block.reshape(item.shape)
         block = fix_tensor(plan.spec, info.name, block, plan.config)
         data = _cast(np.ascontiguousarray(block), plan.dtype)
         handle.write(data.tobytes())
         written += data.nbytes
-    expected = int(np.prod(info.shape, dtype=np.int64)) * plan.itemsize
+    expected = _size(item.shape) * plan.itemsize
     if written != expected:
         raise GGUFImportError(
-            f"{gguf.path}: tensor {info.name!r} dequantized to {written} bytes, expected {expected}"
+            f"{gguf.path}: tensor {item.name!r} dequantized to {written} bytes, expected {expected}"
         )
     return written
 

@@ -5,6 +5,7 @@ synthetic GGUFs against the HF weights they were made from, and every way an imp
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -276,6 +277,25 @@ _HF_TO_GGUF_BLOCK["qwen3"] = {
     "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
 }
+_HF_TO_GGUF_BLOCK["qwen3moe"] = {**_HF_TO_GGUF_BLOCK["qwen3"], "mlp.gate": "ffn_gate_inp"}
+_HF_TO_GGUF_BLOCK["qwen2moe"] = {
+    **_HF_TO_GGUF_BLOCK["llama"],
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+_HF_TO_GGUF_BLOCK["mixtral"] = {**_HF_TO_GGUF_BLOCK["llama"], "block_sparse_moe.gate": "ffn_gate_inp"}
+# The GGUF architecture llama.cpp writes: Mixtral is "llama" with an expert count.
+_GGUF_ARCH = {"mixtral": "llama"}
+# Hub names of one expert's gate/up/down projections, and of the router, per family.
+_EXPERT_HF = {
+    "qwen3moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "qwen2moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
+}
+_EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.\w+\.experts\.(\d+)\.(\w+)\.weight")
 _HF_TO_GGUF_GLOBAL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
@@ -285,6 +305,31 @@ def _gguf_name(arch: str, hf_name: str) -> str:
         return f"{_HF_TO_GGUF_GLOBAL[stem]}.{kind}"
     _, _, layer, part = stem.split(".", 3)
     return f"blk.{layer}.{_HF_TO_GGUF_BLOCK[arch][part]}.{kind}"
+
+
+def _hub_layout(arch: str, state: dict) -> dict:
+    """transformers 5 keeps a layer's experts fused (``mlp.experts.gate_up_proj`` [E, 2f, h],
+    ``down_proj`` [E, h, f]); checkpoints on the Hub, and the importer, use one 2-D tensor per
+    expert (Mixtral's under ``block_sparse_moe``)."""
+    if arch not in _EXPERT_HF:
+        return state
+    block, gate, up, down = _EXPERT_HF[arch]
+    out = {}
+    for name, w in state.items():
+        layer, _, rest = name.partition(".mlp.")
+        if rest == "experts.gate_up_proj":
+            f = w.shape[1] // 2
+            for e in range(w.shape[0]):
+                out[f"{layer}.{block}.experts.{e}.{gate}.weight"] = w[e, :f]
+                out[f"{layer}.{block}.experts.{e}.{up}.weight"] = w[e, f:]
+        elif rest == "experts.down_proj":
+            for e in range(w.shape[0]):
+                out[f"{layer}.{block}.experts.{e}.{down}.weight"] = w[e]
+        elif rest == "gate.weight":
+            out[f"{layer}.{block}.gate.weight"] = w
+        else:
+            out[name] = w
+    return out
 
 
 def _tiny_hf_model(arch: str):
@@ -307,6 +352,35 @@ def _tiny_hf_model(arch: str):
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common, rms_norm_eps=1e-6))
     elif arch == "qwen3":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, rms_norm_eps=1e-6))
+    elif arch in _EXPERT_HF:
+        # Four experts, two per token; the Qwen models keep one dense layer, as Qwen2-MoE's
+        # decoder_sparse_step or Qwen3-MoE's mlp_only_layers can.
+        moe = dict(num_experts_per_tok=2, rms_norm_eps=1e-6)
+        if arch == "qwen3moe":
+            config = transformers.Qwen3MoeConfig(
+                **common,
+                **moe,
+                num_experts=4,
+                moe_intermediate_size=32,
+                norm_topk_prob=True,
+                mlp_only_layers=[1],
+            )
+            model = transformers.Qwen3MoeForCausalLM(config)
+        elif arch == "qwen2moe":
+            config = transformers.Qwen2MoeConfig(
+                **common,
+                **moe,
+                num_experts=4,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=48,
+                decoder_sparse_step=2,
+            )
+            model = transformers.Qwen2MoeForCausalLM(config)
+        else:
+            config = transformers.MixtralConfig(
+                **common, **moe, num_local_experts=4, tie_word_embeddings=False
+            )
+            model = transformers.MixtralForCausalLM(config)
     else:
         config = transformers.Gemma3TextConfig(
             **common, sliding_window=64, rms_norm_eps=1e-6, query_pre_attn_scalar=common["head_dim"]
@@ -320,14 +394,19 @@ def _tiny_hf_model(arch: str):
     return model
 
 
-def write_tiny_gguf(path: Path, arch: str, quant: int = Q.F32) -> dict:
-    """A GGUF of a tiny random HF model, converted as llama.cpp does; returns the HF state dict."""
+def write_tiny_gguf(
+    path: Path, arch: str, quant: int = Q.F32, *, per_expert: bool = False, expert_count: int | None = None
+) -> dict:
+    """A GGUF of a tiny random HF model, converted as llama.cpp does; returns the HF state dict
+    (experts in the Hub's layout). ``per_expert`` writes experts as old Mixtral files did (one 2-D
+    tensor each) instead of stacked; ``expert_count`` overrides the metadata's count."""
     model = _tiny_hf_model(arch)
     cfg = model.config
-    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    state = _hub_layout(arch, {k: v.detach().float().numpy() for k, v in model.state_dict().items()})
     tokens, merges = _tiny_vocab()
+    family, arch = arch, _GGUF_ARCH.get(arch, arch)
     writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_string("general.name", f"tiny {arch}")
+    writer.add_string("general.name", f"tiny {family}")
     writer.add_uint32(f"{arch}.block_count", cfg.num_hidden_layers)
     writer.add_uint32(f"{arch}.context_length", cfg.max_position_embeddings)
     writer.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
@@ -337,6 +416,16 @@ def write_tiny_gguf(path: Path, arch: str, quant: int = Q.F32) -> dict:
     writer.add_uint32(f"{arch}.attention.key_length", cfg.head_dim)
     writer.add_uint32(f"{arch}.attention.value_length", cfg.head_dim)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    if family in _EXPERT_HF:
+        experts = getattr(cfg, "num_experts", None) or cfg.num_local_experts
+        writer.add_uint32(f"{arch}.expert_count", expert_count or experts)
+        writer.add_uint32(f"{arch}.expert_used_count", cfg.num_experts_per_tok)
+        if family != "mixtral":  # llama.cpp's Mixtral experts are feed_forward_length wide
+            writer.add_uint32(f"{arch}.expert_feed_forward_length", cfg.moe_intermediate_size)
+        if family == "qwen2moe":
+            writer.add_uint32(
+                f"{arch}.expert_shared_feed_forward_length", cfg.shared_expert_intermediate_size
+            )
     if arch == "gemma3":
         writer.add_uint32(f"{arch}.attention.sliding_window", cfg.sliding_window)
         writer.add_float32(f"{arch}.rope.freq_base", cfg.rope_parameters["full_attention"]["rope_theta"])
@@ -353,10 +442,22 @@ def write_tiny_gguf(path: Path, arch: str, quant: int = Q.F32) -> dict:
     writer.add_string(
         "tokenizer.chat_template", "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     )
+    stacked: dict[str, list[np.ndarray]] = {}
     for hf_name, w in state.items():
         if arch == "gemma3" and hf_name == "lm_head.weight":
             continue  # tied
-        name = _gguf_name(arch, hf_name)
+        expert = _EXPERT_NAME.fullmatch(hf_name)
+        if expert:
+            layer, e, proj = expert.groups()
+            stem = ("ffn_gate", "ffn_up", "ffn_down")[_EXPERT_HF[family].index(proj) - 1]
+            if per_expert:
+                writer.add_tensor(f"blk.{layer}.{stem}.{e}.weight", np.ascontiguousarray(w, dtype=np.float32))
+            else:  # experts in order: the state dict lists them so
+                stacked.setdefault(f"blk.{layer}.{stem}_exps.weight", []).append(w)
+            continue
+        name = _gguf_name(family, hf_name)
+        if name.endswith("ffn_gate_inp_shexp.weight"):
+            w = w.reshape(-1)  # llama.cpp's shape for the shared expert's gate: a vector
         if arch == "llama" and ".attn_q." in name:
             w = _permute_for_llama_cpp(w, cfg.num_attention_heads)
         elif arch == "llama" and ".attn_k." in name:
@@ -364,6 +465,12 @@ def write_tiny_gguf(path: Path, arch: str, quant: int = Q.F32) -> dict:
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w + 1.0
         if w.ndim == 2 and quant != Q.F32:
+            writer.add_tensor(name, gguf.quants.quantize(w, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+    for name, ws in stacked.items():
+        w = np.stack(ws)
+        if quant != Q.F32:
             writer.add_tensor(name, gguf.quants.quantize(w, quant), raw_dtype=quant)
         else:
             writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
@@ -398,7 +505,7 @@ def test_tiny_llama_round_trip_restores_hf_layout(tiny_llama_gguf, tmp_path):
     assert ours_tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<user>hi"
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mixtral"])
 def test_tiny_round_trip_gives_transformers_logits(tmp_path, arch):
     state = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch)
     out = import_gguf(tmp_path / f"{arch}.gguf", tmp_path / arch)
