@@ -14,11 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from engine.cache.paged import PagedKVCache
 from engine.cli import main as cli_main
 from engine.errors import GGUFImportError
+from engine.generation.step import score_tokens
 from engine.loading import gguf_import as gguf_import_module
 from engine.loading.gguf_import import import_gguf
 from engine.loading.gguf_reader import read_gguf
+from engine.model import load_model
 from engine.tokenizer import Tokenizer
 
 gguf = pytest.importorskip("gguf")
@@ -521,7 +524,82 @@ def test_tiny_round_trip_gives_transformers_logits(tmp_path, arch):
     reference = _tiny_hf_model(arch).eval()
     ids = torch.tensor([[5, 17, 300, 42, 9, 1000, 77]])
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+        expected = reference(ids).logits
+        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
+    if arch in _EXPERT_HF:  # the engine reads the experts' names and the MoE config fields too
+        engine_model = load_model(out, device="cpu")
+        assert engine_model.spec.num_experts == 4 and engine_model.spec.experts_per_token == 2
+        cache = PagedKVCache.for_model(engine_model.spec, 64, page_size=16)
+        got = score_tokens(engine_model.module, cache, ids[0].tolist())
+        torch.testing.assert_close(got, expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_stacked_experts_split_per_expert(tmp_path):
+    # Each expert is its own block of quantized rows of the stacked tensor.
+    state = write_tiny_gguf(tmp_path / "q.gguf", "qwen3moe", quant=Q.Q8_0)
+    ours = _state_dict(import_gguf(tmp_path / "q.gguf", tmp_path / "q"))
+    stacked = np.stack([state[f"model.layers.0.mlp.experts.{e}.down_proj.weight"] for e in range(4)])
+    expected = gguf.quants.dequantize(gguf.quants.quantize(stacked, Q.Q8_0), Q.Q8_0)
+    for e in range(4):
+        name = f"model.layers.0.mlp.experts.{e}.down_proj.weight"
+        assert torch.equal(ours[name], torch.from_numpy(expected[e])), name
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["mlp_only_layers"] == [1]
+
+
+def test_old_mixtral_per_expert_tensors(tmp_path):
+    state = write_tiny_gguf(tmp_path / "m.gguf", "mixtral", per_expert=True)
+    assert "blk.0.ffn_up.3.weight" in {t.name for t in read_gguf(tmp_path / "m.gguf").tensors}
+    out = import_gguf(tmp_path / "m.gguf", tmp_path / "m")
+    ours = _state_dict(out)
+    assert set(ours) == set(state)
+    for name, w in state.items():
+        assert torch.equal(ours[name], torch.from_numpy(w)), name
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["MixtralForCausalLM"] and config["num_local_experts"] == 4
+
+
+def _rewrite_without(src: Path, dst: Path, drop: str) -> None:
+    """Copy a GGUF, leaving out the tensor named ``drop``."""
+    reader = gguf.GGUFReader(str(src))
+    writer = gguf.GGUFWriter(str(dst), str(read_gguf(src).metadata["general.architecture"]))
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        value = field.contents()
+        if field.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_array(field.name, value)
+        else:
+            writer.add_key_value(field.name, value, field.types[0])
+    for tensor in reader.tensors:
+        if tensor.name != drop:
+            writer.add_tensor(tensor.name, np.array(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_expert_count_disagreeing_with_tensors_is_named(tmp_path):
+    write_tiny_gguf(tmp_path / "x.gguf", "qwen3moe", expert_count=8)
+    with pytest.raises(GGUFImportError, match=r"x\.gguf: metadata says 8 experts \(qwen3moe\.expert_count\)"):
+        import_gguf(tmp_path / "x.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("arch", "drop", "message"),
+    [
+        ("qwen2moe", "blk.1.ffn_down_exps.weight", r"layer 1: ffn_down_exps expert tensors are missing"),
+        ("mixtral", "blk.0.ffn_gate_inp.weight", r"Mixtral layers \[0\] have no experts"),
+        ("qwen3moe", "blk.0.ffn_gate_inp.weight", r"layer 0 has expert tensors but no router"),
+    ],
+)
+def test_missing_expert_tensors_are_named(tmp_path, arch, drop, message):
+    write_tiny_gguf(tmp_path / "full.gguf", arch)
+    _rewrite_without(tmp_path / "full.gguf", tmp_path / "cut.gguf", drop)
+    with pytest.raises(GGUFImportError, match=r"cut\.gguf: " + message):
+        import_gguf(tmp_path / "cut.gguf", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_quantized_tensors_dequantize_like_gguf(tmp_path):
