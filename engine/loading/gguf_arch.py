@@ -196,7 +196,7 @@ def _qwen3_config(meta: Meta, ctx: ArchContext) -> dict[str, Any]:
     return cfg
 
 
-def sparse_layers(ctx: ArchContext) -> set[int]:
+def _sparse_layers(ctx: ArchContext) -> set[int]:
     """Layers with a router: the sparse ones (GGUF does not say which layers are sparse)."""
     return {
         int(n.split(".")[1]) for n in ctx.tensor_names if n.startswith("blk.") and ".ffn_gate_inp.weight" in n
@@ -212,7 +212,7 @@ def _moe_config(meta: Meta, ctx: ArchContext, arch: str, layers: int, normalize:
         raise GGUFImportError(
             f"{ctx.path}: {arch}.expert_used_count is {used}, but there are {experts} experts"
         )
-    sparse = sparse_layers(ctx)
+    sparse = _sparse_layers(ctx)
     cfg: dict[str, Any] = {
         "num_experts": experts,
         "num_experts_per_tok": used,
