@@ -18,9 +18,10 @@ import engine.quant.quantize as quantize_mod
 from engine.loading.safetensors_store import WeightStore
 
 
-def _convert(src: Path, dst: Path, shard_mb: int) -> None:
+def _convert(src: Path, dst: Path, **options) -> None:
+    """A quick 4-bit CPU conversion; ``options`` are further ConvertOptions fields."""
     options = convert_mod.ConvertOptions(
-        bits=4.0, cal_rows=2, cal_cols=32, device="cpu", allocation="uniform", shard_size_mb=shard_mb
+        bits=4.0, cal_rows=2, cal_cols=32, device="cpu", allocation="uniform", **options
     )
     convert_mod.convert_model(src, dst, options, log=lambda m: None)
 
@@ -31,7 +32,7 @@ def test_a_sharded_output_holds_the_same_tensors_written_a_shard_at_a_time(
 ) -> None:
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     src = exl3_dir / "tiny-llama-hf"
-    _convert(src, tmp_path / "one", 8192)
+    _convert(src, tmp_path / "one", shard_size_mb=8192)
     whole = load_file(str(tmp_path / "one" / "model.safetensors"))
 
     events: list[tuple[str, object]] = []
@@ -48,7 +49,7 @@ def test_a_sharded_output_holds_the_same_tensors_written_a_shard_at_a_time(
 
     monkeypatch.setattr(WeightStore, "get", get)
     monkeypatch.setattr(st, "save_file", save)
-    _convert(src, tmp_path / "sharded", 1)  # 1 MiB shards: the ~2 MB output takes several
+    _convert(src, tmp_path / "sharded", shard_size_mb=1)  # 1 MiB shards: the ~2 MB output takes several
 
     out = tmp_path / "sharded"
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -125,16 +126,8 @@ def test_a_tied_half_precision_head_kept_at_16_bits_is_saved_as_its_own_copy(
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     hf = build_tiny_model("Gemma2ForCausalLM", tmp_path / "src", dtype=torch.bfloat16)
     assert hf.config.tie_word_embeddings
-    options = convert_mod.ConvertOptions(
-        bits=4.0,
-        head_bits=16,
-        cal_rows=2,
-        cal_cols=32,
-        device="cpu",
-        allocation="uniform",
-        random_rows_fraction=1.0,  # no tokenizer: random calibration rows
-    )
-    convert_mod.convert_model(tmp_path / "src", tmp_path / "out", options, log=lambda m: None)
+    # no tokenizer: random calibration rows
+    _convert(tmp_path / "src", tmp_path / "out", head_bits=16, random_rows_fraction=1.0)
     out = load_file(str(tmp_path / "out" / "model.safetensors"))
     embed = out["model.embed_tokens.weight"]
     assert embed.dtype == torch.bfloat16 and torch.equal(out["lm_head.weight"], embed)
