@@ -397,6 +397,14 @@ def _tiny_hf_model(arch: str):
     return model
 
 
+def _add_tensor(writer, name: str, w: np.ndarray, quant: int) -> None:
+    """Matrices (and stacked experts) in ``quant``; vectors, and everything at F32, as float32."""
+    if w.ndim >= 2 and quant != Q.F32:
+        writer.add_tensor(name, gguf.quants.quantize(w, quant), raw_dtype=quant)
+    else:
+        writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+
+
 def write_tiny_gguf(
     path: Path, arch: str, quant: int = Q.F32, *, per_expert: bool = False, expert_count: int | None = None
 ) -> dict:
@@ -467,16 +475,9 @@ def write_tiny_gguf(
             w = _permute_for_llama_cpp(w, cfg.num_key_value_heads)
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w + 1.0
-        if w.ndim == 2 and quant != Q.F32:
-            writer.add_tensor(name, gguf.quants.quantize(w, quant), raw_dtype=quant)
-        else:
-            writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+        _add_tensor(writer, name, w, quant)
     for name, ws in stacked.items():
-        w = np.stack(ws)
-        if quant != Q.F32:
-            writer.add_tensor(name, gguf.quants.quantize(w, quant), raw_dtype=quant)
-        else:
-            writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+        _add_tensor(writer, name, np.stack(ws), quant)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
