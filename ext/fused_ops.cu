@@ -89,9 +89,10 @@ __device__ __forceinline__ void write_normed(const T* x, const T* __restrict__ w
   }
 }
 
-// Packs a thread keeps in registers when the row fits them: norm_threads gives every row up to
-// 4 x 16-byte vectors x 1024 threads at most 4 per thread (where norm_thread_limit allows 1024:
-// up to 24K elements of bf16, all decoder widths; wider rows take the two-pass loops).
+// Packs a thread keeps in registers when the row fits them: norm_threads gives a row one pack
+// per thread up to the thread limit, so a wider row has up to 4 per thread (with 768 threads of
+// 16-byte bf16 vectors, the limit below: up to 24K elements, all decoder widths; wider rows take
+// the two-pass loops).
 constexpr int kRegPacks = 4;
 
 // Both norm kernels when the row fits in registers (n <= kRegPacks * V * blockDim.x): one pass.
@@ -342,9 +343,12 @@ void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda() && t.dim() == 2 && t.stride(1) == 1, name, " must be a 2-D CUDA tensor with unit inner stride");
 }
 
-// Block size of the norm kernels for width n and V elements per access (~4 accesses per thread). rms_norm and add_rms_norm launch the same way for the same width and
-// vector size, so their sums of squares add in the same order.
-int norm_threads(int n, int v) { return std::min(1024, std::max(32, ((n / (4 * v) + 31) / 32) * 32)); }
+// Block size of the norm kernels for width n and V elements per access: one access per thread
+// up to the thread limit. (Four per thread, as before, left each thread a serial chain of loads,
+// sums and stores: the decode step's norm took ~1 us longer on its critical path, 1B 1,112.7 ->
+// 1,147.4 tok/s with one, ext/NOTES.md 17th session.) rms_norm and add_rms_norm launch the same
+// way for the same width and vector size, so their sums of squares add in the same order.
+int norm_threads(int n, int v) { return std::min(1024, std::max(32, ((n / v + 31) / 32) * 32)); }
 
 // The most threads both norm kernels of <T, V> can launch with: registers x threads must fit the
 // multiprocessor's register file, and with their register-resident rows the kernels take up to

@@ -6,6 +6,11 @@ default (every kernel is launched on its own), or replayed from CUDA graphs with
 kernels and paths the app's decode really runs: e.g. paged decode attention), and prints the
 kernels (on a CPU: the operators) that took the most time, with counts and time per call.
 This is how ext/NOTES.md's step breakdowns were made.
+
+On a GPU it also prints each kernel's share of the critical path (:func:`critical_path`). Chained
+launches (ext/chained_launch.cuh) start a kernel before its predecessor ends, so kernel times
+overlap and their sum exceeds the wall time; what a kernel adds to a step is the time from the
+moment everything before it had finished until it finishes itself.
 """
 
 from __future__ import annotations
@@ -14,11 +19,15 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from engine.commands.common import run_alone
+
+IDLE = "(no kernel running)"
 
 
 def register(sub) -> None:
@@ -48,6 +57,53 @@ def _table(prof, on_gpu: bool, top: int) -> tuple[float, list[dict[str, Any]]]:
         if spent(e) > 0
     ]
     return total / 1e3, rows
+
+
+@dataclass
+class CriticalPath:
+    """Where the span of a stream's kernels went (see :func:`critical_path`)."""
+
+    shares: dict[str, float] = field(default_factory=dict)  # name -> time charged to it
+    gaps: list[tuple[float, str, str]] = field(default_factory=list)  # (idle time, kernel before, after)
+
+
+def critical_path(kernels: Iterable[tuple[str, float, float]]) -> CriticalPath:
+    """Each kernel name's share of the span from the first start to the last end, from
+    ``(name, start, end)`` intervals of one stream: a kernel is charged the part of its interval
+    after every kernel that started before it had ended (under chained launches: the time after
+    its predecessor ended, not its wait). Gaps when no kernel runs are charged to :data:`IDLE`
+    and listed with the kernels on either side. The shares sum to the span."""
+    path = CriticalPath()
+    frontier, last = None, ""
+    for name, start, end in sorted(kernels, key=lambda k: (k[1], k[2])):
+        if frontier is None:
+            frontier = start
+        if start > frontier:
+            path.shares[IDLE] = path.shares.get(IDLE, 0.0) + start - frontier
+            path.gaps.append((start - frontier, last, name))
+            frontier = start
+        if end > frontier:
+            path.shares[name] = path.shares.get(name, 0.0) + end - frontier
+            frontier, last = end, name
+    return path
+
+
+def _critical_report(prof, top: int) -> dict[str, Any]:
+    """:func:`critical_path` of the profiled kernels: the largest shares and the longest idle
+    gaps (microseconds -> ms / us)."""
+    kernels = [
+        (e.name, e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    ]
+    path = critical_path(kernels)
+    ranked = sorted(path.shares.items(), key=lambda kv: kv[1], reverse=True)[:top]
+    gaps = sorted(path.gaps, reverse=True)[:top]
+    return {
+        "shares": [{"name": name, "ms": us / 1e3} for name, us in ranked],
+        "gaps": [{"us": us, "before": before, "after": after} for us, before, after in gaps],
+        "gap_count": len(path.gaps),
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,11 +148,20 @@ def run(args: argparse.Namespace) -> int:
                 sync()
                 wall = time.perf_counter() - start
             total, rows = _table(prof, on_gpu, args.top)
-            results["steps"].append({"step": label, "wall_ms": wall * 1e3, "total_ms": total, "top": rows})
+            step = {"step": label, "wall_ms": wall * 1e3, "total_ms": total, "top": rows}
+            results["steps"].append(step)
             what = "kernel" if on_gpu else "operator"
             print(f"== {label}: wall {wall * 1e3:.1f} ms, {what} time {total:.1f} ms")
             for r in rows:
                 print(f"  {r['ms']:9.2f} ms {r['calls']:6d}x {r['us_per_call']:9.1f} us  {r['name'][:100]}")
+            if on_gpu:
+                report = step["critical_path"] = _critical_report(prof, args.top)
+                print("  -- share of the critical path (time after everything before it had finished)")
+                for r in report["shares"]:
+                    print(f"  {r['ms']:9.2f} ms  {r['name'][:100]}")
+                print(f"  -- longest of {report['gap_count']} idle gaps: us, kernel before -> after")
+                for g in report["gaps"]:
+                    print(f"  {g['us']:9.1f} us  {g['before'][:60]} -> {g['after'][:60]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -32,3 +32,15 @@ def test_profile_step_reports_prefill_and_decode(tmp_path, capsys):
         assert any("mm" in row["name"] or "linear" in row["name"] for row in step["top"])
         assert all(row["calls"] > 0 and row["ms"] > 0 for row in step["top"])
     assert "== decode 3" in capsys.readouterr().out
+
+
+def test_critical_path_charges_each_kernel_what_it_adds():
+    # a runs 0-10; b is launched early (chained) at 2 and ends at 13: it adds 3; c starts after a
+    # gap (idle 13-15) and ends at 20; d overlaps c entirely (adds nothing); a again at 20-24.
+    kernels = [("b", 2.0, 13.0), ("a", 0.0, 10.0), ("c", 15.0, 20.0), ("d", 16.0, 19.0), ("a", 20.0, 24.0)]
+    path = profile_step.critical_path(kernels)
+    assert path.shares == {"a": 14.0, "b": 3.0, profile_step.IDLE: 2.0, "c": 5.0}
+    assert sum(path.shares.values()) == 24.0  # the span, first start to last end
+    assert path.gaps == [(2.0, "b", "c")]  # the idle time, with the kernels on either side
+    empty = profile_step.critical_path([])
+    assert empty.shares == {} and empty.gaps == []
