@@ -9,8 +9,10 @@
 // is visible.
 //
 // The contract every kernel launched with `launch_chained` keeps (the whole chain relies on it):
-//  - before `chain_wait()` it reads only memory no kernel of the step writes (weights), and writes
-//    nothing;
+//  - before `chain_wait()` it reads only memory no kernel of the step writes (weights) or that only
+//    kernels at least two launches earlier write (they have completed when this one starts, see
+//    below: the step's inputs, such as the attention's lengths and page tables, converted before
+//    the first chained kernel), and writes nothing;
 //  - it calls `chain_wait()` in every thread before it touches anything else, which makes the
 //    chain transitive: when kernel N passes its wait, N-1 has completed, so N-1 passed its own
 //    wait and N-2 had completed, and so on;

@@ -318,13 +318,24 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
   const int nh = min(MAXH, p.group - chunk * MAXH);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int u = lane % L, sub = lane / L;
-  chain_wait();  // lengths, tables, caches and q come from earlier kernels of the step
-  chain_release();
+  // Lengths and tables are the step's inputs, complete before its first chained kernel, so they
+  // are read before waiting for the previous kernel (chained_launch.cuh): their L2 round trips
+  // overlap its tail. The caches and q, which it writes, only after.
   const int len = p.lengths[b];
   const int lo = p.window > 0 ? max(0, len - p.window) : 0;
   const int span = p.pages_per_split * p.page_size;
   const int start = max(lo, split * span), end = min(len, (split + 1) * span);
   const size_t part = (static_cast<size_t>(b) * p.heads + h0) * p.splits + split;
+  const int last = end - 1, stride = kWarps * KPI;
+  const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
+  int base = start + warp * KPI;
+  int pg[kSteps];
+  if (start < end) {
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) pg[k] = __ldg(table + page_index(p, min(base + k * KPW + sub, last)));
+  }
+  chain_wait();  // the caches and q come from earlier kernels of the step
+  chain_release();
   if (start >= end) {
     if (threadIdx.x < nh) {
       p.part_m[part + threadIdx.x * p.splits] = -INFINITY;
@@ -332,15 +343,9 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
     }
     return;
   }
-  const int last = end - 1, stride = kWarps * KPI;
-  const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
 
   // Start the first loads before the query's setup.
-  int base = start + warp * KPI;
-  int pg[kSteps];
   RawUnit rk[kSteps], rv[kSteps];
-#pragma unroll
-  for (int k = 0; k < kSteps; ++k) pg[k] = __ldg(table + page_index(p, min(base + k * KPW + sub, last)));
 #pragma unroll
   for (int k = 0; k < kSteps; ++k) {
     const int pos = min(base + k * KPW + sub, last);
@@ -760,13 +765,19 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
   const int nh = min(MAXH, p.group - chunk * MAXH);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
-  chain_wait();  // lengths, tables, caches and q come from earlier kernels of the step
-  chain_release();
+  // Lengths and tables before the wait, as in version 2.
   const int len = p.lengths[b];
   const int lo = p.window > 0 ? max(0, len - p.window) : 0;
   const int span = p.pages_per_split * p.page_size;
   const int start = max(lo, split * span), end = min(len, (split + 1) * span);
   const size_t part = (static_cast<size_t>(b) * p.heads + h0) * p.splits + split;
+  const int last = end - 1, stride = kWarps * kTile;
+  const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
+  int base = start + warp * kTile;
+  int pg[6];
+  if (start < end) tile_pages(p, table, base, last, g, t, pg);
+  chain_wait();  // the caches and q come from earlier kernels of the step
+  chain_release();
   if (start >= end) {
     if (threadIdx.x < nh) {
       p.part_m[part + threadIdx.x * p.splits] = -INFINITY;
@@ -774,13 +785,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
     }
     return;
   }
-  const int last = end - 1, stride = kWarps * kTile;
-  const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
 
-  int base = start + warp * kTile;
-  int pg[6];
   TileUnits<D, KB, VB> cur;
-  tile_pages(p, table, base, last, g, t, pg);
   fetch_tile<D, KB, VB>(p, base, last, kvh, g, t, pg, cur);
   tile_pages(p, table, base + stride, last, g, t, pg);
 
@@ -1001,7 +1007,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 // Sum the splits of one (sequence, head): one thread per output number, one warp per group, so
 // quantized values rotate back with warp shuffles. At batch 1 the grid is small and there are
 // many splits (32 at 4K for the Llama-8B shape), so the loads are issued kCombineChunk splits at a
-// time, none depending on another: a chunk costs one L2 round trip. (Loading a split's
+// time, none depending on another: a chunk costs one L2 round trip (a table of one chunk, the
+// short contexts, one round trip in all: its maxes come with its accumulators). (Loading a split's
 // accumulator only after testing its max made each split a dependent round trip, ~0.23 us: 4K
 // batch 1 took 19.2 us instead of 14.1, ext/NOTES.md.) Indices past the end are clamped to the
 // last split; an empty split's unwritten accumulator is read but never used (a select, not a
@@ -1016,17 +1023,8 @@ __global__ void combine_kernel(const float* __restrict__ part_acc, const float* 
   chain_release();
   const int row = blockIdx.y * heads + blockIdx.x, d = threadIdx.x;
   const size_t base = static_cast<size_t>(row) * splits;
-  float mx = -INFINITY;
-  for (int s0 = 0; s0 < splits; s0 += kCombineChunk) {
-    float ms[kCombineChunk];
-#pragma unroll
-    for (int i = 0; i < kCombineChunk; ++i) ms[i] = part_m[base + min(s0 + i, splits - 1)];
-#pragma unroll
-    for (int i = 0; i < kCombineChunk; ++i) mx = fmaxf(mx, ms[i]);  // a repeated last split: same max
-  }
-  float num = 0.0f, den = 0.0f;
-  for (int s0 = 0; s0 < splits; s0 += kCombineChunk) {
-    float ms[kCombineChunk], a[kCombineChunk], lv[kCombineChunk];
+  float ms[kCombineChunk], a[kCombineChunk], lv[kCombineChunk];
+  auto load_chunk = [&](int s0) {  // every load of the chunk in flight at once
 #pragma unroll
     for (int i = 0; i < kCombineChunk; ++i) {
       const size_t at = base + min(s0 + i, splits - 1);
@@ -1034,6 +1032,9 @@ __global__ void combine_kernel(const float* __restrict__ part_acc, const float* 
       lv[i] = part_l[at];
       a[i] = part_acc[at * D + d];
     }
+  };
+  float mx = -INFINITY, num = 0.0f, den = 0.0f;
+  auto add_chunk = [&](int s0) {
 #pragma unroll
     for (int i = 0; i < kCombineChunk; ++i) {
       if (s0 + i < splits && ms[i] != -INFINITY) {  // an empty split wrote no accumulator
@@ -1041,6 +1042,23 @@ __global__ void combine_kernel(const float* __restrict__ part_acc, const float* 
         num += w * a[i];
         den += w * lv[i];
       }
+    }
+  };
+  if (splits <= kCombineChunk) {  // one chunk (a short table): its max and its sums from one round trip
+    load_chunk(0);
+#pragma unroll
+    for (int i = 0; i < kCombineChunk; ++i) mx = fmaxf(mx, ms[i]);  // a repeated last split: same max
+    add_chunk(0);
+  } else {  // the maxes first, then each chunk again with its accumulators
+    for (int s0 = 0; s0 < splits; s0 += kCombineChunk) {
+#pragma unroll
+      for (int i = 0; i < kCombineChunk; ++i) ms[i] = part_m[base + min(s0 + i, splits - 1)];
+#pragma unroll
+      for (int i = 0; i < kCombineChunk; ++i) mx = fmaxf(mx, ms[i]);
+    }
+    for (int s0 = 0; s0 < splits; s0 += kCombineChunk) {
+      load_chunk(s0);
+      add_chunk(s0);
     }
   }
   float o = den > 0.0f ? num / den : 0.0f;
