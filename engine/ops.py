@@ -412,6 +412,92 @@ def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | 
     return [_layer_output(y, layer, x) for layer, y in zip(layers, ys)]
 
 
+# The decode step's q/k/v GEMV can rotate q and k by RoPE and store k and v into a dense KV cache
+# itself (ext/exl3_gemv_v5.cuh, a branch of its int8 kernel: one launch fewer per layer, the RoPE + KV-write
+# kernel's numbers bit for bit). TRELLIS_QKV_EPILOGUE=0 turns it off (A/B runs).
+QKV_EPILOGUE = os.environ.get("TRELLIS_QKV_EPILOGUE", "1") not in ("", "0")
+
+
+def exl3_qkv_rope_write(
+    x: torch.Tensor,
+    layers: list[Any],
+    tables: tuple[torch.Tensor, torch.Tensor],
+    keys,
+    values,
+    slots: torch.Tensor,
+    head_dim: int,
+) -> torch.Tensor | None:
+    """A decode step's ``q, k, v = layers(x)``, rotate-half RoPE of q and k with ``tables`` and
+    the write of k and v into the dense cache stores ``keys``/``values`` at ``slots``, in one int8
+    GEMV launch; returns q rotated ``(rows, q out)``. None where that launch does not apply (then
+    the caller projects, rotates and writes apart, with the same numbers bit for bit): three
+    streaming MUL1 EXL3 linears without bias or padding at 1..GEMV_INT8_ROWS rows, fp16/bf16,
+    head_dim 64 or 128 rotated whole, dense caches of x's dtype, sm_90+."""
+    if (
+        not QKV_EPILOGUE
+        or not x.is_cuda
+        or len(layers) != 3
+        or x.dtype not in (torch.float16, torch.bfloat16)
+    ):
+        return None
+    rows = x.numel() // x.shape[-1]
+    if _v5_variant("mul1", GEMV_FAST, None, rows) != "int8" or slots.numel() != rows:
+        return None
+    for layer in layers:
+        if (
+            getattr(layer, "mode", None) != "streaming"
+            or not hasattr(layer, "trellis")
+            or layer.bias is not None
+        ):
+            return None
+        if layer.codebook != "mul1" or not layer.trellis.is_cuda:
+            return None
+        if (
+            layer.in_features != x.shape[-1]
+            or layer.padded_in != x.shape[-1]
+            or layer.padded_out != layer.out_features
+        ):
+            return None
+    cos, sin = tables
+    if head_dim not in (64, 128) or cos.shape[-1] != head_dim or cos.numel() != rows * head_dim:
+        return None
+    if not cos.dtype == sin.dtype == x.dtype or not cos.is_contiguous() or not sin.is_contiguous():
+        return None
+    caches = []
+    for store, layer in ((keys, layers[1]), (values, layers[2])):
+        data = getattr(store, "data", None)  # a DenseStore's [slots, kv heads, head_dim]
+        if data is None or not data.is_cuda or data.dtype != x.dtype or not data.is_contiguous():
+            return None
+        if data.ndim != 3 or data.shape[1] * data.shape[2] != layer.out_features:
+            return None
+        caches.append(data)
+    ext = _kernel_ready(x)
+    if ext is None or not _v5_runs(ext, x.device, None):
+        return None
+    x2 = x.reshape(rows, x.shape[-1]).contiguous()
+    trellises = [layer.trellis for layer in layers]
+    splits = _v5_splits(ext, x2, trellises, "mul1", "int8")
+    q = torch.empty(rows, layers[0].out_features, dtype=x.dtype, device=x.device)
+    ext.exl3_gemv_v5(
+        x2,
+        trellises,
+        [layer.suh for layer in layers],
+        [layer.svh for layer in layers],
+        [q, q, q],  # k's and v's go to the caches
+        CODEBOOK_IDS["mul1"],
+        splits,
+        True,
+        True,
+        caches=[None, *caches],
+        rope=[True, True, False],
+        cos=cos,
+        sin=sin,
+        slots=slots.to(torch.int64).contiguous(),
+        head_dim=head_dim,
+    )
+    return q
+
+
 def exl3_weight(layers: list[Any], dtype: torch.dtype, version: int | None = None) -> torch.Tensor:
     """The whole weights ``W`` ``(padded_in, padded_out)`` of streaming EXL3 linears of one input,
     side by side in one ``dtype`` buffer (``ext/exl3_weight.cu``: decode, both Hadamards and the

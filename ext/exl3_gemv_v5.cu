@@ -26,6 +26,56 @@ int v5_call(int codebook, int variant, int mode, const GemvMultiArgs* a, int blo
   return gemv_v5_dispatch<CB_MUL1>(variant, mode, a, blocks, splits, smem, stream, pdl);
 }
 
+// The q/k/v epilogue's arguments (see GemvRopeEpilogue), checked; false when none was asked for.
+bool set_epilogue(GemvMultiArgs& a, const at::Tensor& x, const std::vector<c10::optional<at::Tensor>>& caches,
+                  const std::vector<bool>& rope, const c10::optional<at::Tensor>& cos,
+                  const c10::optional<at::Tensor>& sin, const c10::optional<at::Tensor>& slots, int64_t head_dim) {
+  bool any = false;
+  for (bool r : rope) any = any || r;
+  for (const auto& c : caches) any = any || c.has_value();
+  if (!any) return false;
+  const int count = a.count, m = a.mat[0].m;
+  TORCH_CHECK(static_cast<int>(caches.size()) == count && static_cast<int>(rope.size()) == count,
+              "caches and rope need one entry per matrix");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "the epilogue takes fp16 or bf16");
+  GemvRopeEpilogue& e = a.epi;
+  for (int i = 0; i < count; ++i) {
+    e.rope[i] = rope[i] ? 1 : 0;
+    if (!caches[i].has_value()) continue;
+    const at::Tensor& c = *caches[i];
+    TORCH_CHECK(c.is_cuda() && c.is_contiguous() && c.scalar_type() == x.scalar_type() && c.device() == x.device() &&
+                    c.dim() == 3 && c.size(1) * c.size(2) == a.mat[i].out,
+                "cache ", i, " must be a contiguous [slots, heads, head_dim] tensor of x's dtype, ", a.mat[i].out,
+                " numbers a row");
+    e.cache[i] = c.data_ptr();
+    e.num_slots = c.size(0);
+  }
+  for (int i = 0; i < count; ++i) {
+    TORCH_CHECK(!caches[i].has_value() || caches[i]->size(0) == e.num_slots, "the caches must have one row count");
+  }
+  if (e.num_slots > 0) {
+    TORCH_CHECK(slots.has_value() && slots->is_cuda() && slots->scalar_type() == at::kLong && slots->is_contiguous() &&
+                    slots->numel() == m && slots->device() == x.device(),
+                "slots must be a contiguous int64 CUDA vector, one per row");
+    e.slots = slots->data_ptr<int64_t>();
+  }
+  bool rotates = false;
+  for (int i = 0; i < count; ++i) rotates = rotates || e.rope[i];
+  if (rotates) {
+    TORCH_CHECK(head_dim == 64 || head_dim == 128, "the RoPE epilogue takes head_dim 64 or 128, got ", head_dim);
+    for (const c10::optional<at::Tensor>* t : {&cos, &sin}) {
+      TORCH_CHECK(t->has_value() && (*t)->is_cuda() && (*t)->is_contiguous() && (*t)->scalar_type() == x.scalar_type() &&
+                      (*t)->numel() == m * head_dim && (*t)->device() == x.device(),
+                  "cos and sin must be contiguous [rows, head_dim] tensors of x's dtype");
+    }
+    e.cos = cos->data_ptr();
+    e.sin = sin->data_ptr();
+    e.head_dim = static_cast<int>(head_dim);
+  }
+  e.on = 1;
+  return true;
+}
+
 // Occupancy answers depend only on (kernel, smem, cluster size): cached (host-side queries).
 int v5_query(int codebook, int variant, int mode, int splits, int smem) {
   static std::mutex mu;
@@ -94,7 +144,9 @@ int dtype_code(const at::Tensor& t) {
 // <= kV5Int8MaxRows rows). Returns the split count.
 int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis, const std::vector<at::Tensor>& suh,
                      const std::vector<at::Tensor>& svh, const std::vector<at::Tensor>& y, int64_t codebook,
-                     int64_t splits, bool fast, bool int8) {
+                     int64_t splits, bool fast, bool int8, const std::vector<c10::optional<at::Tensor>>& caches,
+                     const std::vector<bool>& rope, const c10::optional<at::Tensor>& cos,
+                     const c10::optional<at::Tensor>& sin, const c10::optional<at::Tensor>& slots, int64_t head_dim) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int count = static_cast<int>(trellis.size());
   TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_v5 takes 1..", kGemvMaxMats, " matrices");
@@ -129,8 +181,9 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
                       v->size(0) == n && v->device() == x.device(),
                   "suh/svh must be contiguous fp16 vectors of length in/out on x's device");
     }
-    TORCH_CHECK(y[i].is_cuda() && y[i].is_contiguous() && y[i].scalar_type() == x.scalar_type() &&
-                    y[i].dim() == 2 && y[i].size(0) == m && y[i].size(1) == out && y[i].device() == x.device(),
+    const bool to_cache = i < static_cast<int>(caches.size()) && caches[i].has_value();  // then y[i] is unused
+    TORCH_CHECK(to_cache || (y[i].is_cuda() && y[i].is_contiguous() && y[i].scalar_type() == x.scalar_type() &&
+                             y[i].dim() == 2 && y[i].size(0) == m && y[i].size(1) == out && y[i].device() == x.device()),
                 "y[", i, "] must be a contiguous (m, out) tensor of x's dtype");
     TORCH_CHECK(trellis[i].device() == x.device(), "tensors on different devices");
     GemvArgs& g = a.mat[i];
@@ -138,7 +191,7 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
     g.trellis = reinterpret_cast<const uint32_t*>(trellis[i].data_ptr());
     g.suh = suh[i].data_ptr();
     g.svh = svh[i].data_ptr();
-    g.y = y[i].data_ptr();
+    g.y = to_cache ? nullptr : y[i].data_ptr();
     g.m = m;
     g.in = in;
     g.out = out;
@@ -166,7 +219,10 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
     a.begin[i] = blocks;
     blocks += (a.mat[i].out / 128) * sp;
   }
-  const cudaError_t err = static_cast<cudaError_t>(v5_call(cb, variant, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
+  const bool epi = set_epilogue(a, x, caches, rope, cos, sin, slots, head_dim);
+  TORCH_CHECK(!epi || variant == kV5Int8, "the q/k/v epilogue runs with the int8 GEMV only");
+  const cudaError_t err =
+      static_cast<cudaError_t>(v5_call(cb, variant, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
   TORCH_CHECK(err == cudaSuccess, "exl3_gemv_v5 launch (", blocks, " blocks, clusters of ", sp, ", ", smem,
               " B shared): ", cudaGetErrorString(err));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -180,7 +236,12 @@ void bind_gemv_v5(pybind11::module_& m) {
         "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster) of 1..3 matrices of one input; "
         "returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
-        py::arg("splits") = 0, py::arg("fast") = false, py::arg("int8") = false);
+        py::arg("splits") = 0, py::arg("fast") = false, py::arg("int8") = false,
+        // The decode step's q/k/v epilogue (int8 only; trellis_ext.h GemvRopeEpilogue): per matrix
+        // a KV cache to store into instead of y, and whether to rotate by RoPE with cos/sin.
+        py::arg("caches") = std::vector<c10::optional<at::Tensor>>{}, py::arg("rope") = std::vector<bool>{},
+        py::arg("cos") = c10::nullopt, py::arg("sin") = c10::nullopt, py::arg("slots") = c10::nullopt,
+        py::arg("head_dim") = 0);
   m.def(
       "set_chained_launches",
       [](bool on) { return chained_launch_flag().exchange(on); },

@@ -97,9 +97,58 @@ __device__ __forceinline__ float4 ld_dsmem_f4(const void* p, unsigned rank) {
   return v;
 }
 
+// v as x's dtype stores it (the value the next kernel would read back).
+__device__ __forceinline__ float as_stored(int dtype, float v) {
+  if (dtype == DT_F16) return __half2float(__float2half_rn(v));
+  if (dtype == DT_BF16) return __bfloat162float(__float2bfloat16_rn(v));
+  return v;
+}
+
+// What the epilogue's writer warp needs of the step's inputs, loaded before the cluster
+// barrier (they are no kernel's output in the step's chain: see chained_launch.cuh).
+struct EpilogueInputs {
+  float c[4], s[4];  // cos and sin of outputs f..f+3 (rope)
+  long long slot;    // cache row (cache)
+};
+
+__device__ __forceinline__ void epilogue_load(const GemvArgs& a, const GemvRopeEpilogue& e, int mat, int n, int f,
+                                              EpilogueInputs& in) {
+  if (e.rope[mat]) {
+    const size_t at = (size_t)n * e.head_dim + (f & (e.head_dim - 1));
+    load4(e.cos, a.x_dtype, at, in.c);
+    load4(e.sin, a.x_dtype, at, in.s);
+  }
+  in.slot = e.cache[mat] != nullptr ? e.slots[n] : 0;
+}
+
+// Outputs f..f+3 of batch row n of matrix `mat` (lane's 4 of the warp's 128), which the plain
+// kernel stores to y as they are: rotated by rotate-half RoPE where e.rope[mat], rounded as the
+// RoPE kernel (ext/fused_ops.cu) rounds when it reads the stored output back, so the results are
+// the two launches' bit for bit; then stored to the cache row slot where e.cache[mat], else to y.
+// The partner of element i is element i +- head_dim/2, head_dim/8 lanes away; all lanes call this.
+__device__ __forceinline__ void epilogue_store(const GemvArgs& a, const GemvRopeEpilogue& e, int mat, int n, int f,
+                                               const EpilogueInputs& in, float (&v)[4]) {
+  if (e.rope[mat]) {
+    const int half = e.head_dim >> 1;
+    const bool first = (f & (e.head_dim - 1)) < half;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float x = as_stored(a.x_dtype, v[j]);
+      const float partner = __shfl_xor_sync(0xFFFFFFFFu, x, half >> 2);
+      const float ps = as_stored(a.x_dtype, partner * in.s[j]);
+      v[j] = as_stored(a.x_dtype, x * in.c[j]) + (first ? -ps : ps);
+    }
+  }
+  if (e.cache[mat] == nullptr) {
+    store4(a.y, a.x_dtype, (size_t)n * a.out + f, v);
+  } else if (in.slot >= 0 && in.slot < e.num_slots) {
+    store4(e.cache[mat], a.x_dtype, (size_t)in.slot * a.out + f, v);
+  }
+}
+
 template <int K, int CB, bool FAST, bool I8>
 __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g, const int s, GemvV5Smem& sm,
-                                              uint32_t* dyn) {
+                                              uint32_t* dyn, const GemvRopeEpilogue& epi, const int mat) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
   using Pipe = GemvPipe<K>;
@@ -431,6 +480,12 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   const int f = (g << 7) + 4 * lane;
   uint2 sv = make_uint2(0u, 0u);  // loaded before the barrier, so its latency hides behind it
   if (n < m) sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
+  // The q/k/v epilogue is a runtime branch of the int8 kernel, not a kernel of its own: as its own
+  // instantiation it ran ~5 us slower per launch (its code cold in the instruction caches where
+  // the other GEMVs of the layer run the plain kernel; ext/NOTES.md, 17th session).
+  const bool epi_on = I8 && epi.on;
+  EpilogueInputs ein;
+  if (epi_on && n < m) epilogue_load(args, epi, mat, n, f, ein);
   // Every block's red_s is complete and visible to the cluster; a cluster of one block needs
   // only the block barrier (a cluster barrier costs ~600 cycles more, ext/NOTES.md 16th session).
   if (S == 1) __syncthreads();
@@ -455,7 +510,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     const float2 s23 = __half22float2(u32_as_h2(sv.y));
     v[0] *= kRsqrt128 * s01.x; v[1] *= kRsqrt128 * s01.y;
     v[2] *= kRsqrt128 * s23.x; v[3] *= kRsqrt128 * s23.y;
-    store4(args.y, args.x_dtype, (size_t)n * args.out + f, v);
+    if (epi_on) epilogue_store(args, epi, mat, n, f, ein, v);
+    else store4(args.y, args.x_dtype, (size_t)n * args.out + f, v);
   }
   if (S > 1) cluster_sync_relaxed();  // no block leaves (freeing its shared memory) while others read it
 }
@@ -477,7 +533,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const Gem
   const int g = local / a.splits, s = local - g * a.splits;
   switch (args.K[i]) {
 #define TRELLIS_V5_CASE(k) \
-  case k: gemv_v5_block<k, CB, FAST, I8>(a, g, s, sm, dyn); break;
+  case k: gemv_v5_block<k, CB, FAST, I8>(a, g, s, sm, dyn, args.epi, i); break;
     TRELLIS_V5_CASE(1) TRELLIS_V5_CASE(2) TRELLIS_V5_CASE(3) TRELLIS_V5_CASE(4)
     TRELLIS_V5_CASE(5) TRELLIS_V5_CASE(6) TRELLIS_V5_CASE(7) TRELLIS_V5_CASE(8)
 #undef TRELLIS_V5_CASE

@@ -21,11 +21,28 @@ struct GemvArgs {
 // Matrix i owns grid blocks [begin[i], begin[i+1]) = (out_i/128) * splits_i blocks; begin[] of
 // absent matrices is INT_MAX. mat[i].partial/counters are disjoint regions of one workspace.
 constexpr int kGemvMaxMats = 3;
+
+// The decode step's q/k/v launch can finish what the RoPE + KV-write launch would do next
+// (exl3_gemv_v5.cuh, a branch of its int8 kernel): matrix i's outputs are rotated by rotate-half RoPE where
+// rope[i] (q and k), and stored into the dense KV cache row slots[n] where cache[i] (k and v)
+// instead of into y. Unused (count 0) by every other launch.
+struct GemvRopeEpilogue {
+  const void* cos = nullptr;  // [m, head_dim] in x's dtype (the step's RoPE tables)
+  const void* sin = nullptr;
+  const int64_t* slots = nullptr;  // [m] cache rows; outside [0, num_slots): nothing written
+  long long num_slots = 0;
+  void* cache[kGemvMaxMats] = {nullptr, nullptr, nullptr};  // [num_slots, out_i] in x's dtype
+  int rope[kGemvMaxMats] = {0, 0, 0};
+  int head_dim = 0;           // 64 or 128: a 128-output group holds whole heads
+  int on = 0;                 // the int8 kernel runs the epilogue (the binding checks the variant)
+};
+
 struct GemvMultiArgs {
   GemvArgs mat[kGemvMaxMats];
   int K[kGemvMaxMats];
   int begin[kGemvMaxMats];
   int count;
+  GemvRopeEpilogue epi;
 };
 
 // Launch (blocks_per_sm == nullptr) or query occupancy (*blocks_per_sm set, nothing launched).

@@ -43,6 +43,22 @@ class KVCacheLayer:
         apply (CPU, a quantized side): the caller then rotates and writes apart."""
         return ops.rope_kv_write(q, k, v, *tables, self.keys, self.values, slots)
 
+    def project_rotated(
+        self,
+        group,
+        x: torch.Tensor,
+        tables: tuple[torch.Tensor, torch.Tensor],
+        slots: torch.Tensor,
+        head_dim: int,
+    ) -> torch.Tensor | None:
+        """A decode step's q/k/v projection ``group`` of ``x``, RoPE and :meth:`write` of the keys
+        and values in one GEMV launch (``ops.exl3_qkv_rope_write``); returns q rotated, or None
+        where that does not apply (then: ``group(x)`` and :meth:`write_rotated`)."""
+        linears = list(group.linears)
+        if len(linears) != 3 or any(len(s) != 1 for s in group.splits):  # separate q, k, v only
+            return None
+        return ops.exl3_qkv_rope_write(x, linears, tables, self.keys, self.values, slots, head_dim)
+
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys.read(slots, self.dtype), self.values.read(slots, self.dtype)
 

@@ -139,23 +139,7 @@ class Attention(nn.Module):
         self.sliding_window, self.softcap = sliding_window, softcap
 
     def forward(self, x: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
-        q, k, v = self.qkv(x)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        rotated = None
-        if self.rope is not None:
-            tables = batch.rope_tables(self.rope, q.dtype)
-            # On the GPU one launch rotates q and k and writes the keys and values (dense cache).
-            rotated = cache.write_rotated(batch.write_slots, q, k, v, tables) if q.is_cuda else None
-            if rotated is None:
-                q, k = self.rope.apply_pair(q, k, tables)
-        if rotated is None:
-            cache.write(batch.write_slots, k, v)
-        else:
-            q = rotated
+        q = self._project(x, batch, cache)
         if batch.decode is not None:
             return self.o_proj(self._decode(q, batch, cache).reshape(-1, self.num_heads * self.head_dim))
         # One sequence owning every row (a lone prompt or decode step) keeps attend's result as
@@ -189,6 +173,33 @@ class Attention(nn.Module):
             else:
                 out[rows] = o
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+    def _project(self, x: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
+        """This step's queries ``[rows, heads, head_dim]``, rotated; its keys and values written to
+        the cache."""
+        if batch.decode is not None and x.is_cuda and self.rope is not None and self.q_norm is None:
+            # A decode step on the GPU: the q/k/v GEMV also rotates and writes (one launch).
+            tables = batch.rope_tables(self.rope, x.dtype)
+            q = cache.project_rotated(self.qkv, x, tables, batch.write_slots, self.head_dim)
+            if q is not None:
+                return q.view(-1, self.num_heads, self.head_dim)
+        q, k, v = self.qkv(x)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        rotated = None
+        if self.rope is not None:
+            tables = batch.rope_tables(self.rope, q.dtype)
+            # On the GPU one launch rotates q and k and writes the keys and values (dense cache).
+            rotated = cache.write_rotated(batch.write_slots, q, k, v, tables) if q.is_cuda else None
+            if rotated is None:
+                q, k = self.rope.apply_pair(q, k, tables)
+        if rotated is None:
+            cache.write(batch.write_slots, k, v)
+            return q
+        return rotated
 
     def _decode(self, q: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
         """Every sequence's one query at once, from the padded block tables (no host sync)."""
