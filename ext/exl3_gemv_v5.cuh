@@ -481,8 +481,9 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   uint2 sv = make_uint2(0u, 0u);  // loaded before the barrier, so its latency hides behind it
   if (n < m) sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
   // The q/k/v epilogue is a runtime branch of the int8 kernel, not a kernel of its own: as its own
-  // instantiation it ran ~5 us slower per launch (its code cold in the instruction caches where
-  // the other GEMVs of the layer run the plain kernel; ext/NOTES.md, 17th session).
+  // instantiation it made each layer slower than the launch it saved (its code cold in the
+  // instruction caches where the other GEMVs of the layer run the plain kernel; ext/NOTES.md,
+  // 17th session).
   const bool epi_on = I8 && epi.on;
   EpilogueInputs ein;
   if (epi_on && n < m) epilogue_load(args, epi, mat, n, f, ein);

@@ -23,9 +23,9 @@ struct GemvArgs {
 constexpr int kGemvMaxMats = 3;
 
 // The decode step's q/k/v launch can finish what the RoPE + KV-write launch would do next
-// (exl3_gemv_v5.cuh, a branch of its int8 kernel): matrix i's outputs are rotated by rotate-half RoPE where
-// rope[i] (q and k), and stored into the dense KV cache row slots[n] where cache[i] (k and v)
-// instead of into y. Unused (count 0) by every other launch.
+// (exl3_gemv_v5.cuh, a branch of its int8 kernel): matrix i's outputs are rotated by rotate-half
+// RoPE where rope[i] (q and k), and stored into the dense KV cache row slots[n] where cache[i]
+// (k and v) instead of into y. Every other launch leaves it off (on = 0).
 struct GemvRopeEpilogue {
   const void* cos = nullptr;  // [m, head_dim] in x's dtype (the step's RoPE tables)
   const void* sin = nullptr;
