@@ -43,6 +43,6 @@ class GemvV5Spy:
     def __getattr__(self, name: str):
         return getattr(self._ext, name)
 
-    def exl3_gemv_v5(self, *args):
+    def exl3_gemv_v5(self, *args, **kwargs):
         self.calls.append(args)
-        return self._ext.exl3_gemv_v5(*args)
+        return self._ext.exl3_gemv_v5(*args, **kwargs)
