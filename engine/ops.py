@@ -381,6 +381,11 @@ def _exl3_gemm_fused(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] |
     return outs
 
 
+def _streaming_exl3(layer: Any) -> bool:
+    """A streaming :class:`~engine.quant.EXL3Linear` (its packed trellis, for the GEMV kernels)."""
+    return getattr(layer, "mode", None) == "streaming" and hasattr(layer, "trellis")
+
+
 def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | None:
     """``[layer(x) for layer in layers]`` in one GEMV launch, or None where that does not apply.
 
@@ -391,7 +396,7 @@ def exl3_gemm_multi(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] | 
         return None
     first = layers[0]
     for layer in layers:
-        if getattr(layer, "mode", None) != "streaming" or not hasattr(layer, "trellis"):
+        if not _streaming_exl3(layer):
             return None
         if layer.codebook != first.codebook or layer.padded_in != first.padded_in:
             return None
@@ -444,11 +449,7 @@ def exl3_qkv_rope_write(
     if _v5_variant("mul1", GEMV_FAST, None, rows) != "int8" or slots.numel() != rows:
         return None
     for layer in layers:
-        if (
-            getattr(layer, "mode", None) != "streaming"
-            or not hasattr(layer, "trellis")
-            or layer.bias is not None
-        ):
+        if not _streaming_exl3(layer) or layer.bias is not None:
             return None
         if layer.codebook != "mul1" or not layer.trellis.is_cuda:
             return None
