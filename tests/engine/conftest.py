@@ -1,3 +1,4 @@
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,6 +21,19 @@ def tiny_model_factory(tmp_path_factory):
         return built[variant]
 
     return factory
+
+
+@pytest.fixture
+def tiny_model_copy(tiny_model_factory, tmp_path):
+    """``copy(variant, name="model") -> directory``: a writable copy of a tiny model under this
+    test's tmp_path, for tests that damage or rewrite its files."""
+
+    def copy(variant: str, name: str = "model") -> Path:
+        target = tmp_path / name
+        shutil.copytree(tiny_model_factory(variant)[0], target)
+        return target
+
+    return copy
 
 
 @pytest.fixture(scope="module")

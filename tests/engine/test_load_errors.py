@@ -1,7 +1,6 @@
 """Bad model directories fail with errors that name the problem and the file."""
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -12,11 +11,8 @@ from engine.model import load_model
 
 
 @pytest.fixture
-def model_copy(tiny_model_factory, tmp_path):
-    directory, _ = tiny_model_factory("LlamaForCausalLM")
-    target = tmp_path / "model"
-    shutil.copytree(directory, target)
-    return target
+def model_copy(tiny_model_copy):
+    return tiny_model_copy("LlamaForCausalLM")
 
 
 def shard(directory):

@@ -4,7 +4,6 @@ per-expert or fused expert tensors, missing tensors named, a bad top-k refused."
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -136,10 +135,9 @@ def _fuse_experts(directory, moe: str, new_moe: str, names: tuple[str, str, str]
         ("MixtralForCausalLM", "block_sparse_moe", ("w1", "w3", "w2")),
     ],
 )
-def test_fused_experts_load_like_per_expert(variant, moe, names, tiny_model_factory, tmp_path):
+def test_fused_experts_load_like_per_expert(variant, moe, names, tiny_model_factory, tiny_model_copy):
     directory, _ = tiny_model_factory(variant)
-    fused = tmp_path / "fused"
-    shutil.copytree(directory, fused)
+    fused = tiny_model_copy(variant, "fused")
     _fuse_experts(fused, moe, "mlp", names)
     keys = load_file(fused / "model.safetensors").keys()
     assert "model.layers.0.mlp.experts.gate_up_proj" in keys and not any(".experts.0." in k for k in keys)
@@ -147,11 +145,8 @@ def test_fused_experts_load_like_per_expert(variant, moe, names, tiny_model_fact
 
 
 @pytest.fixture
-def moe_copy(tiny_model_factory, tmp_path):
-    directory, _ = tiny_model_factory("Qwen3MoeForCausalLM")
-    target = tmp_path / "model"
-    shutil.copytree(directory, target)
-    return target
+def moe_copy(tiny_model_copy):
+    return tiny_model_copy("Qwen3MoeForCausalLM")
 
 
 def _drop(directory, key: str) -> None:
