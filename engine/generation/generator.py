@@ -53,6 +53,20 @@ from engine.generation.stops import StopStringMatcher
 from engine.model import LoadedModel
 
 PIPELINE_DISABLE_ENV = "TRELLIS_NO_PIPELINE"
+# A pipelined step's tokens go to the host on a side stream (see _InFlight.start; +1.2% decode
+# tok/s on the 1B shape, ext/NOTES.md eighteenth session). TRELLIS_TOKEN_COPY_STREAM=0 keeps the
+# copy on the compute stream (A/B runs).
+TOKEN_COPY_STREAM = os.environ.get("TRELLIS_TOKEN_COPY_STREAM", "1") not in ("", "0")
+_copy_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _token_copy_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per GPU for the tokens' copies to the host."""
+    if device not in _copy_streams:
+        _copy_streams[device] = torch.cuda.Stream(device)
+    return _copy_streams[device]
+
+
 HOST_SAMPLING_ENV = "TRELLIS_HOST_SAMPLING"
 
 
@@ -99,9 +113,21 @@ class _InFlight:
     def start(cls, runs: list[_Running], ids: torch.Tensor, sampled: bool = False) -> _InFlight:
         if not ids.is_cuda:
             return cls(runs, ids, ids, None, sampled)
-        host = ids.to("cpu", non_blocking=True)  # pinned: really asynchronous
-        copied = torch.cuda.Event()
-        copied.record()
+        # The copy to the host goes on a stream of its own: on the compute stream it sat between
+        # this step and the next one's input copy, copy-engine transitions (~7 us each on the
+        # H200, profile-step's idle gaps) with no kernel running.
+        copier = _token_copy_stream(ids.device) if TOKEN_COPY_STREAM else None
+        if copier is None:
+            host = ids.to("cpu", non_blocking=True)  # pinned: really asynchronous
+            copied = torch.cuda.Event()
+            copied.record()
+            return cls(runs, ids, host, copied, sampled)
+        copier.wait_stream(torch.cuda.current_stream(ids.device))
+        with torch.cuda.stream(copier):
+            host = ids.to("cpu", non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record()
+        ids.record_stream(copier)  # the allocator must not reuse ids before the copy has read them
         return cls(runs, ids, host, copied, sampled)
 
     def tokens(self) -> list[int]:
