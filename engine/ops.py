@@ -835,6 +835,21 @@ def kv_cache_write(keys, values, slots: torch.Tensor, k: torch.Tensor, v: torch.
     return True
 
 
+def rope_tables(
+    positions: torch.Tensor, inv_freq: torch.Tensor, factor: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """RoPE's cos and sin ``[tokens, 1, 2 * len(inv_freq)]`` in ``dtype`` for int64 ``positions``
+    in one launch (ext/fused_ops.cu; torch's formula is seven), equal to
+    :meth:`engine.modules.rope.RotaryEmbedding.tables` bit for bit; None where it does not run."""
+    if dtype not in KERNEL_DTYPES or positions.dtype != torch.int64 or positions.ndim != 1:
+        return None
+    ext = _kernel_ready(positions)
+    if ext is None or not hasattr(ext, "rope_tables"):
+        return None
+    cos, sin = ext.rope_tables(positions.contiguous(), inv_freq.float().contiguous(), factor, dtype)
+    return cos, sin
+
+
 def rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -329,6 +329,26 @@ __global__ void kv_cache_write_kernel(const W* __restrict__ k, long long k_strid
   for (int i = threadIdx.x; i < width; i += blockDim.x) dst[i] = src[i];
 }
 
+// RoPE's cos and sin tables for absolute positions, [tokens, rot] each, in one launch. torch's
+// formula (engine/modules/rope.py) is seven launches per step: float(pos), the product with
+// inv_freq, cat, cos, sin and a scaling and a cast of each; this does the same fp32 operations
+// in the same order (cosf and sinf are what torch's CUDA cos and sin call), so the tables equal
+// torch's bit for bit.
+template <typename T>
+__global__ void rope_tables_kernel(const int64_t* __restrict__ positions, const float* __restrict__ inv_freq,
+                                   int half, float factor, T* __restrict__ cos, T* __restrict__ sin) {
+  chain_wait();  // positions may be a previous kernel's output
+  chain_release();
+  const long long token = blockIdx.x;
+  const float p = static_cast<float>(positions[token]);
+  const int rot = 2 * half;
+  for (int j = threadIdx.x; j < rot; j += blockDim.x) {
+    const float f = p * inv_freq[j < half ? j : j - half];
+    cos[token * rot + j] = from_f<T>(cosf(f) * factor);
+    sin[token * rot + j] = from_f<T>(sinf(f) * factor);
+  }
+}
+
 template <typename F>
 void by_dtype(const at::Tensor& t, F&& f) {
   switch (t.scalar_type()) {
@@ -579,6 +599,32 @@ at::Tensor rope_kv_write(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return q_out;
 }
 
+// cos and sin [tokens, 1, rot] in `dtype` for int64 positions [tokens] (see rope_tables_kernel).
+std::vector<at::Tensor> rope_tables(const at::Tensor& positions, const at::Tensor& inv_freq, double factor,
+                                    at::ScalarType dtype) {
+  TORCH_CHECK(positions.is_cuda() && positions.dim() == 1 && positions.scalar_type() == at::kLong &&
+                  positions.is_contiguous(),
+              "positions must be a contiguous 1-D int64 CUDA tensor");
+  TORCH_CHECK(inv_freq.device() == positions.device() && inv_freq.dim() == 1 &&
+                  inv_freq.scalar_type() == at::kFloat && inv_freq.is_contiguous() && inv_freq.size(0) >= 1,
+              "inv_freq must be a contiguous 1-D float32 tensor on the positions' device");
+  const c10::cuda::CUDAGuard guard(positions.device());
+  const int64_t tokens = positions.size(0), half = inv_freq.size(0);
+  const auto options = positions.options().dtype(dtype);
+  at::Tensor cos = at::empty({tokens, 1, 2 * half}, options), sin = at::empty({tokens, 1, 2 * half}, options);
+  if (tokens == 0) return {cos, sin};
+  const int threads = static_cast<int>(std::min<int64_t>(1024, ((2 * half + 31) / 32) * 32));
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  by_dtype(cos, [&](auto tag) {
+    using T = decltype(tag);
+    launch_chained(rope_tables_kernel<T>, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, stream,
+                   positions.data_ptr<int64_t>(), inv_freq.data_ptr<float>(), static_cast<int>(half),
+                   static_cast<float>(factor), reinterpret_cast<T*>(cos.data_ptr()), reinterpret_cast<T*>(sin.data_ptr()));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {cos, sin};
+}
+
 at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, int64_t act) {
   check_rows(gate, "gate");
   check_rows(up, "up");
@@ -636,6 +682,8 @@ void bind_fused_ops(pybind11::module_& m) {
         py::arg("v_cache"));
   m.def("rope", &rope, "rotate-half rotary embedding of q and k in one launch; returns new tensors", py::arg("q"),
         py::arg("k"), py::arg("cos"), py::arg("sin"));
+  m.def("rope_tables", &rope_tables, "RoPE's cos and sin [tokens, 1, rot] for int64 positions, one launch; "
+        "returns [cos, sin]", py::arg("positions"), py::arg("inv_freq"), py::arg("factor"), py::arg("dtype"));
   m.def("act_mul", &act_mul, "act(gate) * up (0 silu, 1 gelu tanh, 2 gelu erf, 3 relu)", py::arg("gate"),
         py::arg("up"), py::arg("act"));
 }

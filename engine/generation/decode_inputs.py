@@ -1,9 +1,12 @@
 """A decode step's inputs in fixed shapes: one buffer the host fills and copies in one go.
 
 A decode step gives each sequence exactly one new token. :class:`DecodeInputs` holds, for a
-fixed ``batch`` and ``max_pages``, everything such a step needs as one flat int64 tensor:
+fixed ``batch`` and ``max_pages``, everything such a step needs as one flat int64 tensor whose
+tail holds int32 numbers (what the attention kernel reads; stored as such, so that the step
+launches no conversion kernel for them):
 
-    [ ids (batch) | positions (batch) | write slots (batch) | lengths (batch) | tables (batch * max_pages) ]
+    int64 [ ids (batch) | positions (batch) | write slots (batch) ]
+    int32 [ lengths (batch) | tables (batch * max_pages) ]  (padded to whole int64 entries)
 
 The host writes it through a numpy view (cheap per element), rewrites a block-table row only
 when that row's pages changed, and copies the whole buffer to the device with one transfer.
@@ -45,10 +48,12 @@ class DecodeInputs:
     def __init__(self, batch: int, max_pages: int, page_size: int, device: torch.device) -> None:
         self.batch, self.max_pages, self.page_size = batch, max_pages, page_size
         self.device = torch.device(device)
-        size = batch * (4 + max_pages)
+        self._int32 = batch * (1 + max_pages)  # lengths and tables
+        size = 3 * batch + (self._int32 + 1) // 2
         pin = self.device.type == "cuda"
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
         self._np = self.host.numpy()
+        self._np32 = self.host[3 * batch :].view(torch.int32).numpy()
         self.buffer = torch.zeros(size, dtype=torch.int64, device=self.device)
         self._rows: list[list[int] | None] = [None] * batch  # block-table row last written, per row
         # The host buffer may still be read by the last asynchronous copy: wait for it to finish
@@ -60,7 +65,7 @@ class DecodeInputs:
 
         ``scratch_page`` takes the padding rows; it may be None only when there are none.
         """
-        b, p, ps, a = self.batch, self.max_pages, self.page_size, self._np
+        b, p, ps, a, t = self.batch, self.max_pages, self.page_size, self._np, self._np32
         if len(items) < b and scratch_page is None:
             raise ValueError("padding rows need a scratch page")
         if self._copied is not None:
@@ -71,12 +76,12 @@ class DecodeInputs:
             a[i] = item.tokens[0]
             a[b + i] = pos
             a[2 * b + i] = table[pos // ps] * ps + pos % ps
-            a[3 * b + i] = pos + 1
+            t[i] = pos + 1
             row = list(table[:p])
             if self._rows[i] != row:
-                start = 4 * b + i * p
-                a[start : start + len(row)] = row
-                a[start + len(row) : start + p] = row[0]  # any valid page: masked by the length
+                start = b + i * p
+                t[start : start + len(row)] = row
+                t[start + len(row) : start + p] = row[0]  # any valid page: masked by the length
                 self._rows[i] = row
         for i in range(len(items), b):
             # Each padding row its own slot of the scratch page (no two rows write one slot).
@@ -84,25 +89,32 @@ class DecodeInputs:
             a[i] = 0
             a[b + i] = pos
             a[2 * b + i] = scratch_page * ps + pos
-            a[3 * b + i] = pos + 1
+            t[i] = pos + 1
             row = [scratch_page]
             if self._rows[i] != row:
-                start = 4 * b + i * p
-                a[start : start + p] = scratch_page
+                start = b + i * p
+                t[start : start + p] = scratch_page
                 self._rows[i] = row
         self.buffer.copy_(self.host, non_blocking=True)
         if self._copied is not None:
             self._copied.record()
 
     def views(self) -> tuple[torch.Tensor, BatchLayout]:
-        """``(input_ids, layout)`` read from the device buffer (the int32 tables are computed from
-        it by the step itself, so they too follow whatever was copied in last)."""
-        b, p = self.batch, self.max_pages
-        buf = self.buffer
+        """``(input_ids, layout)``: views of the device buffer, so they follow whatever was copied
+        in last."""
+        b, buf = self.batch, self.buffer
         ids, positions, slots = buf[:b], buf[b : 2 * b], buf[2 * b : 3 * b]
-        lengths = buf[3 * b : 4 * b].to(torch.int32)
-        tables = buf[4 * b :].view(b, p).to(torch.int32)
-        return ids, BatchLayout([], positions, slots, decode=DecodeTables(tables, lengths, self.page_size))
+        decode = DecodeTables(self.tables(), self.lengths(), self.page_size)
+        return ids, BatchLayout([], positions, slots, decode=decode)
+
+    def lengths(self) -> torch.Tensor:
+        """The lengths as the device buffer holds them (int32, ``[batch]``)."""
+        return self.buffer[3 * self.batch :].view(torch.int32)[: self.batch]
+
+    def tables(self) -> torch.Tensor:
+        """The block tables as the device buffer holds them (int32, ``[batch, max_pages]``)."""
+        b = self.batch
+        return self.buffer[3 * b :].view(torch.int32)[b : self._int32].view(b, self.max_pages)
 
 
 def decode_forward(model: CausalLM, cache: PagedKVCache, inputs: DecodeInputs) -> torch.Tensor:

@@ -298,3 +298,49 @@ def test_rope_kv_write_skips_slots_outside_the_cache_and_falls_back_for_quantize
         QuantizedStore(64, 2, 64, 4, "cuda"), QuantizedStore(64, 2, 64, 4, "cuda"), torch.bfloat16
     )
     assert quantized.write_rotated(torch.tensor([1, 2, 3], device="cuda"), q, k, v, tables) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "spec, head_dim",
+    [
+        (
+            RopeSpec(
+                theta=500000.0,
+                kind="llama3",
+                params={
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192,
+                },
+            ),
+            128,
+        ),
+        (RopeSpec(theta=10000.0), 64),
+        (
+            RopeSpec(
+                theta=1e6, kind="yarn", params={"factor": 4.0, "original_max_position_embeddings": 32768}
+            ),
+            128,
+        ),
+        (RopeSpec(theta=10000.0, partial_rotary_factor=0.5), 96),
+    ],
+    ids=["llama3", "default-64", "yarn", "partial"],
+)
+def test_rope_tables_equal_torch_formula_bit_for_bit(spec, head_dim, dtype, monkeypatch):
+    """The one-launch cos/sin tables equal the torch formula's (seven launches) bit for bit, at
+    every position up to 128K, scaled (yarn's attention factor) or not."""
+    rope = RotaryEmbedding(spec, head_dim, 131072).cuda()
+    positions = torch.cat([torch.arange(0, 4096), torch.randint(4096, 131072, (2048,))]).cuda()
+    assert (
+        ops.rope_tables(positions, rope.inv_freq, rope.attention_factor, dtype) is not None
+    )  # the kernel runs
+    cos, sin = rope.tables(positions, dtype)
+    with monkeypatch.context() as m:
+        m.setattr(ops, "rope_tables", lambda *args: None)
+        ref_cos, ref_sin = rope.tables(positions, dtype)
+    assert cos.shape == ref_cos.shape == (positions.numel(), 1, rope.rotary_dim)
+    assert cos.dtype == sin.dtype == dtype
+    assert torch.equal(cos, ref_cos) and torch.equal(sin, ref_sin)
+    assert rope.tables(positions[:0], dtype)[0].shape == (0, 1, rope.rotary_dim)

@@ -88,13 +88,17 @@ def test_inputs_rewrite_only_changed_table_rows_and_pad_on_the_scratch_page():
     assert a[:b].tolist() == [11, 12, 0, 0]  # ids
     assert a[b : 2 * b].tolist() == [9, 0, 0, 1]  # positions
     assert a[2 * b : 3 * b].tolist() == [6 * PAGE + 1, 7 * PAGE, 2 * PAGE, 2 * PAGE + 1]  # write slots
-    assert a[3 * b : 4 * b].tolist() == [10, 1, 1, 2]  # lengths
-    assert a[4 * b :].view(4, 3).tolist() == [[5, 6, 5], [7, 7, 7], [2, 2, 2], [2, 2, 2]]
-    inputs.host[4 * b] = 99  # a row not rewritten when its table is unchanged ...
+    ids, layout = inputs.views()
+    assert layout.decode.lengths.dtype == layout.decode.block_tables.dtype == torch.int32  # no conversion
+    assert layout.decode.lengths.tolist() == inputs.lengths().tolist() == [10, 1, 1, 2]
+    assert layout.decode.block_tables.tolist() == [[5, 6, 5], [7, 7, 7], [2, 2, 2], [2, 2, 2]]
+    assert inputs.tables().data_ptr() == layout.decode.block_tables.data_ptr()  # views of the buffer
+    assert ids.data_ptr() == inputs.buffer.data_ptr()
+    inputs.host[3 * b :].view(torch.int32)[b] = 99  # a row not rewritten when its table is unchanged ...
     inputs.fill(items, scratch_page=2)
-    assert inputs.buffer[4 * b].item() == 99
+    assert inputs.tables()[0, 0].item() == 99
     inputs.fill([StepItem([11], 10, [5, 8])], scratch_page=2)  # ... and rewritten when it changed
-    assert inputs.buffer[4 * b :].view(4, 3).tolist()[:2] == [[5, 8, 5], [2, 2, 2]]
+    assert inputs.tables().tolist()[:2] == [[5, 8, 5], [2, 2, 2]]
 
 
 class _EagerGraph:
