@@ -746,10 +746,15 @@ _viterbi_tables: list[tuple[torch.Tensor, str]] = []
 ACT_IDS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1, "gelu_tanh": 1, "gelu": 2, "relu": 3}
 
 
+# TRELLIS_ARGMAX_CLUSTER=0: one block per row always (A/B runs; ext/argmax.cu).
+ARGMAX_CLUSTER = os.environ.get("TRELLIS_ARGMAX_CLUSTER", "1") not in ("", "0")
+
+
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """``logits.argmax(dim=-1)`` of a ``[rows, vocab]`` tensor: torch's answer (the first maximum,
-    a NaN above every number), through one block per row on the GPU where it can (ext/argmax.cu:
-    torch's reduction took 28 us for a 128K vocabulary), else torch's own."""
+    a NaN above every number), through one block (or on sm_90 a cluster of blocks) per row on
+    the GPU where it can (ext/argmax.cu: torch's reduction took 28 us for a 128K vocabulary), else
+    torch's own."""
     ext = _kernel_ready(logits)
     if (
         ext is None
@@ -759,7 +764,7 @@ def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
         or logits.stride(-1) != 1
     ):
         return logits.argmax(dim=-1)
-    return ext.argmax_rows(logits)
+    return ext.argmax_rows(logits, cluster=ARGMAX_CLUSTER)
 
 
 def _fused_ready(*tensors: torch.Tensor) -> ModuleType | None:
