@@ -70,6 +70,11 @@ class SamplingRows:
             return SamplingRows(*(t.to(device, non_blocking=non_blocking) for t in self._tensors()))
         return _views(self.buffer.to(device, non_blocking=non_blocking), self.rows, *self._caps())
 
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        """Tell the caching allocator that ``stream`` uses these (CUDA) tensors."""
+        for t in (self.buffer,) if self.buffer is not None else self._tensors():
+            t.record_stream(stream)
+
     def _caps(self) -> tuple[int, int]:
         return self.rep_ids.shape[1], self.gen_ids.shape[1]
 

@@ -45,7 +45,7 @@ from engine.errors import ContextOverflowError
 from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.cuda_graph import DecodeGraphs, graphs_enabled
 from engine.generation.decode_inputs import is_decode_item, run_decode_step
-from engine.generation.device_sampling import pack_rows
+from engine.generation.device_sampling import SamplingRows, pack_rows
 from engine.generation.job import Job, JobResult, Timings
 from engine.generation.sampling import Sampler
 from engine.generation.step import StepItem, run_step
@@ -57,14 +57,18 @@ PIPELINE_DISABLE_ENV = "TRELLIS_NO_PIPELINE"
 # tok/s on the 1B shape, ext/NOTES.md eighteenth session). TRELLIS_TOKEN_COPY_STREAM=0 keeps the
 # copy on the compute stream (A/B runs).
 TOKEN_COPY_STREAM = os.environ.get("TRELLIS_TOKEN_COPY_STREAM", "1") not in ("", "0")
-_copy_streams: dict[torch.device, torch.cuda.Stream] = {}
+# A sampled step's inputs (settings, penalty lists, uniforms) go to the GPU on a side stream too
+# (see _upload_aside). TRELLIS_SAMPLING_UPLOAD_STREAM=0 copies them on the compute stream (A/B).
+SAMPLING_UPLOAD_STREAM = os.environ.get("TRELLIS_SAMPLING_UPLOAD_STREAM", "1") not in ("", "0")
+_side_streams: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
 
-def _token_copy_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per GPU for the tokens' copies to the host."""
-    if device not in _copy_streams:
-        _copy_streams[device] = torch.cuda.Stream(device)
-    return _copy_streams[device]
+def _side_stream(device: torch.device, role: str) -> torch.cuda.Stream:
+    """One side stream per GPU and ``role`` ("tokens": copies to the host; "uploads": to the GPU)."""
+    key = (device, role)
+    if key not in _side_streams:
+        _side_streams[key] = torch.cuda.Stream(device)
+    return _side_streams[key]
 
 
 HOST_SAMPLING_ENV = "TRELLIS_HOST_SAMPLING"
@@ -116,7 +120,7 @@ class _InFlight:
         # The copy to the host goes on a stream of its own: on the compute stream it sat between
         # this step and the next one's input copy, copy-engine transitions (~7 us each on the
         # H200, profile-step's idle gaps) with no kernel running.
-        copier = _token_copy_stream(ids.device) if TOKEN_COPY_STREAM else None
+        copier = _side_stream(ids.device, "tokens") if TOKEN_COPY_STREAM else None
         if copier is None:
             host = ids.to("cpu", non_blocking=True)  # pinned: really asynchronous
             copied = torch.cuda.Event()
@@ -168,9 +172,28 @@ def _draw_rows(
     device = logits.device
     if device.type == "cuda":
         u = u.pin_memory()  # a copy from pageable memory would wait for the GPU: no pipelining
+        if SAMPLING_UPLOAD_STREAM:
+            rows_d, u_d = _upload_aside(device, rows, u)
+            return ops.sample_tokens(logits, rows_d, u_d, pending=pending)
     return ops.sample_tokens(
         logits, rows.to(device, non_blocking=True), u.to(device, non_blocking=True), pending=pending
     )
+
+
+def _upload_aside(
+    device: torch.device, rows: SamplingRows, u: torch.Tensor
+) -> tuple[SamplingRows, torch.Tensor]:
+    """``rows`` and ``u`` (pinned) copied to ``device`` on a side stream that the current stream
+    then waits for. They are the host's numbers, not the step's: on the compute stream the copies
+    queued behind the step's graph and put two copy-engine transitions between it and the draw."""
+    main = torch.cuda.current_stream(device)
+    side = _side_stream(device, "uploads")
+    with torch.cuda.stream(side):
+        rows_d, u_d = rows.to(device, non_blocking=True), u.to(device, non_blocking=True)
+    main.wait_stream(side)
+    rows_d.record_stream(main)  # allocated on the side stream, used (and freed) on this one
+    u_d.record_stream(main)
+    return rows_d, u_d
 
 
 def _sample_rows(runs: list[_Running], logits: list) -> dict[int, int]:

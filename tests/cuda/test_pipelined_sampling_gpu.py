@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.generation import generator as generator_module
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
@@ -59,3 +60,19 @@ def test_pipelined_sampled_decode_gives_the_unpipelined_tokens(model, single_blo
     a, _ = _generate(model, True, limits, stop)
     b, _ = _generate(model, False, limits, stop)
     assert a == b and a[0][1] == "eos"
+
+
+@pytest.mark.parametrize("aside", [True, False])
+def test_sampling_inputs_uploaded_on_a_side_stream_change_no_token(model, aside, monkeypatch):
+    """The sampled steps' settings, penalty lists and uniforms go to the GPU on a side stream
+    (generator._upload_aside) or on the compute stream: the same seeded tokens either way."""
+    monkeypatch.setattr(generator_module, "SAMPLING_UPLOAD_STREAM", aside)
+    uploads = []
+    real = generator_module._upload_aside
+    monkeypatch.setattr(generator_module, "_upload_aside", lambda *a: uploads.append(1) or real(*a))
+    limits = (40, 13, 40, 25, 33, 40)
+    piped, _ = _generate(model, True, limits)
+    assert (len(uploads) >= 30) if aside else not uploads
+    monkeypatch.setattr(generator_module, "SAMPLING_UPLOAD_STREAM", not aside)
+    other, _ = _generate(model, True, limits)
+    assert piped == other
