@@ -844,7 +844,7 @@ def rope_tables(
     positions: torch.Tensor, inv_freq: torch.Tensor, factor: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """RoPE's cos and sin ``[tokens, 1, 2 * len(inv_freq)]`` in ``dtype`` for int64 ``positions``
-    in one launch (ext/fused_ops.cu; torch's formula is seven), equal to
+    in one launch (ext/fused_ops.cu; torch's formula is nine), equal to
     :meth:`engine.modules.rope.RotaryEmbedding.tables` bit for bit; None where it does not run."""
     if dtype not in KERNEL_DTYPES or positions.dtype != torch.int64 or positions.ndim != 1:
         return None

@@ -330,7 +330,7 @@ __global__ void kv_cache_write_kernel(const W* __restrict__ k, long long k_strid
 }
 
 // RoPE's cos and sin tables for absolute positions, [tokens, rot] each, in one launch. torch's
-// formula (engine/modules/rope.py) is seven launches per step: float(pos), the product with
+// formula (engine/modules/rope.py) is nine launches per step: float(pos), the product with
 // inv_freq, cat, cos, sin and a scaling and a cast of each; this does the same fp32 operations
 // in the same order (cosf and sinf are what torch's CUDA cos and sin call), so the tables equal
 // torch's bit for bit.

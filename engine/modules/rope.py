@@ -127,7 +127,7 @@ class RotaryEmbedding(nn.Module):
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin, ``[tokens, 1, rotary_dim]``, for absolute ``positions``."""
-        if positions.is_cuda:  # one launch instead of seven, the same numbers
+        if positions.is_cuda:  # one launch instead of nine, the same numbers
             fused = ops.rope_tables(positions, self.inv_freq, self.attention_factor, dtype)
             if fused is not None:
                 return fused
