@@ -437,6 +437,8 @@ class ConstraintState:
         self._prefetch = prefetch
         self._pending: Future | None = None
         self.tokens: list[int] = []
+        # Read from the engine only where no mask computation runs (see complete).
+        self._complete = bool(formatter.is_completed())
         self._schedule()
 
     # -- mask -------------------------------------------------------------------------------
@@ -505,12 +507,16 @@ class ConstraintState:
                 ) from None
         if not is_stop:
             self.tokens.append(token)
+        self._complete = bool(self.formatter.is_completed())
         self._schedule()
 
     @property
     def complete(self) -> bool:
-        """The output so far is a finished, valid instance of the constraint."""
-        return bool(self.formatter.is_completed())
+        """The output so far is a finished, valid instance of the constraint. Recorded when the
+        last token was accepted, before the next mask's computation started on the worker thread:
+        asking the engine while that runs would borrow it twice (kbnf raises "Already mutably
+        borrowed"), and waiting for it would give up the overlap with the forward pass."""
+        return self._complete
 
     def value(self) -> Any:
         """The parsed output once :attr:`complete` (JSON: the document)."""

@@ -450,3 +450,50 @@ def test_smollm2_constrained_chat(smollm2_dir):
         )
     )
     assert chunks[-1].stop_reason == "eos" and re.fullmatch(pattern, "".join(c.text for c in chunks))
+
+
+def test_complete_never_touches_the_engine_while_the_next_mask_is_computed():
+    """The generator asks ``complete`` right after ``advance`` has started the next mask on the
+    worker thread; kbnf's engine may not be used from two threads at once ("Already mutably
+    borrowed", seen in CI under load). A formatter that fails on overlapping use, with a slow mask."""
+    import threading
+    import time
+
+    class Engine:
+        def fill_torch_bitmask(self, ptr):
+            pass
+
+    class Formatter:
+        def __init__(self):
+            self._engine = Engine()
+            self.busy = threading.Lock()
+            self.accepted = 0
+
+        def _use(self, seconds=0.0):
+            if not self.busy.acquire(blocking=False):
+                raise RuntimeError("Already mutably borrowed")
+            try:
+                time.sleep(seconds)
+            finally:
+                self.busy.release()
+
+        def compute_allowed_tokens(self):
+            self._use(0.05)
+
+        def accept_token(self, token):
+            self._use()
+            self.accepted += 1
+
+        def is_completed(self):
+            self._use()
+            return self.accepted >= 3
+
+    constraint = C.regex("[a-z]+")
+    formatter = Formatter()
+    state = C.ConstraintState(constraint, C._byte_vocabulary(), formatter, prefetch=True)
+    seen = []
+    for token in b"abc":
+        state.advance(token)
+        seen.append(state.complete)  # the mask computation runs now
+    assert seen == [False, False, True]
+    state.close()
