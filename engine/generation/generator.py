@@ -121,17 +121,13 @@ class _InFlight:
         # this step and the next one's input copy, copy-engine transitions (~7 us each on the
         # H200, profile-step's idle gaps) with no kernel running.
         copier = _side_stream(ids.device, "tokens") if TOKEN_COPY_STREAM else None
-        if copier is None:
+        if copier is not None:
+            copier.wait_stream(torch.cuda.current_stream(ids.device))
+            ids.record_stream(copier)  # the allocator must not reuse ids before the copy has read them
+        with torch.cuda.stream(copier):  # None: the current stream
             host = ids.to("cpu", non_blocking=True)  # pinned: really asynchronous
             copied = torch.cuda.Event()
             copied.record()
-            return cls(runs, ids, host, copied, sampled)
-        copier.wait_stream(torch.cuda.current_stream(ids.device))
-        with torch.cuda.stream(copier):
-            host = ids.to("cpu", non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record()
-        ids.record_stream(copier)  # the allocator must not reuse ids before the copy has read them
         return cls(runs, ids, host, copied, sampled)
 
     def tokens(self) -> list[int]:
