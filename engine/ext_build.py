@@ -44,6 +44,7 @@ SOURCES = (
 HEADERS = (
     "trellis_ext.h",
     "chained_launch.cuh",
+    "cluster_launch.cuh",
     "exl3_common.cuh",
     "exl3_gemv.cuh",
     "exl3_gemv_v5.cuh",

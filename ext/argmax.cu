@@ -24,6 +24,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "cluster_launch.cuh"
 #include "trellis_ext.h"
 
 namespace trellis {
@@ -131,17 +132,10 @@ bool cluster_argmax_runs() {
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, argmax_rows_cluster_kernel));
   bool ok = false;
   if (major >= 9 && attr.binaryVersion >= 90) {
-    cudaLaunchAttribute cluster_dim{};
-    cluster_dim.id = cudaLaunchAttributeClusterDimension;
-    cluster_dim.val.clusterDim.x = kArgmaxCluster;
-    cluster_dim.val.clusterDim.y = cluster_dim.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(kArgmaxCluster);
-    config.blockDim = dim3(kArgmaxThreads);
-    config.attrs = &cluster_dim;
-    config.numAttrs = 1;
+    const ClusterLaunch launch(kArgmaxCluster, 1, kArgmaxThreads, 0, nullptr);
     int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, argmax_rows_cluster_kernel, &config) == cudaSuccess && clusters > 0;
+    ok = cudaOccupancyMaxActiveClusters(&clusters, argmax_rows_cluster_kernel, &launch.config) == cudaSuccess &&
+         clusters > 0;
     if (!ok) (void)cudaGetLastError();  // clear the error: the one-block kernel runs instead
   }
   runs.emplace(device, ok);
@@ -159,18 +153,9 @@ at::Tensor argmax_rows(const at::Tensor& x, bool cluster) {
   const bool vec4 = n % 4 == 0 && x.stride(0) % 4 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   if (cluster && n >= kArgmaxClusterMinWidth && cluster_argmax_runs()) {
-    cudaLaunchAttribute cluster_dim{};
-    cluster_dim.id = cudaLaunchAttributeClusterDimension;
-    cluster_dim.val.clusterDim.x = kArgmaxCluster;
-    cluster_dim.val.clusterDim.y = cluster_dim.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(x.size(0) * kArgmaxCluster));
-    config.blockDim = dim3(kArgmaxThreads);
-    config.stream = stream;
-    config.attrs = &cluster_dim;
-    config.numAttrs = 1;
-    C10_CUDA_CHECK(cudaLaunchKernelEx(&config, argmax_rows_cluster_kernel, x.data_ptr<float>(), n, x.stride(0),
-                                      vec4, out.data_ptr<int64_t>()));
+    const ClusterLaunch launch(kArgmaxCluster, static_cast<int>(x.size(0)), kArgmaxThreads, 0, stream);
+    C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, argmax_rows_cluster_kernel, x.data_ptr<float>(), n,
+                                      x.stride(0), vec4, out.data_ptr<int64_t>()));
   } else {
     argmax_rows_kernel<<<static_cast<unsigned>(x.size(0)), kArgmaxThreads, 0, stream>>>(
         x.data_ptr<float>(), n, x.stride(0), vec4, out.data_ptr<int64_t>());

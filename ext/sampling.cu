@@ -59,6 +59,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "cluster_launch.cuh"
 #include "float_types.cuh"
 #include "trellis_ext.h"
 
@@ -859,26 +860,6 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_sample_kernel(SampleArgs 
 #endif  // __CUDA_ARCH__ >= 900
 }
 
-// Launch configuration of the cluster kernel: kCluster blocks per row, cluster r on row r.
-struct ClusterLaunch {
-  cudaLaunchAttribute cluster_dim;
-  cudaLaunchConfig_t config;
-  ClusterLaunch(int rows, size_t smem_bytes, cudaStream_t stream) : cluster_dim{}, config{} {
-    cluster_dim.id = cudaLaunchAttributeClusterDimension;
-    cluster_dim.val.clusterDim.x = kCluster;
-    cluster_dim.val.clusterDim.y = 1;
-    cluster_dim.val.clusterDim.z = 1;
-    config.gridDim = dim3(rows * kCluster);
-    config.blockDim = dim3(kThreads);
-    config.dynamicSmemBytes = smem_bytes;
-    config.stream = stream;
-    config.attrs = &cluster_dim;
-    config.numAttrs = 1;
-  }
-  ClusterLaunch(const ClusterLaunch&) = delete;  // config points at cluster_dim
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
-};
-
 // Dynamic shared memory the cluster kernel may use on the current device (ClusterShared and a
 // row's slice of x), 0 where it cannot run there: below sm_90, a build without sm_90 code for it,
 // or a cluster of kCluster such blocks that the GPU cannot place. Probed once per device and
@@ -903,7 +884,7 @@ size_t cluster_smem_limit() {
     const size_t dynamic = static_cast<size_t>(optin) - attr.sharedSizeBytes;
     C10_CUDA_CHECK(cudaFuncSetAttribute(cluster_sample_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(dynamic)));
-    const ClusterLaunch launch(1, dynamic, nullptr);
+    const ClusterLaunch launch(kCluster, 1, kThreads, dynamic, nullptr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, cluster_sample_kernel<T>, &launch.config) == cudaSuccess &&
         clusters > 0)
@@ -923,7 +904,7 @@ void launch_sampling(const SampleArgs& a, int rows, cudaStream_t stream) {
   const char* single = std::getenv("TRELLIS_SAMPLING_SINGLE_BLOCK");
   const bool forced = single != nullptr && single[0] != '\0' && single[0] != '0';
   if (!forced && smem_bytes <= cluster_smem_limit<T>()) {
-    const ClusterLaunch launch(rows, smem_bytes, stream);
+    const ClusterLaunch launch(kCluster, rows, kThreads, smem_bytes, stream);
     C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, cluster_sample_kernel<T>, a));
   } else {
     sample_kernel<T><<<rows, kThreads, 0, stream>>>(a);
