@@ -21,8 +21,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
-#include <unordered_map>
 
 #include "cluster_launch.cuh"
 #include "trellis_ext.h"
@@ -119,27 +117,20 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_cluster_kernel(con
 // Whether the cluster kernel can run on the current device: sm_90 code for it in this build and
 // a cluster of kArgmaxCluster such blocks that the GPU can place. Probed once per device.
 bool cluster_argmax_runs() {
-  static std::mutex mutex;
-  static std::unordered_map<int, bool> runs;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto it = runs.find(device);
-  if (it != runs.end()) return it->second;
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  cudaFuncAttributes attr;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, argmax_rows_cluster_kernel));
-  bool ok = false;
-  if (major >= 9 && attr.binaryVersion >= 90) {
+  return once_per_device<bool>([](int device) {
+    int major = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, argmax_rows_cluster_kernel));
+    if (major < 9 || attr.binaryVersion < 90) return false;
     const ClusterLaunch launch(kArgmaxCluster, 1, kArgmaxThreads, 0, nullptr);
     int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, argmax_rows_cluster_kernel, &launch.config) == cudaSuccess &&
-         clusters > 0;
-    if (!ok) (void)cudaGetLastError();  // clear the error: the one-block kernel runs instead
-  }
-  runs.emplace(device, ok);
-  return ok;
+    if (cudaOccupancyMaxActiveClusters(&clusters, argmax_rows_cluster_kernel, &launch.config) == cudaSuccess &&
+        clusters > 0)
+      return true;
+    (void)cudaGetLastError();  // clear the error: the one-block kernel runs instead
+    return false;
+  });
 }
 
 // cluster: may use the cluster kernel (wide rows on sm_90); false: one block per row (A/B runs).

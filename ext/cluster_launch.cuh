@@ -1,12 +1,15 @@
 // The launch configuration of a kernel that runs one thread-block cluster per row (sm_90): rows x
 // `cluster` blocks, cluster r on row r. For cudaLaunchKernelEx and cudaOccupancyMaxActiveClusters
 // (the probe whether such a cluster can be placed); used by the cluster sampler (sampling.cu) and
-// the cluster argmax (argmax.cu).
+// the cluster argmax (argmax.cu). Also the memo of such a probe: once per device.
 #pragma once
 
+#include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <mutex>
+#include <unordered_map>
 
 namespace trellis {
 
@@ -29,5 +32,21 @@ struct ClusterLaunch {
   ClusterLaunch(const ClusterLaunch&) = delete;  // config points at cluster_dim
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
+
+// probe(device) for the current device, run once per device and remembered (under a lock: several
+// threads may launch). Each call site's lambda is its own type, so each site has its own memo.
+template <typename Value, typename Probe>
+Value once_per_device(Probe probe) {
+  static std::mutex mutex;
+  static std::unordered_map<int, Value> values;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = values.find(device);
+  if (it != values.end()) return it->second;
+  const Value value = probe(device);
+  values.emplace(device, value);
+  return value;
+}
 
 }  // namespace trellis

@@ -56,8 +56,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
-#include <mutex>
-#include <unordered_map>
 
 #include "cluster_launch.cuh"
 #include "float_types.cuh"
@@ -867,20 +865,13 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_sample_kernel(SampleArgs 
 // kernel's dynamic shared memory limit to the device's maximum on the way.
 template <typename T>
 size_t cluster_smem_limit() {
-  static std::mutex mutex;
-  static std::unordered_map<int, size_t> limits;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto it = limits.find(device);
-  if (it != limits.end()) return it->second;
-  size_t limit = 0;
-  int major = 0, optin = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  cudaFuncAttributes attr;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, cluster_sample_kernel<T>));
-  if (major >= 9 && attr.binaryVersion >= 90 && static_cast<size_t>(optin) > attr.sharedSizeBytes) {
+  return once_per_device<size_t>([](int device) -> size_t {
+    int major = 0, optin = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, cluster_sample_kernel<T>));
+    if (major < 9 || attr.binaryVersion < 90 || static_cast<size_t>(optin) <= attr.sharedSizeBytes) return 0;
     const size_t dynamic = static_cast<size_t>(optin) - attr.sharedSizeBytes;
     C10_CUDA_CHECK(cudaFuncSetAttribute(cluster_sample_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(dynamic)));
@@ -888,12 +879,10 @@ size_t cluster_smem_limit() {
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, cluster_sample_kernel<T>, &launch.config) == cudaSuccess &&
         clusters > 0)
-      limit = dynamic;
-    else
-      (void)cudaGetLastError();  // clear the error: the single-block kernel runs instead
-  }
-  limits.emplace(device, limit);
-  return limit;
+      return dynamic;
+    (void)cudaGetLastError();  // clear the error: the single-block kernel runs instead
+    return 0;
+  });
 }
 
 // The cluster kernel where it can run (see its section), else the single-block kernel.
