@@ -28,6 +28,7 @@ launch shapes from :func:`recorded_keys`, tries each shape's best few counts fro
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -138,11 +139,13 @@ def _measure(
         graph = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream(device)
         side.wait_stream(stream)
-        with torch.cuda.stream(side):
+        with cyclic_gc_paused(), torch.cuda.stream(side):
             graph.capture_begin()
-            for m in mats:
-                launch(x, m, suhs, svhs, ys, splits)
-            graph.capture_end()
+            try:
+                for m in mats:
+                    launch(x, m, suhs, svhs, ys, splits)
+            finally:
+                graph.capture_end()
         stream.wait_stream(side)
         graph.replay()
         return replay_ms(graph, stream, _ROUNDS)
@@ -153,6 +156,22 @@ def _measure(
         if t is not None:
             times[s] = t
     return times  # the copies are freed on return
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside (around a raw graph capture). An earlier model's CUDA
+    graph that waits in a reference cycle is destroyed when the collector next runs; inside a
+    capture that destruction is forbidden: it invalidates the capture (the launch after it fails)
+    and was seen to crash the process. ``torch.cuda.graph`` collects before its captures; this
+    capture is one of many small ones, so it defers the collection instead."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, replays: int) -> float:

@@ -3,6 +3,8 @@ shape, outside graph captures, and a tuned call equals a call forced to that cou
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from cuda_helpers import capture
@@ -99,3 +101,35 @@ def test_no_timing_inside_a_graph_capture(monkeypatch):
             ops.exl3_gemv(x3, ts[0], suhs[0], svhs[0], "3inst", fast=True)
     assert seen[-1] == (True, 0)
     assert _chosen() == {}
+
+
+def test_no_garbage_collection_inside_the_timing_captures():
+    # An earlier model's CUDA graphs in reference cycles are destroyed whenever the collector next
+    # runs; inside a capture that invalidates it (seen: a failed launch, once a crashed process).
+    # With the threshold at 1 the collector would run at the first allocation of a launch.
+    ts, suhs, svhs = _layer(512, [512, 128, 128], 4, 2)
+    x = torch.randn(2, 512, device="cuda", dtype=torch.float16)
+    for _ in range(3):  # forced split counts: no tuning here
+        graph, _ = capture(lambda: ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=1, fast=True))
+        cycle = {"graph": graph}
+        cycle["self"] = cycle
+    del graph, cycle
+    during_capture = []
+
+    def watch(phase, info):
+        if phase == "start":
+            during_capture.append(torch.cuda.is_current_stream_capturing())
+
+    threshold = gc.get_threshold()
+    gc.callbacks.append(watch)
+    gc.set_threshold(1)
+    try:
+        tuned = ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", fast=True)  # times in captures
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(watch)
+    assert during_capture and not any(during_capture)  # it ran, and never inside a capture
+    (chosen,) = _chosen().values()
+    forced = ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=chosen, fast=True)
+    for a, b in zip(tuned, forced):
+        assert torch.equal(a, b)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+
+import pytest
 import torch
 
 from engine import gemv_tuning
@@ -36,3 +39,20 @@ def test_tuning_off_leaves_the_choice_to_the_kernel(monkeypatch):
     t = torch.zeros(16, 8, 64, dtype=torch.int16)
     got = gemv_tuning.tuned_splits(x, [t], "mul1", "fast", lambda *a: calls.append(a), range(1, 3))
     assert got == 0 and calls == []
+
+
+def test_cyclic_gc_paused_defers_collection_and_restores_the_collector():
+    assert gc.isenabled()
+    with gemv_tuning.cyclic_gc_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()  # a caller that had it off keeps it off
+    try:
+        with gemv_tuning.cyclic_gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    with pytest.raises(ValueError), gemv_tuning.cyclic_gc_paused():
+        raise ValueError("inside")
+    assert gc.isenabled()
