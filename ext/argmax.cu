@@ -123,13 +123,7 @@ bool cluster_argmax_runs() {
     cudaFuncAttributes attr;
     C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, argmax_rows_cluster_kernel));
     if (major < 9 || attr.binaryVersion < 90) return false;
-    const ClusterLaunch launch(kArgmaxCluster, 1, kArgmaxThreads, 0, nullptr);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, argmax_rows_cluster_kernel, &launch.config) == cudaSuccess &&
-        clusters > 0)
-      return true;
-    (void)cudaGetLastError();  // clear the error: the one-block kernel runs instead
-    return false;
+    return cluster_fits(argmax_rows_cluster_kernel, ClusterLaunch(kArgmaxCluster, 1, kArgmaxThreads, 0, nullptr));
   });
 }
 

@@ -33,6 +33,17 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
+// Whether the GPU can place one cluster of `launch`'s shape for `kernel` (the probe before a
+// cluster kernel's first launch). Where it cannot, the error the query leaves is cleared: the
+// caller runs its single-block kernel instead.
+template <typename Kernel>
+bool cluster_fits(Kernel kernel, const ClusterLaunch& launch) {
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters > 0) return true;
+  (void)cudaGetLastError();
+  return false;
+}
+
 // probe(device) for the current device, run once per device and remembered (under a lock: several
 // threads may launch). Each call site's lambda is its own type, so each site has its own memo.
 template <typename Value, typename Probe>

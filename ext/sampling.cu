@@ -875,13 +875,8 @@ size_t cluster_smem_limit() {
     const size_t dynamic = static_cast<size_t>(optin) - attr.sharedSizeBytes;
     C10_CUDA_CHECK(cudaFuncSetAttribute(cluster_sample_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(dynamic)));
-    const ClusterLaunch launch(kCluster, 1, kThreads, dynamic, nullptr);
-    int clusters = 0;
-    if (cudaOccupancyMaxActiveClusters(&clusters, cluster_sample_kernel<T>, &launch.config) == cudaSuccess &&
-        clusters > 0)
-      return dynamic;
-    (void)cudaGetLastError();  // clear the error: the single-block kernel runs instead
-    return 0;
+    const ClusterLaunch one_row(kCluster, 1, kThreads, dynamic, nullptr);
+    return cluster_fits(cluster_sample_kernel<T>, one_row) ? dynamic : 0;
   });
 }
 
