@@ -36,6 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.models_dir:
         os.environ["TRELLIS_MODELS_DIR"] = args.models_dir
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # Before Qt loads a platform plugin: where it would abort, say why (and what to install).
+    from app.display_check import check
+
+    display = check(headless=bool(args.ask or args.about))
+    if display.problem:
+        print(display.problem, file=sys.stderr)
+        return 1
+    if display.platform:
+        os.environ["QT_QPA_PLATFORM"] = display.platform
     if args.install_desktop_entry or args.uninstall_desktop_entry:
         return _desktop_entry(uninstall=args.uninstall_desktop_entry)
     if args.about:
@@ -70,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         QMessageBox.critical(None, "Trellis Chat", str(exc))
         return 1
     engine = EngineClient()
-    window = MainWindow(store, engine, paths.models_dir(), hub=not args.no_hub)
+    # --ask drives the one load itself; restoring the last model too would race with it.
+    window = MainWindow(store, engine, paths.models_dir(), hub=not args.no_hub, autoload=not args.ask)
     window.show()
     # The GPU report imports torch (seconds), so it runs on a thread, once the window is up.
     from app.gpu_check import GpuCheck
@@ -83,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         from app.ask import AskRun
 
         ask = AskRun(window, args.ask)
+        ask.done.connect(app.exit)
         QTimer.singleShot(0, ask.start)
     code = app.exec()
     store.close()

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
-from PySide6.QtCore import QObject, QTimer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.main_window import MainWindow
 
 
 class AskRun(QObject):
-    """Drives the window through starter install -> load -> submit -> reply, then quits."""
+    """Drives the window through starter install -> load -> submit -> reply, then closes it and
+    emits ``done`` with the exit code (``__main__`` ends the event loop with it)."""
+
+    done = Signal(int)
 
     def __init__(self, window: MainWindow, question: str, max_new_tokens: int = 64, timeout_s: float = 900):
         super().__init__(window)
@@ -28,9 +31,14 @@ class AskRun(QObject):
         self.question = question
         self.max_new_tokens = max_new_tokens
         self.exit_code = 1
+        self.finished = False
         self.reply = ""
         self._started = time.monotonic()
+        # The folder the starter was installed in: the one model this run asks. A load of any
+        # other model (one the window restored, say) is not ours to answer with.
+        self._starter_path = ""
         engine = window.engine
+        engine.starterReady.connect(self._on_starter_ready)
         engine.loaded.connect(self._on_loaded)
         engine.loadFailed.connect(self._fail)
         engine.starterFailed.connect(self._fail)
@@ -41,7 +49,22 @@ class AskRun(QObject):
         self._log("installing/loading the starter model")
         self.window.install_starter()
 
+    def _on_starter_ready(self, path: str) -> None:
+        self._starter_path = path
+        engine = self.window.engine
+        if engine.model_info is not None and self._is_starter(engine.model_info):
+            self._on_loaded(engine.model_info)  # restored at startup before the starter was checked
+
+    def _is_starter(self, info: dict) -> bool:
+        return (
+            bool(self._starter_path)
+            and Path(info.get("path", "")).resolve() == Path(self._starter_path).resolve()
+        )
+
     def _on_loaded(self, info: dict) -> None:
+        if not self._is_starter(info):
+            self._log(f"ignoring the load of {info.get('name')}: waiting for the starter model")
+            return
         self._log(f"loaded {info.get('name')} on {info.get('device')}")
         chat = self.window.chat
         chat.new_conversation()
@@ -62,16 +85,18 @@ class AskRun(QObject):
         self._log(f"replied in {time.monotonic() - self._started:.1f} s ({speed:.1f} tokens/s)")
         print(self.reply, flush=True)
         self.exit_code = 0
+        self.finished = True
         self.window.close()
-        QApplication.instance().exit(0)
+        self.done.emit(0)
 
     def _fail(self, message: str) -> None:
         if self.exit_code == 0:
             return
         self._log(f"failed: {message}")
         self.exit_code = 1
+        self.finished = True
         self.window.close()
-        QApplication.instance().exit(1)
+        self.done.emit(1)
 
     def _log(self, message: str) -> None:
         # Progress on stderr, so stdout carries only the reply.

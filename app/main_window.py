@@ -61,6 +61,7 @@ class MainWindow(QMainWindow):
         *,
         hub: bool = True,
         download_manager: Any = None,
+        autoload: bool = True,
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
@@ -126,7 +127,8 @@ class MainWindow(QMainWindow):
         ids = self.conversation_model.ids()
         self.chat.open_conversation(ids[0] if ids else None)
         self._update_starter_banner()
-        self._autoload()
+        if autoload:
+            self._autoload()
         self.warmed_up = False
         self._warm_up(self.renderer.warm_up_steps())
 
@@ -315,6 +317,11 @@ class MainWindow(QMainWindow):
                 )
 
     def request_load(self, path: str) -> None:
+        """Load the model at ``path``. Asking for the load that is in flight or done (same folder,
+        device and cache) changes nothing: a reload would cancel whatever was sent to it."""
+        device, cache_bits = self.settings.get("engine.device"), self.library.cache_bits()
+        if self.engine.has_load(path, device, cache_bits):
+            return
         info = self.library.info_for(path)
         if not info.ok:
             message = f"{info.name} cannot be loaded: {'; '.join(info.problems)}"
@@ -325,7 +332,7 @@ class MainWindow(QMainWindow):
             self.chat.stop()
         self.model_bar.set_loading(info.name)
         self.model_bar.select_path(path)
-        self.engine.load(path, self.settings.get("engine.device"), self.library.cache_bits())
+        self.engine.load(path, device, cache_bits)
 
     def unload_model(self) -> None:
         self.chat.stop()

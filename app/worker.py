@@ -422,6 +422,10 @@ class EngineWorker(QObject):
         self._unload_session()
 
 
+def _folder_key(path: str | Path) -> str:
+    return str(Path(path).resolve())
+
+
 def _to_dict(value: Any) -> dict[str, Any]:
     if isinstance(value, dict):
         return dict(value)
@@ -470,6 +474,10 @@ class EngineClient(QObject):
         self._next_id = 0
         self.model_info: dict[str, Any] | None = None
         self.loading = False
+        # What the last load asked for (folder, device, cache bits) while it is in flight or
+        # loaded: asking again for the same is a no-op rather than a reload that would cancel
+        # the replies sent to it meanwhile.
+        self._load_request: tuple[str, str, tuple[int, int]] | None = None
         self.active_requests: set[int] = set()
 
         self._requestLoad.connect(self.worker.load)
@@ -503,10 +511,12 @@ class EngineClient(QObject):
 
     def _on_load_failed(self, message: str) -> None:
         self.loading = False
+        self._load_request = None
         self.model_info = None
         self.loadFailed.emit(message)
 
     def _on_unloaded(self) -> None:
+        self._load_request = None
         self.model_info = None
         self.unloaded.emit()
 
@@ -522,9 +532,16 @@ class EngineClient(QObject):
 
     def load(self, model_dir: str | Path, device: str = "auto", cache_bits: Sequence[int] = (16, 16)) -> None:
         """Load a model; ``cache_bits`` are the KV cache's key and value widths (16: unquantized)."""
+        bits = (int(cache_bits[0]), int(cache_bits[1]))
         self.loading = True
+        self._load_request = (_folder_key(model_dir), device, bits)
         self.model_info = None
-        self._requestLoad.emit(str(model_dir), device, (int(cache_bits[0]), int(cache_bits[1])))
+        self._requestLoad.emit(str(model_dir), device, bits)
+
+    def has_load(self, model_dir: str | Path, device: str, cache_bits: Sequence[int]) -> bool:
+        """Whether exactly this load is in flight or done (and not unloaded or failed since)."""
+        wanted = (_folder_key(model_dir), device, (int(cache_bits[0]), int(cache_bits[1])))
+        return self._load_request == wanted and (self.loading or self.model_info is not None)
 
     def unload(self) -> None:
         for request_id in list(self.active_requests):
