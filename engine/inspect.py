@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.safe_paths import UnsafePathError, safe_join
 from engine.supported import SUPPORTED_ARCHITECTURES
 
 # Bytes per element of each safetensors dtype.
@@ -286,10 +287,20 @@ def _shard_files(path: Path, info: ModelInfo) -> list[Path]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             info.problems.append(f"{index_files[0].name} is unreadable ({exc})")
             return sorted(path.glob("*.safetensors"))
-        missing = [n for n in names if not (path / n).is_file()]
-        for name in missing:
-            info.problems.append(f"missing shard {name} (named in {index_files[0].name})")
-        return [path / n for n in names if n not in missing]
+        shards: list[Path] = []
+        for name in names:
+            try:
+                # Never stat or read a file the index points to outside the model folder; links
+                # the user placed (a Hugging Face cache snapshot) are theirs to follow.
+                shard = safe_join(path, name, resolve=False)
+            except UnsafePathError as exc:
+                info.problems.append(f"{index_files[0].name} names a shard outside the model folder: {exc}")
+                continue
+            if shard.is_file():
+                shards.append(shard)
+            else:
+                info.problems.append(f"missing shard {name} (named in {index_files[0].name})")
+        return shards
     return sorted(path.glob("*.safetensors"))
 
 

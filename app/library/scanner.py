@@ -7,12 +7,14 @@ from pathlib import Path
 
 from engine.hub.library import PARTIAL_DIR, is_complete
 from engine.inspect import ModelInfo, inspect_model, looks_like_model_dir
+from engine.staging import is_staging_dir
 
 
 def is_usable_model_dir(path: Path) -> bool:
     """A model folder, and not one a download is still writing into (nothing half-downloaded is
-    shown as usable: a download in progress keeps its parts under ``PARTIAL_DIR``)."""
-    if not looks_like_model_dir(path):
+    shown as usable: a download in progress keeps its parts under ``PARTIAL_DIR``) nor an import's
+    staging folder (live or abandoned, it holds a config.json and weights but is no model yet)."""
+    if is_staging_dir(path) or not looks_like_model_dir(path):
         return False
     return not (path / PARTIAL_DIR).exists() or is_complete(path)
 

@@ -79,6 +79,7 @@ from engine.hub.errors import (
     GatedRepoError,
     HubError,
     InsufficientSpaceError,
+    UnsafeRepoPathError,
     VerificationError,
 )
 from engine.hub.library import (
@@ -95,6 +96,7 @@ from engine.hub.library import (
 )
 from engine.hub.retry import RetryPolicy
 from engine.hub.transfer import SimpleControl, StopRequested, fetch_file
+from engine.safe_paths import UnsafePathError, safe_join
 
 log = logging.getLogger(__name__)
 
@@ -487,7 +489,7 @@ class DownloadManager:
         if (
             marker is not None
             and marker.get("commit") == plan["commit"]
-            and all(_size(job.dest / f.path) == f.size for f in files)
+            and all(_size(self._final_path(job, f.path)) == f.size for f in files)
         ):
             shutil.rmtree(self._partial(job), ignore_errors=True)  # already complete at this commit
             with self._lock:
@@ -563,9 +565,16 @@ class DownloadManager:
             and plan.get("revision") == job.revision
             and plan.get("include") == (list(job.include) if job.include else None)
         ):
-            pass  # resume against the commit pinned when the download started
+            # Resume against the commit pinned when the download started; the plan on disk may
+            # predate the path checks, so its names are checked like a fresh listing.
+            self._check_paths(
+                job, [f.get("path") for f in plan.get("files", [])], "its saved plan is not used"
+            )
         else:
             details = self.client.model_details(job.repo_id, job.revision, with_branches=False)
+            # Every listed name, not only the included ones: a listing with one hostile name comes
+            # from a hostile or broken server, and "*.bin" would match "../../x.bin" anyway.
+            self._check_paths(job, [f.path for f in details.files], "no file of it was written")
             files = [f for f in details.files if _included(f.path, job.include)]
             if not files:
                 raise DownloadError(
@@ -591,7 +600,7 @@ class DownloadManager:
                 size_on_disk = _size(self._part_path(job, entry["path"]))
                 if entry.get("verified") and size_on_disk != int(entry["size"]):
                     # Verified earlier but its part is gone: moved in place by an interrupted finalize?
-                    if _size(job.dest / entry["path"]) == int(entry["size"]):
+                    if _size(self._final_path(job, entry["path"])) == int(entry["size"]):
                         size_on_disk = int(entry["size"])
                     else:
                         entry["verified"] = False
@@ -618,7 +627,7 @@ class DownloadManager:
         (job.dest / COMPLETE_MARKER).unlink(missing_ok=True)  # the old version is being replaced
         for f in files:
             src = self._part_path(job, f.path)
-            dst = job.dest / f.path
+            dst = self._final_path(job, f.path)
             if src.exists():
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(src, dst)
@@ -696,13 +705,33 @@ class DownloadManager:
         return job.dest / PARTIAL_DIR
 
     def _part_path(self, job: _Job, path: str) -> Path:
-        return self._partial(job) / PARTS_DIR / (path + ".part")
+        return _repo_path(self._partial(job) / PARTS_DIR, path, suffix=".part")
+
+    def _final_path(self, job: _Job, path: str) -> Path:
+        return _repo_path(job.dest, path)
+
+    def _check_paths(self, job: _Job, paths: Iterable[object], consequence: str) -> None:
+        """Refuse the whole download, naming the file, if any name would be written outside the
+        model folder. Runs before the plan or any part file is written."""
+        for path in paths:
+            try:
+                self._final_path(job, path)  # type: ignore[arg-type]  # non-str names are refused
+                self._part_path(job, path)  # type: ignore[arg-type]
+            except UnsafePathError as exc:
+                raise UnsafeRepoPathError(
+                    f"refusing to download {job.repo_id}@{job.revision}: {exc}; {consequence}",
+                    exc.name,
+                ) from None
 
     def _restore_progress(self, job: _Job) -> None:
         """Fill a job's file list and byte counts from an existing plan and its part files."""
         plan = read_json(self._partial(job) / PLAN_FILE)
         if not isinstance(plan, dict) or plan.get("repo_id") != job.repo_id:
             return
+        try:
+            self._check_paths(job, [f.get("path") for f in plan.get("files", [])], "")
+        except UnsafeRepoPathError:
+            return  # shown as not started; running it fails with the message naming the file
         job.commit = plan.get("commit")
         job.files = [RepoFile.from_json(f) for f in plan.get("files", [])]
         for entry in plan.get("files", []):
@@ -773,6 +802,20 @@ class DownloadManager:
             else:
                 self._restore_progress(job)
             self._jobs[job.id] = job
+
+
+def _repo_path(root: Path, path: str, suffix: str = "") -> Path:
+    """The one place a file name from a Hub listing becomes a path on disk (final or part file).
+
+    On top of ``safe_join``'s rules, the names of this module's own bookkeeping are refused: a
+    listed ``.trellis-partial/parts/config.json.part`` would be moved over the verified part of
+    ``config.json`` at finalize, putting unverified content under a verified name.
+    """
+    if isinstance(path, str) and (path.split("/", 1)[0] == PARTIAL_DIR or path == COMPLETE_MARKER):
+        raise UnsafeRepoPathError(
+            f"unsafe file path {path!r}: it is a name the download manager keeps for itself", path
+        )
+    return safe_join(root, path, suffix=suffix, error=UnsafeRepoPathError)
 
 
 def _included(path: str, patterns: tuple[str, ...] | None) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.errors import EngineError
+from engine.safe_paths import UnsafePathError
 
 
 class HubError(EngineError):
@@ -40,6 +41,12 @@ class DiskFullError(HubError):
 
 class VerificationError(HubError):
     """A downloaded file does not match the hash the Hub lists for it."""
+
+
+class UnsafeRepoPathError(HubError, UnsafePathError):
+    """A repository lists a file name that would be written outside its model folder (``../x``,
+    an absolute path, a drive letter...) or over the download's own bookkeeping. The whole download
+    is refused before anything is written; ``name`` is the offending file name."""
 
 
 class DownloadError(HubError):

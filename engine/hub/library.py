@@ -46,8 +46,15 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def model_dir_name(repo_id: str, revision: str | None = None) -> str:
-    """Folder name for a repo at a revision: ``owner__name`` or ``owner__name@branch``."""
+    """Folder name for a repo at a revision: ``owner__name`` or ``owner__name@branch``.
+
+    Always one plain, visible path component, whatever the id (it may come from a search answer
+    of an untrusted mirror): ``..`` or ``.`` would be the parent or the models folder itself, and a
+    leading dot would hide the model or collide with the folder's own ``.trellis-*`` files. Real
+    Hub ids never start with a dot, so this changes no real name.
+    """
     name = _UNSAFE.sub("_", repo_id.replace("/", "__"))
+    name = re.sub(r"^\.+", lambda m: "_" * len(m.group(0)), name) or "_"
     if revision and revision != "main":
         name += "@" + _UNSAFE.sub("_", revision)
     return name

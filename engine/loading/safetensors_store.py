@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from engine.config import read_json
 from engine.errors import ModelLoadError
+from engine.safe_paths import UnsafePathError, safe_join
 
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors caps its JSON header at 100 MB
 
@@ -98,14 +99,20 @@ class WeightStore(TensorIndex):
             weight_map = read_json(index).get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ModelLoadError(f"{index} has no 'weight_map'")
-            shards = sorted(set(weight_map.values()))
-            missing = [s for s in shards if not (self.directory / s).exists()]
+            shards = sorted(set(map(str, weight_map.values())))
+            try:
+                # The index comes with the model (a download, a copy): its names must not reach
+                # files outside the model folder. Symlinks placed by the user (HF cache) may.
+                paths = [safe_join(self.directory, s, resolve=False) for s in shards]
+            except UnsafePathError as exc:
+                raise ModelLoadError(f"{index} names a shard outside the model folder: {exc}") from None
+            missing = [s for s, p in zip(shards, paths, strict=True) if not p.exists()]
             if missing:
                 raise ModelLoadError(
                     f"model in {self.directory} is incomplete: shard(s) {', '.join(missing)} "
                     f"listed in {index.name} are missing"
                 )
-            return [self.directory / s for s in shards]
+            return paths
         single = self.directory / "model.safetensors"
         if single.exists():
             return [single]
