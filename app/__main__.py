@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from app import paths
     from app.main_window import MainWindow
-    from app.store import Store
     from app.store.migrations import SchemaTooNewError
+    from app.store.recovery import StoreOpenError, open_store
     from app.worker import EngineClient
 
     app = QApplication(sys.argv[:1])
@@ -74,10 +74,19 @@ def main(argv: list[str] | None = None) -> int:
     app.setWindowIcon(app_icon())
     reporter.attach_gui()
     try:
-        store = Store(paths.database_path())
-    except SchemaTooNewError as exc:
-        QMessageBox.critical(None, "Trellis Chat", str(exc))
+        # Checks the file, backs it up, and repairs a damaged one (keeping it aside) before use.
+        store, startup = open_store(paths.database_path())
+    except (SchemaTooNewError, StoreOpenError) as exc:
+        if args.ask:  # headless: a modal dialog would wait forever
+            print(f"Trellis Chat: {exc}", file=sys.stderr)
+        else:
+            QMessageBox.critical(None, "Trellis Chat", str(exc))
         return 1
+    if startup.recovered:
+        if args.ask:
+            print(f"Trellis Chat: {startup.message()}", file=sys.stderr)
+        else:
+            QMessageBox.warning(None, "Trellis Chat: conversations repaired", startup.message())
     engine = EngineClient()
     # --ask drives the one load itself; restoring the last model too would race with it.
     window = MainWindow(store, engine, paths.models_dir(), hub=not args.no_hub, autoload=not args.ask)

@@ -25,11 +25,19 @@ class AskRun(QObject):
 
     done = Signal(int)
 
-    def __init__(self, window: MainWindow, question: str, max_new_tokens: int = 64, timeout_s: float = 900):
+    def __init__(
+        self,
+        window: MainWindow,
+        question: str,
+        max_new_tokens: int = 64,
+        timeout_s: float = 900,
+        store_wait_s: float = 120,
+    ):
         super().__init__(window)
         self.window = window
         self.question = question
         self.max_new_tokens = max_new_tokens
+        self.store_wait_s = store_wait_s
         self.exit_code = 1
         self.finished = False
         self.reply = ""
@@ -43,6 +51,7 @@ class AskRun(QObject):
         engine.loadFailed.connect(self._fail)
         engine.starterFailed.connect(self._fail)
         window.chat.busyChanged.connect(self._on_busy)
+        window.chat.errorOccurred.connect(lambda message: self._log(f"chat: {message}"))
         QTimer.singleShot(int(timeout_s * 1000), lambda: self._fail(f"no reply within {timeout_s:.0f} s"))
 
     def start(self) -> None:
@@ -66,8 +75,18 @@ class AskRun(QObject):
             self._log(f"ignoring the load of {info.get('name')}: waiting for the starter model")
             return
         self._log(f"loaded {info.get('name')} on {info.get('device')}")
+        self._ask_in_new_conversation(time.monotonic() + self.store_wait_s)
+
+    def _ask_in_new_conversation(self, deadline: float) -> None:
         chat = self.window.chat
-        chat.new_conversation()
+        # Never into a conversation of the user's: its history would become the question's
+        # context. While another program holds the database, try again until ``deadline``.
+        if not chat.new_conversation():
+            if time.monotonic() > deadline:
+                self._fail("the conversation database refused a new conversation")
+            else:
+                QTimer.singleShot(500, lambda: self._ask_in_new_conversation(deadline))
+            return
         chat.set_sampling("greedy", {"max_new_tokens": self.max_new_tokens})
         if not chat.submit(self.question):
             self._fail("the question could not be sent")

@@ -19,7 +19,9 @@ pile up a stack of dialogs.
 The folder is the platform's log directory (``platformdirs.user_log_dir``: on Linux
 ``~/.local/state/trellis-chat/log``). ``TRELLIS_LOG_DIR`` overrides it, and a data-directory override
 (``TRELLIS_DATA_DIR`` / ``--data-dir``, used by portable installs and the tests) moves the logs
-into ``<data dir>/logs`` so one folder holds everything of that install.
+into ``<data dir>/logs`` so one folder holds everything of that install. When that folder cannot be
+written (read-only or full disk), everything goes to ``paths.fallback_dir()`` in the temporary
+folder instead: the reporter is needed most exactly when the disk misbehaves.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from platformdirs import user_log_dir
 from PySide6.QtCore import QObject, Qt, QtMsgType, QUrl, Signal, qInstallMessageHandler, qVersion
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 from PySide6.QtWidgets import QApplication, QMessageBox
+
+from app import paths
 
 log = logging.getLogger(__name__)
 
@@ -102,24 +106,46 @@ class CrashReporter:
         self._notifier: Any = None  # a QObject once attach_gui() ran
         self._dialog: Any = None
         self._handling = threading.local()  # guards against an error inside our own hook
+        self.unwritable_directory: Path | None = None  # the folder asked for, when it was not usable
 
     # -- installation -------------------------------------------------------------------------------
 
     def install(self) -> CrashReporter:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._file_handler = logging.handlers.RotatingFileHandler(
-            self.directory / LOG_FILE, maxBytes=2_000_000, backupCount=3, encoding="utf-8"
-        )
-        self._file_handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
-        )
+        """Start logging to the folder and take over the hooks. Never raises for the folder: one
+        that cannot be written (read-only or full disk, a path through a file) is swapped for
+        ``paths.fallback_dir()``, and with neither writable the hooks still report to stderr."""
+        if not paths.is_writable_dir(self.directory):
+            self.unwritable_directory = self.directory
+            self.directory = paths.fallback_dir()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._file_handler = logging.handlers.RotatingFileHandler(
+                self.directory / LOG_FILE, maxBytes=2_000_000, backupCount=3, encoding="utf-8"
+            )
+        except OSError as exc:
+            print(f"Trellis Chat: cannot write logs to {self.directory}: {exc}", file=sys.stderr)
+            self._file_handler = None
         root = logging.getLogger()
-        root.addHandler(self._file_handler)
+        if self._file_handler is not None:
+            self._file_handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+            )
+            root.addHandler(self._file_handler)
         if root.level > logging.INFO or root.level == logging.NOTSET:
             root.setLevel(logging.INFO)
+        if self.unwritable_directory is not None:
+            log.warning(
+                "the log folder %s cannot be written; logs and crash reports go to %s",
+                self.unwritable_directory,
+                self.directory,
+            )
         self._adopt_native_fault()
-        self._fault_file = open(self.directory / NATIVE_FAULT_FILE, "w", encoding="utf-8")  # noqa: SIM115
-        faulthandler.enable(self._fault_file, all_threads=True)
+        try:
+            self._fault_file = open(self.directory / NATIVE_FAULT_FILE, "w", encoding="utf-8")  # noqa: SIM115
+            faulthandler.enable(self._fault_file, all_threads=True)
+        except OSError as exc:
+            log.warning("native crashes will not be recorded: %s", exc)
+            self._fault_file = None
         self._previous_hooks = (sys.excepthook, threading.excepthook)
         sys.excepthook = self._sys_hook
         threading.excepthook = self._thread_hook
@@ -225,33 +251,41 @@ class CrashReporter:
         if recent:
             body = f"{body.rstrip()}\n\nRecent log ({LOG_FILE}):\n{recent}\n"
         with self._lock:
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-                path = self._unique(f"crash-{stamp}{'-' + suffix if suffix else ''}")
-                path.write_text(
-                    f"Trellis Chat crash report, {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n{header}\n"
-                    f"Log file: {self.directory / LOG_FILE}\n\n{body}",
-                    encoding="utf-8",
-                )
-            except OSError as exc:  # a full or read-only disk must not turn one error into two
-                print(f"Trellis Chat: could not write a crash report: {exc}", file=sys.stderr)
+            # The folder can stop being writable after startup (a full disk): then the fallback.
+            for folder in dict.fromkeys([self.directory, paths.fallback_dir()]):
+                try:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    path = self._unique(f"crash-{stamp}{'-' + suffix if suffix else ''}", folder)
+                    path.write_text(
+                        f"Trellis Chat crash report, {time.strftime('%Y-%m-%d %H:%M:%S %z')}\n{header}\n"
+                        f"Log file: {self.directory / LOG_FILE}\n\n{body}",
+                        encoding="utf-8",
+                    )
+                    break
+                except OSError as exc:  # a full or read-only disk must not turn one error into two
+                    print(f"Trellis Chat: could not write a crash report in {folder}: {exc}", file=sys.stderr)
+            else:
                 return None
             self.reports.append(path)
-            self._prune()
+            self._prune(folder)
         return path
 
-    def _unique(self, stem: str) -> Path:
-        path = self.directory / f"{stem}.txt"
+    def _unique(self, stem: str, folder: Path | None = None) -> Path:
+        folder = self.directory if folder is None else folder
+        path = folder / f"{stem}.txt"
         n = 1
         while path.exists():
             n += 1
-            path = self.directory / f"{stem}-{n}.txt"
+            path = folder / f"{stem}-{n}.txt"
         return path
 
-    def _prune(self) -> None:
-        reports = sorted(self.directory.glob("crash-*.txt"), key=lambda p: p.stat().st_mtime)
-        for old in reports[:-KEEP_REPORTS]:
-            old.unlink(missing_ok=True)
+    def _prune(self, folder: Path | None = None) -> None:
+        try:
+            reports = sorted((folder or self.directory).glob("crash-*.txt"), key=lambda p: p.stat().st_mtime)
+            for old in reports[:-KEEP_REPORTS]:
+                old.unlink(missing_ok=True)
+        except OSError:
+            pass  # pruning is housekeeping; the report itself was written
 
     def _adopt_native_fault(self) -> None:
         """A non-empty fault file means the previous process died in native code."""

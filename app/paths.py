@@ -3,7 +3,10 @@ portable installs with ``TRELLIS_DATA_DIR`` (or ``--data-dir`` on the command li
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import uuid
 from pathlib import Path
 
 from platformdirs import user_data_dir
@@ -25,3 +28,35 @@ def models_dir() -> Path:
     ``TRELLIS_MODELS_DIR`` like ``engine.hub``'s download manager, so both agree."""
     override = os.environ.get("TRELLIS_MODELS_DIR")
     return Path(override).expanduser() if override else data_dir() / "models"
+
+
+def fallback_dir() -> Path:
+    """Where logs, crash reports and rescued messages go when their own folder cannot be written
+    (a read-only or full data folder): the system's temporary folder, which nearly always can."""
+    return Path(tempfile.gettempdir()) / f"{APP_NAME}-logs"
+
+
+def is_writable_dir(path: Path) -> bool:
+    """Whether ``path`` exists or can be created as a folder, and a file can be written in it. A
+    real write, not ``os.access``: root passes every permission check yet still cannot write to a
+    read-only mount, and no check sees a full disk."""
+    probe = Path(path) / f".write-test-{uuid.uuid4().hex}"
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"x")
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return True
+
+
+def writable_dir(preferred: Path) -> Path:
+    """``preferred`` if it can be written, else :func:`fallback_dir` (created if needed)."""
+    if is_writable_dir(preferred):
+        return Path(preferred)
+    fallback = fallback_dir()
+    fallback.mkdir(parents=True, exist_ok=True)
+    return fallback

@@ -22,24 +22,68 @@ and the reply's stats say so (the conversation can go on as text).
 Branches: regenerate adds a sibling of the last reply; editing a user message adds a sibling of
 that message. The store's ``current_leaf_id`` says which branch is shown; switching a branch
 moves it to the newest leaf under the chosen sibling.
+
+When the store refuses a write (full disk, another program holding the write lock, a read-only
+folder, a damaged file), nothing is lost and nothing freezes: the message or reply text goes to a
+queue (``app.chat.pending_writes``) and stays on screen, ``errorOccurred`` says once what is wrong
+(``savingChanged`` carries it, then "" once all is saved), and a timer retries with backoff. The
+store's busy timeout is short (``app.store.database.GUI_BUSY_TIMEOUT_MS``), so each attempt holds
+the GUI thread for at most that long. Reads that fail (a damaged file) end the action with a
+message instead of an exception.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import sqlite3
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from app import paths
 from app.chat.message_model import ChatMessageModel, MessageItem
+from app.chat.pending_writes import PendingWrites
 from app.chat.presets import effective_sampling, split_generation_limits
 from app.store import ImageBlob, Message, Store
+from app.store.database import GUI_BUSY_TIMEOUT_MS
+from app.store.errors import StorageProblem, classify, describe
 from app.worker import EngineClient
+
+log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_MS = 30
 SAVE_INTERVAL_MS = 1000
 TITLE_LENGTH = 48
+# Retrying refused writes: the first retry soon (a lock is usually brief), then less and less
+# often, so a full disk costs one short attempt every few seconds and not a stall per second.
+RETRY_FIRST_MS = 250
+RETRY_MAX_MS = 15_000
+# At shutdown a last attempt may wait this long for a lock: the window is closing anyway.
+SHUTDOWN_BUSY_TIMEOUT_MS = 1000
+
+_R = TypeVar("_R")
+
+
+def _store_action(doing: str, default: Any = None) -> Callable[[Callable[..., _R]], Callable[..., _R]]:
+    """For a user action: a store error ends it with a message (``doing`` says what failed) and
+    ``default`` as its result, instead of an uncaught exception."""
+
+    def wrap(method: Callable[..., _R]) -> Callable[..., _R]:
+        @functools.wraps(method)
+        def run(self: ChatController, *args: Any, **kwargs: Any) -> _R:
+            try:
+                return method(self, *args, **kwargs)
+            except sqlite3.Error as exc:
+                self._storage_failed(exc, doing, will_retry=False)
+                return default
+
+        return run
+
+    return wrap
 
 
 @dataclass
@@ -48,7 +92,8 @@ class _Active:
 
     request_id: int
     conversation_id: int
-    message_id: int
+    message_id: int  # provisional (negative) while the store has not taken it
+    parent_id: int | None
     parts: list[str] = field(default_factory=list)  # everything received
     pending: list[str] = field(default_factory=list)  # received but not yet in the model
     chunks: int = 0
@@ -72,6 +117,7 @@ class ChatController(QObject):
     speedChanged = Signal(float)  # tokens per second (live estimate, then the engine's figure)
     contextChanged = Signal(int, int)  # tokens used, context length (0 = unknown)
     errorOccurred = Signal(str)
+    savingChanged = Signal(str)  # why writes are waiting (shown once), "" once all is saved
 
     def __init__(
         self,
@@ -99,6 +145,12 @@ class ChatController(QObject):
         self._save_timer = QTimer(self)
         self._save_timer.setInterval(SAVE_INTERVAL_MS)
         self._save_timer.timeout.connect(self._save_partial)
+        self.pending = PendingWrites()
+        self._retry_delay = RETRY_FIRST_MS
+        self._retry_timer = QTimer(self)
+        self._retry_timer.setSingleShot(True)
+        self._retry_timer.timeout.connect(self.retry_saves)
+        self._storage_problem: StorageProblem | None = None
 
         engine.chunk.connect(self._on_chunk)
         engine.generationFinished.connect(self._on_finished)
@@ -128,6 +180,7 @@ class ChatController(QObject):
 
     # -- conversations ---------------------------------------------------------------------------
 
+    @_store_action("open the conversation")
     def open_conversation(self, conversation_id: int | None) -> None:
         """Show ``conversation_id`` (None: nothing). A reply still streaming elsewhere is stopped."""
         if self._active is not None and self._active.conversation_id != conversation_id:
@@ -137,7 +190,9 @@ class ChatController(QObject):
         self.conversationChanged.emit(conversation_id or 0)
         self.refresh_context()
 
+    @_store_action("start a new chat", default=0)
     def new_conversation(self) -> int:
+        """Create and show a new conversation; returns its id (0 when the store refused)."""
         conv = self.store.create_conversation(
             "New chat", system_prompt=self.default_system_prompt, preset=self.default_preset
         )
@@ -145,30 +200,36 @@ class ChatController(QObject):
         self.open_conversation(conv.id)
         return conv.id
 
+    @_store_action("delete the conversation")
     def delete_conversation(self, conversation_id: int) -> None:
         if self._active is not None and self._active.conversation_id == conversation_id:
             self.stop()
             self._finish_locally("cancelled")
         self.store.delete_conversation(conversation_id)
+        self.pending.forget_conversation(conversation_id)
         if conversation_id == self.conversation_id:
             self.open_conversation(None)
         self.conversationsChanged.emit()
 
+    @_store_action("rename the conversation")
     def rename_conversation(self, conversation_id: int, title: str) -> None:
         title = title.strip()
         if title:
             self.store.rename_conversation(conversation_id, title)
             self.conversationsChanged.emit()
 
+    @_store_action("save the system prompt")
     def set_system_prompt(self, text: str) -> None:
         if self.conversation_id is not None:
             self.store.update_conversation(self.conversation_id, system_prompt=text)
             self.refresh_context()
 
+    @_store_action("save the sampling settings")
     def set_sampling(self, preset: str, overrides: dict[str, Any] | None = None) -> None:
         if self.conversation_id is not None:
             self.store.update_conversation(self.conversation_id, preset=preset, sampling=overrides or {})
 
+    @_store_action("save the JSON schema")
     def set_json_schema(self, text: str) -> None:
         """Structured output for this conversation's next replies: JSON valid under the schema
         ``text`` ("" = free text). The settings dialog has already checked it (app.chat.structured)."""
@@ -177,10 +238,11 @@ class ChatController(QObject):
 
     # -- messages ----------------------------------------------------------------------------------
 
+    @_store_action("send the message", default=False)
     def submit(self, text: str, images: list[ImageBlob] | tuple[ImageBlob, ...] = ()) -> bool:
         """Send a user message (with ``images`` attached) and start the reply. Returns False when it
-        cannot be sent now (nothing to send, a reply is streaming, or the model cannot see
-        images: then ``errorOccurred`` explains)."""
+        cannot be sent now (nothing to send, a reply is streaming, the model cannot see images, or
+        the store cannot be read: then ``errorOccurred`` explains)."""
         text = text.strip()
         if (not text and not images) or self.busy:
             return False
@@ -189,21 +251,22 @@ class ChatController(QObject):
             if reason:
                 self.errorOccurred.emit(reason)
                 return False
-        if self.conversation_id is None:
-            self.new_conversation()
+        if self.conversation_id is None and not self.new_conversation():
+            return False
         conv = self.store.conversation(self.conversation_id)
-        path = self.store.path(conv.current_leaf_id)
-        user = self.store.add_message(conv.id, path[-1].id if path else None, "user", text, images=images)
+        path = self._visible_branch(conv.id)
+        user = self._add_message(conv.id, path[-1].id if path else None, "user", text, images=list(images))
         if not path and conv.title == "New chat":
-            self.store.rename_conversation(conv.id, title_from(text) if text else "Image")
+            self._rename_quietly(conv.id, title_from(text) if text else "Image")
         self.conversationsChanged.emit()
         self.model.append(self._item(user))
         self._start_reply(user.id)
         return True
 
+    @_store_action("regenerate the reply", default=False)
     def regenerate(self) -> bool:
         """A new reply to the last user message, kept as a sibling of the current one."""
-        if self.busy or self.conversation_id is None:
+        if self.busy or self.conversation_id is None or self._waiting_to_save():
             return False
         path = self.store.current_path(self.conversation_id)
         if not path:
@@ -217,24 +280,30 @@ class ChatController(QObject):
         self._start_reply(parent_id)
         return True
 
+    @_store_action("save the edited message", default=False)
     def edit_message(self, message_id: int, text: str) -> bool:
         """Replace a past user message by starting a new branch from its parent."""
         text = text.strip()
-        if self.busy or self.conversation_id is None or not text:
+        if self.busy or self.conversation_id is None or not text or self._waiting_to_save():
             return False
         original = self.store.message(message_id)
         if original.role != "user" or original.conversation_id != self.conversation_id:
             return False
-        edited = self.store.add_message(
-            self.conversation_id, original.parent_id, "user", text, images=original.images
+        edited = self._add_message(
+            self.conversation_id, original.parent_id, "user", text, images=list(original.images)
         )
-        self._reload()
+        if edited.id < 0:
+            # Not stored yet, so the store's branch cannot show it: show the new branch as it will be.
+            self._show_branch(self.pending.overlay(self.conversation_id, self.store.path(original.parent_id)))
+        else:
+            self._reload()
         self._start_reply(edited.id)
         return True
 
+    @_store_action("switch the branch", default=False)
     def switch_branch(self, message_id: int, delta: int) -> bool:
         """Show the previous (-1) or next (+1) alternative of ``message_id`` and its newest leaf."""
-        if self.busy or self.conversation_id is None:
+        if self.busy or self.conversation_id is None or self._waiting_to_save():
             return False
         siblings = self.store.siblings(message_id)
         ids = [m.id for m in siblings]
@@ -252,11 +321,15 @@ class ChatController(QObject):
 
     def shutdown(self) -> None:
         """The app is closing: stop the reply and commit what it has as a finished (stopped)
-        message now, since the engine's final signal would arrive after the event loop ends."""
+        message now, since the engine's final signal would arrive after the event loop ends.
+        Writes the store still refuses are written to files that File > Import reads back."""
         if self._active is not None:
             self.stop()
             self._flush()
             self._finish_locally("cancelled")
+        self._retry_timer.stop()
+        if self.pending:
+            self._last_chance_save()
 
     # -- context meter ---------------------------------------------------------------------------
 
@@ -267,7 +340,7 @@ class ChatController(QObject):
             return []
         conv = self.store.conversation(self.conversation_id)
         if path is None:
-            path = self.store.path(conv.current_leaf_id)
+            path = self._visible_branch(conv.id)
         messages: list[dict[str, Any]] = []
         if conv.system_prompt.strip():
             messages.append({"role": "system", "content": conv.system_prompt})
@@ -275,10 +348,11 @@ class ChatController(QObject):
             if m.content or m.role == "user":
                 message: dict[str, Any] = {"role": m.role, "content": m.content}
                 if m.images:
-                    message["images"] = [self.store.image_data(sha) for sha in m.images]
+                    message["images"] = [self._image_data(sha) for sha in m.images]
                 messages.append(message)
         return messages
 
+    @_store_action("count the conversation's tokens")
     def refresh_context(self) -> None:
         """Ask the engine to count the visible conversation (answer arrives as tokensCounted)."""
         total = self.context_length()
@@ -297,9 +371,9 @@ class ChatController(QObject):
 
     def _start_reply(self, parent_id: int) -> None:
         conv = self.store.conversation(self.conversation_id)
-        history = self.store.path(parent_id)
+        history = self._branch_to(conv.id, parent_id)
         model_name = (self.engine.model_info or {}).get("name", "")
-        reply = self.store.add_message(conv.id, parent_id, "assistant", "", complete=False, model=model_name)
+        reply = self._add_message(conv.id, parent_id, "assistant", "", complete=False, model=model_name)
         item = self._item(reply)
         item.streaming = True
         self.model.append(item)
@@ -308,7 +382,7 @@ class ChatController(QObject):
         request_id = self.engine.generate(
             self.engine_messages(history), sampler, max_new_tokens, json_schema=conv.json_schema
         )
-        self._active = _Active(request_id, conv.id, reply.id)
+        self._active = _Active(request_id, conv.id, reply.id, parent_id)
         self._flush_timer.start()
         self._save_timer.start()
         self.busyChanged.emit(True)
@@ -345,7 +419,7 @@ class ChatController(QObject):
             return
         text = active.text
         if len(text) != active.saved_length:
-            self.store.update_message(active.message_id, text, complete=False)
+            self._update_message(active.message_id, active.conversation_id, text, complete=False)
             active.saved_length = len(text)
 
     def _on_finished(self, request_id: int, stats: dict) -> None:
@@ -363,21 +437,31 @@ class ChatController(QObject):
         self._flush_timer.stop()
         self._save_timer.stop()
         stats = dict(stats or {}, stop_reason=stop_reason)
+        try:
+            self._commit_reply(active, stop_reason, stats)
+        except sqlite3.Error as exc:  # a read for the view failed; the reply is saved or queued
+            self._storage_failed(exc, "show the conversation", will_retry=False)
+        finally:
+            # Whatever the store did, the reply has ended: the chat must not stay busy.
+            self.conversationsChanged.emit()
+            self.busyChanged.emit(False)
+
+    def _commit_reply(self, active: _Active, stop_reason: str, stats: dict[str, Any]) -> None:
         text = active.text
         error = stats.get("error", "")
         current = active.conversation_id == self.conversation_id
         if stop_reason == "error" and not text:
             # Nothing was generated: drop the empty reply so the branch ends at the user message,
             # from where Regenerate can try again.
-            message = self.store.message(active.message_id)
-            self.store.delete_message(active.message_id)
-            self.store.set_current_leaf(active.conversation_id, message.parent_id)
+            first = not self.pending
+            self.pending.delete_reply(active.message_id, active.conversation_id, active.parent_id)
+            self._write_queue(first)
             if current:
                 self._reload()
         else:
-            self.store.update_message(active.message_id, text, complete=True, stats=stats)
+            self._update_message(active.message_id, active.conversation_id, text, complete=True, stats=stats)
             if current:
-                row = self.model.row_of(active.message_id)
+                row = self.model.row_of(self.pending.resolve(active.message_id))
                 if row >= 0:
                     self.model.update(
                         row, streaming=False, complete=True, stats=stats, error=error, content=text
@@ -389,10 +473,143 @@ class ChatController(QObject):
         if current and stats.get("prompt_tokens"):
             self._context_used = int(stats["prompt_tokens"]) + int(stats.get("new_tokens", 0))
             self.contextChanged.emit(self._context_used, self.context_length())
-        self.conversationsChanged.emit()
-        self.busyChanged.emit(False)
+
+    # -- saving ------------------------------------------------------------------------------------
+
+    @property
+    def unsaved(self) -> int:
+        """How many writes wait for the store (0: everything shown is saved)."""
+        return len(self.pending)
+
+    def _add_message(
+        self, conversation_id: int, parent_id: int | None, role: str, content: str, **fields: Any
+    ) -> Message:
+        """Store a new message, or queue it if the store refuses (or earlier writes still wait:
+        order matters); either way the returned message can be shown and replied to."""
+        first = not self.pending
+        message = self.pending.add(conversation_id, parent_id, role, content, **fields)
+        self._write_queue(first)
+        saved_id = self.pending.resolve(message.id)
+        return message if saved_id == message.id else replace(message, id=saved_id)
+
+    def _update_message(
+        self,
+        message_id: int,
+        conversation_id: int,
+        content: str,
+        complete: bool | None = None,
+        stats: dict[str, Any] | None = None,
+    ) -> None:
+        first = not self.pending
+        self.pending.update(self.pending.resolve(message_id), conversation_id, content, complete, stats)
+        self._write_queue(first)
+
+    def _write_queue(self, now: bool) -> None:
+        """Write what was just queued: ``now`` when nothing waited before it (the usual case: a
+        few hundred microseconds), else it goes after the rest, on the retry timer."""
+        if now:
+            self.retry_saves()
+        elif not self._retry_timer.isActive():
+            self._retry_timer.start(self._retry_delay)
+
+    def retry_saves(self) -> bool:
+        """Write the queued writes now; True when nothing is left waiting."""
+        self._retry_timer.stop()
+        try:
+            self.pending.flush(self.store, self._on_saved)
+        except sqlite3.Error as exc:
+            self._storage_failed(exc, "save the conversation")
+            self._retry_timer.start(self._retry_delay)
+            self._retry_delay = min(self._retry_delay * 2, RETRY_MAX_MS)
+            return False
+        self._retry_delay = RETRY_FIRST_MS
+        if self._storage_problem is not None:
+            self._storage_problem = None
+            log.info("the delayed writes are saved")
+            self.savingChanged.emit("")
+            try:
+                self._refresh_sibling_counts()
+            except sqlite3.Error as exc:  # a timer slot: an exception here would go nowhere useful
+                log.warning("could not refresh the branch counts: %s", exc)
+            self.conversationsChanged.emit()
+        return True
+
+    def _on_saved(self, provisional_id: int, message_id: int) -> None:
+        """A queued message was written: from now on it is known by the store's id."""
+        row = self.model.row_of(provisional_id)
+        if row >= 0:
+            self.model.update(row, id=message_id)
+        if self._active is not None and self._active.message_id == provisional_id:
+            self._active.message_id = message_id
+        if self._active is not None and self._active.parent_id == provisional_id:
+            self._active.parent_id = message_id
+
+    def _storage_failed(self, exc: sqlite3.Error, doing: str, will_retry: bool = True) -> None:
+        """Tell the user the store refused. A queued write that keeps failing says so once per
+        kind of problem (not once a second); an action that failed outright always says so."""
+        if will_retry:
+            problem = classify(exc)
+            if problem is self._storage_problem:
+                log.debug("still cannot %s: %s", doing, exc)
+                return
+            self._storage_problem = problem
+        log.warning("could not %s: %s", doing, exc)
+        message = describe(exc, doing, will_retry)
+        if will_retry:
+            self.savingChanged.emit(message)
+        self.errorOccurred.emit(message)
+
+    def _waiting_to_save(self) -> bool:
+        """Branch actions need this conversation's messages in the store (they work on its ids)."""
+        if not self.pending.has(self.conversation_id) or self.retry_saves():
+            return False
+        self.errorOccurred.emit(
+            "Wait until the last messages are saved: this works on the saved conversation "
+            "(they are retried in the background)."
+        )
+        return True
+
+    def _rename_quietly(self, conversation_id: int, title: str) -> None:
+        """The automatic title: nice to have, so a refused write only logs."""
+        try:
+            self.store.rename_conversation(conversation_id, title)
+        except sqlite3.Error as exc:
+            log.warning("could not title conversation %s: %s", conversation_id, exc)
+
+    def _last_chance_save(self) -> None:
+        """At shutdown: one attempt that may wait a little for a lock, then files for the rest."""
+        try:
+            self.store.db.execute(f"PRAGMA busy_timeout = {SHUTDOWN_BUSY_TIMEOUT_MS}")
+            saved = self.retry_saves()
+            self.store.db.execute(f"PRAGMA busy_timeout = {GUI_BUSY_TIMEOUT_MS}")
+            if saved:
+                return
+        except sqlite3.Error as exc:
+            log.warning("last save attempt failed: %s", exc)
+        written = self.pending.rescue(self.store, paths.writable_dir(self.store.db_path.parent))
+        for path in written:
+            log.error("unsaved messages written to %s (File > Import reads it back)", path)
 
     # -- helpers -------------------------------------------------------------------------------------
+
+    def _visible_branch(self, conversation_id: int) -> list[Message]:
+        """The branch shown: the store's path to the current leaf, with the queued writes applied."""
+        conv = self.store.conversation(conversation_id)
+        return self.pending.overlay(conversation_id, self.store.path(conv.current_leaf_id))
+
+    def _branch_to(self, conversation_id: int, leaf_id: int | None) -> list[Message]:
+        """The messages from the root down to ``leaf_id`` (stored or not yet)."""
+        if leaf_id is None:
+            return []
+        branch = self._visible_branch(conversation_id)
+        ids = [m.id for m in branch]
+        if leaf_id in ids:
+            return branch[: ids.index(leaf_id) + 1]
+        return self.pending.overlay(conversation_id, self.store.path(leaf_id), unsaved=False)
+
+    def _image_data(self, sha256: str) -> bytes:
+        blob = self.pending.image_blob(sha256)
+        return blob.data if blob is not None else self.store.image_data(sha256)
 
     def _item(self, message: Message) -> MessageItem:
         return MessageItem(
@@ -410,8 +627,11 @@ class ChatController(QObject):
         if self.conversation_id is None:
             self.model.set_items([])
             return
+        self._show_branch(self._visible_branch(self.conversation_id))
+
+    def _show_branch(self, messages: list[Message]) -> None:
         items = []
-        for message in self.store.current_path(self.conversation_id):
+        for message in messages:
             item = self._item(message)
             if self._active is not None and message.id == self._active.message_id:
                 item.streaming = True
@@ -423,6 +643,8 @@ class ChatController(QObject):
 
     def _refresh_sibling_counts(self) -> None:
         for row, item in enumerate(self.model.items()):
+            if item.id < 0:
+                continue  # not stored yet: the store knows no siblings of it
             siblings = [m.id for m in self.store.siblings(item.id)]
             index, count = siblings.index(item.id), len(siblings)
             if (index, count) != (item.sibling_index, item.sibling_count):

@@ -179,6 +179,7 @@ class ChatPane(QWidget):
         controller.conversationChanged.connect(self._on_conversation)
         controller.conversationsChanged.connect(self._update_title)
         controller.errorOccurred.connect(self.show_error)
+        controller.savingChanged.connect(self._on_saving)
         self._on_busy(False)
         self._on_conversation(0)
 
@@ -266,6 +267,14 @@ class ChatPane(QWidget):
     def show_error(self, message: str) -> None:
         self.error_label.setText(message)
         self.error_label.show()
+
+    def _on_saving(self, problem: str) -> None:
+        """The "saving delayed" line goes away once the delayed writes are saved (unless a newer
+        error has replaced it on the line)."""
+        if problem:
+            self._saving_notice = problem
+        elif self.error_label.text() == getattr(self, "_saving_notice", None):
+            self.error_label.hide()
 
     # -- state -----------------------------------------------------------------------------------
 

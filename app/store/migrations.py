@@ -7,6 +7,7 @@ database at the previous version, ready to try again.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 
 # v1: conversations, a message tree (parent ids make branches), key/value settings.
@@ -141,6 +142,8 @@ def migrate(db: sqlite3.Connection, target: int = LATEST_VERSION) -> int:
             db.execute(f"PRAGMA user_version = {version}")
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:  # SQLite may have rolled back already (full disk, I/O error)
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
             raise
     return start

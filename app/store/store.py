@@ -7,7 +7,9 @@ visible conversation is the path from the root to that leaf.
 
 Every write is committed before the method returns (the connection is in autocommit mode), which
 is what makes "a kill loses nothing that was complete" true. The store is used from the GUI thread
-only: each write is a few hundred microseconds.
+only: each write is a few hundred microseconds, and a write that finds the database locked by
+another program fails after ``GUI_BUSY_TIMEOUT_MS`` rather than freezing the window (the chat
+controller keeps the text and retries).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ import re
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.store.database import connect
+from app.store.database import GUI_BUSY_TIMEOUT_MS, connect
 
 
 @dataclass
@@ -148,9 +150,9 @@ def fts_query(text: str) -> str:
 class Store:
     """All persistence of the app: conversations, messages, settings."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, busy_timeout_ms: int = GUI_BUSY_TIMEOUT_MS) -> None:
         self.db_path = Path(path)
-        self.db = connect(self.db_path)
+        self.db = connect(self.db_path, busy_timeout_ms=busy_timeout_ms)
 
     def close(self) -> None:
         self.db.close()
@@ -163,7 +165,11 @@ class Store:
             yield self.db
             self.db.execute("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            # SQLite may already have rolled back (a full disk, an I/O error): a second ROLLBACK
+            # would raise "no transaction is active" and hide the error that matters.
+            if self.db.in_transaction:
+                with suppress(sqlite3.Error):
+                    self.db.execute("ROLLBACK")
             raise
 
     # -- conversations ---------------------------------------------------------------------------

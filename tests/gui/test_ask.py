@@ -37,7 +37,10 @@ def test_ask_on_a_reused_data_folder_loads_once_and_answers_whole(make_window, f
     run = _ask(window, qtbot, "What is two plus two?")
     assert run.exit_code == 0
     question = "What is two plus two?"
-    assert run.reply == f"You said: {question}. Here is some code:\n\n```python\nprint({question!r})\n```\n\nDone."
+    assert (
+        run.reply
+        == f"You said: {question}. Here is some code:\n\n```python\nprint({question!r})\n```\n\nDone."
+    )
     assert fake_engine.loads == [str(starter)]
     assert run.reply in capsys.readouterr().out
 
@@ -57,3 +60,35 @@ def test_ask_ignores_a_restored_model_that_is_not_the_starter(make_window, fake_
     assert run.reply.startswith("You said: Hello there.")
     assert fake_engine.loads == [str(other), str(starter)]
     assert window.engine.model_info["path"] == str(starter)
+
+
+def test_ask_waits_for_a_locked_database_and_never_asks_in_an_old_conversation(
+    make_window, fake_engine, qtbot
+):
+    import sqlite3
+
+    from PySide6.QtCore import QTimer
+
+    from app import paths
+
+    _reuse_data_folder(make_window, qtbot)
+    window = make_window()
+    old = window.chat.new_conversation()
+    assert window.chat.submit("an old question")
+    qtbot.waitUntil(lambda: not window.chat.busy, timeout=10000)
+    before = {c.id for c in window.store.conversations()}
+
+    holder = sqlite3.connect(paths.database_path(), isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    QTimer.singleShot(1500, holder.rollback)
+    run = _ask(window, qtbot, "Asked while locked")
+    holder.close()
+    assert run.exit_code == 0 and run.reply.startswith("You said: Asked while locked.")
+    asked = window.chat.conversation_id
+    assert asked != old
+    assert [m.content for m in window.store.current_path(old)] == [
+        "an old question",
+        fake_engine.reply([{"role": "user", "content": "an old question"}]),
+    ]
+    assert asked not in before
+    assert [m.content for m in window.store.current_path(asked)][0] == "Asked while locked"
