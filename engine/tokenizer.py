@@ -6,7 +6,8 @@ BOS/EOS flags and the chat template). This module reads both and offers what the
 
 * :meth:`Tokenizer.encode` / :meth:`Tokenizer.decode` with Hugging Face's add-BOS rules;
 * :meth:`Tokenizer.apply_chat_template` rendering the model's own template in a Jinja sandbox,
-  because templates come from the internet and are untrusted code;
+  within time and size limits, because templates come from the internet and are untrusted code
+  (see :mod:`engine.chat_template`);
 * :meth:`Tokenizer.incremental_decoder` for streaming text out of generated ids without ever
   showing half a UTF-8 character.
 
@@ -16,19 +17,23 @@ Nothing here imports ``transformers``; the tests compare against it.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.ext
-import jinja2.nodes
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.chat_template import (
+    ChatTemplateError,
+    ChatTemplateLimitError,
+    TemplateLimits,
+    compile_template,
+    input_size,
+    render_template,
+)
 from engine.errors import TokenizerError
 
-__all__ = ["ChatTemplateError", "IncrementalDecoder", "Tokenizer"]
+__all__ = ["ChatTemplateError", "ChatTemplateLimitError", "IncrementalDecoder", "TemplateLimits", "Tokenizer"]
 
 # Named special tokens a chat template may refer to by variable (``{{ bos_token }}`` ...).
 SPECIAL_TOKEN_NAMES = (
@@ -42,11 +47,6 @@ SPECIAL_TOKEN_NAMES = (
 )
 
 REPLACEMENT_CHAR = "\ufffd"
-
-
-class ChatTemplateError(TokenizerError):
-    """The chat template is missing, does not compile, fails while rendering, or tried to break
-    out of the sandbox (then ``__cause__`` is the ``jinja2.sandbox.SecurityError``)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,104 +97,8 @@ def _select_template(value: Any, directory: Path) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# The Jinja sandbox
+# Template data
 # ---------------------------------------------------------------------------------------------
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}``: HF templates mark assistant text with it (for
-    training masks). We only render, so the block's body is output unchanged."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
-
-    def _render_body(self, caller: Callable[[], str]) -> str:
-        return caller()
-
-
-class _SafeNamespace(jinja2.utils.Namespace):
-    """``namespace(...)`` for templates, refusing underscore names: a namespace is a mutable object
-    in the template, and dunder attributes are the way out of a sandbox."""
-
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - mirrors Namespace's signature
-        self, args = args[0], args[1:]
-        attrs = dict(*args, **kwargs)
-        for name in attrs:
-            _SafeNamespace._check(name)
-        jinja2.utils.Namespace.__init__(self, attrs)
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        _SafeNamespace._check(name)
-        jinja2.utils.Namespace.__setitem__(self, name, value)
-
-    @staticmethod
-    def _check(name: Any) -> None:
-        if isinstance(name, str) and name.startswith("_"):
-            raise jinja2.sandbox.SecurityError(
-                f"namespace attribute {name!r} is not allowed in a chat template"
-            )
-
-
-def _raise_exception(message: str) -> None:
-    # Templates call this to reject a conversation they cannot format (e.g. roles out of order).
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: tuple[str, str] | None = None,
-    sort_keys: bool = False,
-) -> str:
-    # Jinja's own tojson HTML-escapes (<, >, &, ') for embedding in web pages; chat templates
-    # expect plain JSON with non-ASCII kept, as Hugging Face renders it.
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-class _StrictSandbox(ImmutableSandboxedEnvironment):
-    """Jinja's sandbox answers a forbidden attribute (``x.__class__``) with an Undefined that only
-    fails when used further, so ``{{ f.__globals__ }}`` quietly renders "". A template that
-    reaches for internals is hostile or broken either way: fail at once, loudly."""
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
-        raise jinja2.sandbox.SecurityError(
-            f"access to attribute {attribute!r} of a {type(obj).__name__} object is unsafe"
-        )
-
-
-def _make_environment() -> ImmutableSandboxedEnvironment:
-    # trim_blocks/lstrip_blocks: HF renders with both on, and templates are written for that.
-    env = _StrictSandbox(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[_GenerationTag, jinja2.ext.loopcontrols],
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["namespace"] = _SafeNamespace
-    return env
-
-
-_ENVIRONMENT: ImmutableSandboxedEnvironment | None = None
-
-
-def _environment() -> ImmutableSandboxedEnvironment:
-    global _ENVIRONMENT
-    if _ENVIRONMENT is None:
-        _ENVIRONMENT = _make_environment()
-    return _ENVIRONMENT
 
 
 def _plain(value: Any) -> Any:
@@ -232,9 +136,11 @@ class Tokenizer:
     ) -> None:
         self._tok = backend
         self._config = dict(config)
+        self._compiled_template: jinja2.Template | None = None
         self.chat_template = chat_template
         self.source = source
-        self._compiled_template: jinja2.Template | None = None
+        # Bounds on rendering the template; ChatSession sizes them for the model's context.
+        self.template_limits = TemplateLimits()
 
         self.special_tokens: dict[str, str] = {}
         for name in SPECIAL_TOKEN_NAMES:
@@ -376,6 +282,15 @@ class Tokenizer:
     # -- chat ---------------------------------------------------------------------------------
 
     @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, text: str | None) -> None:
+        self._chat_template = text
+        self._compiled_template = None  # compiled again on next use
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(self.chat_template)
 
@@ -386,10 +301,7 @@ class Tokenizer:
                     f"{self.source}: the model has no chat template (tokenizer_config.json has no "
                     "chat_template and there is no chat_template.jinja); use plain completion instead"
                 )
-            try:
-                self._compiled_template = _environment().from_string(self.chat_template)
-            except jinja2.TemplateError as exc:
-                raise ChatTemplateError(f"{self.source}: the chat template does not compile: {exc}") from exc
+            self._compiled_template = compile_template(self.chat_template, self.source)
         return self._compiled_template
 
     def apply_chat_template(
@@ -399,6 +311,7 @@ class Tokenizer:
 
         ``extra`` reaches the template as variables (``tools``, ``documents``, ``enable_thinking``...).
         The template sees the special tokens by name (``bos_token``...), as under transformers.
+        Rendering is bounded by :attr:`template_limits`; past one, ChatTemplateLimitError says which.
         """
         template = self._template()
         # A message key set to None is treated as absent: templates test `is defined`, and
@@ -408,14 +321,9 @@ class Tokenizer:
         context.update(_plain(extra))
         context["messages"] = chat
         context["add_generation_prompt"] = add_generation_prompt
-        try:
-            return template.render(**context)
-        except jinja2.sandbox.SecurityError as exc:
-            raise ChatTemplateError(
-                f"{self.source}: the chat template tried an unsafe operation: {exc}"
-            ) from exc
-        except jinja2.TemplateError as exc:
-            raise ChatTemplateError(f"{self.source}: the chat template failed: {exc}") from exc
+        return render_template(
+            template, context, self.template_limits, self.source, input_chars=input_size(context)
+        )
 
     def encode_chat(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **extra: Any
