@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, ModelNotFoundError
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -28,6 +28,17 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelLoadError(f"{path} should hold a JSON object, found {type(data).__name__}")
     return data
+
+
+def require_model_dir(directory: str | Path) -> Path:
+    """``directory`` as a Path, checked to be an existing folder. Loaders call it before reading
+    any file inside, so a mistyped path is reported as such, not as a file missing from it."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise ModelNotFoundError(f"model directory {directory} does not exist")
+    if not directory.is_dir():
+        raise ModelLoadError(f"{directory} is a file, not a model directory")
+    return directory
 
 
 def _as_id_list(value: Any) -> list[int]:
@@ -55,9 +66,7 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> ModelConfig:
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise ModelLoadError(f"model directory {directory} does not exist")
+        directory = require_model_dir(directory)
         raw = read_json(directory / "config.json")
         archs = raw.get("architectures") or []
         if not archs:

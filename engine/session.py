@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from engine.config import require_model_dir
 from engine.generation.constraints import Constraint
 from engine.generation.generator import Generator
 from engine.generation.job import Job
@@ -50,6 +51,9 @@ class ChatSession:
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.generator = Generator(model, tokenizer, cache_tokens=cache_tokens, cache_bits=cache_bits)
+        # A rendered prompt longer than a few characters per token of context could never be
+        # used, so the chat template may not write (or build) more than that.
+        tokenizer.template_limits = tokenizer.template_limits.for_context(model.spec.max_position_embeddings)
 
     @classmethod
     def load(
@@ -61,6 +65,7 @@ class ChatSession:
         dtype: str | None = None,
         cache_bits: tuple[int, int] = (16, 16),
     ) -> ChatSession:
+        require_model_dir(model_dir)  # a wrong path is named as such, not as a missing tokenizer
         tokenizer = Tokenizer.from_dir(model_dir)  # fail fast, before reading weights
         model = load_model(model_dir, device=device, dtype=dtype, progress=progress, context=cache_tokens)
         return cls(model, tokenizer, cache_tokens, cache_bits)
@@ -75,7 +80,7 @@ class ChatSession:
 
     @property
     def context_length(self) -> int:
-        return min(self.model.spec.max_position_embeddings, self.generator.cache.capacity)
+        return self.generator.context_length
 
     def memory_bytes(self) -> int:
         return self.model.parameter_bytes() + self.generator.cache.nbytes

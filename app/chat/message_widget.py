@@ -43,6 +43,7 @@ ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STOP_LABELS = {
     "cancelled": "stopped",
     "max_new_tokens": "hit the token limit",
+    "context_length": "context is full",
     "stop_string": "",
     "eos": "",
     "error": "failed",

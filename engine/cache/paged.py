@@ -93,7 +93,10 @@ def parse_cache_bits(text: str | None) -> tuple[int, int]:
     """``"4"`` -> (4, 4); ``"4,6"`` -> keys 4, values 6; ``None``/``"16"`` -> unquantized."""
     if not text:
         return 16, 16
-    parts = [int(p) for p in str(text).split(",")]
+    try:
+        parts = [int(p) for p in str(text).split(",")]
+    except ValueError:
+        parts = []  # not whole numbers: refused below with the same message
     if len(parts) == 1:
         parts *= 2
     if len(parts) != 2 or any(b not in (*SUPPORTED_BITS, 16) for b in parts):

@@ -10,6 +10,7 @@ import argparse
 import json
 
 from engine.cache.quantized import bytes_per_token
+from engine.commands.common import finite_float
 
 SETTINGS = [(16, 16), (8, 8), (6, 6), (4, 6), (4, 4), (3, 3), (2, 2)]
 
@@ -30,7 +31,9 @@ def capacity_table(spec, budget_bytes: int, dense_bytes: int = 2) -> list[dict]:
 def register(sub) -> None:
     p = sub.add_parser("cache-capacity", help="max context per KV-cache bit width for a memory budget")
     p.add_argument("-m", "--model", required=True, help="model directory (only config.json is read)")
-    p.add_argument("--budget-gb", type=float, default=8.0, help="memory for the cache, GiB")
+    p.add_argument(
+        "--budget-gb", type=finite_float(0.0, low_open=True), default=8.0, help="memory for the cache, GiB"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 

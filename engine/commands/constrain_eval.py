@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from engine.commands.common import add_model_args
+from engine.commands.common import add_model_args, positive_int
 
 SCHEMAS: list[tuple[str, str, dict[str, Any]]] = [
     (
@@ -169,10 +169,12 @@ def register(sub) -> None:
         "constrain-eval", help="acceptance run for constrained output (validity, overhead, errors)"
     )
     add_model_args(p)
-    p.add_argument("--seeds", type=int, default=50, help="sampled generations per schema / regex")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--batch", type=int, default=16, help="jobs generated together")
-    p.add_argument("--overhead-runs", type=int, default=5, help="runs per side for the overhead ratio")
+    p.add_argument("--seeds", type=positive_int, default=50, help="sampled generations per schema / regex")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--batch", type=positive_int, default=16, help="jobs generated together")
+    p.add_argument(
+        "--overhead-runs", type=positive_int, default=5, help="runs per side for the overhead ratio"
+    )
     p.add_argument("--only", choices=["validity", "overhead", "errors"], default=None)
     p.add_argument("--json-out", default=None)
     p.set_defaults(func=run)

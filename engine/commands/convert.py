@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.commands.common import ProgressLog
+from engine.commands.common import ProgressLog, finite_float, non_negative_int, positive_int, probability
 from engine.quant.codebooks import CODEBOOKS
 
 
@@ -15,13 +15,15 @@ def register(sub) -> None:
     p = sub.add_parser("convert", help="quantize a Hugging Face model directory to EXL3")
     p.add_argument("-i", "--input", required=True, help="source HF model directory")
     p.add_argument("-o", "--output", required=True, help="output directory")
-    p.add_argument("-b", "--bits", type=float, required=True, help="target bits per weight, 1.0..8.0")
     p.add_argument(
-        "--head-bits", type=int, default=6, help="bits of the output head: 1..8, or 16 (default 6)"
+        "-b", "--bits", type=finite_float(1.0, 8.0), required=True, help="target bits per weight, 1.0..8.0"
     )
+    add_head_bits_arg(p, "bits of the output head: 1..8, or 16 (default 6)")
     p.add_argument("--codebook", choices=CODEBOOKS, default="mul1", help="codebook (default mul1)")
-    p.add_argument("--cal-rows", type=int, default=250, help="calibration rows (default 250)")
-    p.add_argument("--cal-cols", type=int, default=2048, help="tokens per calibration row (default 2048)")
+    p.add_argument("--cal-rows", type=positive_int, default=250, help="calibration rows (default 250)")
+    p.add_argument(
+        "--cal-cols", type=positive_int, default=2048, help="tokens per calibration row (default 2048)"
+    )
     add_allocation_args(p)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
     add_states_arg(p)
@@ -29,10 +31,20 @@ def register(sub) -> None:
     p.add_argument("--no-out-scales", action="store_true", help="skip per-output-channel scales")
     add_quantizer_args(p)
     add_tf32_arg(p)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shard-size", type=int, default=8192, help="shard size in MiB (default 8192)")
+    p.add_argument("--seed", type=non_negative_int, default=0)
+    p.add_argument("--shard-size", type=positive_int, default=8192, help="shard size in MiB (default 8192)")
     p.add_argument("--report", help="write the per-block error report here (JSON)")
     p.set_defaults(func=run)
+
+
+# What the converter takes for the head: K bits per weight, or 16 (kept unquantized).
+HEAD_BITS = (1, 2, 3, 4, 5, 6, 7, 8, 16)
+
+
+def add_head_bits_arg(p: argparse.ArgumentParser, help: str) -> None:
+    """``--head-bits`` (shared with the ``quality`` command), refused at parse time outside
+    :data:`HEAD_BITS` rather than when the converter starts."""
+    p.add_argument("--head-bits", type=int, choices=HEAD_BITS, default=6, metavar="{1..8,16}", help=help)
 
 
 def add_states_arg(p: argparse.ArgumentParser) -> None:
@@ -63,7 +75,7 @@ def add_allocation_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sensitivity-rows",
-        type=int,
+        type=positive_int,
         default=32,
         help="calibration rows of the sensitivity pre-pass (default 32)",
     )
@@ -74,7 +86,7 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
     ``quality`` command and ``convert_bench``; :func:`quantizer_options` reads them)."""
     p.add_argument(
         "--damping",
-        type=float,
+        type=finite_float(0.0),
         default=0.01,
         help="Hessian damping, relative to its mean diagonal (default 0.01)",
     )
@@ -86,7 +98,7 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tune-steps",
-        type=int,
+        type=non_negative_int,
         default=0,
         metavar="N",
         help="after each block is quantized, N Adam steps tune its linears' channel scales to the "
@@ -99,7 +111,12 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
         help="what the tuning aims at: the unquantized block on the quantized model's inputs "
         "(block, default) or the unquantized model's hidden state (model)",
     )
-    p.add_argument("--tune-lr", type=float, default=1e-3, help="the tuning's learning rate (default 1e-3)")
+    p.add_argument(
+        "--tune-lr",
+        type=finite_float(0.0, low_open=True),
+        default=1e-3,
+        help="the tuning's learning rate (default 1e-3)",
+    )
     p.add_argument(
         "--sequential",
         action="store_true",
@@ -116,7 +133,7 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--generated-rows",
-        type=float,
+        type=probability,
         default=0.0,
         metavar="FRACTION",
         help="share of the calibration text rows the model writes itself, each a run of snippets of "

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.commands.common import positive_int
+
 # The Hub stack (huggingface_hub, httpx2) is imported when a download runs, not when the CLI
 # starts: `python -m engine generate` must work where only the inference dependencies exist.
 if TYPE_CHECKING:
@@ -38,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--include", action="append", default=None, metavar="GLOB", help="only files matching (repeatable)"
     )
     p.add_argument(
-        "--retries", type=int, default=8, help="consecutive failed attempts per file before giving up"
+        "--retries",
+        type=positive_int,
+        default=8,
+        help="consecutive failed attempts per file before giving up",
     )
     p.add_argument("--quiet", action="store_true", help="print only the final path")
     p.set_defaults(func=run)
@@ -64,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.hub.client import HubClient
     from engine.hub.downloads import DownloadManager, JobState, human_bytes
     from engine.hub.errors import DownloadError
-    from engine.hub.library import default_models_dir
+    from engine.hub.library import PARTIAL_DIR, default_models_dir
     from engine.hub.retry import RetryPolicy
 
     dest = args.dir if args.dir is not None else None
@@ -107,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
             f"{snap.error or snap.state.value}"
             + (
                 f"\npartial data kept in {snap.dest}; run the same command to resume"
-                if snap.dest.exists()
+                # Only where there is something to resume: a download refused before it wrote
+                # anything (an unsafe file name, a missing repo) must not promise a resume.
+                if (snap.dest / PARTIAL_DIR).exists()
                 else ""
             )
         )

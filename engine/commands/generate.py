@@ -7,8 +7,15 @@ import json
 import sys
 import time
 
-from engine.commands.common import add_cache_args, add_model_args, cache_bits, stderr_progress
-from engine.errors import EngineError
+from engine.commands.common import (
+    add_cache_args,
+    add_model_args,
+    cache_bits,
+    check_files_exist,
+    positive_int,
+    stderr_progress,
+)
+from engine.errors import SamplingSettingError, UsageError
 from engine.generation.sampling import SamplingSettings
 from engine.vision.prompt import user_message
 
@@ -22,15 +29,18 @@ def register(sub) -> None:
         "--chat", action="store_true", help="send the prompt as one user message via the chat template"
     )
     p.add_argument("--system", default=None, help="system message (with --chat)")
-    p.add_argument("-n", "--max-new-tokens", type=int, default=256)
+    p.add_argument(
+        "-n", "--max-new-tokens", type=positive_int, default=256, help="most tokens to generate (default 256)"
+    )
+    # The sampling options' ranges are SamplingSettings.validate's (see sampling_from_args).
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="keep the k likeliest tokens (0 = off, default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus mass in (0, 1] (1 = off, default)")
+    p.add_argument("--min-p", type=float, default=0.0, help="in [0, 1], relative to the best (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 0 (1 = off, default)")
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="0 .. 2**64-1 (default: a random one)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument(
         "--image", action="append", default=[], help="image shown before the prompt (repeatable, with --chat)"
@@ -70,19 +80,9 @@ def constraint_from_args(args: argparse.Namespace):
     return None
 
 
-def run(args: argparse.Namespace) -> int:
-    from engine.session import ChatSession
-
-    if args.image and not args.chat:
-        raise SystemExit("error: --image needs --chat (images go into a user message)")
-    constraint = constraint_from_args(args)
-    session = ChatSession.load(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        progress=None if args.json else stderr_progress,
-        cache_bits=cache_bits(args),
-    )
+def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
+    """The sampling options as SamplingSettings, validated: a value out of range is a UsageError
+    that names the option (the settings' own error names the field)."""
     settings = SamplingSettings(
         temperature=args.temperature,
         top_k=args.top_k,
@@ -93,6 +93,33 @@ def run(args: argparse.Namespace) -> int:
         frequency_penalty=args.frequency_penalty,
         seed=args.seed,
     )
+    try:
+        settings.validate()
+    except SamplingSettingError as exc:
+        option = "--" + exc.field.replace("_", "-")
+        raise UsageError(f"{option} must be {exc.allowed}, got {exc.value}") from None
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.session import ChatSession
+
+    # Everything the command line alone decides is checked before the model loads.
+    if args.image and not args.chat:
+        raise UsageError("--image needs --chat (images go into a user message)")
+    if args.system is not None and not args.chat:
+        raise UsageError("--system needs --chat (it is a message of the chat template)")
+    check_files_exist(args.image, "image")
+    settings = sampling_from_args(args)
+    bits = cache_bits(args)
+    constraint = constraint_from_args(args)
+    session = ChatSession.load(
+        args.model,
+        device=args.device,
+        dtype=args.dtype,
+        progress=None if args.json else stderr_progress,
+        cache_bits=bits,
+    )
     media = None  # the images of the prompt, when --image is given
     if args.chat:
         # Without images the content stays a plain string, which every chat template accepts.
@@ -101,14 +128,15 @@ def run(args: argparse.Namespace) -> int:
             user = user_message(args.prompt, len(args.image))
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [user]
         if args.image:
-            try:
-                ids, media = session.encode_chat_with_images(messages, args.image)
-            except EngineError as exc:
-                raise SystemExit(f"error: {exc}") from None
+            ids, media = session.encode_chat_with_images(messages, args.image)
         else:
             ids = session.tokenizer.encode_chat(messages, add_generation_prompt=True)
     else:
         ids = session.tokenizer.encode(args.prompt)
+        if not ids:  # a tokenizer that adds no BOS gives nothing to continue
+            raise UsageError(
+                "the prompt is empty (it encodes to no tokens): give some text with -p, or use --chat"
+            )
     text, token_ids, last = [], [], None
     start = time.perf_counter()
     for chunk in session.stream_ids(

@@ -8,8 +8,10 @@ prompt; the logits then cover every prompt token after the image placeholders ar
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from engine.commands.common import add_model_args, parse_ids
+from engine.commands.common import add_model_args, check_files_exist, parse_ids
+from engine.errors import InputNotFoundError, UsageError
 
 
 def register(sub) -> None:
@@ -27,6 +29,14 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def check_out_dir(out: str) -> None:
+    """Refuse an --out whose folder does not exist before the model loads (safetensors would fail
+    only after the forward pass, with an error that names a temporary file)."""
+    folder = Path(out).resolve().parent
+    if not folder.is_dir():
+        raise InputNotFoundError(f"the folder of --out {out} does not exist ({folder})")
+
+
 def run(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
@@ -34,18 +44,24 @@ def run(args: argparse.Namespace) -> int:
     from engine.generation.step import score_tokens
     from engine.model import load_model
 
+    check_out_dir(args.out)
     if args.chat:
         return run_chat(args)
     if args.ids is None:
-        raise SystemExit("error: give --ids, or --chat with -p")
+        raise UsageError("give --ids, or --chat with -p")
     ids = parse_ids(args.ids)
     if not ids:
-        raise SystemExit("error: --ids is empty")
+        raise UsageError("--ids is empty")
     model = load_model(args.model, device=args.device, dtype=args.dtype, context=len(ids))
+    if len(ids) > model.spec.max_position_embeddings:
+        raise UsageError(
+            f"--ids holds {len(ids)} tokens, more than the model's context of "
+            f"{model.spec.max_position_embeddings}"
+        )
     vocab = model.spec.vocab_size
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
-        raise SystemExit(f"error: token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
+        raise UsageError(f"token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
     cache = PagedKVCache.for_model(model.spec, len(ids), dtype=model.dtype, device=model.device)
     logits = score_tokens(model.module, cache, ids)
     save_file({"logits": logits.float().cpu().contiguous()}, args.out)
@@ -57,6 +73,7 @@ def run_chat(args: argparse.Namespace) -> int:
     from safetensors.torch import save_file
 
     from engine.cache.paged import PagedKVCache
+    from engine.config import require_model_dir
     from engine.errors import EngineError
     from engine.generation.step import score_tokens
     from engine.model import load_model
@@ -64,7 +81,9 @@ def run_chat(args: argparse.Namespace) -> int:
     from engine.vision.prompt import encode_chat_with_images, user_message
 
     if args.prompt is None:
-        raise SystemExit("error: --chat needs -p TEXT")
+        raise UsageError("--chat needs -p TEXT")
+    check_files_exist(args.image, "image")
+    require_model_dir(args.model)  # a wrong path is named as such, not as a missing tokenizer
     tokenizer = Tokenizer.from_dir(args.model)
     model = load_model(args.model, device=args.device, dtype=args.dtype)
     # Without images the content stays a plain string, which every chat template accepts.

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import torch
 
-from engine.commands.common import add_cache_args, add_model_args, cache_bits
+from engine.commands.common import (
+    add_cache_args,
+    add_model_args,
+    cache_bits,
+    int_at_least,
+    positive_int,
+    read_text_file,
+)
+from engine.errors import UsageError
 
 DENSE = (16, 16)  # cache bits: unquantized keys and values
 
@@ -23,8 +31,9 @@ def register(sub) -> None:
     add_model_args(p)
     add_cache_args(p)
     p.add_argument("--text-file", required=True)
-    p.add_argument("--ctx", type=int, default=512, help="window length in tokens")
-    p.add_argument("--max-windows", type=int, default=None)
+    # Two tokens at least: a window scores every token after its first.
+    p.add_argument("--ctx", type=int_at_least(2), default=512, help="window length in tokens (default 512)")
+    p.add_argument("--max-windows", type=positive_int, default=None)
     p.add_argument(
         "--reference",
         metavar="DIR",
@@ -103,15 +112,30 @@ def perplexity(
     return result["ppl"], result["tokens"]
 
 
+def check_window_fits(model_dir: str | Path, ctx: int, option: str = "--ctx") -> None:
+    """Refuse a window longer than the model's context (positions past it have no trained
+    meaning: the perplexity would be a number about nothing), as generate refuses such a prompt.
+    Reading config.json first also reports a missing model directory as such."""
+    from engine.config import ModelConfig
+
+    context = ModelConfig.from_dir(model_dir).context_length
+    if ctx > context:
+        raise UsageError(f"{option} {ctx} is longer than the context of {model_dir} ({context} tokens)")
+
+
 def run(args: argparse.Namespace) -> int:
     from engine.model import load_model
     from engine.tokenizer import Tokenizer
 
-    text = Path(args.text_file).read_text(encoding="utf-8")
+    bits = cache_bits(args)
+    check_window_fits(args.model, args.ctx)
+    if args.reference:
+        check_window_fits(args.reference, args.ctx)
+    text = read_text_file(args.text_file)
     tokenizer = Tokenizer.from_dir(args.model)
     windows = text_windows(tokenizer, text, args.ctx, args.max_windows)
     if not windows:
-        raise SystemExit(f"error: {args.text_file} is too short for one window")
+        raise UsageError(f"{args.text_file} is too short for one window (it needs two tokens at least)")
     reference = None
     if args.reference:
         if text_windows(Tokenizer.from_dir(args.reference), text, args.ctx, args.max_windows) != windows:
@@ -124,9 +148,9 @@ def run(args: argparse.Namespace) -> int:
         del ref_model
     model = load_model(args.model, device=args.device, dtype=args.dtype, context=args.ctx)
     try:
-        result = score(model, windows, reference, cache_bits(args))
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
+        result = score(model, windows, reference, bits)
+    except ValueError as exc:  # the reference's vocabulary differs
+        raise UsageError(str(exc)) from None
     if args.json:
         print(json.dumps(result))
     else:

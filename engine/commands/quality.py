@@ -38,9 +38,15 @@ from pathlib import Path
 
 import torch
 
-from engine.commands.common import run_alone
-from engine.commands.convert import add_allocation_args, add_quantizer_args, add_tf32_arg, quantizer_options
-from engine.commands.ppl import reference_logprobs, score, text_windows
+from engine.commands.common import int_at_least, positive_int, read_text_file, run_alone
+from engine.commands.convert import (
+    add_allocation_args,
+    add_head_bits_arg,
+    add_quantizer_args,
+    add_tf32_arg,
+    quantizer_options,
+)
+from engine.commands.ppl import check_window_fits, reference_logprobs, score, text_windows
 
 DEFAULT_BPW = "2,3,4,5,6,8"
 DEFAULT_GGUF = "q8_0,q5_0,q4_0"
@@ -322,8 +328,9 @@ def run(args: argparse.Namespace) -> int:
     compare_rows = [compare_row(item) for item in args.compare]
     device = str(resolve_device(args.device))
     text_path = Path(args.text_file)
+    check_window_fits(src, args.ctx)
     tokenizer = Tokenizer.from_dir(src)
-    windows = text_windows(tokenizer, text_path.read_text(encoding="utf-8"), args.ctx, args.max_windows)
+    windows = text_windows(tokenizer, read_text_file(text_path), args.ctx, args.max_windows)
     if not windows:
         raise SystemExit("error: the text is too short for one window")
 
@@ -474,8 +481,8 @@ def register(sub) -> None:
     )
     p.add_argument("-m", "--model", required=True, help=f"unquantized HF model directory, or '{STARTER}'")
     p.add_argument("--text-file", required=True)
-    p.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
-    p.add_argument("--max-windows", type=int, default=None)
+    p.add_argument("--ctx", type=int_at_least(2), default=512, help="window length in tokens (default 512)")
+    p.add_argument("--max-windows", type=positive_int, default=None)
     p.add_argument("--bpw", default=DEFAULT_BPW, help=f"EXL3 bits per weight (default {DEFAULT_BPW})")
     p.add_argument("--no-exl3", action="store_true", help="skip the EXL3 rows")
     p.add_argument(
@@ -494,10 +501,10 @@ def register(sub) -> None:
     p.add_argument(
         "--dtype", default=None, choices=["float32", "float16", "bfloat16"], help="compute dtype of every row"
     )
-    p.add_argument("--head-bits", type=int, default=6, help="EXL3 head bits, 1..8 or 16 (default 6)")
+    add_head_bits_arg(p, "EXL3 head bits, 1..8 or 16 (default 6)")
     p.add_argument("--codebook", choices=CODEBOOKS, default="mul1")
-    p.add_argument("--cal-rows", type=int, default=250, help="EXL3 calibration rows (default 250)")
-    p.add_argument("--cal-cols", type=int, default=2048, help="EXL3 tokens per calibration row")
+    p.add_argument("--cal-rows", type=positive_int, default=250, help="EXL3 calibration rows (default 250)")
+    p.add_argument("--cal-cols", type=positive_int, default=2048, help="EXL3 tokens per calibration row")
     add_allocation_args(p)
     add_quantizer_args(p)
     p.add_argument(

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from engine.commands.common import positive_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("search", help="search models on the Hugging Face Hub", description=__doc__)
@@ -20,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--sort", default="downloads", choices=["downloads", "likes", "updated", "created", "trending"]
     )
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=positive_int, default=20, help="most models to list (default 20)")
     p.add_argument("--json", action="store_true", help="print JSON (one array) instead of a table")
     p.set_defaults(func=run)
 

@@ -29,6 +29,7 @@ wrote a cache slot past the job's end.
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 import time
@@ -41,7 +42,7 @@ import torch
 from engine import ops
 from engine.cache.paged import PagedKVCache
 from engine.cache.pages import page_keys
-from engine.errors import ContextOverflowError
+from engine.errors import ContextOverflowError, UsageError
 from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.cuda_graph import DecodeGraphs, graphs_enabled
 from engine.generation.decode_inputs import is_decode_item, run_decode_step
@@ -283,8 +284,14 @@ class Generator:
     def enqueue(self, job: Job) -> None:
         prompt = list(job.input_ids)
         if not prompt:
-            raise ValueError("a job needs at least one input token")
-        context = min(self.model.spec.max_position_embeddings, self.cache.capacity)
+            raise UsageError("a job needs at least one input token")
+        budget = job.max_new_tokens
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 1:
+            # Zero or less would end the job only after its first token (the limit is checked
+            # once a token is appended), and a negative limit falls below the prompt.
+            raise UsageError(f"max_new_tokens must be a whole number >= 1, got {budget!r}")
+        sampler = Sampler(job.sampling)  # validates the settings before any other work
+        context = self.context_length
         if len(prompt) >= context:
             where = (
                 "cache"
@@ -300,14 +307,17 @@ class Generator:
         if job.constraint is not None:
             if self.tokenizer is None:
                 raise ConstraintError("a constrained job needs a generator with a tokenizer")
-            # Starts computing the first mask on a worker thread, overlapping the prefill.
-            constraint = job.constraint.start(self.tokenizer)
+            # Starts computing the first mask on a worker thread, overlapping the prefill. With
+            # the job's token budget it steers the output to finish before the limit.
+            constraint = job.constraint.start(
+                self.tokenizer, budget=min(job.max_new_tokens, context - len(prompt))
+            )
         run = _Running(
             job=job,
             tokens=prompt,
             prompt_len=len(prompt),
             limit=min(len(prompt) + job.max_new_tokens, context),
-            sampler=Sampler(job.sampling),
+            sampler=sampler,
             stops=StopStringMatcher(job.stop_strings),
             stop_ids=stop_ids,
             decoder=self.tokenizer.incremental_decoder() if self.tokenizer is not None else None,
@@ -316,6 +326,12 @@ class Generator:
         )
         self._queue.append(run)
         self._by_job[job] = run
+
+    @property
+    def context_length(self) -> int:
+        """The longest a job's sequence (prompt and reply) can grow: the model's context or the
+        cache's capacity, whichever is smaller."""
+        return min(self.model.spec.max_position_embeddings, self.cache.capacity)
 
     def _default_stop_ids(self) -> set[int]:
         ids = set(self.model.config.eos_token_ids)
@@ -535,6 +551,11 @@ class Generator:
                 if mask is None:  # no token can continue the constrained output
                     return self._constraint_dead_end(run)
             token = run.sampler.sample(logits, run.tokens, run.generated, mask)
+            if run.constraint is not None:
+                try:
+                    token = self._keep_room_to_finish(run, logits, token)
+                except ConstraintError as exc:
+                    return self._constraint_dead_end(run, str(exc))
         now = time.perf_counter()
         if run.t_first is None:
             run.t_first = now
@@ -548,7 +569,8 @@ class Generator:
             if hit:
                 reason = "stop_string"
             elif len(run.tokens) >= run.limit:
-                reason = "max_new_tokens"
+                # A full context wins over a spent budget: a larger budget would not have helped.
+                reason = "context_length" if len(run.tokens) >= self.context_length else "max_new_tokens"
         if run.constraint is not None:
             reason, error = self._advance_constraint(run, token, reason)
         if reason is not None and reason != "stop_string":
@@ -603,13 +625,27 @@ class Generator:
             return "constraint_error", str(exc)
         if state.complete:
             # A JSON document is over at its last bracket: stop there (no need to sample EOS).
-            return ("constraint_complete" if reason in (None, "max_new_tokens") else reason), None
-        if reason in ("max_new_tokens", "stop_string"):
+            if reason in (None, "max_new_tokens", "context_length"):
+                reason = "constraint_complete"  # even where a length limit fell on the same token
+            return reason, None
+        if reason in ("max_new_tokens", "context_length", "stop_string"):
             return reason, (
                 f"the {state.constraint.kind} output is incomplete: generation stopped ({reason}) "
                 f"after {len(run.generated)} tokens, before the constraint was satisfied"
             )
         return reason, None
+
+    @staticmethod
+    def _keep_room_to_finish(run: _Running, logits, token: int) -> int:
+        """``token``, or if it would leave too few tokens of the budget to finish the
+        constrained output, a token drawn again among those on the shortest way to the end."""
+        state = run.constraint
+        if state.fits(token, is_stop=token in run.stop_ids):
+            return token
+        closing = state.closing_mask(logits.shape[-1], run.stop_ids)
+        if closing is None:
+            return token
+        return run.sampler.sample(logits, run.tokens, run.generated, closing)
 
     def _constraint_dead_end(self, run: _Running, error: str | None = None) -> JobResult:
         """End a job whose constraint allows no next token (e.g. it needs a character no token

@@ -51,8 +51,10 @@ class JobResult:
     text: str
     token_ids: list[int]
     done: bool = False
-    # "eos" | "stop_string" | "max_new_tokens" | "cancelled"; with a constraint also
-    # "constraint_complete" (the output is finished) and "constraint_error" (it cannot be)
+    # "eos" | "stop_string" | "max_new_tokens" (the job's budget is spent) | "context_length"
+    # (prompt + reply fill the model's context or the cache: no budget could have gone further)
+    # | "cancelled"; with a constraint also "constraint_complete" (the output is finished) and
+    # "constraint_error" (it cannot be)
     stop_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from cached pages, not prefilled

@@ -20,10 +20,13 @@ logit.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import numbers
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+
+from engine.errors import SamplingSettingError
 
 
 @dataclass
@@ -56,16 +59,38 @@ class SamplingSettings:
         )
 
     def validate(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        """Raise :class:`~engine.errors.SamplingSettingError` naming the first field outside its
+        range. The one check of these values: the Sampler runs it for every job, and entry points
+        (the CLI, the app's worker, a server) call it to refuse bad values before any model work.
+        NaN passes every ordered comparison's negation, so finiteness is checked explicitly."""
+        _check_real("temperature", self.temperature, "a finite number >= 0 (0 = greedy)", lambda v: v >= 0)
+        _check_int("top_k", self.top_k, "a whole number >= 0 (0 = off)", lambda v: v >= 0)
+        _check_real("top_p", self.top_p, "a number in (0, 1] (1 = off)", lambda v: 0 < v <= 1)
+        _check_real("min_p", self.min_p, "a number in [0, 1] (0 = off)", lambda v: 0 <= v <= 1)
+        _check_real(
+            "repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 = off)", lambda v: v > 0
+        )
+        _check_real("presence_penalty", self.presence_penalty, "a finite number (0 = off)", lambda v: True)
+        _check_real("frequency_penalty", self.frequency_penalty, "a finite number (0 = off)", lambda v: True)
+        if self.seed is not None:
+            # torch's generator takes 64-bit seeds; a negative one is refused rather than
+            # wrapped, since elsewhere (llama.cpp) -1 means "random".
+            _check_int("seed", self.seed, "a whole number in [0, 2**64)", lambda v: 0 <= v < 2**64)
+
+
+def _check_real(name: str, value: object, allowed: str, ok: Callable[[float], bool]) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Real)
+        or not math.isfinite(value)
+        or not ok(float(value))
+    ):
+        raise SamplingSettingError(name, allowed, value)
+
+
+def _check_int(name: str, value: object, allowed: str, ok: Callable[[int], bool]) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not ok(int(value)):
+        raise SamplingSettingError(name, allowed, value)
 
 
 def apply_penalties(

@@ -15,8 +15,9 @@ second time after quantization; for the small models this is used on, the exact 
 more than the file size, and the parity tests compare with transformers' float32 dequantization.
 ``dtype="bfloat16"`` halves the size when that matters more.
 
-Everything is written into a temporary sibling directory and renamed into place at the end, so
-a failed or interrupted import leaves nothing half-written.
+Everything is written into a hidden sibling staging directory (``engine.staging``) and renamed
+into place at the end, so a failed or interrupted import leaves nothing half-written; one left by a
+killed process is removed by the next import of the same target (or the app's startup cleanup).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import GGUFImportError
+from engine.errors import GGUFImportError, GGUFNotFoundError
 from engine.loading.gguf_arch import (
     ArchContext,
     ArchSpec,
@@ -44,6 +44,7 @@ from engine.loading.gguf_arch import (
 )
 from engine.loading.gguf_reader import GGUFFile, TensorInfo, ggml_type_name, read_gguf
 from engine.loading.gguf_tokenizer import build_tokenizer
+from engine.staging import make_staging_dir, remove_stale_staging
 
 __all__ = ["import_gguf", "SUPPORTED_DTYPES"]
 
@@ -75,7 +76,7 @@ def import_gguf(
         )
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
-        raise GGUFImportError(f"{gguf_path}: no such file")
+        raise GGUFNotFoundError(f"{gguf_path}: no such file")
     _check_destination(out_dir)
 
     report(0.0, f"reading {gguf_path.name}")
@@ -84,7 +85,8 @@ def import_gguf(
         plan = _plan(gguf, dtype)
         _check_disk_space(out_dir.parent, plan.output_bytes + DISK_MARGIN)
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.importing-", dir=out_dir.parent))
+        remove_stale_staging(out_dir.parent, out_dir.name)
+        staging = make_staging_dir(out_dir)
         try:
             _write_model(gguf, plan, staging, report)
             _publish(staging, out_dir)

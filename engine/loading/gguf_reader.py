@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import GGUFImportError
+from engine.errors import GGUFImportError, GGUFNotFoundError
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -166,7 +166,7 @@ def read_gguf(path: str | Path) -> GGUFFile:
     try:
         file_map = _map_file(path)
     except FileNotFoundError as exc:
-        raise GGUFImportError(f"{path}: no such file") from exc
+        raise GGUFNotFoundError(f"{path}: no such file") from exc
     except ValueError as exc:  # mmap of an empty file
         raise GGUFImportError(f"{path}: file is empty, not a GGUF model") from exc
     except OSError as exc:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from engine.cache.paged import PagedKVCache
-from engine.errors import ContextOverflowError
+from engine.errors import ContextOverflowError, SamplingSettingError, UsageError
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
@@ -101,7 +101,43 @@ def test_prompt_longer_than_cache_is_a_clear_error(llama):
 def test_generation_stops_at_cache_capacity(llama):
     gen = Generator(llama, cache_tokens=64, page_size=16)
     (r,) = gen.generate([Job(list(range(3, 60)), max_new_tokens=50, stop_token_ids=())])
-    assert r.new_tokens == 64 - 57 and r.stop_reason == "max_new_tokens"
+    # Cut by the context, not by the budget of 50: the reason says which.
+    assert r.new_tokens == 64 - 57 and r.stop_reason == "context_length"
+    assert gen.context_length == 64
+
+
+def test_a_budget_that_ends_exactly_at_the_context_reports_the_context(llama):
+    # Both limits fall on the same token: the full context wins (a larger budget would not help).
+    gen = Generator(llama, cache_tokens=64, page_size=16)
+    (exact, under) = gen.generate(
+        [
+            Job(list(range(3, 60)), max_new_tokens=7, stop_token_ids=()),
+            Job(list(range(3, 60)), max_new_tokens=6, stop_token_ids=()),
+        ]
+    )
+    assert (exact.new_tokens, exact.stop_reason) == (7, "context_length")
+    assert (under.new_tokens, under.stop_reason) == (6, "max_new_tokens")
+
+
+@pytest.mark.parametrize("budget", [0, -5, 2.5, None, True])
+def test_a_job_without_a_positive_budget_is_refused(llama, budget):
+    # 0 used to generate one token anyway, and a negative budget failed deep in the cache.
+    gen = Generator(llama, cache_tokens=64, page_size=16)
+    with pytest.raises(UsageError, match=f"max_new_tokens must be a whole number >= 1, got {budget!r}"):
+        gen.enqueue(Job([5, 6, 7], max_new_tokens=budget))
+    assert gen.num_remaining_jobs == 0 and gen.cache.pages.available == gen.cache.num_pages
+
+
+def test_bad_sampling_settings_are_refused_at_enqueue(llama):
+    gen = Generator(llama, cache_tokens=64, page_size=16)
+    with pytest.raises(SamplingSettingError, match="top_p"):
+        gen.enqueue(Job([5, 6, 7], max_new_tokens=4, sampling=SamplingSettings(top_p=float("nan"))))
+    # Checked before the context: the settings are what the caller must fix first.
+    with pytest.raises(SamplingSettingError, match="temperature"):
+        gen.enqueue(Job(list(range(3, 100)), max_new_tokens=4, sampling=SamplingSettings(temperature=-1)))
+    with pytest.raises(UsageError, match="at least one input token"):
+        gen.enqueue(Job([], max_new_tokens=4))
+    assert gen.num_remaining_jobs == 0
 
 
 def test_plain_greedy_takes_the_batched_argmax_and_matches_the_sampler(llama, monkeypatch):
@@ -160,3 +196,17 @@ def test_batched_decode_steps_give_the_same_tokens(llama, monkeypatch, sampled):
     assert not calls
     assert run(True) == row_by_row
     assert calls and max(calls) == 4  # decode steps of up to 4 rows went the batched way
+
+
+def test_a_constrained_reply_cut_by_the_context_is_reported_incomplete(exl3_dir):
+    from engine.generation import constraints
+    from engine.model import load_model
+    from engine.tokenizer import Tokenizer
+
+    directory = exl3_dir / "tiny-llama-hf"  # a real tokenizer, which a constraint needs
+    model = load_model(directory, device="cpu", dtype="float32")
+    gen = Generator(model, Tokenizer.from_dir(directory), cache_tokens=32, page_size=16)
+    job = Job(list(range(3, 28)), max_new_tokens=50, constraint=constraints.regex("[a-z]{100}"))
+    (r,) = gen.generate([job])
+    assert r.new_tokens == 32 - 25 and r.stop_reason == "context_length"
+    assert "incomplete: generation stopped (context_length)" in r.error

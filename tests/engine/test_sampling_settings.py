@@ -1,0 +1,82 @@
+"""``SamplingSettings.validate``: the one range check every entry point (CLI, app, server) uses."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine.errors import EngineError, SamplingSettingError
+from engine.generation.sampling import Sampler, SamplingSettings
+
+NAN, INF = math.nan, math.inf
+
+# field -> values outside its range (NaN and infinities, negatives, past the top, wrong types)
+BAD = {
+    "temperature": [NAN, INF, -INF, -0.1, -1, "0.7", None, True],
+    "top_k": [-1, -3, 2.5, 40.0, NAN, "40", True],
+    "top_p": [NAN, INF, 0.0, -0.5, 1.0001, 2, None],
+    "min_p": [NAN, INF, -0.01, 1.5, "0.1"],
+    "repetition_penalty": [NAN, INF, 0.0, -1.0],
+    "presence_penalty": [NAN, INF, -INF, "0"],
+    "frequency_penalty": [NAN, -INF, INF],
+    "seed": [-1, 2**64, 1.5, "7", True],
+}
+
+# field -> values at the edges of its range, all accepted
+GOOD = {
+    "temperature": [0.0, 0, 1e-6, 5.0, 1000.0, np.float32(0.7)],
+    "top_k": [0, 1, 50, np.int64(40)],
+    "top_p": [1.0, 1, 1e-9, 0.5],
+    "min_p": [0.0, 0.05, 1.0],
+    "repetition_penalty": [1.0, 1e-3, 2.0],
+    "presence_penalty": [0.0, -2.0, 2.0, -100.0],
+    "frequency_penalty": [0.0, -2.0, 2.0],
+    "seed": [None, 0, 12345, 2**64 - 1],
+}
+
+ALLOWED_WORDS = {  # what each message must say about the allowed range
+    "temperature": ">= 0",
+    "top_k": ">= 0",
+    "top_p": "(0, 1]",
+    "min_p": "[0, 1]",
+    "repetition_penalty": "> 0",
+    "presence_penalty": "finite",
+    "frequency_penalty": "finite",
+    "seed": "[0, 2**64)",
+}
+
+
+@pytest.mark.parametrize("field,value", [(f, v) for f, values in BAD.items() for v in values])
+def test_out_of_range_values_are_refused_naming_the_field(field: str, value: object) -> None:
+    settings = SamplingSettings(**{field: value})
+    with pytest.raises(SamplingSettingError) as caught:
+        settings.validate()
+    err = caught.value
+    assert err.field == field and err.value is value
+    assert str(err).startswith(f"{field} must be ") and ALLOWED_WORDS[field] in str(err)
+    # A user-facing engine error (the app shows it, the CLI exits 2) and still a ValueError.
+    assert isinstance(err, EngineError) and isinstance(err, ValueError)
+
+
+@pytest.mark.parametrize("field,value", [(f, v) for f, values in GOOD.items() for v in values])
+def test_values_at_the_edges_of_each_range_are_accepted(field: str, value: object) -> None:
+    SamplingSettings(**{field: value}).validate()
+
+
+def test_the_sampler_refuses_what_validate_refuses() -> None:
+    # Every job's Sampler runs the same check, so no entry point can skip it.
+    with pytest.raises(SamplingSettingError, match="temperature must be a finite number >= 0"):
+        Sampler(SamplingSettings(temperature=NAN))
+    with pytest.raises(SamplingSettingError, match="top_k"):
+        Sampler(SamplingSettings(top_k=-3))
+
+
+def test_accepted_edges_sample_sensibly() -> None:
+    # min_p = 1 keeps only the likeliest token(s): a legal value, not a degenerate one.
+    import torch
+
+    logits = torch.tensor([0.0, 3.0, 1.0, 3.0 - 1e-3])
+    sampler = Sampler(SamplingSettings(temperature=1.0, min_p=1.0, seed=2**64 - 1))
+    assert {sampler.sample(logits, [], []) for _ in range(20)} == {1}
