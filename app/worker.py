@@ -101,7 +101,9 @@ def _sampling_settings(values: dict[str, Any]) -> Any:
     from engine.generation.sampling import SamplingSettings
 
     known = {f.name for f in fields(SamplingSettings)}
-    return SamplingSettings(**{k: v for k, v in values.items() if k in known})
+    settings = SamplingSettings(**{k: v for k, v in values.items() if k in known})
+    settings.validate()  # a bad value is named before any model work
+    return settings
 
 
 def fit_to_context(

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from engine.config import require_model_dir
 from engine.generation.constraints import Constraint
 from engine.generation.generator import Generator
 from engine.generation.job import Job
@@ -65,7 +64,6 @@ class ChatSession:
         dtype: str | None = None,
         cache_bits: tuple[int, int] = (16, 16),
     ) -> ChatSession:
-        require_model_dir(model_dir)  # a wrong path is named as such, not as a missing tokenizer
         tokenizer = Tokenizer.from_dir(model_dir)  # fail fast, before reading weights
         model = load_model(model_dir, device=device, dtype=dtype, progress=progress, context=cache_tokens)
         return cls(model, tokenizer, cache_tokens, cache_bits)

@@ -31,6 +31,7 @@ from engine.chat_template import (
     input_size,
     render_template,
 )
+from engine.config import require_model_dir
 from engine.errors import TokenizerError
 
 __all__ = ["ChatTemplateError", "ChatTemplateLimitError", "IncrementalDecoder", "TemplateLimits", "Tokenizer"]
@@ -161,6 +162,7 @@ class Tokenizer:
         from tokenizers import Tokenizer as Backend  # deferred: keeps `import engine` light
 
         directory = Path(path)
+        require_model_dir(directory)  # a wrong path is named as such, not as a missing tokenizer
         tokenizer_file = directory / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise TokenizerError(f"{directory}: tokenizer.json is missing (the model has no fast tokenizer)")

@@ -41,7 +41,7 @@ PRESET_LABELS = {
 FIELDS: dict[str, tuple[str, float, float, float]] = {
     "temperature": ("Temperature", 0.0, 5.0, 0.05),
     "top_k": ("Top-k (0 = off)", 0, 1000, 1),
-    "top_p": ("Top-p", 0.0, 1.0, 0.01),
+    "top_p": ("Top-p", 0.01, 1.0, 0.01),  # 0 would keep no token: the engine refuses it
     "min_p": ("Min-p", 0.0, 1.0, 0.01),
     "repetition_penalty": ("Repetition penalty", 0.5, 2.0, 0.01),
     "presence_penalty": ("Presence penalty", -2.0, 2.0, 0.05),

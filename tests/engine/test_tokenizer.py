@@ -434,3 +434,10 @@ def test_gemma3_specifics(gemma3):
     # Gemma does not alternate roles freely: its template refuses, with a readable error.
     with pytest.raises(ChatTemplateError, match="alternate"):
         ours.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_a_missing_model_folder_is_named_as_such(tmp_path):
+    from engine.errors import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match=r"model directory .*nowhere does not exist"):
+        Tokenizer.from_dir(tmp_path / "nowhere")

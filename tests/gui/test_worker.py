@@ -183,3 +183,12 @@ def test_reply_budget_is_capped_by_what_the_context_has_left(qtbot, engine_clien
         engine_client.generate([{"role": "user", "content": "word " * 10}], {}, max_new_tokens=1000)
     prompt = len(tokens_of("word " * 10)) + 4  # the fake's count_tokens
     assert fake_engine.calls[-1]["max_new_tokens"] == 40 - prompt
+
+
+def test_the_default_sampling_factory_names_a_bad_value() -> None:
+    from app.worker import _sampling_settings
+    from engine.errors import SamplingSettingError
+
+    with pytest.raises(SamplingSettingError, match="top_p"):
+        _sampling_settings({"temperature": 0.7, "top_p": 0.0})
+    assert _sampling_settings({"temperature": 0.7, "top_p": 0.5, "unknown": 1}).top_p == 0.5
