@@ -36,6 +36,7 @@ from app import paths
 from app.chat.controller import ChatController
 from app.chat.markdown import MarkdownRenderer
 from app.chat.pane import ChatPane
+from app.chat.pending_writes import restore_rescued
 from app.conversations.model import ConversationListModel
 from app.conversations.pane import ConversationPane
 from app.library.controller import LibraryController
@@ -120,7 +121,8 @@ class MainWindow(QMainWindow):
         self._connect()
         self._apply_font_size()
 
-        # Restore state.
+        # Restore state: first what could not be saved at the last exit (a full disk, a lock).
+        restored = restore_rescued(store, store.db_path.parent)
         self.library.refresh()
         self.library_pane.set_folders([str(p) for p in self.library.folders()])
         self.conversations.refresh()
@@ -129,6 +131,10 @@ class MainWindow(QMainWindow):
         self._update_starter_banner()
         if autoload:
             self._autoload()
+        if restored:
+            self.statusBar().showMessage(
+                f"Restored {len(restored)} conversation(s) that could not be saved last time", 20000
+            )
         self.warmed_up = False
         self._warm_up(self.renderer.warm_up_steps())
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.store import ImageBlob, Message, Store
-from app.store.export import JSON_FORMAT, JSON_VERSION
+from app.store.export import JSON_FORMAT, JSON_VERSION, from_json
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +263,27 @@ class PendingWrites:
                 continue
             written.append(path)
         return written
+
+
+RESCUED_PATTERN = "unsaved-*.json"
+RESTORED_SUFFIX = ".restored"
+
+
+def restore_rescued(store: Store, directory: Path) -> list[int]:
+    """Import the files :meth:`PendingWrites.rescue` wrote in ``directory`` at an earlier exit, as
+    conversations of their own (titled "... (unsaved)"). Each file is renamed with
+    ``RESTORED_SUFFIX`` once imported, never deleted; one that cannot be imported now (the store
+    still refuses, the file is damaged) stays for the next start or File > Import. Returns the new
+    conversation ids."""
+    restored = []
+    for path in sorted(Path(directory).glob(RESCUED_PATTERN)):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            restored.append(from_json(store, data))
+            path.rename(path.with_name(path.name + RESTORED_SUFFIX))
+        except (OSError, ValueError, KeyError, TypeError, sqlite3.Error) as exc:
+            log.error("could not restore unsaved messages from %s: %s", path, exc)
+    return restored
 
 
 def _export(title: str, messages: list[Message], store: Store, pending: PendingWrites) -> dict[str, Any]:

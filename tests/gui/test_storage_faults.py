@@ -238,6 +238,34 @@ def test_unsaved_messages_are_written_to_an_importable_file_at_exit(qtbot, windo
     assert texts[0] == "keep me"
 
 
+def test_unsaved_messages_come_back_at_the_next_start(qtbot, make_window, fake_engine) -> None:
+    window = make_window()
+    load_model(qtbot, window)
+    store, chat = window.store, window.chat
+
+    def full(*_args, **_kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    real_add = store.add_message
+    store.add_message = full
+    send(qtbot, window, "do not lose me")
+    chat.shutdown()
+    store.add_message = real_add
+    window.close()
+    data = Path(os.environ["TRELLIS_DATA_DIR"])
+    [rescued] = list(data.glob("unsaved-*.json"))
+
+    again = make_window()
+    titles = [c.title for c in again.store.conversations()]
+    assert any(title.endswith("(unsaved)") for title in titles), titles
+    restored = next(c for c in again.store.conversations() if c.title.endswith("(unsaved)"))
+    assert [m.content for m in again.store.current_path(restored.id)][0] == "do not lose me"
+    assert not rescued.exists() and rescued.with_name(rescued.name + ".restored").is_file()
+    assert "Restored 1 conversation" in again.statusBar().currentMessage()
+    third = make_window()  # restored once, not at every start
+    assert len(third.store.conversations()) == len(titles)
+
+
 # -- a real full disk and a real read-only folder (tmpfs; skipped where mounting is not allowed) --
 
 
