@@ -2,7 +2,7 @@
 
 Why measure: the kernel's own choice (ext/exl3_gemv_v5.cu ``v5_choose_splits``) models a launch
 as waves x (chunks per block + fixed cost). On the H200 that model is off by up to 9% for the
-Llama-8B shapes (ext/NOTES.md, fifth session: gate/up 44.0 us at its 3 splits vs 40.4 at 2; q/k/v
+Llama-8B shapes (docs/KERNELS.md, section 3.6: gate/up 44.0 us at its 3 splits vs 40.4 at 2; q/k/v
 15.9 at 6 vs 14.4 at 4), because blocks sharing an SM, cluster placement within a GPC and each
 block's fixed cost do not follow it, and they differ by GPU. So the first eager call of each
 launch shape times every split count that can launch, on random matrices of that shape (enough

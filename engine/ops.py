@@ -47,12 +47,12 @@ _V5_MAX_CLUSTER = 16  # ext/exl3_gemv_v5.cuh: largest cluster (non-portable abov
 GEMV_FAST = os.environ.get("TRELLIS_GEMV_EXACT", "") in ("", "0")
 # The int8 GEMV (ext/exl3_gemv_v5.cuh, I8): MUL1 weights at 1..GEMV_INT8_ROWS rows multiply on the
 # integer tensor cores, each hash word used as four u8 MMA operands as it is, the inputs as 15-bit
-# fixed point (hi and lo bytes in the MMA's idle batch columns). Needs GEMV v5. ext/NOTES.md has
+# fixed point (hi and lo bytes in the MMA's idle batch columns). Needs GEMV v5. docs/KERNELS.md has
 # its accuracy and speed; TRELLIS_GEMV_INT8=0 turns it off (A/B runs).
 GEMV_INT8 = os.environ.get("TRELLIS_GEMV_INT8", "1") not in ("", "0")
 GEMV_INT8_ROWS = 2  # ext/exl3_gemv_v5.cuh kV5Int8MaxRows
 # TRELLIS_GEMV_ILP=1 (read by the extension itself, once per process): experimental fast
-# 3INST/MCG kernels with two accumulators per tile and 2 blocks per SM (ext/NOTES.md).
+# 3INST/MCG kernels with two accumulators per tile and 2 blocks per SM (docs/KERNELS.md).
 
 _ext: ModuleType | None = None
 _tried = False
@@ -139,7 +139,7 @@ def _workspace(
 
 # The v5 GEMV (ext/exl3_gemv_v5.cuh: split-K over a thread-block cluster, no workspace, no
 # atomics) runs every single and multi-matrix GEMV on sm_90+ (elsewhere v4 runs); 8B decode 176 ->
-# 204-209 tok/s on the H200, and all of its GPU tests pass (ext/NOTES.md). TRELLIS_GEMV_V5=0
+# 204-209 tok/s on the H200, and all of its GPU tests pass (docs/KERNELS.md). TRELLIS_GEMV_V5=0
 # selects v4 for A/B runs; the ``v5`` argument of exl3_gemv / exl3_gemv_multi overrides it per call.
 GEMV_V5 = os.environ.get("TRELLIS_GEMV_V5", "1") not in ("", "0")
 # Chained launches (ext/chained_launch.cuh: programmatic dependent launch, sm_90+): inside
@@ -192,7 +192,7 @@ def _use_v5(ext: ModuleType, x: torch.Tensor, v5: bool | None, splits: int = 0) 
     if not _v5_runs(ext, x.device, v5):
         return False
     # Checked here, not left to the extension: a failed argument check inside the extension once
-    # killed the process on the GPU machine instead of raising (not reproduced since, ext/NOTES.md),
+    # killed the process on the GPU machine instead of raising (not reproduced since, docs/KERNELS.md),
     # and Python can name the problem more clearly anyway.
     chunks = x.shape[-1] // 128
     low, high = -(-chunks // _MAX_CHUNKS_PER_SPLIT), min(chunks, _V5_MAX_CLUSTER)
@@ -347,7 +347,7 @@ _gemv_launch = exl3_gemv_multi
 
 def _kernel_rows(x: torch.Tensor, padded_in: int) -> torch.Tensor:
     """``x`` as contiguous ``(rows, padded_in)`` in a kernel dtype (others go to fp32), zero-extended
-    to the stored in features (EXL3_FORMAT.md section 3.3)."""
+    to the stored in features (docs/EXL3_FORMAT.md section 3.3, padding)."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.dtype not in KERNEL_DTYPES:
         x2 = x2.float()

@@ -1,14 +1,14 @@
 // Greedy decoding's argmax over float32 logit rows: one block per row, or on sm_90 a cluster of
 // blocks per row.
 //
-// Why: torch.argmax over a 128K vocabulary took 28 us per decode step on the H200 (profile-step,
-// session 16), ~3% of a 1B model's step, for 0.5 MB of reading. One 1024-thread block with 16-byte
-// loads takes 16.6 us, most likely latency: a multiprocessor keeps ~64 KB of loads in flight, so the
-// row's 0.5 MB is about eight round trips in series. Several blocks per row, combined by the last
-// one through a global ticket, measured no faster (ext/NOTES.md, sixteenth session). A thread-block
-// cluster reads the row on kArgmaxCluster multiprocessors at once and combines the blocks' answers
-// through distributed shared memory, without global atomics or a second launch: 1B decode +1.1%,
-// 8B +0.3% (ext/NOTES.md, eighteenth session).
+// Why: greedy decoding needs one id per row, and a 128K-vocabulary row is 0.5 MB: torch.argmax
+// spends a noticeable share of a small model's decode step on it. One 1024-thread block with
+// 16-byte loads is bound by latency: a multiprocessor keeps ~64 KB of loads in flight, so the
+// row's 0.5 MB is about eight round trips in series. Several blocks per row combined by the last
+// one through a global ticket gain nothing (the ticket adds a pass). A thread-block cluster reads
+// the row on kArgmaxCluster multiprocessors at once and combines the blocks' answers through
+// distributed shared memory, without global atomics or a second launch. Measured figures:
+// docs/KERNELS.md, section 7.
 // The answer is torch.argmax's: the first maximum, and a NaN counts as larger than any number
 // (the first NaN wins). take_if_first orders (value, index) pairs totally, so the blocks' answers
 // combine in any order to the same one.

@@ -1,6 +1,6 @@
 // EXL3 tile decoding shared by the GEMV and reconstruct kernels.
 //
-// Format facts used here (EXL3_FORMAT.md sections 5, 6):
+// Format facts used here (docs/EXL3_FORMAT.md sections 5 and 6: the bitstream, the tile layout):
 //  - a tile is 16*K int16 words; read as little-endian uint32 words d[0..8K) the bitstream is
 //    d[0], d[1], ... each MSB first (the pair swap of the int16 view disappears in this view);
 //  - value i's 16-bit state is stream bits [(i+1)K-16, (i+1)K), circular (tail-biting);

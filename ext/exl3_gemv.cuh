@@ -28,7 +28,7 @@ constexpr int kGemvMaxRows = 8;            // batch rows (MMA N)
 // Each warp streams its tile rows (8 tiles = one 128-column group) through a ring of
 // shared-memory stages with cp.async, so several rows per warp are in flight at once: with one
 // row of register prefetch the kernel was bound by DRAM latency, not by bytes or instructions
-// (H200: same time at 2 and 8 bits per weight).
+// (its time did not depend on the bits per weight).
 template <int K>
 struct GemvPipe {
   // Stage count keeps the block at <= ~70 KB of shared memory: 3 blocks (24 warps) per SM.
@@ -282,8 +282,8 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
   }
 }
 
-// Three blocks per SM: on the H200 one warp issues only every ~8 cycles (decode dependency
-// chains), so occupancy, not bandwidth, sets the speed (ncu: 0.38 issued/cycle at 12.6 warps/SM).
+// Three blocks per SM: one warp issues only every several cycles (the decode's dependency
+// chains), so occupancy, not bandwidth, sets the speed.
 template <int K, int CB, bool FAST, bool ILP = false>
 __global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMinBlocks))
     exl3_gemv_kernel(const GemvArgs args) {

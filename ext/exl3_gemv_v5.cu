@@ -1,6 +1,7 @@
 // GEMV v5 (exl3_gemv_v5.cuh): instantiations, the split (= cluster size) choice and the binding.
-// One entry point for one to three matrices of one input; engine/ops.py selects it with
-// TRELLIS_GEMV_V5=1 or per call (A/B against v4 in one process). Needs sm_90 (clusters).
+// One entry point for one to three matrices of one input; engine/ops.py selects it by default on
+// sm_90+ (TRELLIS_GEMV_V5=0, or its per-call argument, selects v4 for A/B runs in one process).
+// Needs sm_90 (clusters).
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

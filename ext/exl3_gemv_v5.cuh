@@ -49,7 +49,7 @@ __host__ __device__ constexpr int v5_u_bytes(int n_chunks, int splits, int m) {
   return v5_u_rows(n_chunks, splits) * m * 32;
 }
 // Rows of the int8 variant. The layout holds 4 (B columns: hi 0..3, lo 4..7), but at 3-4 rows it
-// measured no faster than the fast kernel (ext/NOTES.md, eighth session), so it stops at 2.
+// is no faster than the fast kernel (docs/KERNELS.md, section 3.3), so it stops at 2.
 constexpr int kV5Int8MaxRows = 2;
 // The per-warp sums; the int8 variant stores its hi and lo sums apart (two rows per batch row).
 __host__ __device__ constexpr int v5_red_bytes(int m) {
@@ -482,13 +482,13 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   if (n < m) sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
   // The q/k/v epilogue is a runtime branch of the int8 kernel, not a kernel of its own: as its own
   // instantiation it made each layer slower than the launch it saved (its code cold in the
-  // instruction caches where the other GEMVs of the layer run the plain kernel; ext/NOTES.md,
-  // 17th session).
+  // instruction caches where the other GEMVs of the layer run the plain kernel; docs/KERNELS.md,
+  // section 3.5).
   const bool epi_on = I8 && epi.on;
   EpilogueInputs ein;
   if (epi_on && n < m) epilogue_load(args, epi, mat, n, f, ein);
   // Every block's red_s is complete and visible to the cluster; a cluster of one block needs
-  // only the block barrier (a cluster barrier costs ~600 cycles more, ext/NOTES.md 16th session).
+  // only the block barrier (a cluster barrier costs hundreds of cycles more on this path).
   if (S == 1) __syncthreads();
   else cluster_sync_acq_rel();
   if (n < m) {

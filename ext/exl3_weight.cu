@@ -1,11 +1,11 @@
-// The whole EXL3 weight W = diag(suh) . H_in . Q . H_out . diag(svh) (EXL3_FORMAT.md section 4)
-// in one pass, for the large-batch (prefill) path.
+// The whole EXL3 weight W = diag(suh) . H_in . Q . H_out . diag(svh) (docs/EXL3_FORMAT.md
+// section 4, reconstructing a linear) in one pass, for the large-batch (prefill) path.
 //
-// Why: prefill used to rotate the activations (x * suh) H_in, decode Q, run cuBLAS and rotate
-// the output, i.e. two Hadamard passes over tokens x (in + out) numbers per linear. For a 4K
-// prompt that is twice the numbers of the weight itself, so turning the weight into W once and
-// running a plain GEMM in the activations' dtype moves fewer bytes, and lets projections that
-// share an input (q/k/v, gate/up) write into one buffer for one GEMM.
+// Why: the other prefill path (TRELLIS_WEIGHT_PREFILL=0) rotates the activations (x * suh) H_in,
+// decodes Q, runs cuBLAS and rotates the output: two Hadamard passes over tokens x (in + out)
+// numbers per linear. For a 4K prompt that is twice the numbers of the weight itself, so turning
+// the weight into W once and running a plain GEMM in the activations' dtype moves fewer bytes, and
+// lets projections that share an input (q/k/v, gate/up) write into one buffer for one GEMM.
 //
 // One block per 128 x 128 piece of W (the Hadamard block size), two versions:
 //

@@ -1,8 +1,8 @@
 // Small fused kernels for the decode step: RMSNorm, rotary embedding of q and k, gated activation.
 //
 // Why: in a decode step each of these is a chain of 3-8 elementwise torch kernels (upcast, square,
-// mean, rsqrt, multiply, round...). Replayed in a CUDA graph every kernel still costs >= ~1.3 us,
-// so for an 8B model they add ~1.5 ms per token next to ~4.5 ms of weight reads. One launch each
+// mean, rsqrt, multiply, round...). Replayed in a CUDA graph every kernel still costs its launch
+// slot (docs/PERFORMANCE.md: the graph floor), and a step has a few per layer. One launch each
 // keeps the same arithmetic: fp32 math with the roundings the torch modules do (noted per kernel),
 // so results match the torch path to within one rounding of the output dtype.
 #include <c10/cuda/CUDAException.h>
@@ -364,9 +364,9 @@ void check_rows(const at::Tensor& t, const char* name) {
 }
 
 // Block size of the norm kernels for width n and V elements per access: one access per thread
-// up to the thread limit. (Four per thread, as before, left each thread a serial chain of loads,
-// sums and stores: the decode step's norm took ~1 us longer on its critical path, 1B 1,112.7 ->
-// 1,147.4 tok/s with one, ext/NOTES.md 17th session.) rms_norm and add_rms_norm launch the same
+// up to the thread limit. (Several accesses per thread leave each thread a serial chain of loads,
+// sums and stores on the decode step's critical path, where the block's threads could work in
+// parallel; docs/KERNELS.md, section 6.) rms_norm and add_rms_norm launch the same
 // way for the same width and vector size, so their sums of squares add in the same order.
 int norm_threads(int n, int v) { return std::min(1024, std::max(32, ((n / v + 31) / 32) * 32)); }
 

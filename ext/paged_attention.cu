@@ -167,9 +167,9 @@ __device__ __forceinline__ float hadamard32_warp(float x, int lane) {
 // ---------------------------------------------------------------------------------------------
 // Version 2 (the caches version 3 does not take: mixed widths, 3/5/6/7 bits, head_dim 256 at
 // 8 or 16 bits). Built for memory-level
-// parallelism: version 1 (removed; see ext/NOTES.md) loaded each step's key/value inside a branch and
-// used it at once, so a warp waited for four serial page-table + cache round trips per loop
-// iteration (~6 us measured per iteration, whatever the load). Here every load of an iteration is
+// parallelism: a kernel that loads each step's key/value inside a branch and uses it at once makes
+// a warp wait for four serial page-table + cache round trips per loop iteration, so its time is
+// latency whatever the load (docs/KERNELS.md, section 5). Here every load of an iteration is
 // issued unconditionally (positions past the end are clamped to the last key and masked to -inf),
 // one iteration ahead (raw, still-encoded words in registers), with the page-table entries two
 // iterations ahead; decoding happens at use. No per-head branches inside the loop: heads past the
@@ -522,12 +522,12 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
 //
 // A dense cache skips the decoding below: its units go into the MMA as stored, the query is not
 // rotated, and the scores need no per-group offset or scale. For bf16 the query and P are rounded
-// to bf16 for the MMA, as a bf16 flash attention does; version 2 computes in fp32 and was 2.3-2.5x
-// slower than SDPA at batch 1 (~110 warp instructions per key and kv head, see above).
+// to bf16 for the MMA, as a bf16 flash attention does; version 2 computes in fp32 on the CUDA
+// cores (~110 warp instructions per key and kv head, see above), too many to keep up with SDPA.
 //
 // Why: version 2 spends ~16 lanes x ~225 instructions per key (each lane dots its 8 numbers with
 // every head, 31 shuffles per 16 scores, the softmax repeated in all 16 lanes of a key), so the
-// quantized cache, though 2-4x fewer bytes, ran 0.75-0.88x the dense cache's speed. Here a warp
+// quantized cache, though 2-4x fewer bytes, is slower than the dense cache there. Here a warp
 // takes 16 keys at a time and the per-key work is decoding its numbers once, in fp16:
 //   S^T[16 keys x 8 heads] = K[16 x D] . Q^T[D x 8]    (A = keys, B = the query, D/16 MMAs)
 //   O^T[D x 8 heads]      += V^T[D x 16] . P^T[16 x 8] (A = values, B = the probabilities, D/16 MMAs)
@@ -1009,8 +1009,8 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 // many splits (32 at 4K for the Llama-8B shape), so the loads are issued kCombineChunk splits at a
 // time, none depending on another: a chunk costs one L2 round trip (a table of one chunk, the
 // short contexts, one round trip in all: its maxes come with its accumulators). (Loading a split's
-// accumulator only after testing its max made each split a dependent round trip, ~0.23 us: 4K
-// batch 1 took 19.2 us instead of 14.1, ext/NOTES.md.) Indices past the end are clamped to the
+// accumulator only after testing its max would make each split a dependent L2 round trip;
+// docs/KERNELS.md, section 5.) Indices past the end are clamped to the
 // last split; an empty split's unwritten accumulator is read but never used (a select, not a
 // product).
 constexpr int kCombineChunk = 16;

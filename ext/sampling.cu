@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
 // The cluster kernel (sm_90+): one row per thread-block cluster.
 //
 // Which kernel runs where: on sm_90 and newer, with a slice of the row that fits a block's shared
-// memory (vocabularies up to ~380k tokens on an H100/H200), this one; on sm_80-89, a build
+// memory (vocabularies up to ~350k tokens on an H100/H200), this one; on sm_80-89, a build
 // without sm_90 code, a larger vocabulary, or TRELLIS_SAMPLING_SINGLE_BLOCK=1 (tests, A/B), the
 // single-block kernel above. Both take the same decision, bit for bit.
 //

@@ -5,7 +5,7 @@ Builds a random-weight model of a shape (as ``bench --synthetic`` does), runs on
 default (every kernel is launched on its own), or replayed from CUDA graphs with ``--graphs`` (the
 kernels and paths the app's decode really runs: e.g. paged decode attention), and prints the
 kernels (on a CPU: the operators) that took the most time, with counts and time per call.
-This is how ext/NOTES.md's step breakdowns were made.
+docs/KERNELS.md's step breakdowns (section 11) come from it.
 
 On a GPU it also prints each kernel's share of the critical path (:func:`critical_path`). Chained
 launches (ext/chained_launch.cuh) start a kernel before its predecessor ends, so kernel times

@@ -271,7 +271,7 @@ def markdown(rows: list[Row], meta: dict) -> str:
 
 
 def seed_mean(rows: list[Row], base: Row, name: str) -> Row:
-    """One conversion's figures move with its luck (seeds; ext/NOTES.md, tenth session): the mean
+    """One conversion's figures move with its luck (seeds; docs/PERFORMANCE.md): the mean
     of ``rows`` (the same row at several seeds), with their range in the note."""
     n = len(rows)
     ppl = sum(r.ppl for r in rows) / n

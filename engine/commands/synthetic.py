@@ -1,7 +1,7 @@
 """``synthetic SHAPE -o DIR``: write a random-weight EXL3 model of a published shape to disk.
 
 The model ``bench --synthetic`` builds in memory, as a directory in the converter's layout, so that
-other engines (ExLlamaV3: ``ext/peer_exllamav3.py decode DIR``) and ``bench -m DIR`` can be timed on
+other engines (ExLlamaV3: ``tools/peer_exllamav3.py decode DIR``) and ``bench -m DIR`` can be timed on
 the same bytes. No calibration: the trellis codes are uniformly random (speed does not depend on
 them).
 """

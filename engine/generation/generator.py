@@ -55,7 +55,7 @@ from engine.model import LoadedModel
 
 PIPELINE_DISABLE_ENV = "TRELLIS_NO_PIPELINE"
 # A pipelined step's tokens go to the host on a side stream (see _InFlight.start; +1.2% decode
-# tok/s on the 1B shape, ext/NOTES.md eighteenth session). TRELLIS_TOKEN_COPY_STREAM=0 keeps the
+# tok/s on the 1B shape, docs/KERNELS.md section 8). TRELLIS_TOKEN_COPY_STREAM=0 keeps the
 # copy on the compute stream (A/B runs).
 TOKEN_COPY_STREAM = os.environ.get("TRELLIS_TOKEN_COPY_STREAM", "1") not in ("", "0")
 # A sampled step's inputs (settings, penalty lists, uniforms) go to the GPU on a side stream too

@@ -5,7 +5,7 @@ copies of itself. Inside a decode step a launch runs between other kernels: chai
 kernel's tail overlaps its weight prefetch), with the L2 holding what the last kernel wrote, and
 next to the attention and norm kernels' blocks. The count that is fastest alone need not be the
 fastest there: for a Llama-3.2-1B shape the whole model's decode rate moved between 935 and 1030
-tokens/s with the choice among counts that timed alike alone (ext/NOTES.md, eighth session).
+tokens/s with the choice among counts that timed alike alone (docs/KERNELS.md, section 3.6).
 
 So, once per set of launch shapes (a model's decode step at one batch size), this module revises
 the choices against the objective that matters: it times the captured step with each shape's few

@@ -6,7 +6,7 @@ but its :class:`SyntheticWeightStore` answers each request with a random tensor 
 reading a file. Speed does not depend on the values, only on shapes and dtypes, so no
 calibration and no download are needed, and an 8B model at 4 bits builds in seconds on a GPU.
 
-What the store holds, per EXL3_FORMAT.md section 3:
+What the store holds, per docs/EXL3_FORMAT.md section 3 (tensors):
 
 - every decoder linear: ``trellis`` int16 ``(in/16, out/16, 16*K)`` with uniformly random
   codes, ``suh``/``svh`` fp16 random signs (``suh`` also carries ``1/sqrt(in)`` so activations

@@ -5,7 +5,7 @@ The two calls a weight loader needs (one per linear)::
     if is_exl3_linear(keys, prefix):
         layer = load_exl3_linear(get_tensor, prefix, in_features, out_features, mode="dense", keys=keys)
 
-Format reference: ``EXL3_FORMAT.md`` (section numbers in docstrings refer to it).
+Format reference: ``docs/EXL3_FORMAT.md`` (section numbers in docstrings refer to it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """EXL3 codebooks: the map from a 16-bit trellis state to an fp16 weight value.
 
-Three codebooks exist (EXL3_FORMAT.md section 6.2): 3INST (no flag tensor), MCG (flag ``mcg``)
+Three codebooks exist (docs/EXL3_FORMAT.md section 6.2): 3INST (no flag tensor), MCG (flag ``mcg``)
 and MUL1 (flag ``mul1``). Each is an exact integer/fp16 function of the state, so the whole
 codebook is a 65 536-entry fp16 table; decoding a state is one gather. Tables are computed once
 per process (vectorised, on the CPU) and cached per device.

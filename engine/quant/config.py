@@ -1,4 +1,4 @@
-"""``quantization_config`` of an EXL3 model directory (EXL3_FORMAT.md section 2).
+"""``quantization_config`` of an EXL3 model directory (docs/EXL3_FORMAT.md section 2).
 
 The decoder never needs this object (a linear is EXL3 iff its tensors say so, section 1); we
 read it to reject what we cannot load with a clear message, to report bits/codebook to the

@@ -1,4 +1,4 @@
-"""Convert an HF model directory to EXL3, block by block (issue 3; EXL3_FORMAT.md sections 1-3, 9).
+"""Convert an HF model directory to EXL3, block by block (issue 3; docs/EXL3_FORMAT.md sections 1-3, 9).
 
 Pipeline: calibration token rows (shipped text + random-token rows) are embedded once. Bits per
 linear: with ``allocation="sensitivity"`` (the default) a pre-pass over a subset of those rows
@@ -544,7 +544,7 @@ def calibration_matmuls(device: torch.device, tf32: bool) -> Iterator[None]:
     10-bit mantissas accumulated in fp32. On by default (``convert --no-tf32`` for fp32): a
     Llama-3.2-1B shape converts in ~3.0 instead of ~4.6 min on an H200, as fast as ExLlamaV3 1.6.5
     there (3.04 min), and SmolLM2-135M at 4.0 bpw scored the same over 3 seeds (mean KL 0.0946
-    against 0.0947 in fp32; ext/NOTES.md, eleventh session). No effect on CPU."""
+    against 0.0947 in fp32; docs/PERFORMANCE.md). No effect on CPU."""
     if device.type != "cuda" or not tf32:
         yield
         return

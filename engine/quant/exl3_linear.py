@@ -6,7 +6,7 @@ Two modes, same function (``y = x @ W.T + bias`` with ``W`` in HF orientation ``
   CPU, but costs ``in*out`` floats of memory).
 - ``"streaming"``: keep only the packed trellis (K bits/weight) and the scales; every call
   rotates the input, decodes ``Q`` in blocks of input rows and accumulates, then rotates the
-  output. This is EXL3_FORMAT.md section 4's order of operations, and bounds the temporary
+  output. This is docs/EXL3_FORMAT.md section 4's order of operations, and bounds the temporary
   memory to one row block.
 
 Padding (section 3.3): stored tensors may be larger than the layer (``in``/``out`` rounded up

@@ -17,7 +17,7 @@ state there) over random calibration rows. Multipliers rather than the scales th
 learning rate right for scales of any size. A few held-out rows judge the result: where tuning did
 not lower their error, the scales are left as they were.
 
-Measured on SmolLM2-135M (ext/NOTES.md, tenth session): the held-out block error falls by 4-8%,
+Measured on SmolLM2-135M (docs/PERFORMANCE.md): the held-out block error falls by 4-8%,
 but the model's KL moved by -3% at 4.0 bpw and +0.5% at 3.0, inside one conversion's luck, so the
 converter leaves it off unless asked (``convert --tune-steps N``).
 """

@@ -1,4 +1,4 @@
-"""The 128-point blockwise Hadamard transform of EXL3 (EXL3_FORMAT.md section 7).
+"""The 128-point blockwise Hadamard transform of EXL3 (docs/EXL3_FORMAT.md section 7, the rotation).
 
 ``H128[i, j] = (-1)**popcount(i & j) / sqrt(128)`` (Sylvester order), symmetric and its own
 inverse. A dimension of size n (a multiple of 128) is transformed in n/128 independent blocks.

@@ -1,6 +1,6 @@
 """Quantize one linear layer to EXL3: incoherence processing, LDLQ, trellis encoding, packing.
 
-Follows EXL3_FORMAT.md section 9 (the reference converter's recipe), in the format's
+Follows docs/EXL3_FORMAT.md section 9 (the reference converter's recipe), in the format's
 orientation: ``W`` is ``(in, out)`` (the HF weight transposed) and the stored tensors satisfy
 ``W ~= diag(suh) . H_in . Q . H_out . diag(svh)`` (section 4).
 

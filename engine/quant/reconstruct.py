@@ -1,6 +1,6 @@
 """From stored EXL3 tensors to weights: tile decode + layout -> Q, then Q + scales -> W.
 
-Orientation follows the format (EXL3_FORMAT.md section 4): ``Q`` and ``W`` are ``(in, out)``
+Orientation follows the format (docs/EXL3_FORMAT.md section 4): ``Q`` and ``W`` are ``(in, out)``
 and a layer computes ``y = x @ W``; the HF weight is ``W.T``.
 """
 

@@ -1,7 +1,7 @@
 """The packed trellis of one EXL3 tile: 16-bit states from words, and back.
 
 A tile is ``16*K`` int16 words (``trellis[a, b, :]``) holding a circular bitstream of ``256*K``
-bits (EXL3_FORMAT.md section 5):
+bits (docs/EXL3_FORMAT.md section 5, the trellis bitstream):
 
 - stream chunk ``c`` (bits ``16c .. 16c+15``, MSB first) is word ``w[c ^ 1]`` (pair swap);
 - value ``i`` owns stream bits ``[i*K, i*K+K)``; its 16-bit *state* is the window of 16 bits

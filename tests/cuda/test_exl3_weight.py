@@ -121,7 +121,7 @@ def test_group_falls_back_per_layer_above_the_size_cap(monkeypatch) -> None:
 
 def test_weight_rejects_bad_input() -> None:
     # Checked in Python (a failed check inside the extension once crashed the process on the GPU
-    # machine instead of raising; not reproduced since, ext/NOTES.md).
+    # machine instead of raising; not reproduced since, docs/KERNELS.md).
     a, b = _layer(128, 128, 4, "mul1", 9), _layer(256, 128, 4, "mul1", 10)
     with pytest.raises(ValueError, match="in features"):
         ops.exl3_weight([a, b], torch.float16)

@@ -254,7 +254,7 @@ def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits
 # The split combine issues the loads of 16 splits at once: split counts around that chunk (and
 # one above the table width: capped), with lengths that leave most splits empty (their
 # accumulators are never written) next to full ones. (Against the serial combine it replaced,
-# the outputs were bit-equal: ext/NOTES.md, seventh session.)
+# the outputs were bit-equal: docs/KERNELS.md, section 5.)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (8, 8), (2, 2), (4, 6), (3, 3)])

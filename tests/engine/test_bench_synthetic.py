@@ -62,7 +62,7 @@ def tiny_json(tmp_path) -> Path:
 
 
 def test_store_writes_exl3_tensors_of_the_format(tmp_path):
-    """Shapes/dtypes as a converter writes them (EXL3_FORMAT.md 3.1): padded trellis, fp16 scales."""
+    """Shapes/dtypes as a converter writes them (docs/EXL3_FORMAT.md 3.1): padded trellis, fp16 scales."""
     store = SyntheticWeightStore(synthetic_config(TINY, "tiny", 3, 6, "mul1"), 3, head_bits=6)
     key = "model.layers.0.mlp.gate_proj"
     trellis = store.get(f"{key}.trellis")

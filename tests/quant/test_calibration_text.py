@@ -116,7 +116,7 @@ def test_cal_text_reaches_the_converter_options() -> None:
 
 def test_the_default_text_is_cal_text_on_a_folder_of_the_same_files(tmp_path) -> None:
     # The thirteenth session measured the current default through --cal-text on a folder of these
-    # files (ext/NOTES.md); those figures are the default's only while both read the same text.
+    # files (docs/PERFORMANCE.md); those figures are the default's only while both read the same text.
     import shutil
 
     from engine.quant.convert import calibration_text

@@ -1,4 +1,4 @@
-"""Codebooks (EXL3_FORMAT.md section 6.2) against the spec's worked examples and the fixture tables."""
+"""Codebooks (docs/EXL3_FORMAT.md section 6.2) against the spec's worked examples and the fixture tables."""
 
 from __future__ import annotations
 

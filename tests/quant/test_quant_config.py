@@ -1,4 +1,4 @@
-"""quantization_config parsing and tensor_storage cross-checks (EXL3_FORMAT.md section 2)."""
+"""quantization_config parsing and tensor_storage cross-checks (docs/EXL3_FORMAT.md section 2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tile layout, tile decode, Hadamard and scales (EXL3_FORMAT.md sections 4, 6, 7) vs fixtures."""
+"""Tile layout, tile decode, Hadamard and scales (docs/EXL3_FORMAT.md sections 4, 6, 7) vs fixtures."""
 
 from __future__ import annotations
 

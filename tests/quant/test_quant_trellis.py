@@ -1,4 +1,4 @@
-"""Trellis state extraction and packing (EXL3_FORMAT.md section 5) against the fixtures."""
+"""Trellis state extraction and packing (docs/EXL3_FORMAT.md section 5) against the fixtures."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 # $OUT. Needs .devshare/fixtures/exl3 carried (a copy of shared/fixtures/exl3: reference + the
 # three models). If .devshare/prebuilt holds a module built here for the same sources
 # (python -m engine build-ext --arch 9.0 --export .devshare/prebuilt), the tests use it.
-# Usage: bash ext/device_check.sh [pytest -k expression] [bench args...]
+# Usage: bash tools/device_check.sh [pytest -k expression] [bench args...]
 set -u
 OUT=${OUT:-/tmp/trellis_out}
 mkdir -p "$OUT"
@@ -27,14 +27,14 @@ timeout 200 python3 -m engine.commands.bench_kernels --json "$OUT/bench.json" "$
 # Memory checker on a few launches of each codebook (exact and fast): no out-of-bounds access.
 if command -v compute-sanitizer >/dev/null; then
   for cb in mcg mul1; do
-    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 ext/profile_gemv.py 1024 384 3 5 $cb 2>&1 | tail -2
-    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 ext/profile_gemv.py 2048 256 7 8 $cb exact 2>&1 | tail -2
+    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 tools/profile_gemv.py 1024 384 3 5 $cb 2>&1 | tail -2
+    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 tools/profile_gemv.py 2048 256 7 8 $cb exact 2>&1 | tail -2
   done | tee "$OUT/memcheck.log"
 fi
 # Hardware counters for one launch: where the warps stall.
 if command -v ncu >/dev/null; then
   timeout 90 ncu --clock-control none --kernel-name regex:exl3_gemv --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section SchedulerStats \
-    --section MemoryWorkloadAnalysis python3 ext/profile_gemv.py 4096 14336 4 1 mcg > "$OUT/ncu.txt" 2>&1
+    --section MemoryWorkloadAnalysis python3 tools/profile_gemv.py 4096 14336 4 1 mcg > "$OUT/ncu.txt" 2>&1
   grep -E "Duration|Throughput|Stall|Warp Cycles|Issued|Achieved Occupancy|Eligible|Registers|Block Limit" "$OUT/ncu.txt" | head -40
 fi

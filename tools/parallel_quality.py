@@ -3,14 +3,14 @@
 Device minutes are scarce and a device call lasts at most 10 minutes, so A/B measurements of the
 converter run as one batch of jobs: one job per (variant, seed or bits), each with its own work
 folder, JSON and log under ``--out``. Side by side they gain little: seven SmolLM2 conversions at
-once took about as long as one after another (ext/NOTES.md, thirteenth session), so size a batch
-by the sum of its jobs' serial times. What the batch does give: a job that runs out of time keeps
-its finished blocks in its work folder, and the same batch run again (same jobs in the same order,
-same ``--work``) resumes every job where it stopped. A conversion is deterministic per seed
-whatever runs beside it (measured: a job repeated from a serial run gave the same figures to the
-last digit).
+once took about as long as one after another (the converter keeps the GPU busy, so a second
+process only time-slices with it), so size a batch by the sum of its jobs' serial times. What the
+batch does give: a job that runs out of time keeps its finished blocks in its work folder, and the
+same batch run again (same jobs in the same order, same ``--work``) resumes every job where it
+stopped. A conversion is deterministic per seed whatever runs beside it (measured: a job repeated
+from a serial run gave the same figures to the last digit).
 
-  python ext/parallel_quality.py --model DIR --text eval.txt --out OUT [--parallel 7] \\
+  python tools/parallel_quality.py --model DIR --text eval.txt --out OUT [--parallel 7] \\
       "base|--bpw 4 --seeds 0" "mine|--bpw 4 --seeds 0 --cal-text /data/cal" ...
 
 Each job is ``variant|quality arguments``; ``--ctx 512 --device cuda --dtype float32`` and (without

@@ -1,4 +1,4 @@
-"""ext/parallel_quality.py: quality jobs side by side, summarised per variant (a fake `engine`
+"""tools/parallel_quality.py: quality jobs side by side, summarised per variant (a fake `engine`
 package stands in for the real quality command, which converts for minutes on a GPU)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[2] / "ext" / "parallel_quality.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "parallel_quality.py"
 
 FAKE_QUALITY = textwrap.dedent(
     """

@@ -1,6 +1,6 @@
 """Launch one EXL3 GEMV configuration a few times (for ncu / compute-sanitizer on the device).
 
-Usage: python ext/profile_gemv.py IN OUT K M [codebook] [exact]
+Usage: python tools/profile_gemv.py IN OUT K M [codebook] [exact]
 """
 
 from __future__ import annotations

@@ -4,24 +4,24 @@ ExLlamaV3 is on PyPI as a pure-Python wheel carrying its CUDA sources, built on 
 build takes ~20 min on 2 cores, so build it ahead of time where compile time is free and carry the
 module (23 MB, 15 MB gzipped for sm_90) to the GPU machine, as with our own extension:
 
-  build   python ext/peer_exllamav3.py build SRC_DIR OUT_DIR
+  build   python tools/peer_exllamav3.py build SRC_DIR OUT_DIR
           SRC_DIR: an unpacked wheel (the folder holding ``exllamav3/``); run it with the GPU
           machine's torch (there: torch 2.11 + CUDA 13) and TORCH_CUDA_ARCH_LIST=9.0. Headers that
           torch includes but the CUDA toolkit here lacks (cuBLAS, cuSPARSE, cuSOLVER) are taken
           from the torch venv's ``nvidia/cu13/include`` (``--extra-include``), searched after the
           toolkit's own.
-  decode  python ext/peer_exllamav3.py decode MODEL_DIR [--json OUT]
+  decode  python tools/peer_exllamav3.py decode MODEL_DIR [--json OUT]
           with ``exllamav3_ext.so`` and the unpacked package (and its runtime dependencies) on
           PYTHONPATH: batch-1 greedy decode speed (new tokens / its own generate time) after an
           8-token prompt and after a 4,096-token one, three runs each, and that prompt's prefill
           speed, from the job results of its ``Generator``.
-  load    python ext/peer_exllamav3.py load MODEL_DIR [--device cpu]
+  load    python tools/peer_exllamav3.py load MODEL_DIR [--device cpu]
           whether ExLlamaV3 reads a directory (ours: ``engine convert`` or ``engine synthetic``):
           its config, every tensor into its modules (on the CPU too: no kernel runs), and how many
           linears it took as EXL3.
 
 Compare with ``python -m engine bench -m MODEL_DIR --device cuda --no-peer --decode-tokens 256
---prompt 4096 --context 4096`` on the same directory (ext/NOTES.md, eleventh session).
+--prompt 4096 --context 4096`` on the same directory (docs/PERFORMANCE.md has both sides).
 """
 
 from __future__ import annotations
