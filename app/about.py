@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 from app import gpu_check
+from engine.units import format_bytes
 
 APP_TITLE = "Trellis Chat"
 ICON_NAME = "trellis-chat"
@@ -94,7 +95,8 @@ def runtime_versions(report: gpu_check.GpuReport | None) -> list[tuple[str, str]
         cuda = f"{f.torch_cuda} (not available)"
     if f.devices:
         gpus = "; ".join(
-            f"{d.name}, {d.memory_bytes / 2**30:.0f} GiB, compute {d.capability[0]}.{d.capability[1]}"
+            f"{d.name}, {format_bytes(d.memory_bytes, decimals=0)}, "
+            f"compute {d.capability[0]}.{d.capability[1]}"
             for d in f.devices
         )
     elif f.nvidia_gpus:

@@ -17,6 +17,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.main_window import MainWindow
+from engine.api import ModelInfo
 
 
 class AskRun(QObject):
@@ -64,17 +65,14 @@ class AskRun(QObject):
         if engine.model_info is not None and self._is_starter(engine.model_info):
             self._on_loaded(engine.model_info)  # restored at startup before the starter was checked
 
-    def _is_starter(self, info: dict) -> bool:
-        return (
-            bool(self._starter_path)
-            and Path(info.get("path", "")).resolve() == Path(self._starter_path).resolve()
-        )
+    def _is_starter(self, info: ModelInfo) -> bool:
+        return bool(self._starter_path) and Path(info.path).resolve() == Path(self._starter_path).resolve()
 
-    def _on_loaded(self, info: dict) -> None:
+    def _on_loaded(self, info: ModelInfo) -> None:
         if not self._is_starter(info):
-            self._log(f"ignoring the load of {info.get('name')}: waiting for the starter model")
+            self._log(f"ignoring the load of {info.name}: waiting for the starter model")
             return
-        self._log(f"loaded {info.get('name')} on {info.get('device')}")
+        self._log(f"loaded {info.name} on {info.device}")
         self._ask_in_new_conversation(time.monotonic() + self.store_wait_s)
 
     def _ask_in_new_conversation(self, deadline: float) -> None:

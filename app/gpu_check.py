@@ -31,6 +31,8 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.units import format_bytes
+
 
 @dataclass(frozen=True)
 class GpuDevice:
@@ -79,10 +81,6 @@ class GpuReport:
         if self.advice:
             lines.append(f"What to do: {self.advice}")
         return "\n".join(lines)
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.0f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
 def _major(version: str | None) -> int | None:
@@ -141,7 +139,7 @@ def diagnose(facts: GpuFacts) -> GpuReport:
                 f,
             )
         others = f" (and {len(f.devices) - 1} more)" if len(f.devices) > 1 else ""
-        found = f"GPU found: {gpu.name}{others}, {_gib(gpu.memory_bytes)}{driver}."
+        found = f"GPU found: {gpu.name}{others}, {format_bytes(gpu.memory_bytes, decimals=0)}{driver}."
         if f.preference == "cpu":
             return GpuReport(
                 False,

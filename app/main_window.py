@@ -49,6 +49,7 @@ from app.store import Store
 from app.store.export import from_json, to_json, to_markdown
 from app.theme import apply_theme, render_theme
 from app.worker import EngineClient
+from engine.api import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -344,10 +345,10 @@ class MainWindow(QMainWindow):
         self.chat.stop()
         self.engine.unload()
 
-    def _on_loaded(self, info: dict) -> None:
+    def _on_loaded(self, info: ModelInfo) -> None:
         self.model_bar.set_loaded(info)
-        self.settings.set("library.last_model", info.get("path", ""))
-        self.statusBar().showMessage(f"Loaded {info.get('name')}", 5000)
+        self.settings.set("library.last_model", info.path)
+        self.statusBar().showMessage(f"Loaded {info.name}", 5000)
 
     def _on_load_failed(self, message: str) -> None:
         self.model_bar.set_unloaded("Load failed")

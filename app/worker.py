@@ -2,22 +2,22 @@
 
 ``EngineWorker`` is a QObject moved to a ``QThread``; its slots run there, so loading a model or
 generating never blocks the GUI. It is the only place in ``app/`` that touches the engine
-runtime, and it imports it lazily inside its slots (``engine.session``, ``engine.starter``), so
-the GUI starts fast, runs without torch until a model is loaded, and tests can inject a scripted
-fake through ``session_factory``/``starter_factory``.
+runtime, through ``engine.api.SessionProtocol``; it imports the runtime lazily inside its slots
+(``engine.session``, ``engine.starter``), so the GUI starts fast, runs without torch until a model
+is loaded, and tests can inject a scripted fake through ``session_factory``/``starter_factory``.
+Prompt policy (images, chat template, fitting to the context) is the session's, not the worker's.
 
 ``EngineClient`` is the GUI-side handle: it owns the thread, turns method calls into queued
-signal emissions, and re-exposes the worker's signals. Everything it emits arrives on the GUI
-thread, which is the only thread allowed to touch Qt item models.
+signal emissions, and re-emits the worker's signals (``EngineSignals``, declared once for both).
+Everything it emits arrives on the GUI thread, which is the only thread allowed to touch Qt item
+models, and the client's own state (what is loaded, which replies run) is kept there too.
 
-Images: a message dict may carry ``"images"``, the encoded bytes of its attached images in order
-(bytes are immutable, so they cross the thread boundary safely; the store stays on the GUI
-thread). The worker turns such messages into the engine's content parts (``{"type": "image"}``
-parts first, then the text) for a model that sees images, and leaves the images out, saying how
-many, for one that does not; a *new* message with images for such a model is refused instead.
+Messages are ``engine.api.ChatMessage`` dicts; their ``"images"`` are bytes, which are immutable,
+so they cross the thread boundary safely (the store stays on the GUI thread). Requests, model
+info and stats are frozen dataclasses, safe to share for the same reason.
 
 Cancellation is not a queued call (it would wait behind the generation it wants to stop): the GUI
-thread adds the request id to a set the generation loop checks on every chunk, and the engine's
+thread adds the request id to a set the generation loop checks on every chunk, and the session's
 ``should_stop`` callback reads the same set.
 """
 
@@ -29,43 +29,43 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, is_dataclass
+from contextlib import closing
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from engine.api import ChatMessage, GenerationRequest, ModelInfo, ReplyStats, SessionProtocol, StreamChunk
 from engine.errors import EngineError
 
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[float, str], None]
-# (model_dir, device, progress, cache_bits=(key bits, value bits)) -> a ChatSession-like object
-SessionFactory = Callable[..., Any]
-StarterFactory = Callable[[Path, ProgressFn], Path]
-# JSON schema text -> the engine's Constraint (raises ConstraintError for a schema it refuses)
-ConstraintFactory = Callable[[str], Any]
 CacheBits = tuple[int, int]
+StarterFactory = Callable[[Path, ProgressFn], Path]
+
+
+class SessionFactory(Protocol):
+    def __call__(
+        self, model_dir: str, device: str, progress: ProgressFn, cache_bits: CacheBits = (16, 16)
+    ) -> SessionProtocol: ...
 
 
 def _default_session_factory(
     model_dir: str, device: str, progress: ProgressFn, cache_bits: CacheBits = (16, 16)
-) -> Any:
+) -> SessionProtocol:
+    from engine.options import EngineOptions
     from engine.session import ChatSession  # lazy: pulls in torch
 
-    return ChatSession.load(model_dir, device=device, progress=progress, cache_bits=cache_bits)
+    # The app has no engine settings of its own; the development switches still apply.
+    options = EngineOptions.from_environment()
+    return ChatSession.load(model_dir, device=device, progress=progress, cache_bits=cache_bits, options=options)
 
 
 def _default_starter_factory(models_dir: Path, progress: ProgressFn) -> Path:
     from engine.starter import ensure_starter_model  # lazy: pulls in the GGUF importer
 
     return ensure_starter_model(models_dir, progress=progress)
-
-
-def _default_constraint_factory(schema_text: str) -> Any:
-    from engine.generation.constraints import json_schema  # lazy: pulls in torch and formatron
-
-    return json_schema(schema_text)
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -94,114 +94,32 @@ def describe_error(exc: BaseException, doing: str) -> str:
     return f"Could not finish {doing}: unexpected {type(exc).__name__}: {exc}"
 
 
-def _sampling_settings(values: dict[str, Any]) -> Any:
-    """Build the engine's SamplingSettings from a plain dict, ignoring keys it does not know."""
-    from dataclasses import fields
-
-    from engine.generation.sampling import SamplingSettings
-
-    known = {f.name for f in fields(SamplingSettings)}
-    settings = SamplingSettings(**{k: v for k, v in values.items() if k in known})
-    settings.validate()  # a bad value is named before any model work
-    return settings
-
-
-def fit_to_context(
-    session: Any,
-    messages: list[dict],
-    max_new_tokens: int,
-    count: Callable[[list[dict]], int] | None = None,
-) -> tuple[list[dict], int, int]:
-    """Make a conversation fit the model's context: leave out the oldest turns (never the system
-    prompt or the newest message) until prompt + reply fit, then cap the reply at what is left.
-    ``count`` gives a prompt's length in tokens (default: the session's ``count_tokens``).
-
-    Returns (messages, max_new_tokens, number of messages left out). If even the system prompt and
-    the last message do not fit, they are passed on unchanged and the engine's
-    ContextOverflowError explains it.
-    """
-    limit = int(getattr(session, "context_length", 0) or 0)
-    if count is None:
-        if not hasattr(session, "count_tokens"):
-            return messages, max_new_tokens, 0
-        count = session.count_tokens
-    if limit <= 0:
-        return messages, max_new_tokens, 0
-    kept = list(messages)
-    dropped = 0
-    # Reserve room for a reply, but never more than half the context (a huge max_new_tokens
-    # should shorten the reply, not erase the conversation).
-    reserve = min(max_new_tokens, limit // 2)
-    prompt = count(kept)
-    while prompt + reserve > limit:
-        oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
-        if oldest is None:
-            break
-        del kept[oldest]
-        dropped += 1
-        prompt = count(kept)
-    if prompt < limit:
-        max_new_tokens = min(max_new_tokens, limit - prompt)
-    return kept, max_new_tokens, dropped
-
-
-def with_image_parts(messages: list[dict]) -> tuple[list[dict], list[bytes]]:
-    """The engine's form of a chat with images: a message with images gets content parts (one
-    ``{"type": "image"}`` per image, then the text, the order the engine's prompt builder and the
-    chat templates expect), and the images come back as one list in prompt order."""
-    out: list[dict] = []
-    images: list[bytes] = []
-    for message in messages:
-        attached = list(message.get("images") or ())
-        if attached:
-            parts: list[dict] = [{"type": "image"} for _ in attached]
-            parts.append({"type": "text", "text": message["content"]})
-            out.append({"role": message["role"], "content": parts})
-            images.extend(attached)
-        else:
-            out.append({"role": message["role"], "content": message["content"]})
-    return out, images
-
-
-def without_images(messages: list[dict]) -> tuple[list[dict], int]:
-    """Plain text messages, and how many images were left out."""
-    left_out = sum(len(m.get("images") or ()) for m in messages)
-    return [{"role": m["role"], "content": m["content"]} for m in messages], left_out
-
-
-def has_images(messages: list[dict]) -> bool:
-    return any(m.get("images") for m in messages)
-
-
-class EngineWorker(QObject):
-    """Runs in the engine thread. Construct on the GUI thread, then ``moveToThread``."""
+class EngineSignals(QObject):
+    """What the engine thread reports; the worker emits these and the client re-emits them."""
 
     loadProgress = Signal(float, str)
-    # dict: name, path, context_length, memory_bytes, device, sees_images, cache_bits
-    loaded = Signal(object)
+    loaded = Signal(object)  # ModelInfo
     loadFailed = Signal(str)
     unloaded = Signal()
     chunk = Signal(int, str)  # request id, new text
-    generationFinished = Signal(int, object)  # request id, stats dict (stop_reason "error" on failure)
+    generationFinished = Signal(int, object)  # request id, ReplyStats (stop_reason "error" on failure)
     tokensCounted = Signal(int, int)  # request id, count
     starterProgress = Signal(float, str)
     starterReady = Signal(str)
     starterFailed = Signal(str)
     error = Signal(str)  # every failure, as a human message
 
+
+class EngineWorker(EngineSignals):
+    """Runs in the engine thread. Construct on the GUI thread, then ``moveToThread``."""
+
     def __init__(
-        self,
-        session_factory: SessionFactory | None = None,
-        starter_factory: StarterFactory | None = None,
-        sampling_factory: Callable[[dict[str, Any]], Any] | None = None,
-        constraint_factory: ConstraintFactory | None = None,
+        self, session_factory: SessionFactory | None = None, starter_factory: StarterFactory | None = None
     ) -> None:
         super().__init__()
         self._session_factory = session_factory or _default_session_factory
         self._starter_factory = starter_factory or _default_starter_factory
-        self._sampling_factory = sampling_factory or _sampling_settings
-        self._constraint_factory = constraint_factory or _default_constraint_factory
-        self._session: Any = None
+        self._session: SessionProtocol | None = None
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
 
@@ -225,17 +143,8 @@ class EngineWorker(QObject):
         bits = (int(cache_bits[0]), int(cache_bits[1]))
         try:
             self.loadProgress.emit(0.0, "Loading model")
-            session = self._session_factory(model_dir, device, self.loadProgress.emit, cache_bits=bits)
-            self._session = session
-            info = {
-                "name": getattr(session, "model_name", Path(model_dir).name),
-                "path": model_dir,
-                "context_length": int(getattr(session, "context_length", 0) or 0),
-                "memory_bytes": int(session.memory_bytes()) if hasattr(session, "memory_bytes") else 0,
-                "device": str(getattr(session, "device", device)),
-                "sees_images": bool(getattr(session, "sees_images", False)),
-                "cache_bits": bits,
-            }
+            self._session = self._session_factory(model_dir, device, self.loadProgress.emit, cache_bits=bits)
+            info = ModelInfo.of(self._session, model_dir, bits)
         except Exception as exc:
             log.warning("load failed: %s", traceback.format_exc())
             self._session = None
@@ -264,148 +173,49 @@ class EngineWorker(QObject):
         gc.collect()
 
     @Slot(int, object)
-    def count_tokens(self, request_id: int, messages: list[dict]) -> None:
-        session = self._session
-        if session is None:
+    def count_tokens(self, request_id: int, messages: list[ChatMessage]) -> None:
+        if self._session is None:
             return
         try:
-            if has_images(messages) and getattr(session, "sees_images", False):
-                # Images expand to hundreds of tokens each; only the engine knows how many. The
-                # vision tower's own cache keeps this from encoding the same picture twice.
-                ids, _media = session.encode_chat_with_images(*with_image_parts(messages))
-                count = len(ids)
-            else:
-                count = int(session.count_tokens(without_images(messages)[0]))
-            self.tokensCounted.emit(request_id, count)
+            self.tokensCounted.emit(request_id, self._session.count_tokens(messages))
         except Exception as exc:
             log.info("count_tokens failed: %s", exc)  # the meter just keeps its old value
 
-    @Slot(int, object, object, int, object, str)
-    def generate(
-        self,
-        request_id: int,
-        messages: list[dict],
-        sampling: dict[str, Any],
-        max_new_tokens: int,
-        stop_strings: Sequence[str],
-        json_schema: str = "",
-    ) -> None:
-        """``json_schema`` (text; "" = none): the reply must be one JSON document valid under it."""
-        stats: dict[str, Any] = {
-            "stop_reason": None,
-            "prompt_tokens": 0,
-            "new_tokens": 0,
-            "tokens_per_second": 0.0,
-        }
+    @Slot(int, object, object)
+    def generate(self, request_id: int, messages: list[ChatMessage], request: GenerationRequest) -> None:
         started = time.perf_counter()
+        last: StreamChunk | None = None
+        stop_reason, error = "", ""
         try:
             if self._session is None:
                 raise EngineError("no model is loaded; load one from the model bar or the library")
-            if self._is_cancelled(request_id):
-                stats["stop_reason"] = "cancelled"
-            else:
-                settings = self._sampling_factory(dict(sampling))
-                # Built before any model work, so an invalid schema fails at once (ConstraintError,
-                # an EngineError: describe_error turns it into a readable message).
-                constraint = self._constraint_factory(json_schema) if json_schema.strip() else None
-                stream = self._start_stream(
-                    request_id, messages, settings, max_new_tokens, tuple(stop_strings), stats, constraint
-                )
-                for chunk in stream:
-                    if chunk.text:
-                        self.chunk.emit(request_id, chunk.text)
-                    stats.update(
-                        prompt_tokens=chunk.prompt_tokens,
-                        new_tokens=chunk.new_tokens,
-                        tokens_per_second=float(chunk.tokens_per_second),
-                    )
-                    if chunk.done:
-                        stats["stop_reason"] = chunk.stop_reason
-                        # A constrained reply that cannot be finished validly says why; its text so
-                        # far is kept (stop reason "constraint_error"), the message goes with it.
-                        if getattr(chunk, "error", None):
-                            stats["error"] = f"The reply does not fit the JSON schema: {chunk.error}"
-                            self.error.emit(stats["error"])
-                        break
-                    if self._is_cancelled(request_id):
-                        # The engine should have stopped through should_stop; do not rely on it.
-                        stats["stop_reason"] = "cancelled"
-                        close = getattr(stream, "close", None)
-                        if close is not None:
-                            close()
-                        break
-                if stats["stop_reason"] is None:
-                    stats["stop_reason"] = "cancelled" if self._is_cancelled(request_id) else "eos"
+            if not self._is_cancelled(request_id):
+                stream = self._session.stream(messages, request, lambda: self._is_cancelled(request_id))
+                with closing(stream):
+                    for last in stream:
+                        if last.text:
+                            self.chunk.emit(request_id, last.text)
+                        if last.done:
+                            stop_reason = last.stop_reason or "eos"
+                            # A constrained reply that cannot be finished validly keeps its text so
+                            # far (stop reason "constraint_error"); the reason goes with it.
+                            if last.error:
+                                error = f"The reply does not fit the JSON schema: {last.error}"
+                                self.error.emit(error)
+                            break
+                        if self._is_cancelled(request_id):
+                            break  # the session should have stopped through should_stop
+            if not stop_reason:
+                stop_reason = "cancelled" if self._is_cancelled(request_id) else "eos"
         except Exception as exc:
             log.warning("generation failed: %s", traceback.format_exc())
-            message = describe_error(exc, "the reply")
-            stats.update(stop_reason="error", error=message)
-            self.error.emit(message)
+            stop_reason, error = "error", describe_error(exc, "the reply")
+            self.error.emit(error)
         finally:
             with self._lock:
                 self._cancelled.discard(request_id)
-        stats["seconds"] = time.perf_counter() - started
+        stats = ReplyStats.of(stop_reason, last, time.perf_counter() - started, error)
         self.generationFinished.emit(request_id, stats)
-
-    def _start_stream(
-        self,
-        request_id: int,
-        messages: list[dict],
-        settings: Any,
-        max_new_tokens: int,
-        stop_strings: tuple[str, ...],
-        stats: dict[str, Any],
-        constraint: Any = None,
-    ) -> Any:
-        """Fit the conversation to the context and start the engine's stream: text only through
-        ``stream_chat``; with images through ``encode_chat_with_images`` and ``stream_ids``."""
-        session = self._session
-        should_stop = lambda: self._is_cancelled(request_id)  # noqa: E731
-        # Passed only when set, so sessions without constrained output keep working unchanged.
-        extra: dict[str, Any] = {"constraint": constraint} if constraint is not None else {}
-        if not getattr(session, "sees_images", False) and has_images(messages):
-            if messages[-1].get("images"):
-                # The GUI refuses this before sending; a model swapped in meanwhile lands here.
-                raise EngineError(
-                    f"{getattr(session, 'model_name', 'this model')} cannot see images; load a "
-                    "vision model or send the message without its images"
-                )
-            messages, left_out = without_images(messages)
-            stats["images_left_out"] = left_out
-        if not has_images(messages):
-            messages, max_new_tokens, dropped = fit_to_context(
-                session, without_images(messages)[0], max_new_tokens
-            )
-            if dropped:
-                stats["trimmed_messages"] = dropped
-            return session.stream_chat(
-                messages,
-                settings,
-                max_new_tokens=max_new_tokens,
-                stop_strings=stop_strings,
-                should_stop=should_stop,
-                **extra,
-            )
-        # Counting a prompt with images means encoding it (the images' token counts depend on
-        # their sizes), so remember the last encoding: the one that fits is the one we send.
-        encoded: dict[tuple[int, ...], tuple[list[int], Any]] = {}
-
-        def encode(msgs: list[dict]) -> tuple[list[int], Any]:
-            key = tuple(map(id, msgs))
-            if key not in encoded:
-                encoded.clear()
-                encoded[key] = session.encode_chat_with_images(*with_image_parts(msgs))
-            return encoded[key]
-
-        messages, max_new_tokens, dropped = fit_to_context(
-            session, messages, max_new_tokens, count=lambda msgs: len(encode(msgs)[0])
-        )
-        if dropped:
-            stats["trimmed_messages"] = dropped
-        ids, media = encode(messages)
-        return session.stream_ids(
-            ids, settings, max_new_tokens, stop_strings, should_stop=should_stop, media=media, **extra
-        )
 
     @Slot(str)
     def install_starter(self, models_dir: str) -> None:
@@ -428,58 +238,42 @@ def _folder_key(path: str | Path) -> str:
     return str(Path(path).resolve())
 
 
-def _to_dict(value: Any) -> dict[str, Any]:
-    if isinstance(value, dict):
-        return dict(value)
-    if is_dataclass(value):
-        return asdict(value)
-    return dict(vars(value))
+# Signals that change what the client knows; it updates its state before re-emitting them.
+_STATEFUL = ("loaded", "loadFailed", "unloaded", "generationFinished")
+_RELAYED = [
+    name for name, value in vars(EngineSignals).items() if isinstance(value, Signal) and name not in _STATEFUL
+]
 
 
-class EngineClient(QObject):
+class EngineClient(EngineSignals):
     """GUI-thread facade over an ``EngineWorker`` in its own ``QThread``."""
 
     # Requests: queued across the thread boundary because the worker lives in the other thread.
     _requestLoad = Signal(str, str, object)
     _requestUnload = Signal()
-    _requestGenerate = Signal(int, object, object, int, object, str)
+    _requestGenerate = Signal(int, object, object)
     _requestCount = Signal(int, object)
     _requestStarter = Signal(str)
     _requestShutdown = Signal()
-
-    # Re-exposed worker signals (delivered on the GUI thread).
-    loadProgress = Signal(float, str)
-    loaded = Signal(object)
-    loadFailed = Signal(str)
-    unloaded = Signal()
-    chunk = Signal(int, str)
-    generationFinished = Signal(int, object)
-    tokensCounted = Signal(int, int)
-    starterProgress = Signal(float, str)
-    starterReady = Signal(str)
-    starterFailed = Signal(str)
-    error = Signal(str)
 
     def __init__(
         self,
         session_factory: SessionFactory | None = None,
         starter_factory: StarterFactory | None = None,
-        sampling_factory: Callable[[dict[str, Any]], Any] | None = None,
         parent: QObject | None = None,
-        constraint_factory: ConstraintFactory | None = None,
     ) -> None:
         super().__init__(parent)
         self._thread = QThread()
         self._thread.setObjectName("engine")
-        self.worker = EngineWorker(session_factory, starter_factory, sampling_factory, constraint_factory)
+        self.worker = EngineWorker(session_factory, starter_factory)
         self.worker.moveToThread(self._thread)
         self._next_id = 0
-        self.model_info: dict[str, Any] | None = None
+        self.model_info: ModelInfo | None = None
         self.loading = False
         # What the last load asked for (folder, device, cache bits) while it is in flight or
         # loaded: asking again for the same is a no-op rather than a reload that would cancel
         # the replies sent to it meanwhile.
-        self._load_request: tuple[str, str, tuple[int, int]] | None = None
+        self._load_request: tuple[str, str, CacheBits] | None = None
         self.active_requests: set[int] = set()
 
         self._requestLoad.connect(self.worker.load)
@@ -488,15 +282,8 @@ class EngineClient(QObject):
         self._requestCount.connect(self.worker.count_tokens)
         self._requestStarter.connect(self.worker.install_starter)
         self._requestShutdown.connect(self.worker.shutdown)
-        for name in (
-            "loadProgress",
-            "chunk",
-            "tokensCounted",
-            "starterProgress",
-            "starterReady",
-            "starterFailed",
-            "error",
-        ):
+        # The client lives in the GUI thread, so these connections are queued: each arrives there.
+        for name in _RELAYED:
             getattr(self.worker, name).connect(getattr(self, name))
         self.worker.loaded.connect(self._on_loaded)
         self.worker.loadFailed.connect(self._on_load_failed)
@@ -506,7 +293,7 @@ class EngineClient(QObject):
 
     # -- state kept on the GUI thread --------------------------------------------------------------
 
-    def _on_loaded(self, info: dict) -> None:
+    def _on_loaded(self, info: ModelInfo) -> None:
         self.loading = False
         self.model_info = info
         self.loaded.emit(info)
@@ -522,7 +309,7 @@ class EngineClient(QObject):
         self.model_info = None
         self.unloaded.emit()
 
-    def _on_generation_finished(self, request_id: int, stats: dict) -> None:
+    def _on_generation_finished(self, request_id: int, stats: ReplyStats) -> None:
         self.active_requests.discard(request_id)
         self.generationFinished.emit(request_id, stats)
 
@@ -550,33 +337,18 @@ class EngineClient(QObject):
             self.worker.cancel(request_id)
         self._requestUnload.emit()
 
-    def generate(
-        self,
-        messages: list[dict],
-        sampling: Any,
-        max_new_tokens: int = 512,
-        stop_strings: Sequence[str] = (),
-        json_schema: str = "",
-    ) -> int:
-        """Queue a generation; returns its request id (chunks and the finish carry it).
-        ``json_schema``: JSON schema text the reply must follow ("" = free text)."""
+    def generate(self, messages: Sequence[ChatMessage], request: GenerationRequest) -> int:
+        """Queue a reply to ``messages``; returns its request id (chunks and the finish carry it)."""
         self._next_id += 1
         request_id = self._next_id
         self.active_requests.add(request_id)
-        self._requestGenerate.emit(
-            request_id,
-            list(messages),
-            _to_dict(sampling),
-            int(max_new_tokens),
-            list(stop_strings),
-            json_schema,
-        )
+        self._requestGenerate.emit(request_id, list(messages), request)
         return request_id
 
     def cancel(self, request_id: int) -> None:
         self.worker.cancel(request_id)
 
-    def count_tokens(self, messages: list[dict]) -> int:
+    def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
         self._next_id += 1
         self._requestCount.emit(self._next_id, list(messages))
         return self._next_id

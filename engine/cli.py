@@ -1,7 +1,10 @@
 """``python -m engine``: the engine's command line.
 
-Each subcommand lives in its own module under ``engine/commands/`` and exposes
-``register(subparsers)``, which adds its parser and sets ``func`` to the function that runs it.
+Each subcommand lives in its own module and exposes ``register(subparsers)``, which adds its
+parser and sets ``func`` to the function that runs it. The user-facing commands are under
+``engine/commands/`` (:data:`COMMAND_MODULES`); the measurement tools (benchmarks, profilers,
+acceptance runs) are under ``engine/bench/`` and listed by name in ``engine.bench.VERBS``: their
+modules import torch and more at import time, so each is imported only when its verb runs.
 
 Errors a user can act on end in one line on stderr, ``error: ...``, never a traceback:
 
@@ -14,6 +17,10 @@ Errors a user can act on end in one line on stderr, ``error: ...``, never a trac
 
 Anything else is a bug and keeps its traceback; ``--traceback`` (before or after the subcommand)
 shows it for the errors above too.
+
+Every command gets ``args.options``: the :class:`~engine.options.EngineOptions` of the run, from
+the development switches of the environment (:meth:`EngineOptions.from_environment`); commands
+put their own flags on top and pass them on.
 """
 
 from __future__ import annotations
@@ -25,27 +32,20 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from engine.errors import EngineError, InputNotFoundError, UsageError
+from engine.options import EngineOptions
 
-# Modules under engine.commands, one per subcommand family. Order is the order in --help.
+# Modules under engine.commands, one per subcommand family. Order is the order in --help, before
+# the measurement tools of engine.bench.
 COMMAND_MODULES = [
     "generate",
     "logits",
     "ppl",
-    "bench",
-    "synthetic",
     "cache_capacity",
     "import_gguf",
     "download",
     "search",
-    "constrain_eval",
-    "build_ext",
-    "bench_kernels",
-    "bench_attention",
-    "bench_sampler",
-    "bench_device_sampler",
-    "profile_step",
     "convert",
-    "quality",
+    "build_ext",
 ]
 
 TRACEBACK_HELP = "on an error, show the Python traceback as well (for bug reports)"
@@ -64,20 +64,56 @@ class ArgumentParser(argparse.ArgumentParser):
         raise CommandLineError(f"{message} (see {self.prog} --help)")
 
 
+def add_subcommand_traceback_flag(sub: argparse.ArgumentParser) -> None:
+    """``--traceback`` on one subcommand (people add it at the end). Its default is SUPPRESS: the
+    subcommand's namespace must not overwrite a flag given before it."""
+    sub.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
+
+
 def add_traceback_flag(parser: argparse.ArgumentParser, subparsers: argparse._SubParsersAction) -> None:
-    """``--traceback`` on ``parser`` and on each of its subcommands (people add it at the end). A
-    subcommand's default is SUPPRESS: its namespace must not overwrite a flag given before it."""
+    """``--traceback`` on ``parser`` and on each of its subcommands."""
     parser.add_argument("--traceback", action="store_true", help=TRACEBACK_HELP)
     for sub in subparsers.choices.values():
-        sub.add_argument("--traceback", action="store_true", default=argparse.SUPPRESS, help=TRACEBACK_HELP)
+        add_subcommand_traceback_flag(sub)
+
+
+class LazySubcommands(argparse._SubParsersAction):
+    """Subparsers some of which are only a name and a help line until chosen: then their module is
+    imported and its ``register`` adds the real parser in the placeholder's stead. ``--help`` and
+    every other subcommand never import those modules."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy: dict[str, str] = {}
+
+    def add_lazy(self, name: str, module: str, help: str) -> None:
+        self.add_parser(name, help=help, add_help=False)
+        self._lazy[name] = module
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        module = self._lazy.pop(values[0], None) if values else None
+        if module is not None:
+            self._load(values[0], module)
+        super().__call__(parser, namespace, values, option_string)
+
+    def _load(self, name: str, module: str) -> None:
+        # Drop the placeholder (parser and help entry): add_parser refuses a name twice.
+        del self._name_parser_map[name]
+        self._choices_actions = [a for a in self._choices_actions if a.dest != name]
+        importlib.import_module(module).register(self)
+        add_subcommand_traceback_flag(self._name_parser_map[name])
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from engine.bench import VERBS  # a table of names: imports nothing of the tools themselves
+
     parser = ArgumentParser(prog="python -m engine", description="Trellis inference engine")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, action=LazySubcommands)
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"engine.commands.{name}")
         module.register(sub)
+    for verb in VERBS:
+        sub.add_lazy(verb.name, verb.module, verb.help)
     add_traceback_flag(parser, sub)
     return parser
 
@@ -103,6 +139,7 @@ def run_command(parser: argparse.ArgumentParser, argv: Sequence[str] | None = No
     try:
         args = parser.parse_args(argv)
         show_traceback = bool(getattr(args, "traceback", False))
+        args.options = EngineOptions.from_environment()
         return int(args.func(args) or 0)
     except (EngineError, OSError) as exc:
         if show_traceback:

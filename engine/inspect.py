@@ -383,23 +383,3 @@ def inspect_model(path: str | os.PathLike[str]) -> ModelInfo:
 def looks_like_model_dir(path: Path) -> bool:
     """Cheap test used when scanning folders: does ``path`` hold a model (or a broken one)?"""
     return (path / "config.json").is_file() or any(path.glob("*.safetensors")) or any(path.glob("*.gguf"))
-
-
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KB'; used by the GUI and the CLI alike."""
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if value < 1024 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TB"
-
-
-def format_params(n: int | None) -> str:
-    """135_000_000 -> '135M'."""
-    if not n:
-        return "?"
-    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.3g}{suffix}"
-    return str(n)

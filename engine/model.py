@@ -9,11 +9,12 @@ from typing import Any
 
 import torch
 
-from engine.architectures import DecoderSpec, architecture_for
+from engine.architectures import ModelSpec, architecture_for
 from engine.config import ModelConfig
 from engine.loading.builder import ModelBuilder
 from engine.loading.safetensors_store import WeightStore
 from engine.modules.decoder import CausalLM
+from engine.options import EngineOptions
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -33,7 +34,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    spec: DecoderSpec
+    spec: ModelSpec
     module: CausalLM
     device: torch.device
     dtype: torch.dtype
@@ -54,17 +55,20 @@ def load_model(
     context: int | None = None,
     progress: Callable[[float, str], None] | None = None,
     exl3_mode: str | None = None,
+    options: EngineOptions | None = None,
 ) -> LoadedModel:
     """Load a Hugging Face model directory onto ``device``.
 
     ``context`` is the longest sequence the caller will run (it only matters for RoPE schemes
-    that depend on it); it defaults to the model's own maximum.
+    that depend on it); it defaults to the model's own maximum. ``options``: the process's
+    kernels follow them from now on (:meth:`EngineOptions.configure_kernels`; None leaves them as
+    they are).
     """
     config = ModelConfig.from_dir(directory)
     store = WeightStore(config.directory)
     if progress:
         progress(0.0, f"loading {config.architecture} from {config.directory.name}")
-    return build_model(config, store, device, dtype, context, progress, exl3_mode)
+    return build_model(config, store, device, dtype, context, progress, exl3_mode, options)
 
 
 def build_model(
@@ -75,9 +79,13 @@ def build_model(
     context: int | None = None,
     progress: Callable[[float, str], None] | None = None,
     exl3_mode: str | None = None,
+    options: EngineOptions | None = None,
 ) -> LoadedModel:
     """Build a model from its config and a weight store (a :class:`WeightStore`, or anything that
-    answers ``has``/``get`` the same way, e.g. ``engine.loading.synthetic_store``)."""
+    answers ``has``/``get`` the same way, e.g. ``engine.loading.synthetic_store``). ``options``: as
+    for :func:`load_model`."""
+    if options is not None:
+        options.configure_kernels()  # before the builder asks whether the kernels are there
     arch = architecture_for(config.architecture)
     spec = arch.spec(config)
     dev = device if isinstance(device, torch.device) else resolve_device(device)

@@ -1,8 +1,13 @@
-"""The Hugging Face architectures the engine runs, as plain names.
+"""The Hugging Face architectures the engine runs, as plain names: the one list every torch-free
+caller reads (the Hub browser and ``search --supported``, the model library's inspector, the GUI
+thread).
 
-Kept apart from ``engine.architectures`` (which builds torch modules) so that code that must stay
-torch-free - the Hub browser, the model library's inspector, the GUI thread - can filter by it.
-``tests/engine/test_supported.py`` checks it against the architecture registry.
+The architecture registry (``engine.architectures.REGISTRY``) is what really decides: it maps each
+name to the class that reads that family's config. It cannot be read from here at import time,
+because importing it builds the module library and so imports torch (seconds, and never on the
+GUI thread). So the names are written out once below, and :func:`registry_architectures` - the one
+place that reads the registry - lets ``tests/engine/test_supported.py`` fail the moment the two
+differ.
 """
 
 from __future__ import annotations
@@ -35,3 +40,11 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
 def is_supported(architectures: Iterable[str] | None) -> bool:
     """True when any of a config's ``architectures`` is one the engine runs."""
     return any(a in SUPPORTED_ARCHITECTURES for a in (architectures or ()))
+
+
+def registry_architectures() -> frozenset[str]:
+    """The names the architecture registry maps to a family class. Imports torch: for the check
+    against :data:`SUPPORTED_ARCHITECTURES` and for callers that load models anyway."""
+    from engine.architectures import REGISTRY  # deferred: the registry pulls in torch
+
+    return frozenset(REGISTRY)

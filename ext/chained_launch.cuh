@@ -21,8 +21,8 @@
 // A kernel launched the usual way (torch's) still waits for the full completion of the one before,
 // and one launched with PDL after it starts when it has completed (it never releases early).
 //
-// The switch is process-wide and off by default: engine/ops.py turns it on around a loaded model's
-// decode step (`ops.chained_launches()`), whose weights no kernel writes. Without it, or before
+// The switch is process-wide and off by default: engine/kernels/loader.py turns it on around a
+// loaded model's decode step (`chained_launches()`), whose weights no kernel writes. Without it, or before
 // sm_90, `launch_chained` is a plain launch and the two device calls do nothing.
 #pragma once
 

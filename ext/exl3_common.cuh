@@ -1,4 +1,4 @@
-// EXL3 tile decoding shared by the GEMV and reconstruct kernels.
+// EXL3 tile decoding shared by the GEMV and whole-weight kernels.
 //
 // Format facts used here (docs/EXL3_FORMAT.md sections 5 and 6: the bitstream, the tile layout):
 //  - a tile is 16*K int16 words; read as little-endian uint32 words d[0..8K) the bitstream is

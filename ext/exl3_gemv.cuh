@@ -1,4 +1,6 @@
-// EXL3 GEMV for 1..8 rows: y = (had(had(x * suh) @ Q) * svh), Q decoded from the trellis on the fly.
+// The workspace split-K EXL3 GEMV for 1..8 rows: y = (had(had(x * suh) @ Q) * svh), Q decoded from
+// the trellis on the fly. It is the portable GEMV (any sm_80+ GPU); where the GPU has thread-block
+// clusters (sm_90+) the cluster split-K GEMV (exl3_gemv_cluster.cuh) runs instead.
 //
 // One launch does the whole layer:
 //  1. each block rotates its own slice of the input (x * suh, 128-point Hadamard, -> fp16) into
@@ -13,8 +15,6 @@
 // Why one launch: at batch 1 a 4096x4096 layer at 4 bpw is 8 MB, 2 us at the H200's copy
 // bandwidth; separate Hadamard kernels would cost as much as the matrix.
 #pragma once
-
-#include <cstdlib>
 
 #include "exl3_common.cuh"
 #include "trellis_ext.h"
@@ -50,17 +50,17 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 
-// FAST = false: every weight is the bit-exact fp16 value of section 6.2, as in the reconstruct
-// kernel. FAST = true skips the final fp16 rounding of each weight (fewer instructions per weight):
+// The decode skips the final fp16 rounding of each weight (section 6.2's bit-exact value would
+// cost a PRMT/HADD2 or HFMA2 per weight pair):
 //  - 3INST/MCG: the two fp16 halves of x go to the MMA as they are (each register holds (lo, hi)
-//    of ONE weight, the activation is duplicated in B), so the tile takes two MMAs and no
-//    PRMT/HADD2; the product is (lo + hi) * u exactly instead of RN(lo + hi) * u;
+//    of ONE weight, the activation is duplicated in B), so the tile takes two MMAs; the product
+//    is (lo + hi) * u exactly instead of RN(lo + hi) * u;
 //  - MUL1: the MMA multiplies h = 1024 + b (exact in fp16) and the block applies the affine
 //    map afterwards: sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u).
 // Either way the deviation from the exact product is below one fp16 rounding per weight.
 // Static shared memory of one GEMV block. It lives in the kernel, not in the block function:
-// every <K, CB, FAST> instance of a function-scope __shared__ array would get its own storage,
-// and the multi-matrix kernel inlines all eight K instances.
+// every <K, CB> instance of a function-scope __shared__ array would get its own storage, and the
+// multi-matrix kernel inlines all eight K instances.
 struct GemvSmem {
   uint2 u_s[kGemvMaxChunks * 8][kGemvMaxRows][4];  // [tile row][batch][quad] -> 4 halves
   float red_s[kGemvMaxRows][128];
@@ -68,16 +68,8 @@ struct GemvSmem {
   int last_s;
 };
 
-// ILP (TRELLIS_GEMV_ILP=1, experiment, fast 3INST/MCG only): the two MMAs of a tile go to two
-// accumulators, so they do not wait on each other; costs 32 registers, so 2 blocks per SM.
-template <int CB, bool FAST, bool ILP>
-struct GemvVariant {
-  static constexpr bool kSplitAcc = ILP && FAST && CB != CB_MUL1;
-  static constexpr int kMinBlocks = kSplitAcc ? 2 : 3;
-};
-
 // The work of one block: output column group g (8 tiles, 128 features), input split s.
-template <int K, int CB, bool FAST, bool ILP = false>
+template <int K, int CB>
 __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, const int s, GemvSmem& sm) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
@@ -146,7 +138,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
       uint32_t* dst = reinterpret_cast<uint32_t*>(&u_s[row][n][(k & 7) >> 1]);
       dst[k >> 3] = h2_as_u32(hv);
     }
-    if constexpr (FAST && CB == CB_MUL1) {
+    if constexpr (CB == CB_MUL1) {
       // sum of the fp16 activations the MMA sees, for the k_bias term
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xFFFFFFFFu, rsum, o);
@@ -156,13 +148,9 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
   __syncthreads();
 
   // ---- 2. decode + MMA over this block's tile rows ---------------------------------------
-  constexpr bool kSplitAcc = GemvVariant<CB, FAST, ILP>::kSplitAcc;
   float acc[8][4];
-  float acc2[kSplitAcc ? 8 : 1][4];  // odd-k MMAs of the ILP variant
 #pragma unroll
   for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-#pragma unroll
-  for (int t = 0; t < (kSplitAcc ? 8 : 1); ++t) acc2[t][0] = acc2[t][1] = acc2[t][2] = acc2[t][3] = 0.f;
 
   for (int i = 0; i < my_rows; ++i) {
     const int r = warp + 8 * i;
@@ -176,7 +164,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
       for (int w = 0; w < NR; ++w) cur[t][w] = stage[t * TW + plan.word[w]];
     issue_row(i + ST - 1);
     const uint2 b = u_s[r][lane >> 2][lane & 3];
-    if constexpr (FAST && CB != CB_MUL1) {
+    if constexpr (CB != CB_MUL1) {
       // B for the even-k MMA: (u[2t], u[2t]) and (u[2t+8], u[2t+8]); odd-k: u[2t+1], u[2t+9].
       const uint32_t be0 = __byte_perm(b.x, 0, 0x1010), be1 = __byte_perm(b.y, 0, 0x1010);
       const uint32_t bo0 = __byte_perm(b.x, 0, 0x3232), bo1 = __byte_perm(b.y, 0, 0x3232);
@@ -190,27 +178,19 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
         const uint32_t ae[4] = {x[0], x[4], x[2], x[6]};
         const uint32_t ao[4] = {x[1], x[5], x[3], x[7]};
         mma_16816(acc[t], ae, be0, be1);
-        if constexpr (kSplitAcc) mma_16816(acc2[t], ao, bo0, bo1);
-        else mma_16816(acc[t], ao, bo0, bo1);
+        mma_16816(acc[t], ao, bo0, bo1);
       }
     } else {
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
         uint32_t a[4];
-        if constexpr (FAST) decode_fragment_mul1_raw<K>(cur[t], plan.r, a);
-        else decode_fragment<K, CB>(cur[t], plan.r, a);
+        decode_fragment_mul1_raw<K>(cur[t], plan.r, a);
         mma_16816(acc[t], a, b.x, b.y);
       }
     }
     __syncwarp();  // all lanes done reading this stage before it is refilled
   }
   cp_async_wait<0>();
-  if constexpr (kSplitAcc) {
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[t][c] += acc2[t][c];
-  }
 
   // C fragment: c0 = (out 16t + lane/4, batch 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
   {
@@ -229,7 +209,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
     }
   }
   __syncthreads();
-  if constexpr (FAST && CB == CB_MUL1) {
+  if constexpr (CB == CB_MUL1) {
     const float k_inv = __half2float(__ushort_as_half(0x1EEE));
     const float k_bias = __half2float(__ushort_as_half(0xC931));
     for (int i = threadIdx.x; i < m * 128; i += kGemvThreads) {
@@ -284,11 +264,10 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
 
 // Three blocks per SM: one warp issues only every several cycles (the decode's dependency
 // chains), so occupancy, not bandwidth, sets the speed.
-template <int K, int CB, bool FAST, bool ILP = false>
-__global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMinBlocks))
-    exl3_gemv_kernel(const GemvArgs args) {
+template <int K, int CB>
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_kernel(const GemvArgs args) {
   __shared__ GemvSmem sm;
-  gemv_block<K, CB, FAST, ILP>(args, blockIdx.x, blockIdx.y, sm);
+  gemv_block<K, CB>(args, blockIdx.x, blockIdx.y, sm);
 }
 
 // Several GEMVs of one input in one launch (q/k/v, gate/up): the 1-D grid is matrix 0's blocks,
@@ -296,9 +275,8 @@ __global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMi
 // A block's K is block-uniform, so the switch costs one branch, and every block does exactly
 // what the single-matrix kernel's block (g, s) does (same sums; only the order of the 8 warps'
 // shared-memory atomics varies, run to run, in either kernel).
-template <int CB, bool FAST, bool ILP = false>
-__global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMinBlocks))
-    exl3_gemv_multi_kernel(const GemvMultiArgs args) {
+template <int CB>
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_multi_kernel(const GemvMultiArgs args) {
   __shared__ GemvSmem sm;
   const int b = blockIdx.x;
   // begin[1], begin[2] of absent matrices are INT_MAX, so i < count.
@@ -309,7 +287,7 @@ __global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMi
   const int g = local % groups, s = local / groups;
   switch (args.K[i]) {
 #define TRELLIS_MULTI_CASE(k) \
-  case k: gemv_block<k, CB, FAST, ILP>(a, g, s, sm); break;
+  case k: gemv_block<k, CB>(a, g, s, sm); break;
     TRELLIS_MULTI_CASE(1) TRELLIS_MULTI_CASE(2) TRELLIS_MULTI_CASE(3) TRELLIS_MULTI_CASE(4)
     TRELLIS_MULTI_CASE(5) TRELLIS_MULTI_CASE(6) TRELLIS_MULTI_CASE(7) TRELLIS_MULTI_CASE(8)
 #undef TRELLIS_MULTI_CASE
@@ -317,39 +295,30 @@ __global__ void __launch_bounds__(kGemvThreads, (GemvVariant<CB, FAST, ILP>::kMi
   }
 }
 
-// TRELLIS_GEMV_ILP=1 selects the ILP variant (read once per process).
-inline bool gemv_ilp() {
-  static const bool on = [] {
-    const char* e = std::getenv("TRELLIS_GEMV_ILP");
-    return e != nullptr && e[0] != '\0' && !(e[0] == '0' && e[1] == '\0');
-  }();
-  return on;
-}
-
-template <int K, int CB, bool FAST, bool ILP = false>
+template <int K, int CB>
 void gemv_allow_smem() {
   static bool done = false;  // once per instantiation (per process; one GPU model assumed)
   if (!done) {
-    cudaFuncSetAttribute(exl3_gemv_kernel<K, CB, FAST, ILP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(exl3_gemv_kernel<K, CB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          GemvPipe<K>::kSmemBytes);
     done = true;
   }
 }
 
-template <int K, int CB, bool FAST, bool ILP = false>
+template <int K, int CB>
 void launch_gemv(const GemvArgs& a, cudaStream_t stream) {
-  gemv_allow_smem<K, CB, FAST, ILP>();
+  gemv_allow_smem<K, CB>();
   dim3 grid(a.out >> 7, a.splits);
-  exl3_gemv_kernel<K, CB, FAST, ILP><<<grid, kGemvThreads, GemvPipe<K>::kSmemBytes, stream>>>(a);
+  exl3_gemv_kernel<K, CB><<<grid, kGemvThreads, GemvPipe<K>::kSmemBytes, stream>>>(a);
 }
 
-template <int K, int CB, bool FAST, bool ILP = false>
+template <int K, int CB>
 int gemv_blocks_per_sm() {
   static int cached = -1;
   if (cached < 0) {
-    gemv_allow_smem<K, CB, FAST, ILP>();
+    gemv_allow_smem<K, CB>();
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_kernel<K, CB, FAST, ILP>, kGemvThreads,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_kernel<K, CB>, kGemvThreads,
                                                   GemvPipe<K>::kSmemBytes);
     cached = n > 0 ? n : 1;
   }
@@ -378,15 +347,15 @@ inline int gemv_max_smem_bytes() {
 
 // Launch the multi-matrix GEMV over `blocks` blocks (blocks_per_sm == nullptr), or query its
 // occupancy at the largest stage ring any K uses.
-template <int CB, bool FAST, bool ILP = false>
+template <int CB>
 void gemv_multi_run(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm) {
   static bool ready = false;
   static int bps = 1;
   if (!ready) {
-    cudaFuncSetAttribute(exl3_gemv_multi_kernel<CB, FAST, ILP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaFuncSetAttribute(exl3_gemv_multi_kernel<CB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                          gemv_max_smem_bytes());
     int n = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_multi_kernel<CB, FAST, ILP>, kGemvThreads,
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, exl3_gemv_multi_kernel<CB>, kGemvThreads,
                                                   gemv_max_smem_bytes());
     bps = n > 0 ? n : 1;
     ready = true;
@@ -397,48 +366,24 @@ void gemv_multi_run(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int
   }
   int smem = 0;  // the largest ring among this launch's matrices
   for (int i = 0; i < a.count; ++i) smem = smem > gemv_smem_bytes(a.K[i]) ? smem : gemv_smem_bytes(a.K[i]);
-  exl3_gemv_multi_kernel<CB, FAST, ILP><<<blocks, kGemvThreads, smem, stream>>>(a);
+  exl3_gemv_multi_kernel<CB><<<blocks, kGemvThreads, smem, stream>>>(a);
 }
 
 // The single-matrix GEMV of codebook CB for a runtime K (launch, or query occupancy when
 // blocks_per_sm is set). Each codebook's .cu file instantiates it, so ninja compiles them in parallel.
-template <int CB, bool FAST, bool ILP = false>
-void gemv_dispatch_k(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm) {
+template <int CB>
+void gemv_dispatch(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm) {
   switch (K) {
-#define TRELLIS_CASE(k)                                                            \
-  case k:                                                                          \
-    if (blocks_per_sm) *blocks_per_sm = gemv_blocks_per_sm<k, CB, FAST, ILP>();    \
-    else launch_gemv<k, CB, FAST, ILP>(a, stream);                                 \
+#define TRELLIS_CASE(k)                                              \
+  case k:                                                            \
+    if (blocks_per_sm) *blocks_per_sm = gemv_blocks_per_sm<k, CB>(); \
+    else launch_gemv<k, CB>(a, stream);                              \
     break;
     TRELLIS_CASE(1) TRELLIS_CASE(2) TRELLIS_CASE(3) TRELLIS_CASE(4)
     TRELLIS_CASE(5) TRELLIS_CASE(6) TRELLIS_CASE(7) TRELLIS_CASE(8)
 #undef TRELLIS_CASE
     default: break;
   }
-}
-
-template <int CB>
-void gemv_dispatch(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm) {
-  if constexpr (CB != CB_MUL1) {  // the ILP variant exists for the fast 3INST/MCG path only
-    if (fast && gemv_ilp()) {  // TRELLIS_GEMV_ILP=1
-      gemv_dispatch_k<CB, true, true>(K, a, stream, blocks_per_sm);
-      return;
-    }
-  }
-  if (fast) gemv_dispatch_k<CB, true>(K, a, stream, blocks_per_sm);
-  else gemv_dispatch_k<CB, false>(K, a, stream, blocks_per_sm);
-}
-
-template <int CB>
-void gemv_multi_dispatch(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm) {
-  if constexpr (CB != CB_MUL1) {  // the ILP variant exists for the fast 3INST/MCG path only
-    if (fast && gemv_ilp()) {
-      gemv_multi_run<CB, true, true>(a, blocks, stream, blocks_per_sm);
-      return;
-    }
-  }
-  if (fast) gemv_multi_run<CB, true>(a, blocks, stream, blocks_per_sm);
-  else gemv_multi_run<CB, false>(a, blocks, stream, blocks_per_sm);
 }
 
 }  // namespace trellis

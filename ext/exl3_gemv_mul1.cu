@@ -1,15 +1,15 @@
-// Instantiations of the EXL3 GEMV for one codebook (one file per codebook so ninja builds them in parallel).
+// Instantiations of the workspace split-K EXL3 GEMV for one codebook (one file per codebook so ninja
+// builds them in parallel).
 #include "exl3_gemv.cuh"
 
 namespace trellis {
 
-void gemv_dispatch_mul1(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm) {
-  gemv_dispatch<CB_MUL1>(K, fast, a, stream, blocks_per_sm);
+void gemv_dispatch_mul1(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm) {
+  gemv_dispatch<CB_MUL1>(K, a, stream, blocks_per_sm);
 }
 
-void gemv_multi_dispatch_mul1(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream,
-                              int* blocks_per_sm) {
-  gemv_multi_dispatch<CB_MUL1>(fast, a, blocks, stream, blocks_per_sm);
+void gemv_multi_dispatch_mul1(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm) {
+  gemv_multi_run<CB_MUL1>(a, blocks, stream, blocks_per_sm);
 }
 
 }  // namespace trellis

@@ -1,30 +1,24 @@
 // The whole EXL3 weight W = diag(suh) . H_in . Q . H_out . diag(svh) (docs/EXL3_FORMAT.md
 // section 4, reconstructing a linear) in one pass, for the large-batch (prefill) path.
 //
-// Why: the other prefill path (TRELLIS_WEIGHT_PREFILL=0) rotates the activations (x * suh) H_in,
-// decodes Q, runs cuBLAS and rotates the output: two Hadamard passes over tokens x (in + out)
-// numbers per linear. For a 4K prompt that is twice the numbers of the weight itself, so turning
-// the weight into W once and running a plain GEMM in the activations' dtype moves fewer bytes, and
-// lets projections that share an input (q/k/v, gate/up) write into one buffer for one GEMM.
+// Why: rotating the activations instead ((x * suh) H_in, decode Q, cuBLAS, rotate the output)
+// takes two Hadamard passes over tokens x (in + out) numbers per linear. For a 4K prompt that is
+// twice the numbers of the weight itself, so turning the weight into W once and running a plain
+// GEMM in the activations' dtype moves fewer bytes (+8.8% prefill when it came in), and lets
+// projections that share an input (q/k/v, gate/up) write into one buffer for one GEMM.
 //
-// One block per 128 x 128 piece of W (the Hadamard block size), two versions:
-//
-// Version 2 (default): the Hadamards on the tensor cores. The Sylvester H_128 is H_8 (x) H_16
-// with the tile index as the high factor (popc((16a+b) & (16a'+b')) = popc(a&a') + popc(b&b')),
-// so for a 16 x 16 tile T the within-tile part of H T H is H_16 . T . H_16: two m16n8k16 MMAs
-// each. A lane's 8 decoded values are already the B fragment of T (k = input features), the
-// first product's accumulator is register-for-register the A fragment of the second (rounded
-// to fp16; fp32 and fp16 outputs add the rounding remainder in a second MMA, so W keeps ~fp32
-// accuracy; bf16 output does not need it). What is left is H_8 across the 8 x 8 tiles of the
-// piece: along the output features inside each warp's registers (warp w owns tile row w), then
-// along the input features after one exchange through shared memory (warp w then owns tile
-// column w). About 16 instructions per weight instead of ~40 for version 1.
-//
-// Version 1 (kept for A/B, TRELLIS_WEIGHT_KERNEL=1): 8 warps decode the piece's 64 tiles into
-// shared memory (fp32), then transform every row (H_out), then every column (H_in) with warp
-// shuffles, then scale and store. Element (r, c) of a 128-vector sits in lane (index % 32),
-// register (index / 32) in both passes, so the column pass reads shared memory without bank
-// conflicts.
+// One block per 128 x 128 piece of W (the Hadamard block size), the Hadamards on the tensor
+// cores. The Sylvester H_128 is H_8 (x) H_16 with the tile index as the high factor
+// (popc((16a+b) & (16a'+b')) = popc(a&a') + popc(b&b')), so for a 16 x 16 tile T the
+// within-tile part of H T H is H_16 . T . H_16: two m16n8k16 MMAs each. A lane's 8 decoded
+// values are already the B fragment of T (k = input features), the first product's accumulator
+// is register-for-register the A fragment of the second (rounded to fp16; fp32 and fp16 outputs
+// add the rounding remainder in a second MMA, so W keeps ~fp32 accuracy; bf16 output does not
+// need it). What is left is H_8 across the 8 x 8 tiles of the piece: along the output features
+// inside each warp's registers (warp w owns tile row w), then along the input features after one
+// exchange through shared memory (warp w then owns tile column w). About 16 instructions per
+// weight, against ~40 for the Hadamards as warp shuffles over fp32 rows in shared memory (that
+// kernel was 2.4-2.7x slower, docs/KERNELS.md section 4).
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAException.h>
@@ -39,9 +33,6 @@
 
 namespace trellis {
 namespace {
-
-constexpr int kPitch = 129;  // floats per shared row: column reads hit 32 different banks
-constexpr int kWeightSmem = 128 * kPitch * sizeof(float);
 
 // (H[i][j], H[i][j + 1]) of the unnormalised Sylvester H_16 as a half2: H[i][j] = (-1)^popc(i & j).
 __device__ __forceinline__ uint32_t h16_pair(int i, int j) {
@@ -89,7 +80,7 @@ constexpr int kExchangeBytes = 8 * 8 * 2 * 32 * sizeof(float4);  // [tile row][t
 template <typename T>
 constexpr int kStagePitch = 128 + 16 / static_cast<int>(sizeof(T));  // elements
 template <typename T>
-constexpr int kWeightSmemV2 =
+constexpr int kWeightSmem =
     kExchangeBytes > 128 * kStagePitch<T> * static_cast<int>(sizeof(T)) ? kExchangeBytes
                                                                         : 128 * kStagePitch<T> * static_cast<int>(sizeof(T));
 
@@ -101,11 +92,11 @@ constexpr int kWeightSmemV2 =
 //    o offset by 8n.
 // 3 blocks per SM (<= 80 registers, with the shared memory carveout at its maximum).
 template <int K, int CB, typename T>
-__global__ void __launch_bounds__(256, 3) weight_kernel_v2(const uint32_t* __restrict__ trellis,
+__global__ void __launch_bounds__(256, 3) weight_kernel(const uint32_t* __restrict__ trellis,
                                                         const __half* __restrict__ suh,
                                                         const __half* __restrict__ svh, T* __restrict__ w,
                                                         int out, long long ld, int col0) {
-  extern __shared__ float4 x4[];  // exchange buffer, then the staged piece (kWeightSmemV2<T> bytes)
+  extern __shared__ float4 x4[];  // exchange buffer, then the staged piece (kWeightSmem<T> bytes)
   constexpr int TW = TileGeom<K>::kWords;
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr bool kSplit = !std::is_same<T, __nv_bfloat16>::value;  // keep ~fp32 accuracy
@@ -205,111 +196,35 @@ __global__ void __launch_bounds__(256, 3) weight_kernel_v2(const uint32_t* __res
   }
 }
 
-template <int K, int CB, typename T>
-__global__ void __launch_bounds__(256) weight_kernel(const uint32_t* __restrict__ trellis,
-                                                     const __half* __restrict__ suh,
-                                                     const __half* __restrict__ svh, T* __restrict__ w,
-                                                     int out, long long ld, int col0) {
-  extern __shared__ float s[];  // [128][kPitch]
-  constexpr int TW = TileGeom<K>::kWords;
-  constexpr int NR = TileGeom<K>::kRaw;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int tiles_out = out >> 4;
-  const int tile_row = blockIdx.y * 8 + warp;  // this warp's 16 input features
-  const LanePlan<K> plan(lane);
-
-  // 1. Decode: warp w owns tile row w of the piece (8 tiles along the output features).
-#pragma unroll 2
-  for (int t = 0; t < 8; ++t) {
-    const uint32_t* p = trellis + ((size_t)tile_row * tiles_out + blockIdx.x * 8 + t) * TW;
-    uint32_t raw[NR];
-#pragma unroll
-    for (int i = 0; i < NR; ++i) raw[i] = __ldg(p + plan.word[i]);
-    uint32_t st[8];
-    lane_states<K>(raw, plan.r, st);
-#pragma unroll
-    for (int j = 0; j < 8; j += 2) {
-      const float2 v = __half22float2(u32_as_h2(decode_pair<CB>(st[j], st[j + 1])));
-      // Storage position 8*lane + j of the tile (section 6.1, Table A).
-      const int row = warp * 16 + 2 * (lane & 3) + 8 * ((j >> 1) & 1);
-      const int col = t * 16 + (lane >> 2) + 8 * (j >> 2);
-      s[row * kPitch + col] = v.x;
-      s[(row + 1) * kPitch + col] = v.y;
-    }
-  }
-  __syncthreads();
-
-  // 2. H_out along each row (warp w: rows 16w .. 16w+15).
-  for (int r = warp * 16; r < warp * 16 + 16; ++r) {
-    float v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = s[r * kPitch + lane + 32 * i];
-    warp_hadamard128(v, lane);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) s[r * kPitch + lane + 32 * i] = v[i];
-  }
-  __syncthreads();
-
-  // 3. H_in along each column (warp w: columns 16w .. 16w+15), both normalisations, the scales.
-  const int in0 = blockIdx.y * 128, out0 = blockIdx.x * 128;
-  float row_scale[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) row_scale[i] = __half2float(suh[in0 + lane + 32 * i]) * (1.0f / 128.0f);
-  for (int c = warp * 16; c < warp * 16 + 16; ++c) {
-    float v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = s[(lane + 32 * i) * kPitch + c];
-    warp_hadamard128(v, lane);
-    const float col_scale = __half2float(svh[out0 + c]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) s[(lane + 32 * i) * kPitch + c] = v[i] * row_scale[i] * col_scale;
-  }
-  __syncthreads();
-
-  // 4. Store row by row: consecutive lanes write consecutive output features.
-  for (int r = warp * 16; r < warp * 16 + 16; ++r) {
-    T* dst = w + (size_t)(in0 + r) * ld + col0 + out0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) dst[lane + 32 * i] = from_f<T>(s[r * kPitch + lane + 32 * i]);
-  }
-}
-
 template <int CB, typename T>
 void launch_weight_cb(const uint32_t* t, const __half* suh, const __half* svh, T* w, int in, int out, int K,
-                      long long ld, int col0, int version, cudaStream_t stream) {
+                      long long ld, int col0, cudaStream_t stream) {
   const dim3 grid(out / 128, in / 128);
   switch (K) {
-#define TRELLIS_LAUNCH(kernel, smem, k)                                                         \
-  cudaFuncSetAttribute(kernel<k, CB, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);       \
-  cudaFuncSetAttribute(kernel<k, CB, T>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);     \
-  kernel<k, CB, T><<<grid, 256, smem, stream>>>(t, suh, svh, w, out, ld, col0);
-#define TRELLIS_CASE(k)                                     \
-  case k:                                                   \
-    if (version == 1) {                                     \
-      TRELLIS_LAUNCH(weight_kernel, kWeightSmem, k)         \
-    } else {                                                \
-      TRELLIS_LAUNCH(weight_kernel_v2, kWeightSmemV2<T>, k) \
-    }                                                       \
+#define TRELLIS_CASE(k)                                                                                     \
+  case k:                                                                                                   \
+    cudaFuncSetAttribute(weight_kernel<k, CB, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWeightSmem<T>); \
+    cudaFuncSetAttribute(weight_kernel<k, CB, T>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);        \
+    weight_kernel<k, CB, T><<<grid, 256, kWeightSmem<T>, stream>>>(t, suh, svh, w, out, ld, col0);             \
     break;
     TRELLIS_CASE(1) TRELLIS_CASE(2) TRELLIS_CASE(3) TRELLIS_CASE(4)
     TRELLIS_CASE(5) TRELLIS_CASE(6) TRELLIS_CASE(7) TRELLIS_CASE(8)
 #undef TRELLIS_CASE
-#undef TRELLIS_LAUNCH
     default: break;
   }
 }
 
 template <typename T>
 void launch_weight(const uint32_t* t, const __half* suh, const __half* svh, T* w, int in, int out, int K,
-                   int codebook, long long ld, int col0, int v, cudaStream_t stream) {
-  if (codebook == CB_3INST) launch_weight_cb<CB_3INST, T>(t, suh, svh, w, in, out, K, ld, col0, v, stream);
-  else if (codebook == CB_MCG) launch_weight_cb<CB_MCG, T>(t, suh, svh, w, in, out, K, ld, col0, v, stream);
-  else launch_weight_cb<CB_MUL1, T>(t, suh, svh, w, in, out, K, ld, col0, v, stream);
+                   int codebook, long long ld, int col0, cudaStream_t stream) {
+  if (codebook == CB_3INST) launch_weight_cb<CB_3INST, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
+  else if (codebook == CB_MCG) launch_weight_cb<CB_MCG, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
+  else launch_weight_cb<CB_MUL1, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
 }
 
 // Writes W (in, out) of one EXL3 linear into columns [col0, col0 + out) of `w` (in, >= col0 + out).
 void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at::Tensor& svh, int64_t codebook,
-                      at::Tensor& w, int64_t col0, int64_t version) {
+                      at::Tensor& w, int64_t col0) {
   TORCH_CHECK(trellis.is_cuda() && trellis.dim() == 3 && trellis.scalar_type() == at::kShort &&
                   trellis.is_contiguous(),
               "trellis must be a contiguous int16 CUDA tensor (in/16, out/16, 16K)");
@@ -328,27 +243,26 @@ void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at
   TORCH_CHECK(w.is_cuda() && w.dim() == 2 && w.stride(1) == 1 && w.size(0) == in, "w must be (", in,
               ", n) with unit column stride");
   TORCH_CHECK(col0 >= 0 && col0 + out <= w.size(1), "columns [", col0, ", ", col0 + out, ") do not fit in w");
-  // Version 2 stores 16-byte vectors: w's start, row pitch and col0 must keep them aligned.
+  // The kernel stores 16-byte vectors: w's start, row pitch and col0 must keep them aligned.
   const int64_t vec = 16 / w.element_size();
   TORCH_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0 && w.stride(0) % vec == 0 && col0 % vec == 0,
               "w must be 16-byte aligned, with row pitch and col0 multiples of 16 bytes");
-  TORCH_CHECK(version == 1 || version == 2, "version must be 1 or 2");
   const c10::cuda::CUDAGuard guard(trellis.device());
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   const auto* t = reinterpret_cast<const uint32_t*>(trellis.data_ptr());
   const auto* su = reinterpret_cast<const __half*>(suh.data_ptr());
   const auto* sv = reinterpret_cast<const __half*>(svh.data_ptr());
   const long long ld = w.stride(0);
-  const int cb = static_cast<int>(codebook), c0 = static_cast<int>(col0), v = static_cast<int>(version);
+  const int cb = static_cast<int>(codebook), c0 = static_cast<int>(col0);
   switch (w.scalar_type()) {
     case at::kHalf:
-      launch_weight(t, su, sv, reinterpret_cast<__half*>(w.data_ptr()), in, out, K, cb, ld, c0, v, stream);
+      launch_weight(t, su, sv, reinterpret_cast<__half*>(w.data_ptr()), in, out, K, cb, ld, c0, stream);
       break;
     case at::kBFloat16:
-      launch_weight(t, su, sv, reinterpret_cast<__nv_bfloat16*>(w.data_ptr()), in, out, K, cb, ld, c0, v, stream);
+      launch_weight(t, su, sv, reinterpret_cast<__nv_bfloat16*>(w.data_ptr()), in, out, K, cb, ld, c0, stream);
       break;
     case at::kFloat:
-      launch_weight(t, su, sv, w.data_ptr<float>(), in, out, K, cb, ld, c0, v, stream);
+      launch_weight(t, su, sv, w.data_ptr<float>(), in, out, K, cb, ld, c0, stream);
       break;
     default:
       TORCH_CHECK(false, "w must be fp16, bf16 or fp32");
@@ -361,8 +275,7 @@ void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at
 void bind_exl3_weight(pybind11::module_& m) {
   m.def("exl3_weight_into", &exl3_weight_into,
         "write W = diag(suh) H Q H diag(svh) (in, out) into columns [col0, col0 + out) of w",
-        py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook"), py::arg("w"), py::arg("col0") = 0,
-        py::arg("version") = 2);
+        py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook"), py::arg("w"), py::arg("col0") = 0);
 }
 
 }  // namespace trellis

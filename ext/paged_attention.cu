@@ -1,5 +1,5 @@
 // Decode attention read straight from the paged KV cache, and the fused quantize-and-write of a
-// 2-8 bit cache (engine/cache/quantized.py describes the layout; engine/ops.py dispatches here).
+// 2-8 bit cache (engine/cache/quantized.py describes the layout; engine/kernels/attention.py dispatches here).
 //
 // Attention (flash decoding): one query per sequence. The grid is splits x (kv heads x head
 // chunks) x batch; a block takes every query head of one kv head (up to kMaxHeads, more heads
@@ -517,8 +517,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
 // ---------------------------------------------------------------------------------------------
 // Version 3: quantized caches (keys and values both 2, 4 or 8 bits) and dense fp16/bf16 caches
 // (head_dim <= 128) with q.k and p.v on the tensor cores (mma.m16n8k16, fp32 accumulate; fp16
-// operands for codes, the cache's own type for a dense cache). TRELLIS_ATTN_V2=1 selects version 2
-// (read per call, so one process can time both); other widths use version 2.
+// operands for codes, the cache's own type for a dense cache). The binding's tensor_cores=false
+// runs version 2 instead (tests and benchmarks compare the two); other widths use version 2.
 //
 // A dense cache skips the decoding below: its units go into the MMA as stored, the query is not
 // rotated, and the scores need no per-group offset or scale. For bf16 the query and P are rounded
@@ -1143,12 +1143,6 @@ SideTensors check_side(const c10::optional<at::Tensor>& dense, const c10::option
   return r;
 }
 
-// Launch, or with `occupancy` set only report how many blocks fit on one multiprocessor.
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && v[0] == '1';
-}
-
 // The tensor-core kernel for this case, or nullptr: keys and values quantized to the same width
 // of 2, 4 or 8 bits (8 only up to head_dim 128), scale rows aligned for one vector load; or both
 // dense (fp16/bf16) up to head_dim 128 (256 needs more than 255 registers: version 2).
@@ -1174,13 +1168,13 @@ void (*mma_kernel(const Params& p))(const Params) {
   }
 }
 
+// Launch, or with `occupancy` set only report how many blocks fit on one multiprocessor.
+// tensor_cores: version 3 where it applies; false: version 2 everywhere.
 template <int D, typename T>
-void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupancy) {
-  // TRELLIS_ATTN_V2=1: version 2 where version 3 (tensor cores) would run. Read
-  // per call, so one process can time them side by side.
+void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupancy, bool tensor_cores) {
   auto kernel = p.group <= 4 ? paged_decode_kernel_v2<D, T, 4>  // Llama: 4
                              : paged_decode_kernel_v2<D, T, kMaxHeads>;
-  if (!env_flag("TRELLIS_ATTN_V2")) {
+  if (tensor_cores) {
     if (auto v3 = mma_kernel<D, T>(p)) kernel = v3;
   }
   if (occupancy) {
@@ -1191,11 +1185,11 @@ void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupan
 }
 
 template <typename T>
-void launch_decode_dim(int D, const Params& p, dim3 grid, cudaStream_t stream, int* occupancy) {
+void launch_decode_dim(int D, const Params& p, dim3 grid, cudaStream_t stream, int* occupancy, bool tensor_cores) {
   switch (D) {
-    case 64: launch_decode<64, T>(p, grid, stream, occupancy); break;
-    case 128: launch_decode<128, T>(p, grid, stream, occupancy); break;
-    case 256: launch_decode<256, T>(p, grid, stream, occupancy); break;
+    case 64: launch_decode<64, T>(p, grid, stream, occupancy, tensor_cores); break;
+    case 128: launch_decode<128, T>(p, grid, stream, occupancy, tensor_cores); break;
+    case 256: launch_decode<256, T>(p, grid, stream, occupancy, tensor_cores); break;
     default: TORCH_CHECK(false, "paged_decode_attention: head_dim must be 64, 128 or 256, got ", D);
   }
 }
@@ -1216,7 +1210,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
                                   int64_t k_bits, const c10::optional<at::Tensor>& v_dense,
                                   const c10::optional<at::Tensor>& v_codes, const c10::optional<at::Tensor>& v_scales,
                                   int64_t v_bits, const at::Tensor& block_tables, const at::Tensor& lengths,
-                                  int64_t page_size, double scale, int64_t window, double softcap, int64_t splits) {
+                                  int64_t page_size, double scale, int64_t window, double softcap, int64_t splits,
+                                  bool tensor_cores) {
   TORCH_CHECK(q.is_cuda() && q.is_contiguous() && q.dim() == 3, "q must be a contiguous [batch, heads, dim] CUDA tensor");
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
@@ -1256,8 +1251,8 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   if (splits <= 0) {
     int sms = 0, per_sm = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, q.get_device()));
-    if (half) launch_decode_dim<__half>(static_cast<int>(D), p, dim3(), stream, &per_sm);
-    else launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, dim3(), stream, &per_sm);
+    if (half) launch_decode_dim<__half>(static_cast<int>(D), p, dim3(), stream, &per_sm, tensor_cores);
+    else launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, dim3(), stream, &per_sm, tensor_cores);
     splits = choose_splits(rows, p.max_pages, p.page_size, std::max(1, per_sm) * sms);
   }
   splits = std::min<int64_t>(splits, p.max_pages);
@@ -1276,13 +1271,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   const dim3 cgrid(static_cast<unsigned>(H), static_cast<unsigned>(B));
   const bool rotated = p.v.bits < 16;
   if (half) {
-    launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr);
+    launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr, tensor_cores);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     launch_chained(combine_kernel<__half>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc, p.part_m,
                    p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
                    static_cast<int>(D), rotated);
   } else {
-    launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream, nullptr);
+    launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream, nullptr, tensor_cores);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     launch_chained(combine_kernel<__nv_bfloat16>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc,
                    p.part_m, p.part_l, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads,
@@ -1345,7 +1340,7 @@ void bind_paged_attention(pybind11::module_& m) {
         py::arg("q"), py::arg("k_dense"), py::arg("k_codes"), py::arg("k_scales"), py::arg("k_bits"),
         py::arg("v_dense"), py::arg("v_codes"), py::arg("v_scales"), py::arg("v_bits"), py::arg("block_tables"),
         py::arg("lengths"), py::arg("page_size"), py::arg("scale"), py::arg("window") = 0,
-        py::arg("softcap") = 0.0, py::arg("splits") = 0);
+        py::arg("softcap") = 0.0, py::arg("splits") = 0, py::arg("tensor_cores") = true);
   m.def("quantized_cache_write", &quantized_cache_write,
         "quantize x [n, kv_heads, dim] to 2-8 bit planes and write rows `slots` of codes/scales", py::arg("x"),
         py::arg("slots"), py::arg("codes"), py::arg("scales"), py::arg("bits"));

@@ -431,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SampleArgs a) {
 //
 // Which kernel runs where: on sm_90 and newer, with a slice of the row that fits a block's shared
 // memory (vocabularies up to ~350k tokens on an H100/H200), this one; on sm_80-89, a build
-// without sm_90 code, a larger vocabulary, or TRELLIS_SAMPLING_SINGLE_BLOCK=1 (tests, A/B), the
+// without sm_90 code, a larger vocabulary, or the binding's cluster=false (tests, A/B), the
 // single-block kernel above. Both take the same decision, bit for bit.
 //
 // Why: one 1024-thread block per row uses one of the GPU's SMs and re-derived x, its key and its
@@ -880,14 +880,13 @@ size_t cluster_smem_limit() {
   });
 }
 
-// The cluster kernel where it can run (see its section), else the single-block kernel.
+// The cluster kernel where it can run (see its section) and `cluster` allows, else the
+// single-block kernel.
 template <typename T>
-void launch_sampling(const SampleArgs& a, int rows, cudaStream_t stream) {
+void launch_sampling(const SampleArgs& a, int rows, cudaStream_t stream, bool cluster) {
   const size_t smem_bytes =
       sizeof(ClusterShared) + static_cast<size_t>((a.vocab + kCluster - 1) / kCluster) * sizeof(float);
-  const char* single = std::getenv("TRELLIS_SAMPLING_SINGLE_BLOCK");
-  const bool forced = single != nullptr && single[0] != '\0' && single[0] != '0';
-  if (!forced && smem_bytes <= cluster_smem_limit<T>()) {
+  if (cluster && smem_bytes <= cluster_smem_limit<T>()) {
     const ClusterLaunch launch(kCluster, rows, kThreads, smem_bytes, stream);
     C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, cluster_sample_kernel<T>, a));
   } else {
@@ -898,8 +897,8 @@ void launch_sampling(const SampleArgs& a, int rows, cudaStream_t stream) {
 at::Tensor sample_tokens(const at::Tensor& logits, const at::Tensor& settings, const at::Tensor& u,
                          const at::Tensor& rep_ids, const at::Tensor& rep_len, const at::Tensor& gen_ids,
                          const at::Tensor& gen_counts, const at::Tensor& gen_len, at::Tensor& work, at::Tensor& out,
-                         const c10::optional<at::Tensor>& pending) {
-  // engine/ops.py checks the arguments and names the problem; these only guard the kernel.
+                         const c10::optional<at::Tensor>& pending, bool cluster) {
+  // engine/kernels/sampling.py checks the arguments and names the problem; these only guard the kernel.
   TORCH_CHECK(logits.is_cuda() && logits.dim() == 2 && logits.stride(1) == 1, "logits: 2-D CUDA, last dim contiguous");
   const int rows = static_cast<int>(logits.size(0)), vocab = static_cast<int>(logits.size(1));
   TORCH_CHECK(rows >= 1 && vocab >= 1, "logits must not be empty");
@@ -935,9 +934,9 @@ at::Tensor sample_tokens(const at::Tensor& logits, const at::Tensor& settings, c
   a.vocab = vocab;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   switch (logits.scalar_type()) {
-    case at::kFloat: launch_sampling<float>(a, rows, stream); break;
-    case at::kHalf: launch_sampling<__half>(a, rows, stream); break;
-    case at::kBFloat16: launch_sampling<__nv_bfloat16>(a, rows, stream); break;
+    case at::kFloat: launch_sampling<float>(a, rows, stream, cluster); break;
+    case at::kHalf: launch_sampling<__half>(a, rows, stream, cluster); break;
+    case at::kBFloat16: launch_sampling<__nv_bfloat16>(a, rows, stream, cluster); break;
     default: TORCH_CHECK(false, "logits must be fp32, fp16 or bf16");
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -952,7 +951,7 @@ void bind_sampling(pybind11::module_& m) {
         "one token per row: penalties, temperature, top-k, min-p, top-p, inverse-CDF draw (writes out)",
         py::arg("logits"), py::arg("settings"), py::arg("u"), py::arg("rep_ids"), py::arg("rep_len"),
         py::arg("gen_ids"), py::arg("gen_counts"), py::arg("gen_len"), py::arg("work"), py::arg("out"),
-        py::arg("pending") = py::none());
+        py::arg("pending") = py::none(), py::arg("cluster") = true);
 }
 
 }  // namespace trellis

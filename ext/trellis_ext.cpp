@@ -43,12 +43,12 @@ void check_vec(const at::Tensor& v, int64_t n, const char* name) {
               name, " must be a contiguous fp16 CUDA vector of length ", n);
 }
 
-int dispatch(int codebook, int K, bool fast, const trellis::GemvArgs& a, cudaStream_t stream, bool query) {
+int dispatch(int codebook, int K, const trellis::GemvArgs& a, cudaStream_t stream, bool query) {
   int bps = 0;
   int* q = query ? &bps : nullptr;
-  if (codebook == 0) trellis::gemv_dispatch_3inst(K, fast, a, stream, q);
-  else if (codebook == 1) trellis::gemv_dispatch_mcg(K, fast, a, stream, q);
-  else trellis::gemv_dispatch_mul1(K, fast, a, stream, q);
+  if (codebook == 0) trellis::gemv_dispatch_3inst(K, a, stream, q);
+  else if (codebook == 1) trellis::gemv_dispatch_mcg(K, a, stream, q);
+  else trellis::gemv_dispatch_mul1(K, a, stream, q);
   return bps;
 }
 
@@ -63,10 +63,10 @@ int choose_splits(int in, int out, int m, int blocks_per_sm, int sms) {
   return std::max(splits, min_splits);
 }
 
-// y = had(had(x * suh) @ Q) * svh for m <= 8 rows. Returns the number of splits used.
+// y = had(had(x * suh) @ Q) * svh for m <= 8 rows (the workspace split-K GEMV). Returns the
+// number of splits used.
 int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tensor& suh, const at::Tensor& svh,
-                  at::Tensor& y, at::Tensor& partial, at::Tensor& counters, int64_t codebook, int64_t splits,
-                  bool fast) {
+                  at::Tensor& y, at::Tensor& partial, at::Tensor& counters, int64_t codebook, int64_t splits) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int K = bits_of(trellis);
   const int in = static_cast<int>(trellis.size(0) * 16), out = static_cast<int>(trellis.size(1) * 16);
@@ -96,7 +96,7 @@ int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tens
   const int n_chunks = in / 128;
   const int min_splits = (n_chunks + kMaxChunks - 1) / kMaxChunks;
   if (splits <= 0) {
-    const int bps = dispatch(static_cast<int>(codebook), K, fast, a, stream, true);
+    const int bps = dispatch(static_cast<int>(codebook), K, a, stream, true);
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
     splits = choose_splits(in, out, m, bps, sms);
@@ -112,18 +112,17 @@ int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tens
     a.partial = partial.data_ptr<float>();
     a.counters = counters.data_ptr<int>();
   }
-  dispatch(static_cast<int>(codebook), K, fast, a, stream, false);
+  dispatch(static_cast<int>(codebook), K, a, stream, false);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return splits;
 }
 
-int multi_dispatch(int codebook, bool fast, const trellis::GemvMultiArgs& a, int blocks, cudaStream_t stream,
-                   bool query) {
+int multi_dispatch(int codebook, const trellis::GemvMultiArgs& a, int blocks, cudaStream_t stream, bool query) {
   int bps = 0;
   int* q = query ? &bps : nullptr;
-  if (codebook == 0) trellis::gemv_multi_dispatch_3inst(fast, a, blocks, stream, q);
-  else if (codebook == 1) trellis::gemv_multi_dispatch_mcg(fast, a, blocks, stream, q);
-  else trellis::gemv_multi_dispatch_mul1(fast, a, blocks, stream, q);
+  if (codebook == 0) trellis::gemv_multi_dispatch_3inst(a, blocks, stream, q);
+  else if (codebook == 1) trellis::gemv_multi_dispatch_mcg(a, blocks, stream, q);
+  else trellis::gemv_multi_dispatch_mul1(a, blocks, stream, q);
   return bps;
 }
 
@@ -152,7 +151,7 @@ int choose_multi_splits(int in, int total_groups, int m, int blocks_per_sm, int 
 int64_t exl3_gemv_multi(const at::Tensor& x, const std::vector<at::Tensor>& trellis,
                         const std::vector<at::Tensor>& suh, const std::vector<at::Tensor>& svh,
                         const std::vector<at::Tensor>& y, at::Tensor& partial, at::Tensor& counters,
-                        int64_t codebook, int64_t splits, bool fast) {
+                        int64_t codebook, int64_t splits) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int count = static_cast<int>(trellis.size());
   TORCH_CHECK(count >= 1 && count <= trellis::kGemvMaxMats, "exl3_gemv_multi takes 1..", trellis::kGemvMaxMats,
@@ -198,7 +197,7 @@ int64_t exl3_gemv_multi(const at::Tensor& x, const std::vector<at::Tensor>& trel
   const int n_chunks = in / 128;
   const int min_splits = (n_chunks + kMaxChunks - 1) / kMaxChunks;
   if (splits <= 0) {
-    const int bps = multi_dispatch(static_cast<int>(codebook), fast, a, 0, stream, true);
+    const int bps = multi_dispatch(static_cast<int>(codebook), a, 0, stream, true);
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
     splits = choose_multi_splits(in, total_groups, m, bps, sms);
@@ -232,63 +231,31 @@ int64_t exl3_gemv_multi(const at::Tensor& x, const std::vector<at::Tensor>& trel
       a.mat[i].counters = counters.data_ptr<int>() + ctr_off[i];
     }
   }
-  multi_dispatch(static_cast<int>(codebook), fast, a, blocks, stream, false);
+  multi_dispatch(static_cast<int>(codebook), a, blocks, stream, false);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return splits;
-}
-
-at::Tensor exl3_reconstruct(const at::Tensor& trellis, int64_t codebook) {
-  TORCH_CHECK(trellis.is_cuda(), "trellis must be a CUDA tensor");
-  const int K = bits_of(trellis);
-  TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
-  const int in = static_cast<int>(trellis.size(0) * 16), out = static_cast<int>(trellis.size(1) * 16);
-  const c10::cuda::CUDAGuard guard(trellis.device());
-  at::Tensor q = at::empty({in, out}, trellis.options().dtype(at::kHalf));
-  trellis::launch_reconstruct(reinterpret_cast<const uint32_t*>(trellis.data_ptr()), q.data_ptr(), in, out, K,
-                              static_cast<int>(codebook), c10::cuda::getCurrentCUDAStream().stream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return q;
-}
-
-at::Tensor hadamard128(const at::Tensor& x, const c10::optional<at::Tensor>& pre,
-                       const c10::optional<at::Tensor>& post, at::ScalarType out_dtype) {
-  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() >= 1, "x must be a contiguous CUDA tensor");
-  const int64_t n = x.size(-1);
-  TORCH_CHECK(n % 128 == 0, "last dim must be a multiple of 128, got ", n);
-  if (pre) check_vec(*pre, n, "pre");
-  if (post) check_vec(*post, n, "post");
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty(x.sizes(), x.options().dtype(out_dtype));
-  trellis::launch_hadamard(x.data_ptr(), dtype_code(x), y.data_ptr(), dtype_code(y),
-                           pre ? pre->data_ptr() : nullptr, post ? post->data_ptr() : nullptr, x.numel() / n,
-                           static_cast<int>(n), c10::cuda::getCurrentCUDAStream().stream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return y;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Trellis Chat CUDA kernels: EXL3 GEMV/reconstruct, blockwise Hadamard";
-  m.def("exl3_gemv", &exl3_gemv, "EXL3 GEMV (1..8 rows) with fused Hadamards; returns the split count",
-        py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("partial"),
-        py::arg("counters"), py::arg("codebook"), py::arg("splits") = 0, py::arg("fast") = false);
+  m.doc() = "Trellis Chat CUDA kernels: EXL3 GEMVs and whole weights, paged attention, fused ops, sampling";
+  m.def("exl3_gemv", &exl3_gemv,
+        "EXL3 GEMV (1..8 rows, workspace split-K) with fused Hadamards; returns the split count", py::arg("x"),
+        py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("partial"), py::arg("counters"),
+        py::arg("codebook"), py::arg("splits") = 0);
   m.def("exl3_gemv_multi", &exl3_gemv_multi,
         "up to 3 EXL3 GEMVs of one input (same in features and codebook) in one launch; returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("partial"),
-        py::arg("counters"), py::arg("codebook"), py::arg("splits") = 0, py::arg("fast") = false);
-  m.def("exl3_reconstruct", &exl3_reconstruct, "decode Q (in, out) fp16 from a trellis", py::arg("trellis"),
-        py::arg("codebook"));
-  m.def("hadamard128", &hadamard128, "y = had128(x * pre) * post, blockwise along the last dim", py::arg("x"),
-        py::arg("pre") = py::none(), py::arg("post") = py::none(), py::arg("out_dtype"));
+        py::arg("counters"), py::arg("codebook"), py::arg("splits") = 0);
   // Each further kernel family registers its own bindings (one file each, see trellis_ext.h).
   trellis::bind_paged_attention(m);
   trellis::bind_viterbi(m);
   trellis::bind_fused_ops(m);
-  trellis::bind_gemv_v5(m);
+  trellis::bind_gemv_cluster(m);
   trellis::bind_quantized_cache_read(m);
   trellis::bind_exl3_weight(m);
   trellis::bind_sampling(m);
   trellis::bind_argmax(m);
-  m.attr("ABI_VERSION") = 2;
+  m.attr("ABI_VERSION") = 3;
 }

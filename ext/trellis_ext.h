@@ -23,7 +23,7 @@ struct GemvArgs {
 constexpr int kGemvMaxMats = 3;
 
 // The decode step's q/k/v launch can finish what the RoPE + KV-write launch would do next
-// (exl3_gemv_v5.cuh, a branch of its int8 kernel): matrix i's outputs are rotated by rotate-half
+// (exl3_gemv_cluster.cuh, a branch of its int8 kernel): matrix i's outputs are rotated by rotate-half
 // RoPE where rope[i] (q and k), and stored into the dense KV cache row slots[n] where cache[i]
 // (k and v) instead of into y. Every other launch leaves it off (on = 0).
 struct GemvRopeEpilogue {
@@ -45,22 +45,14 @@ struct GemvMultiArgs {
   GemvRopeEpilogue epi;
 };
 
-// Launch (blocks_per_sm == nullptr) or query occupancy (*blocks_per_sm set, nothing launched).
-// fast: skip the per-weight fp16 rounding (see exl3_gemv.cuh).
-void gemv_dispatch_3inst(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
-void gemv_dispatch_mcg(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
-void gemv_dispatch_mul1(int K, bool fast, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
-void gemv_multi_dispatch_3inst(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
-void gemv_multi_dispatch_mcg(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
-void gemv_multi_dispatch_mul1(bool fast, const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
-
-// Q (in, out) fp16 from the trellis (in/16, out/16, 16K); out must be a multiple of 128.
-void launch_reconstruct(const uint32_t* trellis, void* q, int in, int out, int K, int codebook, cudaStream_t stream);
-
-// y = had128(x * pre) * post, blockwise along rows of width n (a multiple of 128).
-// pre/post may be null. Dtypes: 0 fp16, 1 bf16, 2 fp32.
-void launch_hadamard(const void* x, int x_dtype, void* y, int y_dtype, const void* pre, const void* post,
-                     long long rows, int n, cudaStream_t stream);
+// The workspace split-K GEMV (exl3_gemv.cuh): launch (blocks_per_sm == nullptr) or query occupancy
+// (*blocks_per_sm set, nothing launched).
+void gemv_dispatch_3inst(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+void gemv_dispatch_mcg(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+void gemv_dispatch_mul1(int K, const GemvArgs& a, cudaStream_t stream, int* blocks_per_sm);
+void gemv_multi_dispatch_3inst(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
+void gemv_multi_dispatch_mcg(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
+void gemv_multi_dispatch_mul1(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
 
 }  // namespace trellis
 
@@ -70,7 +62,7 @@ namespace trellis {
 void bind_paged_attention(pybind11::module_& m);  // ext/paged_attention.cu
 void bind_viterbi(pybind11::module_& m);          // ext/viterbi.cu
 void bind_fused_ops(pybind11::module_& m);        // ext/fused_ops.cu
-void bind_gemv_v5(pybind11::module_& m);          // ext/exl3_gemv_v5.cu
+void bind_gemv_cluster(pybind11::module_& m);     // ext/exl3_gemv_cluster.cu
 void bind_quantized_cache_read(pybind11::module_& m);  // ext/quantized_cache_read.cu
 void bind_exl3_weight(pybind11::module_& m);          // ext/exl3_weight.cu
 void bind_sampling(pybind11::module_& m);             // ext/sampling.cu

@@ -5,10 +5,18 @@ Importing is a few seconds (SmolLM2) to ~20 s (Gemma 3), so each is done once pe
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
 import pytest
+
+# Test-only helpers (the fake Hub server, ...) live in tests/support/, not in the engine; every test
+# module imports them by their plain name (``from fake_hub import FakeHub``).
+SUPPORT = Path(__file__).parent / "support"
+if str(SUPPORT) not in sys.path:
+    sys.path.insert(0, str(SUPPORT))
+
+from fixture_paths import exl3_fixture_dir  # noqa: E402  (found through the path entry above)
 
 
 @pytest.fixture(scope="session")
@@ -57,18 +65,6 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(skip)
 
 
-def exl3_fixture_dir() -> Path | None:
-    """``shared/fixtures/exl3`` beside the repository, else under ``$TRELLIS_SHARED``."""
-    candidates = [Path(__file__).parents[1] / ".." / "shared"]
-    if os.environ.get("TRELLIS_SHARED"):
-        candidates.insert(0, Path(os.environ["TRELLIS_SHARED"]))
-    for shared in candidates:
-        d = shared / "fixtures" / "exl3"
-        if (d / "reference" / "codebook_tables.safetensors").is_file():
-            return d.resolve()
-    return None
-
-
 @pytest.fixture(scope="session")
 def exl3_dir() -> Path:
     """The EXL3 reference fixtures (never downloaded); tests that need them skip without them."""
@@ -79,6 +75,13 @@ def exl3_dir() -> Path:
             "and under $TRELLIS_SHARED)"
         )
     return d
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_hf(exl3_dir: Path) -> Path:
+    """The fixtures' tiny Llama as a Hugging Face directory (a real byte-level BPE tokenizer and
+    chat template); skips with ``exl3_dir`` where the fixtures are absent."""
+    return exl3_dir / "tiny-llama-hf"
 
 
 @pytest.fixture(scope="session")

@@ -23,12 +23,12 @@ if [ -n "$KEXPR" ]; then
 else
   timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda tests/quant 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
-timeout 200 python3 -m engine.commands.bench_kernels --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
-# Memory checker on a few launches of each codebook (exact and fast): no out-of-bounds access.
+timeout 200 python3 -m engine.bench.kernels --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
+# Memory checker on a few launches of each codebook (the default and the workspace GEMV): no out-of-bounds access.
 if command -v compute-sanitizer >/dev/null; then
   for cb in mcg mul1; do
     timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 tools/profile_gemv.py 1024 384 3 5 $cb 2>&1 | tail -2
-    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 tools/profile_gemv.py 2048 256 7 8 $cb exact 2>&1 | tail -2
+    timeout 60 compute-sanitizer --tool memcheck --print-limit 5 python3 tools/profile_gemv.py 2048 256 7 8 $cb workspace 2>&1 | tail -2
   done | tee "$OUT/memcheck.log"
 fi
 # Hardware counters for one launch: where the warps stall.

@@ -38,12 +38,14 @@ from PySide6.QtGui import QImage, QPixmap
 from app.chat.images import THUMBNAIL_SIZE, thumbnail_pixmap
 from app.gui_thread import require_gui_thread
 from app.store import ImageBlob
+from engine.units import format_bytes
 
 # The engine refuses larger images before decoding (engine.vision.images.MAX_PIXELS); every
 # model downsizes to a few megapixels anyway.
 MAX_PIXELS = 16384 * 16384
 # Bytes: a conversation lives in one SQLite file; a 100 MB TIFF there helps nobody.
 MAX_BYTES = 64 * 1024 * 1024
+LIMIT = format_bytes(MAX_BYTES, decimals=0)  # "64 MiB", as the refusals say it
 # What the Attach dialog offers (what Pillow reads and people actually have).
 FILE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp *.tif *.tiff);;All files (*)"
 
@@ -63,7 +65,7 @@ def read_image(source: ImageSource) -> ImageBlob:
         size = path.stat().st_size
         if size > MAX_BYTES:
             raise AttachmentError(
-                f"{path.name} is too large to attach ({size // 2**20} MB; the limit is 64 MB)"
+                f"{path.name} is too large to attach ({format_bytes(size)}; the limit is {LIMIT})"
             )
         data = path.read_bytes()
     except OSError as exc:
@@ -76,7 +78,7 @@ def image_from_bytes(data: bytes, name: str = "the image") -> ImageBlob:
     if not data:
         raise AttachmentError(f"{name} is empty")
     if len(data) > MAX_BYTES:
-        raise AttachmentError(f"{name} is too large to attach (the limit is 64 MB)")
+        raise AttachmentError(f"{name} is too large to attach (the limit is {LIMIT})")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -184,6 +186,4 @@ class AttachmentListModel(QAbstractListModel):
 
 def describe(blob: ImageBlob) -> str:
     kind = blob.mime.split("/")[-1].upper()
-    size = len(blob.data)
-    amount = f"{size / 2**20:.1f} MB" if size >= 2**20 else f"{max(1, size // 1024)} KB"
-    return f"{kind} image, {blob.width}×{blob.height}, {amount}"
+    return f"{kind} image, {blob.width}×{blob.height}, {format_bytes(len(blob.data))}"

@@ -52,6 +52,7 @@ from app.store import ImageBlob, Message, Store
 from app.store.database import GUI_BUSY_TIMEOUT_MS
 from app.store.errors import StorageProblem, classify, describe
 from app.worker import EngineClient
+from engine.api import GenerationRequest, ReplyStats
 
 log = logging.getLogger(__name__)
 
@@ -165,16 +166,16 @@ class ChatController(QObject):
 
     def context_length(self) -> int:
         info = self.engine.model_info
-        return int(info.get("context_length", 0)) if info else 0
+        return info.context_length if info else 0
 
     def cannot_see_images_reason(self) -> str:
         """Why images cannot be sent to the loaded model now ("" when they can, or when no model is
         loaded: that has its own message when sending)."""
         info = self.engine.model_info
-        if not info or info.get("sees_images", False):
+        if not info or info.sees_images:
             return ""
         return (
-            f"{info.get('name', 'The loaded model')} cannot see images: it is a text-only model. "
+            f"{info.name or 'The loaded model'} cannot see images: it is a text-only model. "
             "Load a vision model (Gemma 3, Qwen2.5-VL, Qwen3-VL or Mistral 3) or remove the images."
         )
 
@@ -204,7 +205,7 @@ class ChatController(QObject):
     def delete_conversation(self, conversation_id: int) -> None:
         if self._active is not None and self._active.conversation_id == conversation_id:
             self.stop()
-            self._finish_locally("cancelled")
+            self._finish_locally(ReplyStats("cancelled"))
         self.store.delete_conversation(conversation_id)
         self.pending.forget_conversation(conversation_id)
         if conversation_id == self.conversation_id:
@@ -326,7 +327,7 @@ class ChatController(QObject):
         if self._active is not None:
             self.stop()
             self._flush()
-            self._finish_locally("cancelled")
+            self._finish_locally(ReplyStats("cancelled"))
         self._retry_timer.stop()
         if self.pending:
             self._last_chance_save()
@@ -335,7 +336,7 @@ class ChatController(QObject):
 
     def engine_messages(self, path: list[Message] | None = None) -> list[dict[str, Any]]:
         """What the engine sees: the system prompt, then the visible branch (complete text only).
-        A message with images also has ``"images"``: their bytes, in order (see app.worker)."""
+        A message with images also has ``"images"``: their bytes, in order (see engine.api)."""
         if self.conversation_id is None:
             return []
         conv = self.store.conversation(self.conversation_id)
@@ -372,16 +373,15 @@ class ChatController(QObject):
     def _start_reply(self, parent_id: int) -> None:
         conv = self.store.conversation(self.conversation_id)
         history = self._branch_to(conv.id, parent_id)
-        model_name = (self.engine.model_info or {}).get("name", "")
+        model_name = self.engine.model_info.name if self.engine.model_info else ""
         reply = self._add_message(conv.id, parent_id, "assistant", "", complete=False, model=model_name)
         item = self._item(reply)
         item.streaming = True
         self.model.append(item)
         self._refresh_sibling_counts()
         sampler, max_new_tokens = split_generation_limits(effective_sampling(conv.preset, conv.sampling))
-        request_id = self.engine.generate(
-            self.engine_messages(history), sampler, max_new_tokens, json_schema=conv.json_schema
-        )
+        request = GenerationRequest(sampler, max_new_tokens, json_schema=conv.json_schema)
+        request_id = self.engine.generate(self.engine_messages(history), request)
         self._active = _Active(request_id, conv.id, reply.id, parent_id)
         self._flush_timer.start()
         self._save_timer.start()
@@ -422,23 +422,22 @@ class ChatController(QObject):
             self._update_message(active.message_id, active.conversation_id, text, complete=False)
             active.saved_length = len(text)
 
-    def _on_finished(self, request_id: int, stats: dict) -> None:
+    def _on_finished(self, request_id: int, stats: ReplyStats) -> None:
         active = self._active
         if active is None or request_id != active.request_id:
             return
         self._flush()
-        self._finish_locally(stats.get("stop_reason") or "eos", stats)
+        self._finish_locally(stats)
 
-    def _finish_locally(self, stop_reason: str, stats: dict | None = None) -> None:
+    def _finish_locally(self, stats: ReplyStats) -> None:
         active = self._active
         if active is None:
             return
         self._active = None
         self._flush_timer.stop()
         self._save_timer.stop()
-        stats = dict(stats or {}, stop_reason=stop_reason)
         try:
-            self._commit_reply(active, stop_reason, stats)
+            self._commit_reply(active, stats)
         except sqlite3.Error as exc:  # a read for the view failed; the reply is saved or queued
             self._storage_failed(exc, "show the conversation", will_retry=False)
         finally:
@@ -446,11 +445,12 @@ class ChatController(QObject):
             self.conversationsChanged.emit()
             self.busyChanged.emit(False)
 
-    def _commit_reply(self, active: _Active, stop_reason: str, stats: dict[str, Any]) -> None:
+    def _commit_reply(self, active: _Active, stats: ReplyStats) -> None:
         text = active.text
-        error = stats.get("error", "")
+        error = stats.error
         current = active.conversation_id == self.conversation_id
-        if stop_reason == "error" and not text:
+        saved = stats.to_dict()  # the store's and the item model's form
+        if stats.stop_reason == "error" and not text:
             # Nothing was generated: drop the empty reply so the branch ends at the user message,
             # from where Regenerate can try again.
             first = not self.pending
@@ -459,19 +459,19 @@ class ChatController(QObject):
             if current:
                 self._reload()
         else:
-            self._update_message(active.message_id, active.conversation_id, text, complete=True, stats=stats)
+            self._update_message(active.message_id, active.conversation_id, text, complete=True, stats=saved)
             if current:
                 row = self.model.row_of(self.pending.resolve(active.message_id))
                 if row >= 0:
                     self.model.update(
-                        row, streaming=False, complete=True, stats=stats, error=error, content=text
+                        row, streaming=False, complete=True, stats=saved, error=error, content=text
                     )
         if error:
             self.errorOccurred.emit(error)
-        if stats.get("tokens_per_second"):
-            self.speedChanged.emit(float(stats["tokens_per_second"]))
-        if current and stats.get("prompt_tokens"):
-            self._context_used = int(stats["prompt_tokens"]) + int(stats.get("new_tokens", 0))
+        if stats.tokens_per_second:
+            self.speedChanged.emit(stats.tokens_per_second)
+        if current and stats.prompt_tokens:
+            self._context_used = stats.prompt_tokens + stats.new_tokens
             self.contextChanged.emit(self._context_used, self.context_length())
 
     # -- saving ------------------------------------------------------------------------------------

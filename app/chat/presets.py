@@ -9,19 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-# Defaults of engine.generation.sampling.SamplingSettings, restated so the GUI can show them
-# without importing the engine runtime.
-SAMPLING_DEFAULTS: dict[str, Any] = {
-    "temperature": 0.8,
-    "top_k": 0,
-    "top_p": 1.0,
-    "min_p": 0.0,
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "seed": None,
-    "max_new_tokens": 1024,
-}
+from engine.generation.sampling_settings import SETTINGS
+
+# The engine's settings (defaults, ranges, labels) are read from its one description of them
+# (torch-free, so the GUI starts without the engine runtime). max_new_tokens is the app's own: a
+# generation limit, not a sampler setting, with a longer default than the engine's Job.
+MAX_NEW_TOKENS_DEFAULT = 1024
+
+SAMPLING_DEFAULTS: dict[str, Any] = {s.name: s.default for s in SETTINGS}
+SAMPLING_DEFAULTS["max_new_tokens"] = MAX_NEW_TOKENS_DEFAULT
 
 PRESETS: dict[str, dict[str, Any]] = {
     "precise": {"temperature": 0.2, "top_p": 0.9, "min_p": 0.05, "repetition_penalty": 1.05},
@@ -37,17 +33,13 @@ PRESET_LABELS = {
     "greedy": "Deterministic",
 }
 
-# What the settings editor shows: key -> (label, minimum, maximum, step). None bounds = no spin box.
+# What the settings editor shows: key -> (label, minimum, maximum, step); whole-number settings
+# have int bounds (a spin box), the others float ones. Settings without an editor range (the seed)
+# are not shown.
 FIELDS: dict[str, tuple[str, float, float, float]] = {
-    "temperature": ("Temperature", 0.0, 5.0, 0.05),
-    "top_k": ("Top-k (0 = off)", 0, 1000, 1),
-    "top_p": ("Top-p", 0.01, 1.0, 0.01),  # 0 would keep no token: the engine refuses it
-    "min_p": ("Min-p", 0.0, 1.0, 0.01),
-    "repetition_penalty": ("Repetition penalty", 0.5, 2.0, 0.01),
-    "presence_penalty": ("Presence penalty", -2.0, 2.0, 0.05),
-    "frequency_penalty": ("Frequency penalty", -2.0, 2.0, 0.05),
-    "max_new_tokens": ("Max new tokens", 1, 32768, 16),
+    s.name: (s.label, *s.editor, s.step) for s in SETTINGS if s.editor is not None
 }
+FIELDS["max_new_tokens"] = ("Max new tokens", 1, 32768, 16)
 
 
 def effective_sampling(preset: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

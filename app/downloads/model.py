@@ -7,7 +7,8 @@ from typing import Any
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt
 
 from app.table_model import ColumnTableModel
-from engine.hub.downloads import JobSnapshot, JobState, human_bytes
+from engine.hub.downloads import JobSnapshot, JobState
+from engine.units import format_bytes
 
 JOB_ROLE = Qt.ItemDataRole.UserRole + 1  # the JobSnapshot of the row
 FRACTION_ROLE = Qt.ItemDataRole.UserRole + 2  # 0.0-1.0, for the progress delegate
@@ -105,10 +106,10 @@ class DownloadsModel(ColumnTableModel):
             return f"{100 * job.fraction:.0f}%"
         if col == "Size":
             return (
-                f"{human_bytes(job.done_bytes)} / {human_bytes(job.total_bytes)}" if job.total_bytes else ""
+                f"{format_bytes(job.done_bytes)} / {format_bytes(job.total_bytes)}" if job.total_bytes else ""
             )
         if col == "Speed":
-            return f"{human_bytes(job.speed)}/s" if job.speed else ""
+            return f"{format_bytes(job.speed)}/s" if job.speed else ""
         if col == "ETA":
             return format_eta(job.eta) if job.state == JobState.DOWNLOADING else ""
         return None

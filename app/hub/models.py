@@ -7,8 +7,8 @@ from typing import Any
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, Qt
 
 from app.table_model import ColumnTableModel
-from engine.hub.client import ModelSummary, RepoFile, format_param_count
-from engine.hub.downloads import human_bytes
+from engine.hub.client import ModelSummary, RepoFile
+from engine.units import format_bytes, format_count
 
 SUMMARY_ROLE = Qt.ItemDataRole.UserRole + 1
 
@@ -42,7 +42,7 @@ class SearchResultsModel(_Table):
         if col == "Model":
             return hit.repo_id
         if col == "Params":
-            return format_param_count(hit.params) if hit.params else ""
+            return format_count(hit.params, unknown="")
         if col == "Downloads":
             return f"{hit.downloads:,}"
         if col == "Likes":
@@ -73,5 +73,5 @@ class FilesModel(_Table):
         if index.column() == 0:
             return f.path
         if index.column() == 1:
-            return human_bytes(f.size)
+            return format_bytes(f.size)
         return f"sha256 {f.sha256[:12]}…" if f.sha256 else (f"git {f.blob_id[:12]}…" if f.blob_id else "")

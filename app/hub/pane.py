@@ -28,9 +28,9 @@ from PySide6.QtWidgets import (
 from app.downloads.qt_manager import QtDownloadManager
 from app.hub.controller import HubController, ModelPage
 from app.hub.models import SUMMARY_ROLE, FilesModel, SearchResultsModel
-from engine.hub.client import SearchQuery, format_param_count
-from engine.hub.downloads import human_bytes
+from engine.hub.client import SearchQuery
 from engine.hub.memory import max_context
+from engine.units import format_bytes, format_count
 
 # (label, min params, max params)
 SIZE_FILTERS: tuple[tuple[str, float | None, float | None], ...] = (
@@ -214,10 +214,10 @@ class HubBrowserPane(QWidget):
         facts = [
             f"Licence: {d.license or 'not stated'}",
             f"Gated: {gated}",
-            f"Files: {len(d.files)}, {human_bytes(d.total_size)}",
+            f"Files: {len(d.files)}, {format_bytes(d.total_size)}",
         ]
         if d.params:
-            facts.append(f"Parameters: {format_param_count(d.params)}")
+            facts.append(f"Parameters: {format_count(d.params)}")
         facts.append(f"Downloads: {d.downloads:,}, likes: {d.likes:,}")
         self.facts.setText(" · ".join(facts))
         # Branches come with the first page of a repo; a branch switch keeps the list.

@@ -8,7 +8,8 @@ from PySide6.QtCore import QModelIndex, QObject, QPersistentModelIndex, Qt
 
 from app.gui_thread import require_gui_thread
 from app.table_model import ColumnTableModel
-from engine.inspect import MemoryVerdict, ModelInfo, format_bytes, format_params, memory_verdict
+from engine.inspect import MemoryVerdict, ModelInfo, memory_verdict
+from engine.units import format_bytes, format_count
 
 INFO_ROLE = Qt.ItemDataRole.UserRole + 1
 PATH_ROLE = Qt.ItemDataRole.UserRole + 2
@@ -46,7 +47,7 @@ class LibraryModel(ColumnTableModel):
         if column == "Architecture":
             return info.architecture or "?"
         if column == "Parameters":
-            return format_params(info.parameter_count)
+            return format_count(info.parameter_count)
         if column == "Quantization":
             return info.quantization or "?"
         if column == "Size":

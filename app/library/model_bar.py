@@ -13,7 +13,9 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
 from app.library.model import INFO_ROLE, PATH_ROLE, LibraryModel
-from engine.inspect import CACHE_BITS_CHOICES, format_bytes
+from engine.api import ModelInfo
+from engine.inspect import CACHE_BITS_CHOICES
+from engine.units import format_bytes
 
 
 class ModelBar(QWidget):
@@ -134,15 +136,14 @@ class ModelBar(QWidget):
         self.status.setText(f"Loading <b>{html.escape(name)}</b>…")
         self.set_progress(0.0, "Loading")
 
-    def set_loaded(self, info: dict) -> None:
+    def set_loaded(self, info: ModelInfo) -> None:
         self.progress.hide()
-        memory = format_bytes(int(info.get("memory_bytes", 0)))
-        k, v = info.get("cache_bits") or (16, 16)
+        k, v = info.cache_bits
         cache = f" · KV cache {k}/{v} bit" if (k, v) != (16, 16) else ""
-        images = " · sees images" if info.get("sees_images") else ""
+        images = " · sees images" if info.sees_images else ""
         self.status.setText(
-            f"<b>{html.escape(str(info.get('name', '?')))}</b> · {html.escape(str(info.get('device', '?')))}"
-            f" · {memory} · context {info.get('context_length', '?')}{cache}{images}"
+            f"<b>{html.escape(info.name)}</b> · {html.escape(info.device)}"
+            f" · {format_bytes(info.memory_bytes)} · context {info.context_length}{cache}{images}"
         )
         self.load_button.setEnabled(True)
         self.unload_button.setEnabled(True)

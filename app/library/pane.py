@@ -22,7 +22,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.library.model import INFO_ROLE, LibraryModel
-from engine.inspect import MemoryVerdict, ModelInfo, format_bytes, format_params
+from engine.inspect import MemoryVerdict, ModelInfo
+from engine.units import format_bytes, format_count
 
 
 def details_html(
@@ -33,7 +34,7 @@ def details_html(
     rows = [
         ("Folder", str(info.path)),
         ("Architecture", info.architecture or "unknown"),
-        ("Parameters", format_params(info.parameter_count)),
+        ("Parameters", format_count(info.parameter_count)),
         ("Quantization", info.quantization or "unknown"),
         ("Size on disk", format_bytes(info.size_bytes)),
         ("Context length", str(info.context_length or "unknown")),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.architectures.base import Architecture, DecoderSpec, TensorNames
+from engine.architectures.base import Architecture, TensorNames
 from engine.architectures.gemma2 import Gemma2
 from engine.architectures.gemma3 import Gemma3
 from engine.architectures.gemma3_vl import Gemma3VL
@@ -19,6 +19,7 @@ from engine.architectures.qwen3_moe import Qwen3Moe
 from engine.architectures.qwen3_vl import Qwen3VL
 from engine.architectures.smollm3 import SmolLM3
 from engine.errors import UnsupportedArchitectureError
+from engine.layers import LayerSpec, ModelSpec
 
 _FAMILIES: list[type[Architecture]] = [Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3]
 _FAMILIES += [Qwen3Moe, Qwen2Moe, Mixtral]  # mixture of experts
@@ -37,4 +38,11 @@ def architecture_for(name: str) -> Architecture:
         ) from None
 
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "Architecture", "DecoderSpec", "TensorNames", "architecture_for"]
+__all__ = [
+    "SUPPORTED_ARCHITECTURES",
+    "Architecture",
+    "LayerSpec",
+    "ModelSpec",
+    "TensorNames",
+    "architecture_for",
+]

@@ -1,20 +1,26 @@
-"""What an architecture is: a reading of config.json into a :class:`DecoderSpec`, and the names
-of its tensors (:class:`TensorNames`).
+"""What an architecture is: a reading of config.json into a :class:`ModelSpec` (a list of layers,
+each a mixer and a feed-forward of some kind, see ``engine.layers``), and the names of its tensors
+(:class:`TensorNames`).
 
 The base class reads the fields every Hugging Face decoder shares (in both the transformers 4
-and 5 spellings of config.json). An architecture file states only what its family does
-differently, as class attributes or a short override; no maths lives here.
+and 5 spellings of config.json): attention and a gated MLP in every layer. An architecture file
+states only what its family does differently, as class attributes or a short override; no maths
+lives here.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
+from engine.layers.attention import AttentionSpec
+from engine.layers.gated_mlp import GatedMLPSpec
+from engine.layers.sparse_moe import SparseMoESpec
+from engine.layers.spec import LayerSpec, ModelSpec
 from engine.modules.rope import RopeSpec
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -22,79 +28,25 @@ FULL, SLIDING = "full_attention", "sliding_attention"
 
 @dataclass(frozen=True)
 class TensorNames:
-    """Where each weight of the module library lives in the checkpoint (``{i}`` = layer index)."""
+    """Where each weight lives in the checkpoint: the model's own tensors, a layer's prefix
+    (``{i}`` = layer index) and norms, and its mixer's and feed-forward's weights inside the
+    layer. Those are the kinds' own names (``MixerKind.names``) unless ``parts`` holds other
+    ones for that kind."""
 
     prefix: str = "model."
     embed: str = "embed_tokens"
     final_norm: str = "norm"
     lm_head: str = "lm_head"
     layer: str = "layers.{i}."
-    attn_in_norm: str = "input_layernorm"
-    attn_out_norm: str | None = None
-    mlp_in_norm: str = "post_attention_layernorm"
-    mlp_out_norm: str | None = None
-    q: str = "self_attn.q_proj"
-    k: str = "self_attn.k_proj"
-    v: str = "self_attn.v_proj"
-    qkv_fused: str | None = None
-    o: str = "self_attn.o_proj"
-    q_norm: str = "self_attn.q_norm"
-    k_norm: str = "self_attn.k_norm"
-    gate: str = "mlp.gate_proj"
-    up: str = "mlp.up_proj"
-    gate_up_fused: str | None = None
-    down: str = "mlp.down_proj"
-    # Mixture-of-experts layers ({e} = expert index): the router, each expert's projections as the
-    # Hub checkpoints store them, and the fused 3-D ``gate_up_proj`` [experts, 2 * f, hidden] /
-    # ``down_proj`` [experts, hidden, f] that transformers 5 keeps in memory, under ``experts_fused``.
-    router: str = "mlp.gate"
-    expert_gate: str = "mlp.experts.{e}.gate_proj"
-    expert_up: str = "mlp.experts.{e}.up_proj"
-    expert_down: str = "mlp.experts.{e}.down_proj"
-    experts_fused: str = "mlp.experts"
-    shared_expert: str = "mlp.shared_expert"  # Qwen2-MoE: an always-on expert ...
-    shared_expert_gate: str = "mlp.shared_expert_gate"  # ... scaled by sigmoid(this linear)
+    mixer_norm: str = "input_layernorm"
+    feed_forward_norm: str = "post_attention_layernorm"
+    mixer_out_norm: str | None = None  # the sandwich norms (LayerSpec.sandwich_norms)
+    feed_forward_out_norm: str | None = None
+    parts: tuple[Any, ...] = ()
 
-
-@dataclass(frozen=True)
-class DecoderSpec:
-    """Everything the module library needs to assemble one decoder-only model."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    norm_eps: float
-    max_position_embeddings: int
-    layer_types: tuple[str, ...]
-    rope: dict[str, RopeSpec] = field(hash=False)
-    rope_layers: tuple[bool, ...] = ()  # False where a layer uses no positional rotation (NoPE)
-    sliding_window: int | None = None
-    attn_scale: float = 0.0
-    qkv_bias: bool = False
-    o_bias: bool = False
-    mlp_bias: bool = False
-    qk_norm: bool = False
-    norm_offset: float = 0.0
-    embed_scale: float = 1.0
-    activation: str = "silu"
-    attn_softcap: float | None = None
-    final_softcap: float | None = None
-    tie_word_embeddings: bool = False
-    # Mixture of experts: True where a layer's MLP is a sparse MoE block (empty: a dense model).
-    sparse_layers: tuple[bool, ...] = ()
-    num_experts: int = 0
-    experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    norm_topk_prob: bool = False  # renormalise the chosen experts' probabilities to sum to 1
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE's shared expert (0: none)
-
-    def is_sparse(self, i: int) -> bool:
-        """Whether layer ``i``'s MLP is a mixture-of-experts block."""
-        return bool(self.sparse_layers) and self.sparse_layers[i]
+    def part(self, default: Any) -> Any:
+        """The names of ``default``'s kind: the architecture's own, else ``default``."""
+        return next((p for p in self.parts if p.kind == default.kind), default)
 
 
 def _rope_from_params(params: dict[str, Any], cfg: ModelConfig, default_theta: float) -> RopeSpec:
@@ -113,35 +65,50 @@ class Architecture:
     qkv_bias: ClassVar[bool | None] = None  # None: read 'attention_bias' from the config
     qk_norm: ClassVar[bool] = False
     default_tie: ClassVar[bool] = False
+    sandwich_norms: ClassVar[bool] = False
 
-    def spec(self, cfg: ModelConfig) -> DecoderSpec:
-        hidden = int(cfg.require("hidden_size"))
-        heads = int(cfg.require("num_attention_heads"))
-        head_dim = int(cfg.get("head_dim") or hidden // heads)
-        attention_bias = bool(cfg.get("attention_bias", False))
-        qkv_bias = attention_bias if self.qkv_bias is None else self.qkv_bias
+    def spec(self, cfg: ModelConfig) -> ModelSpec:
+        n = int(cfg.require("num_hidden_layers"))
         layer_types = tuple(cfg.get("layer_types") or self.layer_types(cfg))
-        return DecoderSpec(
+        rope, rotates = self.rope_specs(cfg), self.rope_layers(cfg)
+        mlp = self.mlp(cfg)
+        layers = []
+        for i in range(n):
+            kind = layer_types[i]
+            attention = self.attention(cfg, kind, rope[kind] if rotates[i] else None)
+            layers.append(LayerSpec(attention, mlp, self.sandwich_norms))
+        return ModelSpec(
             vocab_size=int(cfg.require("vocab_size")),
-            hidden_size=hidden,
-            intermediate_size=int(cfg.require("intermediate_size")),
-            num_layers=int(cfg.require("num_hidden_layers")),
+            hidden_size=int(cfg.require("hidden_size")),
+            max_position_embeddings=cfg.context_length,
+            layers=tuple(layers),
+            norm_eps=float(cfg.get("rms_norm_eps") or cfg.get("layer_norm_eps") or 1e-6),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", self.default_tie)),
+        )
+
+    def attention(self, cfg: ModelConfig, layer_type: str, rope: RopeSpec | None) -> AttentionSpec:
+        """A layer's attention: grouped KV heads, q/k/v and o biases as ``attention_bias`` says
+        (unless the family fixes them), a window on sliding layers."""
+        heads = int(cfg.require("num_attention_heads"))
+        head_dim = int(cfg.get("head_dim") or int(cfg.require("hidden_size")) // heads)
+        attention_bias = bool(cfg.get("attention_bias", False))
+        return AttentionSpec(
             num_heads=heads,
             num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
             head_dim=head_dim,
-            norm_eps=float(cfg.get("rms_norm_eps") or cfg.get("layer_norm_eps") or 1e-6),
-            max_position_embeddings=cfg.context_length,
-            layer_types=layer_types,
-            rope=self.rope_specs(cfg),
-            rope_layers=tuple(self.rope_layers(cfg)),
-            sliding_window=cfg.get("sliding_window") if SLIDING in layer_types else None,
-            attn_scale=head_dim**-0.5,
-            qkv_bias=qkv_bias,
+            scale=head_dim**-0.5,
+            rope=rope,
+            sliding_window=cfg.get("sliding_window") if layer_type == SLIDING else None,
+            qkv_bias=attention_bias if self.qkv_bias is None else self.qkv_bias,
             o_bias=attention_bias if self.qkv_bias is None else False,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
             qk_norm=self.qk_norm,
+        )
+
+    def mlp(self, cfg: ModelConfig) -> GatedMLPSpec:
+        return GatedMLPSpec(
+            intermediate_size=int(cfg.require("intermediate_size")),
             activation=cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu",
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", self.default_tie)),
+            bias=bool(cfg.get("mlp_bias", False)),
         )
 
     def tensor_names(self, has: Callable[[str], bool]) -> TensorNames:
@@ -182,24 +149,33 @@ class Architecture:
         return {FULL: spec, SLIDING: spec}
 
 
-def gemma_family(spec: DecoderSpec, cfg: ModelConfig) -> DecoderSpec:
+def gemma_family(spec: ModelSpec, cfg: ModelConfig) -> ModelSpec:
     """What every Gemma shares: ``1 + w`` norms, sqrt(hidden)-scaled embeddings, a query scale
     from ``query_pre_attn_scalar``, GELU(tanh) MLPs and tied embeddings."""
+    activation = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+
+    def gemma_layer(layer: LayerSpec) -> LayerSpec:
+        attention = layer.mixer
+        scale = float(cfg.get("query_pre_attn_scalar", attention.head_dim)) ** -0.5
+        return replace(
+            layer,
+            mixer=replace(attention, scale=scale, softcap=cfg.get("attn_logit_softcapping")),
+            feed_forward=replace(layer.feed_forward, activation=activation),
+        )
+
     return replace(
         spec,
+        layers=tuple(map(gemma_layer, spec.layers)),
         norm_offset=1.0,
         embed_scale=math.sqrt(spec.hidden_size),
-        attn_scale=float(cfg.get("query_pre_attn_scalar", spec.head_dim)) ** -0.5,
-        activation=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
-        attn_softcap=cfg.get("attn_logit_softcapping"),
         final_softcap=cfg.get("final_logit_softcapping"),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
     )
 
 
-def mixture_of_experts(spec: DecoderSpec, cfg: ModelConfig, normalize: bool) -> DecoderSpec:
-    """The MoE fields of a Qwen-MoE or Mixtral config. A layer is sparse unless it is listed in
-    ``mlp_only_layers`` or falls between ``decoder_sparse_step`` strides (Qwen), where it keeps a
+def mixture_of_experts(spec: ModelSpec, cfg: ModelConfig, normalize: bool) -> ModelSpec:
+    """The MoE layers of a Qwen-MoE or Mixtral config. A layer is sparse unless it is listed in
+    ``mlp_only_layers`` or falls between ``decoder_sparse_step`` strides (Qwen), where it keeps its
     dense MLP of ``intermediate_size``. ``normalize`` is the family's default for
     ``norm_topk_prob`` (Mixtral has no such field and always renormalises)."""
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
@@ -211,13 +187,19 @@ def mixture_of_experts(spec: DecoderSpec, cfg: ModelConfig, normalize: bool) -> 
         )
     step = int(cfg.get("decoder_sparse_step") or 1)
     dense = {int(i) for i in cfg.get("mlp_only_layers") or ()}
-    sparse = tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(spec.num_layers))
-    return replace(
-        spec,
-        sparse_layers=sparse,
-        num_experts=experts,
-        experts_per_token=top_k,
-        moe_intermediate_size=int(cfg.get("moe_intermediate_size") or spec.intermediate_size),
-        norm_topk_prob=bool(cfg.get("norm_topk_prob", normalize)),
-        shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0),
-    )
+
+    def moe_layer(i: int, layer: LayerSpec) -> LayerSpec:
+        if not experts or i in dense or (i + 1) % step != 0:
+            return layer
+        mlp = layer.feed_forward
+        moe = SparseMoESpec(
+            num_experts=experts,
+            experts_per_token=top_k,
+            intermediate_size=int(cfg.get("moe_intermediate_size") or mlp.intermediate_size),
+            normalize=bool(cfg.get("norm_topk_prob", normalize)),
+            activation=mlp.activation,
+            shared_expert_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        )
+        return replace(layer, feed_forward=moe)
+
+    return replace(spec, layers=tuple(moe_layer(i, layer) for i, layer in enumerate(spec.layers)))

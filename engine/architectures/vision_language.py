@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from engine.architectures.base import DecoderSpec, TensorNames
+from engine.architectures.base import ModelSpec, TensorNames
 from engine.config import ModelConfig
 
 LAYOUTS: tuple[tuple[str, str], ...] = (
@@ -29,7 +29,7 @@ class VisionLanguage:
     layouts: ClassVar[tuple[tuple[str, str], ...]] = LAYOUTS
     vision: ClassVar[str]  # "module:Class" of the family's VisionModel (imported on use)
 
-    def spec(self, cfg: ModelConfig) -> DecoderSpec:
+    def spec(self, cfg: ModelConfig) -> ModelSpec:
         """The decoder's spec; whether the head is tied to the embedding is the whole model's
         setting (the top level of config.json), which the text part may not repeat."""
         spec = super().spec(cfg)  # type: ignore[misc]

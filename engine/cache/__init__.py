@@ -1,6 +1,18 @@
-"""The paged KV cache: fixed-size pages of key/value slots shared by every job of a generator."""
+"""The cache of per-sequence state shared by every job of a generator: fixed-size pages of
+key/value slots, and recurrent-state slots."""
 
 from engine.cache.paged import KVCacheLayer, PagedKVCache
 from engine.cache.pages import PageAllocator, page_keys
+from engine.cache.recurrent import RecurrentStateLayer, StateSlots
+from engine.cache.state import KVPages, RecurrentState
 
-__all__ = ["KVCacheLayer", "PageAllocator", "PagedKVCache", "page_keys"]
+__all__ = [
+    "KVCacheLayer",
+    "KVPages",
+    "PageAllocator",
+    "PagedKVCache",
+    "RecurrentState",
+    "RecurrentStateLayer",
+    "StateSlots",
+    "page_keys",
+]

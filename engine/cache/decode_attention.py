@@ -5,7 +5,7 @@ value are already written). This entry point takes the sequences' block tables a
 ``[batch, max_pages]`` tensor and their lengths as a device tensor, so the work has the same
 shapes whatever the lengths are: it can be captured in a CUDA graph once and replayed.
 
-:func:`paged_decode_attention` dispatches to the CUDA kernel (``engine.ops``) when one applies;
+:func:`paged_decode_attention` dispatches to the CUDA kernel (``engine.kernels.attention``) when one applies;
 :func:`paged_decode_attention_reference` is the torch definition both are tested against. The
 reference reads every listed page and masks positions at or past each sequence's length, so it
 is graph-safe too (only slower: it gathers the whole padded table).
@@ -75,10 +75,10 @@ def paged_decode_attention(
     softcap: float | None = None,
 ) -> torch.Tensor:
     """:func:`paged_decode_attention_reference`'s result, from the CUDA kernel where it applies."""
-    from engine import ops
+    from engine import kernels
 
     args = (q, layer, block_tables, lengths, page_size, scale, window, softcap)
-    fast = ops.paged_decode_attention(*args)
+    fast = kernels.attention.paged_decode_attention(*args)
     if fast is not None:
         return fast
     return paged_decode_attention_reference(*args)

@@ -1,9 +1,16 @@
-"""Key/value storage in pages, one tensor pair per layer.
+"""The cache of a model's per-sequence state: key/value storage in pages for attention layers,
+recurrent-state slots for the layers that declare a fixed-size state (``engine.cache.state``).
 
-Storage is ``[num_pages * page_size, kv_heads, head_dim]`` per layer (dense, or packed codes
-and scales for a quantized cache): a cache *slot* is a row,
-and page ``p`` owns slots ``p * page_size .. (p + 1) * page_size - 1``. A sequence's block table
-(its list of pages) turns positions into slots.
+Key/value storage is ``[num_pages * page_size, kv_heads, head_dim]`` per attention layer (dense,
+or packed codes and scales for a quantized cache): a cache *slot* is a row, and page ``p`` owns
+slots ``p * page_size .. (p + 1) * page_size - 1``. A sequence's block table (its list of pages)
+turns positions into slots. A recurrent layer keeps one row per *state slot* instead
+(``engine.cache.recurrent``); a sequence holds the same state slot in every such layer.
+
+Prefix reuse (``engine.cache.pages``) hands a new sequence the pages of a prompt prefix another
+sequence computed. A recurrent layer's state after that prefix is nowhere to be found (it was
+overwritten as the other sequence went on), so a cache with any recurrent layer does not reuse
+prefixes: every sequence computes its whole prompt.
 """
 
 from __future__ import annotations
@@ -12,9 +19,15 @@ from collections.abc import Sequence
 
 import torch
 
-from engine import ops
+from engine import kernels
 from engine.cache.pages import PageAllocator
-from engine.cache.quantized import SUPPORTED_BITS, DenseStore, QuantizedStore
+from engine.cache.quantized import SUPPORTED_BITS, DenseStore, QuantizedStore, bytes_per_token
+from engine.cache.recurrent import RecurrentStateLayer, StateSlots
+from engine.cache.state import KVPages, RecurrentState, SequenceState
+
+# Sequences a cache keeps recurrent state for at once, unless told otherwise (the Generator's
+# default batch).
+DEFAULT_MAX_SEQUENCES = 16
 
 
 class KVCacheLayer:
@@ -25,7 +38,7 @@ class KVCacheLayer:
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         # Two dense sides on the GPU: one kernel writes both (else one index_copy_ per side).
-        if ops.kv_cache_write(self.keys, self.values, slots, k, v):
+        if kernels.attention.kv_cache_write(self.keys, self.values, slots, k, v) is not None:
             return
         self.keys.write(slots, k)
         self.values.write(slots, v)
@@ -41,7 +54,7 @@ class KVCacheLayer:
         """Rotate ``q`` and ``k`` (rotate-half RoPE with ``tables``) and :meth:`write` the rotated
         keys and ``v`` in one launch; returns ``q`` rotated, or None where that launch does not
         apply (CPU, a quantized side): the caller then rotates and writes apart."""
-        return ops.rope_kv_write(q, k, v, *tables, self.keys, self.values, slots)
+        return kernels.fused.rope_kv_write(q, k, v, *tables, self.keys, self.values, slots)
 
     def project_rotated(
         self,
@@ -52,12 +65,12 @@ class KVCacheLayer:
         head_dim: int,
     ) -> torch.Tensor | None:
         """A decode step's q/k/v projection ``group`` of ``x``, RoPE and :meth:`write` of the keys
-        and values in one GEMV launch (``ops.exl3_qkv_rope_write``); returns q rotated, or None
+        and values in one GEMV launch (``kernels.gemv.exl3_qkv_rope_write``); returns q rotated, or None
         where that does not apply (then: ``group(x)`` and :meth:`write_rotated`)."""
         linears = list(group.linears)
         if len(linears) != 3 or any(len(s) != 1 for s in group.splits):  # separate q, k, v only
             return None
-        return ops.exl3_qkv_rope_write(x, linears, tables, self.keys, self.values, slots, head_dim)
+        return kernels.gemv.exl3_qkv_rope_write(x, linears, tables, self.keys, self.values, slots, head_dim)
 
     def read(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.keys.read(slots, self.dtype), self.values.read(slots, self.dtype)
@@ -104,6 +117,15 @@ def parse_cache_bits(text: str | None) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
+def kv_bytes_per_token(spec, bits: tuple[int, int] = (16, 16), dense_bytes: int = 2) -> int:
+    """Cache bytes one position of a sequence takes in every attention layer of the model
+    ``spec`` (an ``engine.layers.ModelSpec``), keys at ``bits[0]`` and values at ``bits[1]``."""
+    from engine.layers import sequence_states
+
+    pages = [s for s in sequence_states(spec) if isinstance(s, KVPages)]
+    return sum(bytes_per_token(s.kv_heads, s.head_dim, b, dense_bytes) for s in pages for b in bits)
+
+
 class PagedKVCache:
     def __init__(
         self,
@@ -116,18 +138,28 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
         bits: tuple[int, int] = (16, 16),
     ) -> None:
-        self.page_size, self.num_pages, self.bits = page_size, num_pages, bits
-        self.device = torch.device(device)
-        self.pages = PageAllocator(num_pages, page_size)
-        slots = num_pages * page_size
-        self._layers = [
-            KVCacheLayer(
-                make_store(slots, kv_heads, head_dim, bits[0], dtype, self.device),
-                make_store(slots, kv_heads, head_dim, bits[1], dtype, self.device),
-                dtype,
-            )
-            for _ in range(num_layers)
-        ]
+        """A cache of ``num_layers`` attention layers alike (kernel tests and benchmarks make
+        these; a model's cache comes from :meth:`for_model`)."""
+        states = [KVPages(kv_heads, head_dim)] * num_layers
+        self._allocate(states, num_pages, page_size, dtype, device, bits, max_sequences=0)
+
+    @classmethod
+    def for_layers(
+        cls,
+        states: Sequence[SequenceState | None],
+        num_pages: int,
+        page_size: int = 64,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        bits: tuple[int, int] = (16, 16),
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
+    ) -> PagedKVCache:
+        """A cache for layers that keep ``states`` per sequence (one entry per layer, as their
+        mixer kinds declare them): ``num_pages`` pages for the KV layers, ``max_sequences``
+        state slots for the recurrent ones."""
+        cache = cls.__new__(cls)
+        cache._allocate(states, num_pages, page_size, dtype, device, bits, max_sequences)
+        return cache
 
     @classmethod
     def for_model(
@@ -138,25 +170,50 @@ class PagedKVCache:
         dtype=None,
         device="cpu",
         bits: tuple[int, int] = (16, 16),
+        max_sequences: int = DEFAULT_MAX_SEQUENCES,
     ) -> PagedKVCache:
-        """A cache holding ``max_tokens`` positions in total, shaped for the model ``spec``."""
+        """A cache holding ``max_tokens`` positions in total (and recurrent state for
+        ``max_sequences`` sequences, where the model has recurrent layers), shaped for the model
+        ``spec`` (an ``engine.layers.ModelSpec``)."""
+        from engine.layers import sequence_states  # the layer kinds import the cache's modules
+
         num_pages = max(1, -(-max_tokens // page_size))
-        return cls(
-            spec.num_layers,
-            spec.num_kv_heads,
-            spec.head_dim,
-            num_pages,
-            page_size,
-            dtype or torch.float32,
-            device,
-            bits,
-        )
+        dtype = dtype or torch.float32
+        return cls.for_layers(sequence_states(spec), num_pages, page_size, dtype, device, bits, max_sequences)
+
+    def _allocate(
+        self,
+        states: Sequence[SequenceState | None],
+        num_pages: int,
+        page_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        bits: tuple[int, int],
+        max_sequences: int,
+    ) -> None:
+        self.page_size, self.num_pages, self.bits = page_size, num_pages, bits
+        self.device = torch.device(device)
+        recurrent = any(isinstance(state, RecurrentState) for state in states)
+        self.pages = PageAllocator(num_pages, page_size, reuse_prefixes=not recurrent)
+        self.state_slots = StateSlots(max_sequences if recurrent else 0)
+        slots = num_pages * page_size
+        self._layers: list[KVCacheLayer | RecurrentStateLayer | None] = []
+        for state in states:
+            if isinstance(state, KVPages):
+                keys = make_store(slots, state.kv_heads, state.head_dim, bits[0], dtype, self.device)
+                values = make_store(slots, state.kv_heads, state.head_dim, bits[1], dtype, self.device)
+                self._layers.append(KVCacheLayer(keys, values, dtype))
+            elif isinstance(state, RecurrentState):
+                self._layers.append(RecurrentStateLayer(state, self.state_slots.count, dtype, self.device))
+            else:
+                self._layers.append(None)
 
     @property
     def capacity(self) -> int:
         return self.num_pages * self.page_size
 
-    def layer(self, index: int) -> KVCacheLayer:
+    def layer(self, index: int) -> KVCacheLayer | RecurrentStateLayer | None:
+        """Layer ``index``'s storage: KV pages, recurrent state, or None (it keeps nothing)."""
         return self._layers[index]
 
     def slots(self, block_table: Sequence[int], start: int, end: int) -> torch.Tensor:
@@ -167,4 +224,4 @@ class PagedKVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self._layers)
+        return sum(layer.nbytes for layer in self._layers if layer is not None)

@@ -7,7 +7,9 @@ prefix get the same keys for the full pages of that prefix, and the second one c
 first one's pages instead of computing them again (a chat's next turn, a shared system prompt).
 
 Pages whose last user has finished stay cached, unreferenced, in least-recently-used order;
-allocation takes never-used pages first and evicts cached ones only when it must.
+allocation takes never-used pages first and evicts cached ones only when it must. Without
+``reuse_prefixes`` (a model with recurrent layers: their state after a prefix is not kept) no
+page is ever named or matched.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ def page_keys(tokens: Sequence[int], page_size: int, previous: bytes | None = No
 
 
 class PageAllocator:
-    def __init__(self, num_pages: int, page_size: int) -> None:
+    def __init__(self, num_pages: int, page_size: int, reuse_prefixes: bool = True) -> None:
         self.num_pages, self.page_size = num_pages, page_size
+        self.reuse_prefixes = reuse_prefixes
         self.refcount = [0] * num_pages
         # A min-heap: an allocation takes the lowest free pages, so a sequence's pages tend to be
         # consecutive slots, which the CPU reads in place (KVCacheLayer.read_runs).
@@ -88,8 +91,8 @@ class PageAllocator:
 
     def register(self, page: int, key: bytes) -> None:
         """Record that ``page`` now holds the full page named ``key``."""
-        if page in self._key_of or key in self._page_of:
-            return  # already named, or another page holds the same content
+        if not self.reuse_prefixes or page in self._key_of or key in self._page_of:
+            return  # not reusing, already named, or another page holds the same content
         self._key_of[page] = key
         self._page_of[key] = page
 

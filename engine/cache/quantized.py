@@ -79,18 +79,18 @@ class QuantizedStore:
         return (groups @ self.hadamard).reshape(n, heads, self.head_dim).to(dtype)
 
     def write(self, slots: torch.Tensor, x: torch.Tensor) -> None:
-        from engine import ops
+        from engine import kernels
 
-        if ops.quantized_cache_write(self, slots, x):  # fused CUDA kernel, same codes (see ops)
+        if kernels.attention.quantized_cache_write(self, slots, x) is not None:  # one CUDA kernel, same codes
             return
         planes, scales = self.quantize(x)
         self.codes.index_copy_(0, slots, planes)
         self.scales.index_copy_(0, slots, scales)
 
     def read(self, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        from engine import ops
+        from engine import kernels
 
-        fast = ops.quantized_cache_read(self, slots, dtype)  # one CUDA kernel, same numbers (see ops)
+        fast = kernels.attention.quantized_cache_read(self, slots, dtype)  # one CUDA kernel, same numbers
         if fast is not None:
             return fast
         return self.dequantize(self.codes.index_select(0, slots), self.scales.index_select(0, slots), dtype)

@@ -21,31 +21,39 @@ def register(sub) -> None:
         "--export",
         default=None,
         metavar="DIR",
-        help="also copy the module + meta.json to DIR (use it elsewhere with TRELLIS_EXT_PREBUILT=DIR)",
+        help="also copy the module + meta.json to DIR (use it elsewhere with TRELLIS_EXT_PREBUILT=DIR, "
+        "EngineOptions.extension_prebuilt_dir)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show the compiler commands")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine import ext_build
+    from engine.kernels import loader
 
+    options = args.options
     t0 = time.perf_counter()
     try:
-        arch = args.arch or ext_build.detect_arch()
-        module = ext_build.load(verbose=args.verbose, arch=arch, force=args.force)
-    except ext_build.ExtensionUnavailable as exc:
+        arch = args.arch or loader.detect_arch()
+        module = loader.load(
+            verbose=args.verbose,
+            arch=arch,
+            force=args.force,
+            prebuilt_dir=options.extension_prebuilt_dir,
+            cache_dir=options.extension_cache_dir,
+        )
+    except loader.ExtensionUnavailable as exc:
         print(f"build-ext: cannot build the CUDA extension: {exc}", file=sys.stderr)
         print("build-ext: the engine still runs, on its torch reference path", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - t0
-    info = ext_build.info()
+    info = loader.info()
     print(f"CUDA extension ready in {seconds:.1f} s (sm_{arch.replace('.', '')})")
     print(f"  module: {module.__file__}")
     if info is not None:
         print(f"  build directory: {info.build_dir}{' (prebuilt)' if info.prebuilt else ''}")
     if args.export:
-        path = ext_build.export(module, args.export, arch)
+        path = loader.export(module, args.export, arch)
         print(f"  exported: {path} (set TRELLIS_EXT_PREBUILT={args.export})")
     return 0
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine.cache.quantized import bytes_per_token
+from engine.cache.paged import kv_bytes_per_token
+from engine.cache.state import KVPages
 from engine.commands.common import finite_float
 
 SETTINGS = [(16, 16), (8, 8), (6, 6), (4, 6), (4, 4), (3, 3), (2, 2)]
@@ -18,10 +19,7 @@ SETTINGS = [(16, 16), (8, 8), (6, 6), (4, 6), (4, 4), (3, 3), (2, 2)]
 def capacity_table(spec, budget_bytes: int, dense_bytes: int = 2) -> list[dict]:
     rows = []
     for k, v in SETTINGS:
-        per_token = spec.num_layers * (
-            bytes_per_token(spec.num_kv_heads, spec.head_dim, k, dense_bytes)
-            + bytes_per_token(spec.num_kv_heads, spec.head_dim, v, dense_bytes)
-        )
+        per_token = kv_bytes_per_token(spec, (k, v), dense_bytes)
         rows.append(
             {"k_bits": k, "v_bits": v, "bytes_per_token": per_token, "max_tokens": budget_bytes // per_token}
         )
@@ -41,6 +39,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from engine.architectures import architecture_for
     from engine.config import ModelConfig
+    from engine.layers import sequence_states
 
     cfg = ModelConfig.from_dir(args.model)
     spec = architecture_for(cfg.architecture).spec(cfg)
@@ -49,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     base = rows[0]["max_tokens"]
-    print(f"{cfg.architecture}: {spec.num_layers} layers, {spec.num_kv_heads} KV heads x {spec.head_dim}")
+    kv = next(s for s in sequence_states(spec) if isinstance(s, KVPages))
+    print(f"{cfg.architecture}: {spec.num_layers} layers, {kv.kv_heads} KV heads x {kv.head_dim}")
     print(
         f"{'k/v bits':<10}{'bytes/token':>12}{'max tokens':>12}{'vs fp16':>9}  (budget {args.budget_gb} GiB)"
     )

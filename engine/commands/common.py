@@ -160,11 +160,13 @@ class ProgressLog:
 
 def run_alone(register: Callable, command: str, argv: Sequence[str] | None = None) -> int:
     """Run one subcommand without the rest of the CLI (whose other commands need the app's full
-    dependency set): ``python -m engine.commands.<module> ARGS`` on a GPU host, for instance.
+    dependency set): ``python -m engine.bench.kernels ARGS`` on a GPU host, for instance.
     Errors end as they do under ``python -m engine`` (one line, an exit status)."""
     from engine.cli import ArgumentParser, add_traceback_flag, run_command
 
-    parser = ArgumentParser(prog=f"python -m engine.commands.{command.replace('-', '_')}")
+    # Run as ``python -m``, the module is ``__main__``; its spec still knows the dotted name.
+    spec = getattr(sys.modules.get(register.__module__), "__spec__", None)
+    parser = ArgumentParser(prog=f"python -m {spec.name if spec else register.__module__}")
     sub = parser.add_subparsers(dest="command", required=True)
     register(sub)
     add_traceback_flag(parser, sub)

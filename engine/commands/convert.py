@@ -48,7 +48,7 @@ def add_head_bits_arg(p: argparse.ArgumentParser, help: str) -> None:
 
 
 def add_states_arg(p: argparse.ArgumentParser) -> None:
-    """``--states`` (shared with ``convert_bench``)."""
+    """``--states`` (shared with ``convert-bench``)."""
     from engine.quant.convert import STATE_PLACES
 
     p.add_argument(
@@ -83,7 +83,7 @@ def add_allocation_args(p: argparse.ArgumentParser) -> None:
 
 def add_quantizer_args(p: argparse.ArgumentParser) -> None:
     """``--damping``, ``--no-refit``, ``--tune-*`` and ``--sequential`` (shared with the
-    ``quality`` command and ``convert_bench``; :func:`quantizer_options` reads them)."""
+    ``quality`` command and ``convert-bench``; :func:`quantizer_options` reads them)."""
     p.add_argument(
         "--damping",
         type=finite_float(0.0),
@@ -157,7 +157,7 @@ def quantizer_options(args: argparse.Namespace) -> dict:
 
 
 def add_tf32_arg(p: argparse.ArgumentParser) -> None:
-    """``--tf32`` / ``--no-tf32`` (shared with the ``quality`` command and ``convert_bench``)."""
+    """``--tf32`` / ``--no-tf32`` (shared with the ``quality`` command and ``convert-bench``)."""
     p.add_argument(
         "--tf32",
         action=argparse.BooleanOptionalAction,

@@ -50,12 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _line(s: JobSnapshot) -> str:
-    from engine.hub.downloads import human_bytes
+    from engine.units import format_bytes
 
     pct = 100.0 * s.fraction
-    text = f"{s.state.value:<11} {pct:5.1f}%  {human_bytes(s.done_bytes)} / {human_bytes(s.total_bytes)}"
+    text = f"{s.state.value:<11} {pct:5.1f}%  {format_bytes(s.done_bytes)} / {format_bytes(s.total_bytes)}"
     if s.speed:
-        text += f"  {human_bytes(s.speed)}/s"
+        text += f"  {format_bytes(s.speed)}/s"
     if s.eta is not None:
         text += f"  ETA {int(s.eta) // 60}:{int(s.eta) % 60:02d}"
     if s.note:
@@ -67,10 +67,11 @@ def _line(s: JobSnapshot) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from engine.hub.client import HubClient
-    from engine.hub.downloads import DownloadManager, JobState, human_bytes
+    from engine.hub.downloads import DownloadManager, JobState
     from engine.hub.errors import DownloadError
     from engine.hub.library import PARTIAL_DIR, default_models_dir
     from engine.hub.retry import RetryPolicy
+    from engine.units import format_bytes
 
     dest = args.dir if args.dir is not None else None
     manager = DownloadManager(
@@ -120,6 +121,6 @@ def run(args: argparse.Namespace) -> int:
         )
     n = len(snap.files)
     if not args.quiet:
-        print(f"verified {n} files, {human_bytes(snap.total_bytes)} (commit {snap.commit})", file=sys.stderr)
+        print(f"verified {n} files, {format_bytes(snap.total_bytes)} (commit {snap.commit})", file=sys.stderr)
     print(snap.dest)
     return 0

@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         progress=None if args.json else stderr_progress,
         cache_bits=bits,
+        options=args.options,
     )
     media = None  # the images of the prompt, when --image is given
     if args.chat:

@@ -29,12 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so the CLI starts without the Hub stack (see commands/download.py).
-    from engine.hub.client import HubClient, SearchQuery, format_param_count, parse_param_count
+    from engine.hub.client import HubClient, SearchQuery
     from engine.hub.errors import HubError
+    from engine.units import format_count, parse_count
 
     try:
-        lo = parse_param_count(args.min_params) if args.min_params else None
-        hi = parse_param_count(args.max_params) if args.max_params else None
+        lo = parse_count(args.min_params) if args.min_params else None
+        hi = parse_count(args.max_params) if args.max_params else None
     except ValueError as exc:
         raise HubError(str(exc)) from None
     query = SearchQuery(
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         notes = ", ".join(
             n for n, on in (("exl3", h.exl3), ("supported", h.supported), ("gated", bool(h.gated))) if on
         )
-        params = format_param_count(h.params) if h.params else "?"
+        params = format_count(h.params)
         updated = h.last_modified.date().isoformat() if h.last_modified else ""
         print(f"{h.repo_id:<{width}}  {params:>7}  {h.downloads:>10}  {h.likes:>6}  {updated:<10}  {notes}")
     return 0

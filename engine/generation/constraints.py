@@ -23,6 +23,14 @@ engine in Rust), which computes the set of allowed tokens incrementally. What is
   an end mark (``U+10FFFF``) that only the model's stop tokens can produce: the model itself
   decides when to stop, and it may only stop where the text is complete. A JSON document ends
   by itself at its last bracket, so JSON constraints have no end mark and finish right there.
+* the token budget. A job has ``max_new_tokens``; a model that keeps writing inside a long array
+  would reach it mid-document and the reply would be invalid. With a budget, each step also
+  finds a short way to finish from where the output is (:func:`closing_text`: a greedy walk of a
+  copy of the kbnf engine, so the grammar itself vouches for it) and the fewest tokens that write
+  it (:func:`token_costs`). Once the budget left is no more than that, the mask admits only the
+  tokens on such a path (:meth:`ConstraintState.allowed`); near that point a sampled token that
+  would leave too little room to finish is refused (:meth:`ConstraintState.fits`) and the draw is
+  repeated among the closing tokens. A reply that had room to be valid therefore is valid.
 * cost: building a kbnf engine for a grammar and a 50k-token vocabulary takes from 0.1 s to a
   few seconds (it pre-computes token tables), so engines are built once per (constraint,
   vocabulary) and copied per job (about a millisecond). The next step's mask is computed on a
@@ -34,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
+import logging
 import re
 import sys
 import threading
@@ -43,18 +51,28 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from engine.compat.kbnf_engine import engine_config
 from engine.errors import EngineError
 
 END_MARK = "\U0010ffff"  # stands for "the model stopped" inside a grammar; see the module doc
 _END_LITERAL = '"\\u{10ffff}"'  # END_MARK in KBNF
 _END_LEAD_BYTE = 0xF4  # first UTF-8 byte of END_MARK: tokens containing it are left out
 _TEMPLATES_PER_VOCAB = 32
+_MAX_CLOSING_BYTES = 512  # no closing found within this many bytes: no budget steering
+_MAX_TOKEN_BYTES = 64  # longer tokens are never needed to write a closing text cheaply
+# A sampled token is checked against the budget (:meth:`ConstraintState.fits`) once the budget
+# left is within twice the closing's length plus this: one token can open a structure whose
+# required parts lengthen the closing by many tokens (",{" in an array of objects).
+_PROBE_SLACK = 16
+
+_log = logging.getLogger(__name__)
 
 
 class ConstraintError(EngineError):
@@ -148,6 +166,37 @@ def token_bytes(tokenizer: Any) -> dict[int, bytes]:
     return out
 
 
+_MISSING_BYTES_WARNING = "The following bytes are not present in any token"
+
+
+class _MissingBytesFilter(logging.Filter):
+    """Keeps kbnf's "bytes not present in any token" warning off the user's terminal.
+
+    kbnf (Rust, logging through pyo3-log to the Python logger ``kbnf.vocabulary``) warns whenever
+    some byte value has no token. Real tokenizers do lack some: SmolLM2's has no token for 13
+    of them (a few ASCII control characters, and 0xC0 0xC1 0xF5-0xF7, which never occur in
+    UTF-8). The vocabulary we build is right, so the warning is noise on every constrained run; a
+    grammar that needs such a byte ends its job with a clear "cannot be satisfied" error. The
+    message goes to this module's debug log instead; kbnf's other warnings pass.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith(_MISSING_BYTES_WARNING):
+            _log.debug("kbnf: %s", message.split(". ", 1)[0])
+            return False
+        return True
+
+
+_MISSING_BYTES_FILTER = _MissingBytesFilter()
+
+
+def _quiet_kbnf_vocabulary_warning() -> None:
+    # A logger filter (not a level): it applies however the application configures handlers,
+    # and only to this one message. addFilter ignores a filter that is already installed.
+    logging.getLogger("kbnf.vocabulary").addFilter(_MISSING_BYTES_FILTER)
+
+
 class ConstraintVocabulary:
     """A tokenizer's vocabulary as kbnf sees it, plus the cached engines built on it."""
 
@@ -162,7 +211,16 @@ class ConstraintVocabulary:
         tokens[self.end_id] = kbnf.Token(END_MARK.encode("utf-8"))
         names = {i: repr(b) for i, b in token_bytes.items() if i < size}
         names[self.end_id] = "<end>"
+        _quiet_kbnf_vocabulary_warning()
         self.kbnf = kbnf.Vocabulary(tokens, names)
+        # For closing the output within a budget: which ids write exactly these bytes, and the
+        # bytes a closing text may use (those with a one-byte token, so it can always be written).
+        self.ids_by_bytes: dict[bytes, list[int]] = {}
+        for i, b in token_bytes.items():
+            if i < size and len(b) <= _MAX_TOKEN_BYTES:
+                self.ids_by_bytes.setdefault(b, []).append(i)
+        self.max_token_bytes = max((len(b) for b in self.ids_by_bytes), default=1)
+        self.closing_alphabet = closing_alphabet({b[0] for b in self.ids_by_bytes if len(b) == 1})
         self._decode = decode
         self._templates: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
@@ -311,18 +369,22 @@ class Constraint:
                 )
             )
         builder.append_str(main)
-        try:
-            return builder.build(vocab.kbnf, vocab.decode)
-        except Exception as exc:  # kbnf raises plain ValueError/RuntimeError with its parser message
-            raise ConstraintError(f"{self.kind} constraint does not compile: {exc}") from exc
+        with _engine_failures(self):  # a panic while building is kbnf's failure, not the grammar's
+            try:
+                return builder.build(vocab.kbnf, vocab.decode, engine_config())
+            except Exception as exc:  # kbnf raises plain ValueError/RuntimeError with its parser message
+                raise ConstraintError(f"{self.kind} constraint does not compile: {exc}") from exc
 
-    def start(self, tokenizer: Any, prefetch: bool | None = None) -> ConstraintState:
+    def start(
+        self, tokenizer: Any, prefetch: bool = True, budget: int | None = None
+    ) -> ConstraintState:
         """A fresh per-job state over ``tokenizer``'s vocabulary. ``prefetch``: compute each next
-        mask on a worker thread (default: on, unless TRELLIS_CONSTRAINT_PREFETCH=0)."""
+        mask on a worker thread (overlapping the model's step; off: in the step). ``budget``:
+        how many tokens the job may generate; the output is then steered to finish within it."""
         vocab = ConstraintVocabulary.for_tokenizer(tokenizer)
-        if prefetch is None:
-            prefetch = os.environ.get("TRELLIS_CONSTRAINT_PREFETCH", "1") != "0"
-        return ConstraintState(self, vocab, vocab.formatter(self), prefetch)
+        with _engine_failures(self):
+            formatter = vocab.formatter(self)
+        return ConstraintState(self, vocab, formatter, prefetch, budget)
 
 
 class JsonSchemaConstraint(Constraint):
@@ -396,6 +458,141 @@ def grammar(kbnf_grammar: str, start: str = "start") -> GrammarConstraint:
 
 
 # ---------------------------------------------------------------------------------------------
+# Finishing within the budget
+# ---------------------------------------------------------------------------------------------
+
+# Preference order for the bytes of a closing text. Closers first, so strings, arrays and
+# objects end as soon as the grammar lets them; then separators (a required member or item is
+# still missing); then digits ("1" before "0": it ends bounded fractions like 0.0*[1-9] at once)
+# and letters (key names, enum values, literals); openers last, as they only lead deeper.
+_CLOSING_PREFERENCE = (
+    b'"]},:'
+    + b"1023456789"
+    + bytes(range(ord("a"), ord("z") + 1))
+    + bytes(range(ord("A"), ord("Z") + 1))
+    + b".-_{[ "
+)
+_REPEAT_LIMIT = 8  # the same byte this many times in a row: the walk is looping; demote it
+
+
+def closing_alphabet(single_byte_tokens: Iterable[int]) -> bytes:
+    """The bytes a closing text is built from, in the order they are tried: every byte that is a
+    token by itself (so any closing text can be written), the preferred ones first."""
+    have = set(single_byte_tokens)
+    rest = [*range(0x21, 0x7F), 0x0A, 0x09, *range(0x80, 0x100), *range(0x00, 0x20), 0x7F]
+    return bytes(b for b in dict.fromkeys([*_CLOSING_PREFERENCE, *rest]) if b in have)
+
+
+def _ends_here(engine: Any, end_id: int | None) -> bool:
+    """Whether the output may end at ``engine``'s state (``end_id``: the end-mark token that a
+    stop token stands for, for constraints the model ends; ``None``: the grammar ends itself)."""
+    if end_id is None:
+        return bool(engine.is_finished())
+    trial = copy.copy(engine)
+    try:
+        trial.try_accept_new_token(end_id)
+    except ValueError:
+        return False
+    return bool(trial.is_finished())
+
+
+def _next_byte(trial: Any, order: list[int], end_id: int | None) -> tuple[int, Any] | None:
+    """The byte a closing walk takes from ``trial``'s state, and the state after it.
+
+    For JSON (``end_id`` None) the first acceptable byte of ``order``: closers come first there,
+    so the walk leaves each string, array and object as soon as the grammar allows. Regexes and
+    grammars have no such fixed closers (``[a-z ,]+\\.`` ends with "."), so among the acceptable
+    bytes one after which the output may end is taken first.
+    """
+    if end_id is None:
+        for b in order:
+            try:
+                trial.try_accept_new_bytes(bytes((b,)))  # a rejected byte leaves the state unchanged
+            except ValueError:
+                continue
+            return b, trial
+        return None
+    first: tuple[int, Any] | None = None
+    for b in order:
+        after = copy.copy(trial)
+        try:
+            after.try_accept_new_bytes(bytes((b,)))
+        except ValueError:
+            continue
+        if _ends_here(after, end_id):
+            return b, after
+        if first is None:
+            first = (b, after)
+    return first
+
+
+def closing_text(
+    engine: Any, alphabet: bytes, end_id: int | None = None, max_bytes: int = _MAX_CLOSING_BYTES
+) -> bytes | None:
+    """A short text that completes the output from ``engine``'s state (a kbnf engine, left
+    unchanged), or ``None`` if none is found within ``max_bytes``.
+
+    kbnf does not expose its parse state, so the text is found by walking a copy of the engine
+    one byte at a time (:func:`_next_byte`). That makes the text valid by construction, for any
+    grammar, and deterministic in the state: a model that writes a closing's first bytes is left
+    with the rest of that same closing. It is short rather than shortest (the first acceptable
+    letter may start an optional key); the budget only needs a way to finish that exists and is
+    not much longer than the best one.
+    """
+    trial = copy.copy(engine)
+    order = list(alphabet)
+    out = bytearray()
+    last, repeats = -1, 0
+    while not _ends_here(trial, end_id):
+        if len(out) >= max_bytes:
+            return None
+        step = _next_byte(trial, order, end_id)
+        if step is None:
+            return None
+        b, trial = step
+        out.append(b)
+        repeats = repeats + 1 if b == last else 1
+        last = b
+        if repeats >= _REPEAT_LIMIT:  # e.g. "a" forever under the pattern a+@: try others first
+            order.remove(b)
+            order.append(b)
+            repeats = 0
+    return bytes(out)
+
+
+def token_costs(text: bytes, ids_by_bytes: Mapping[bytes, Any], max_token_bytes: int) -> list[int]:
+    """``costs[i]``: the fewest tokens that write ``text[i:]`` exactly (``costs[len(text)] == 0``;
+    a position no tokens can continue from costs more than ``len(text)``)."""
+    n = len(text)
+    unreachable = n + 1
+    costs = [unreachable] * (n + 1)
+    costs[n] = 0
+    for i in range(n - 1, -1, -1):
+        best = unreachable
+        for j in range(i + 1, min(n, i + max_token_bytes) + 1):
+            if costs[j] + 1 < best and text[i:j] in ids_by_bytes:
+                best = costs[j] + 1
+        costs[i] = best
+    return costs
+
+
+@dataclass(frozen=True)
+class ClosingPlan:
+    """The way to finish the output from the current state: ``text``, the fewest tokens to write
+    each suffix of it (``costs``), and whether a stop token must follow (regex and grammar
+    constraints end when the model stops; JSON ends at its last bracket)."""
+
+    text: bytes
+    costs: list[int]
+    stop_after: bool
+
+    @property
+    def tokens(self) -> int:
+        """Tokens it takes to finish, the stop token included."""
+        return self.costs[0] + int(self.stop_after)
+
+
+# ---------------------------------------------------------------------------------------------
 # Per-job state
 # ---------------------------------------------------------------------------------------------
 
@@ -413,14 +610,17 @@ def _pool() -> ThreadPoolExecutor:
 def _engine_failures(constraint: Constraint) -> Iterator[None]:
     """Report a failure inside kbnf as a ConstraintError for this one job. kbnf is Rust: an
     internal error there arrives as pyo3's PanicException, which derives from BaseException, so
-    without this a single job's grammar could bring down the whole generator loop."""
+    without this a single job's grammar could bring down the whole generator loop. (kbnf 0.4.2
+    panics - "slice index starts at 9 but ends at 7" - when a token's first byte is accepted and
+    a later one rejected; see engine/compat/kbnf_engine.py for how a wrong mask led there.)"""
     try:
         yield
     except (KeyboardInterrupt, SystemExit, GeneratorExit, ConstraintError):
         raise
     except BaseException as exc:  # noqa: BLE001 - see above
         raise ConstraintError(
-            f"the {constraint.kind} constraint engine (kbnf) failed: {type(exc).__name__}: {exc}"
+            f"the {constraint.kind} constraint engine (kbnf) failed: {type(exc).__name__}: {exc}; "
+            "this reply was ended, the next one starts afresh"
         ) from exc
 
 
@@ -428,7 +628,12 @@ class ConstraintState:
     """One job's progress through its constraint (not thread-safe: one generator drives it)."""
 
     def __init__(
-        self, constraint: Constraint, vocab: ConstraintVocabulary, formatter: Any, prefetch: bool
+        self,
+        constraint: Constraint,
+        vocab: ConstraintVocabulary,
+        formatter: Any,
+        prefetch: bool,
+        budget: int | None = None,
     ) -> None:
         self.constraint, self.vocab, self.formatter = constraint, vocab, formatter
         # formatron has no public accessor for the kbnf engine; its own integrations use this one.
@@ -437,15 +642,22 @@ class ConstraintState:
         self._prefetch = prefetch
         self._pending: Future | None = None
         self.tokens: list[int] = []
+        # Tokens the job may generate (None: no limit to steer by) and how to finish from here,
+        # recomputed with each mask (on the worker thread when prefetching).
+        self.budget = budget
+        self._plan: ClosingPlan | None = None
         # Read from the engine only where no mask computation runs (see complete).
-        self._complete = bool(formatter.is_completed())
-        self._schedule()
+        with _engine_failures(constraint):
+            self._complete = bool(formatter.is_completed())
+            self._schedule()
 
     # -- mask -------------------------------------------------------------------------------
 
     def _compute(self) -> None:
         self.formatter.compute_allowed_tokens()
         self._engine.fill_torch_bitmask(self._bits.data_ptr())
+        if self.budget is not None:
+            self._plan = self._plan_from(self._engine)
 
     def _schedule(self) -> None:
         if self.complete:
@@ -461,14 +673,10 @@ class ConstraintState:
             with _engine_failures(self.constraint):
                 pending.result()
 
-    def allowed(self, logits_size: int, stop_ids: Iterable[int]) -> torch.Tensor | None:
-        """Which of ``logits_size`` token ids may come next (stop ids only where the output may
-        end), or ``None`` when no token can: the constraint cannot be satisfied any more."""
-        self._wait()
-        if self.complete:
-            return None
-        # kbnf's bitmask: uint32 words, bit j of word w = token 32w+j. numpy, not torch: these are
-        # small single-threaded operations, and torch would spread them over its thread pool.
+    def _grammar_mask(self, logits_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """kbnf's bitmask as bools over all its ids, and as a mask over ``logits_size`` ids."""
+        # uint32 words, bit j of word w = token 32w+j. numpy, not torch: these are small
+        # single-threaded operations, and torch would spread them over its thread pool.
         words = self._bits.numpy()
         if sys.byteorder != "little":
             words = words.byteswap()
@@ -476,7 +684,22 @@ class ConstraintState:
         n = min(self.vocab.size, logits_size)
         mask = np.zeros(logits_size, dtype=np.bool_)
         mask[:n] = bits[:n]
-        may_end = bool(bits[self.vocab.end_id]) and self._end_completes()
+        return bits, mask
+
+    def allowed(self, logits_size: int, stop_ids: Iterable[int]) -> torch.Tensor | None:
+        """Which of ``logits_size`` token ids may come next (stop ids only where the output may
+        end), or ``None`` when no token can: the constraint cannot be satisfied any more. When
+        the budget left is no more than finishing takes, only tokens on the way to the end."""
+        self._wait()
+        if self.complete:
+            return None
+        if self._closing_now():
+            closing = self.closing_mask(logits_size, stop_ids)
+            if closing is not None:
+                return closing
+        bits, mask = self._grammar_mask(logits_size)
+        with _engine_failures(self.constraint):
+            may_end = bool(bits[self.vocab.end_id]) and self._end_completes()
         for s in stop_ids:
             if 0 <= s < logits_size:
                 mask[s] = may_end
@@ -485,12 +708,77 @@ class ConstraintState:
     def _end_completes(self) -> bool:
         """The end mark is allowed here; but does it *end* the grammar, or could it be ordinary
         text (a regex ``.`` matches U+10FFFF too)? Try it on a copy."""
-        trial = copy.copy(self._engine)
-        try:
-            trial.try_accept_new_token(self.vocab.end_id)
-        except ValueError:
-            return False
-        return trial.is_finished()
+        return _ends_here(self._engine, self.vocab.end_id)
+
+    # -- the budget -------------------------------------------------------------------------
+
+    @property
+    def remaining(self) -> int | None:
+        """Tokens the job may still generate, this step's included (None: no budget)."""
+        return None if self.budget is None else self.budget - len(self.tokens)
+
+    def closing(self) -> ClosingPlan | None:
+        """How the output would finish from here (None: no budget, or no closing was found)."""
+        self._wait()
+        return self._plan
+
+    def _plan_from(self, engine: Any) -> ClosingPlan | None:
+        end_id = self.vocab.end_id if self.constraint.ends_with_stop else None
+        text = closing_text(engine, self.vocab.closing_alphabet, end_id)
+        if text is None:
+            return None
+        costs = token_costs(text, self.vocab.ids_by_bytes, self.vocab.max_token_bytes)
+        return ClosingPlan(text, costs, self.constraint.ends_with_stop)
+
+    def _closing_now(self) -> bool:
+        return self._plan is not None and self.remaining is not None and self.remaining <= self._plan.tokens
+
+    def closing_mask(self, logits_size: int, stop_ids: Iterable[int]) -> torch.Tensor | None:
+        """The tokens that start a way to finish within the budget: each writes a prefix of the
+        closing text after which the rest still fits. If nothing fits any more, those on the
+        cheapest way (the reply will be incomplete, but as near to finished as it can be)."""
+        self._wait()
+        plan, remaining = self._plan, self.remaining
+        if plan is None or remaining is None or self.complete:
+            return None
+        bits, grammar = self._grammar_mask(logits_size)
+        mask = np.zeros(logits_size, dtype=np.bool_)
+        if not plan.text:  # only the stop token is left to write
+            if bits[self.vocab.end_id]:
+                for s in stop_ids:
+                    if 0 <= s < logits_size:
+                        mask[s] = True
+            return torch.from_numpy(mask) if mask.any() else None
+        room = max(remaining, plan.tokens) - int(plan.stop_after)
+        for k in range(1, min(len(plan.text), self.vocab.max_token_bytes) + 1):
+            ids = self.vocab.ids_by_bytes.get(plan.text[:k])
+            if ids and 1 + plan.costs[k] <= room:
+                for i in ids:
+                    if i < logits_size:
+                        mask[i] = True
+        mask &= grammar  # the same tokens, unless the vocabulary and kbnf disagree
+        return torch.from_numpy(mask) if mask.any() else None
+
+    def fits(self, token: int, is_stop: bool = False) -> bool:
+        """Whether the output can still finish within the budget after ``token``. Checked only
+        near the end of the budget (far from it no single token matters): the token is tried on
+        a copy of the engine and the closing recomputed from there."""
+        self._wait()
+        plan, remaining = self._plan, self.remaining
+        if is_stop or plan is None or remaining is None:
+            return True
+        if remaining > 2 * plan.tokens + _PROBE_SLACK:
+            return True
+        with _engine_failures(self.constraint):
+            trial = copy.copy(self._engine)
+            try:
+                trial.try_accept_new_token(token)
+            except ValueError:
+                return True  # not allowed at all: advance() reports that
+            if trial.is_finished():
+                return True
+            after = self._plan_from(trial)
+        return after is None or after.tokens <= remaining - 1
 
     # -- advancing --------------------------------------------------------------------------
 
@@ -505,10 +793,10 @@ class ConstraintState:
                 raise ConstraintError(
                     f"token {token} is not allowed by the {self.constraint.kind} constraint here"
                 ) from None
-        if not is_stop:
-            self.tokens.append(token)
-        self._complete = bool(self.formatter.is_completed())
-        self._schedule()
+            if not is_stop:
+                self.tokens.append(token)
+            self._complete = bool(self.formatter.is_completed())
+            self._schedule()
 
     @property
     def complete(self) -> bool:

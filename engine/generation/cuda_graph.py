@@ -18,30 +18,22 @@ eager step instead.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
 import torch
 
-from engine import gemv_tuning, ops
+from engine import kernels
 from engine.cache.paged import PagedKVCache
-from engine.generation import step_tuning
 from engine.generation.decode_inputs import DecodeInputs, decode_forward, is_decode_item, pages_needed
 from engine.generation.step import StepItem
 from engine.modules.decoder import CausalLM
 
-DISABLE_ENV = "TRELLIS_NO_GRAPHS"
 WARMUP_STEPS = 2
-# Step tuning (engine.generation.step_tuning) times a candidate as the median of these rounds of
+# Step tuning (engine.kernels.tuning.tune_step) times a candidate as the median of these rounds of
 # replays of its captured step.
 TUNE_ROUNDS = 5
 TUNE_REPLAYS = 8
-
-
-def graphs_enabled() -> bool:
-    """False when ``TRELLIS_NO_GRAPHS`` is set (to anything but ``0``)."""
-    return os.environ.get(DISABLE_ENV, "") in ("", "0")
 
 
 def _bucket(n: int, limit: int, smallest: int = 1) -> int:
@@ -77,19 +69,20 @@ class DecodeGraphs:
         max_batch: int = 8,
         max_pages: int | None = None,
         min_pages: int = 8,
-        tune_splits: bool | None = None,
+        tune_splits: bool = False,
     ) -> None:
         """``tune_splits``: before the first capture of a step shape, revise the GEMVs' split
-        counts by timing whole steps (engine.generation.step_tuning; default: ``TRELLIS_STEP_TUNE``)."""
+        counts by timing whole steps (engine.kernels.tuning.tune_step; ``EngineOptions.step_tuning``)."""
         self.model, self.cache = model, cache
-        self.tune_splits = step_tuning.enabled() if tune_splits is None else tune_splits
+        self.tune_splits = tune_splits
         self.max_batch = max_batch
         self.max_pages = min(max_pages or cache.num_pages, cache.num_pages)
         self.min_pages = min_pages
         self.device = model.device
         self.failed: str | None = None  # why capture failed; then run() always returns None
-        if not getattr(model, "static_decode", True):  # the Generator decodes these eagerly too
-            self.failed = "a mixture-of-experts step has data-dependent shapes"
+        dynamic = getattr(model, "dynamic_decode", None)  # the Generator decodes these eagerly too
+        if dynamic:
+            self.failed = f"a {dynamic} step has data-dependent shapes"
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
 
@@ -128,7 +121,10 @@ class DecodeGraphs:
         on the host); the items' own ``tokens`` are then placeholders. Ties: the first maximum.
         """
         logits = self._replay(items, ids)
-        return None if logits is None else ops.argmax_rows(logits)
+        if logits is None:
+            return None
+        ids = kernels.sampling.argmax_rows(logits)
+        return ids if ids is not None else logits.argmax(dim=-1)
 
     @torch.inference_mode()
     def run_logits(self, items: Sequence[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -148,6 +144,7 @@ class DecodeGraphs:
         pages = _bucket(needed, self.max_pages, self.min_pages)
         # Padding rows write their keys/values into a page held only for this step. It is freed
         # right after: nothing reads it, and a job that gets it later writes before it reads.
+        # Their recurrent state (if any) is the cache's scratch slot, which no sequence holds.
         scratch = None
         if batch > len(items):
             if self.cache.pages.available == 0:
@@ -159,7 +156,7 @@ class DecodeGraphs:
                 entry = self._graphs[(batch, pages)] = _Graph(
                     DecodeInputs(batch, pages, self.cache.page_size, self.device)
                 )
-            entry.inputs.fill(items, scratch)
+            entry.inputs.fill(items, scratch, self.cache.state_slots.scratch)
             if ids is not None:  # stream-ordered after the step that produced them
                 entry.inputs.buffer[: len(items)].copy_(ids)
             if entry.graph is None and not self._capture(entry):
@@ -177,12 +174,12 @@ class DecodeGraphs:
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream), gemv_tuning.recorded_keys() as keys:
+            with torch.cuda.stream(stream), kernels.tuning.recorded_keys() as keys:
                 for _ in range(WARMUP_STEPS):
                     decode_forward(self.model, self.cache, entry.inputs)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             if self.tune_splits:
-                tuning = step_tuning.tune_once(sorted(keys, key=repr), lambda: self._time_step(entry))
+                tuning = kernels.tuning.tune_step_once(sorted(keys, key=repr), lambda: self._time_step(entry))
                 if tuning is not None:
                     print(
                         f"trellis: split counts tuned for the {describe_step(entry)}: {tuning.summary()}",
@@ -201,9 +198,9 @@ class DecodeGraphs:
             self._graphs.clear()
             return False
         entry.graph, entry.logits = graph, logits
-        # The EXL3 GEMV's shared workspace is baked into the graph by address; ops may replace it
-        # with a larger one later (another model): keep the captured one alive with the graph.
-        entry.keepalive = tuple(ops._workspaces.values())
+        # The workspace GEMV's buffers are baked into the graph by address; a later, larger model
+        # gets new ones: keep the captured ones alive with the graph.
+        entry.keepalive = kernels.gemv.workspaces()
         return True
 
     def _time_step(self, entry: _Graph) -> float:
@@ -217,7 +214,7 @@ class DecodeGraphs:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 decode_forward(self.model, self.cache, entry.inputs)
             graph.replay()
-            rounds = [gemv_tuning.replay_ms(graph, stream, TUNE_REPLAYS) for _ in range(TUNE_ROUNDS)]
+            rounds = [kernels.tuning.replay_ms(graph, stream, TUNE_REPLAYS) for _ in range(TUNE_ROUNDS)]
         torch.cuda.current_stream(self.device).wait_stream(stream)
         del graph
         return sorted(rounds)[len(rounds) // 2]

@@ -6,7 +6,8 @@ tail holds int32 numbers (what the attention kernel reads; stored as such, so th
 launches no conversion kernel for them):
 
     int64 [ ids (batch) | positions (batch) | write slots (batch) ]
-    int32 [ lengths (batch) | tables (batch * max_pages) ]  (padded to whole int64 entries)
+    int32 [ lengths (batch) | tables (batch * max_pages) | state slots (batch) ]
+          (padded to whole int64 entries)
 
 The host writes it through a numpy view (cheap per element), rewrites a block-table row only
 when that row's pages changed, and copies the whole buffer to the device with one transfer.
@@ -15,8 +16,8 @@ device buffer, so their addresses never change: a CUDA graph captured over them 
 whatever the host wrote last (``engine.generation.cuda_graph``).
 
 Rows past the real batch are padding: one token each at the first positions of a scratch page,
-which the caller has reserved from the cache's allocator, so padding never writes a page a
-sequence uses.
+which the caller has reserved from the cache's allocator, and the cache's scratch state slot, so
+padding never writes a page or a recurrent state a sequence uses.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine import ops
+from engine import kernels
 from engine.cache.paged import PagedKVCache
 from engine.generation.step import StepItem
 from engine.modules.batch import BatchLayout, DecodeTables
@@ -48,7 +49,7 @@ class DecodeInputs:
     def __init__(self, batch: int, max_pages: int, page_size: int, device: torch.device) -> None:
         self.batch, self.max_pages, self.page_size = batch, max_pages, page_size
         self.device = torch.device(device)
-        self._int32 = batch * (1 + max_pages)  # lengths and tables
+        self._int32 = batch * (2 + max_pages)  # lengths, tables and state slots
         size = 3 * batch + (self._int32 + 1) // 2
         pin = self.device.type == "cuda"
         self.host = torch.zeros(size, dtype=torch.int64, pin_memory=pin)
@@ -60,12 +61,15 @@ class DecodeInputs:
         # before writing again (in practice it has: sampling read the logits in between).
         self._copied = torch.cuda.Event() if pin else None
 
-    def fill(self, items: Sequence[StepItem], scratch_page: int | None) -> None:
+    def fill(self, items: Sequence[StepItem], scratch_page: int | None, scratch_state: int = 0) -> None:
         """Write ``items`` (``is_decode_item`` each, at most ``batch``) and copy them to the device.
 
         ``scratch_page`` takes the padding rows; it may be None only when there are none.
+        ``scratch_state``: the state slot of padding rows, and of items without one (the cache's
+        ``state_slots.scratch``; any slot where no layer keeps recurrent state).
         """
         b, p, ps, a, t = self.batch, self.max_pages, self.page_size, self._np, self._np32
+        states = b * (1 + p)  # where the state slots start among the int32 numbers
         if len(items) < b and scratch_page is None:
             raise ValueError("padding rows need a scratch page")
         if self._copied is not None:
@@ -77,6 +81,7 @@ class DecodeInputs:
             a[b + i] = pos
             a[2 * b + i] = table[pos // ps] * ps + pos % ps
             t[i] = pos + 1
+            t[states + i] = scratch_state if item.state_slot is None else item.state_slot
             row = list(table[:p])
             if self._rows[i] != row:
                 start = b + i * p
@@ -90,6 +95,7 @@ class DecodeInputs:
             a[b + i] = pos
             a[2 * b + i] = scratch_page * ps + pos
             t[i] = pos + 1
+            t[states + i] = scratch_state
             row = [scratch_page]
             if self._rows[i] != row:
                 start = b + i * p
@@ -104,7 +110,7 @@ class DecodeInputs:
         in last."""
         b, buf = self.batch, self.buffer
         ids, positions, slots = buf[:b], buf[b : 2 * b], buf[2 * b : 3 * b]
-        decode = DecodeTables(self.tables(), self.lengths(), self.page_size)
+        decode = DecodeTables(self.tables(), self.lengths(), self.page_size, self.state_slots())
         return ids, BatchLayout([], positions, slots, decode=decode)
 
     def lengths(self) -> torch.Tensor:
@@ -114,14 +120,19 @@ class DecodeInputs:
     def tables(self) -> torch.Tensor:
         """The block tables as the device buffer holds them (int32, ``[batch, max_pages]``)."""
         b = self.batch
-        return self.buffer[3 * b :].view(torch.int32)[b : self._int32].view(b, self.max_pages)
+        return self.buffer[3 * b :].view(torch.int32)[b : b * (1 + self.max_pages)].view(b, self.max_pages)
+
+    def state_slots(self) -> torch.Tensor:
+        """The recurrent-state slots as the device buffer holds them (int32, ``[batch]``)."""
+        b = self.batch
+        return self.buffer[3 * b :].view(torch.int32)[b * (1 + self.max_pages) : self._int32]
 
 
 def decode_forward(model: CausalLM, cache: PagedKVCache, inputs: DecodeInputs) -> torch.Tensor:
     """Logits ``[batch, vocab]`` (float32) of the step in ``inputs``' device buffer; capture-safe."""
     ids, layout = inputs.views()
-    # A loaded model's decode step writes no weight, so its kernels may launch chained (engine.ops).
-    with ops.chained_launches(model.device):
+    # A loaded model's decode step writes no weight, so its kernels may launch chained.
+    with kernels.chained_launches(model.device):
         return model(ids, layout, cache, None)
 
 
@@ -141,6 +152,6 @@ def run_decode_step(
         raise ValueError("the fixed-shape decode path takes single-token decode items only")
     pages = max_pages or pages_needed(items, cache.page_size)
     inputs = DecodeInputs(batch or len(items), pages, cache.page_size, model.device)
-    inputs.fill(items, scratch_page)
+    inputs.fill(items, scratch_page, cache.state_slots.scratch)
     logits = decode_forward(model, cache, inputs)
     return list(logits[: len(items)].split(1))

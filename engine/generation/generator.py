@@ -7,60 +7,56 @@ their pages at once. Full pages are registered by content (see ``engine.cache.pa
 job whose prompt starts with pages already computed - the previous turn of the same chat - skips
 straight past them.
 
-Sampled jobs without a constraint draw on the GPU (``engine.ops.sample_tokens``): each job's
-uniform comes from its own seeded generator on the host, as the host sampler would draw it, and
-only the chosen ids come back instead of a vocabulary-sized row per job (``TRELLIS_HOST_SAMPLING=1``
-samples on the host instead). Constrained jobs need their mask on the host: a step with any of
-them samples every row there.
+Sampled jobs draw on the GPU (``engine.kernels.sampling.sample_tokens``): each job's uniform
+comes from its own seeded generator on the host, as the host sampler would draw it, and only the
+chosen ids come back instead of a vocabulary-sized row per job (``EngineOptions.sampling_on_device``
+off samples on the host instead). A step where any job uses a processor the kernel does not apply (a constraint's mask, a
+logit bias: ``engine.generation.device_sampling.sampling_path``) samples every row on the host,
+by the same reference.
 
-Decode steps of unconstrained jobs are pipelined on a GPU (with CUDA graphs): the next step is
-launched from the tokens the last one left on the device, before the host reads them, so the
-host's work per token (stop checks, streaming, preparing the step) overlaps the GPU's instead of
-idling it (``TRELLIS_NO_PIPELINE=1`` turns this off). Plain greedy batches take each row's argmax
-there. Batches with a sampled (or penalised greedy) job are drawn there, greedy rows at
-temperature 0: the penalty lists are packed from the host's tokens, which lack the token still
-on the device, and the sampler counts that one as a *pending* token (as if appended); each job's
-uniform is drawn from its generator when its step is launched, in the order the unpipelined path
-draws them, so a seeded job gives the same tokens either way. Host sampling, constrained jobs and
-steps that do not fit a graph are not pipelined. A job that ends at a token wastes the one step
-already launched for it (and, if sampled, one uniform of its finished generator); that step only
-wrote a cache slot past the job's end.
+Decode steps drawn where the logits are (argmax or device sampler) are pipelined on a GPU (with
+CUDA graphs): the next step is launched from the tokens the last one left on the device, before
+the host reads them, so the host's work per token (stop checks, streaming, preparing the step)
+overlaps the GPU's instead of idling it (``EngineOptions.pipelined_decode`` off turns this off). Plain greedy
+batches take each row's argmax there. Batches with a sampled (or penalised greedy) job are drawn
+there, greedy rows at temperature 0: the penalty lists are packed from the host's tokens, which
+lack the token still on the device, and the sampler counts that one as a *pending* token (as if
+appended); each job's uniform is drawn from its generator when its step is launched, in the order
+the unpipelined path draws them, so a seeded job gives the same tokens either way. Steps sampled
+on the host and steps that do not fit a graph are not pipelined. A job that ends at a token
+wastes the one step already launched for it (and, if sampled, one uniform of its finished
+generator); that step only wrote a cache slot past the job's end.
 """
 
 from __future__ import annotations
 
 import numbers
-import os
 import sys
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine import ops
+from engine import kernels
 from engine.cache.paged import PagedKVCache
 from engine.cache.pages import page_keys
 from engine.errors import ContextOverflowError, UsageError
 from engine.generation.constraints import ConstraintError, ConstraintState
-from engine.generation.cuda_graph import DecodeGraphs, graphs_enabled
+from engine.generation.cuda_graph import DecodeGraphs
 from engine.generation.decode_inputs import is_decode_item, run_decode_step
-from engine.generation.device_sampling import SamplingRows, pack_rows
+from engine.generation.device_sampling import SamplingRows, pack_rows, sample_reference, sampling_path
 from engine.generation.job import Job, JobResult, Timings
 from engine.generation.sampling import Sampler
 from engine.generation.step import StepItem, run_step
 from engine.generation.stops import StopStringMatcher
 from engine.model import LoadedModel
+from engine.options import DEFAULT_OPTIONS, EngineOptions
 
-PIPELINE_DISABLE_ENV = "TRELLIS_NO_PIPELINE"
 # A pipelined step's tokens go to the host on a side stream (see _InFlight.start; +1.2% decode
-# tok/s on the 1B shape, docs/KERNELS.md section 8). TRELLIS_TOKEN_COPY_STREAM=0 keeps the
-# copy on the compute stream (A/B runs).
-TOKEN_COPY_STREAM = os.environ.get("TRELLIS_TOKEN_COPY_STREAM", "1") not in ("", "0")
-# A sampled step's inputs (settings, penalty lists, uniforms) go to the GPU on a side stream too
-# (see _upload_aside). TRELLIS_SAMPLING_UPLOAD_STREAM=0 copies them on the compute stream (A/B).
-SAMPLING_UPLOAD_STREAM = os.environ.get("TRELLIS_SAMPLING_UPLOAD_STREAM", "1") not in ("", "0")
+# tok/s on the 1B shape, docs/KERNELS.md section 8), and a sampled step's inputs (settings,
+# penalty lists, uniforms) go to the GPU on another (see _upload_aside; +0.4%).
 _side_streams: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
 
@@ -70,9 +66,6 @@ def _side_stream(device: torch.device, role: str) -> torch.cuda.Stream:
     if key not in _side_streams:
         _side_streams[key] = torch.cuda.Stream(device)
     return _side_streams[key]
-
-
-HOST_SAMPLING_ENV = "TRELLIS_HOST_SAMPLING"
 
 
 @dataclass(eq=False)
@@ -87,6 +80,7 @@ class _Running:
     decoder: object | None
     constraint: ConstraintState | None = None  # masks the logits, advances with each token
     pages: list[int] = field(default_factory=list)
+    state_slot: int | None = None  # its recurrent-state slot, where the model keeps one
     in_cache: int = 0  # positions 0 .. in_cache - 1 are in the cache
     keys: list[bytes] = field(default_factory=list)  # keys of the full pages registered so far
     cached_tokens: int = 0
@@ -121,11 +115,10 @@ class _InFlight:
         # The copy to the host goes on a stream of its own: on the compute stream it sat between
         # this step and the next one's input copy, copy-engine transitions (~7 us each on the
         # H200, profile-step's idle gaps) with no kernel running.
-        copier = _side_stream(ids.device, "tokens") if TOKEN_COPY_STREAM else None
-        if copier is not None:
-            copier.wait_stream(torch.cuda.current_stream(ids.device))
-            ids.record_stream(copier)  # the allocator must not reuse ids before the copy has read them
-        with torch.cuda.stream(copier):  # None: the current stream
+        copier = _side_stream(ids.device, "tokens")
+        copier.wait_stream(torch.cuda.current_stream(ids.device))
+        ids.record_stream(copier)  # the allocator must not reuse ids before the copy has read them
+        with torch.cuda.stream(copier):
             host = ids.to("cpu", non_blocking=True)  # pinned: really asynchronous
             copied = torch.cuda.Event()
             copied.record()
@@ -143,7 +136,9 @@ def _argmax_rows(logits: list) -> dict[int, int]:
     present = [(i, row[-1]) for i, row in enumerate(logits) if row is not None]
     if not present:
         return {}
-    ids = ops.argmax_rows(torch.stack([row for _, row in present])).tolist()
+    rows = torch.stack([row for _, row in present])
+    found = kernels.sampling.argmax_rows(rows)
+    ids = (found if found is not None else rows.argmax(dim=-1)).tolist()
     return {i: int(token) for (i, _), token in zip(present, ids)}
 
 
@@ -151,7 +146,8 @@ def _draw_rows(
     runs: list[_Running], logits: torch.Tensor, pending: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Each run's next token drawn where ``logits`` ``[len(runs), vocab]`` are
-    (:func:`engine.ops.sample_tokens`, one launch), as a device tensor not waited for: each job's
+    (:func:`engine.kernels.sampling.sample_tokens`, one launch; elsewhere its torch reference),
+    as a device tensor not waited for: each job's
     uniform from its own generator (drawn only where the host sampler would draw one), its
     settings and penalty lists packed on the host from its tokens. ``pending`` (int64, on the
     device): each row's last token, not yet in the run's tokens (a pipelined step); the
@@ -169,12 +165,11 @@ def _draw_rows(
     device = logits.device
     if device.type == "cuda":
         u = u.pin_memory()  # a copy from pageable memory would wait for the GPU: no pipelining
-        if SAMPLING_UPLOAD_STREAM:
-            rows_d, u_d = _upload_aside(device, rows, u)
-            return ops.sample_tokens(logits, rows_d, u_d, pending=pending)
-    return ops.sample_tokens(
-        logits, rows.to(device, non_blocking=True), u.to(device, non_blocking=True), pending=pending
-    )
+        rows_d, u_d = _upload_aside(device, rows, u)
+    else:
+        rows_d, u_d = rows.to(device), u.to(device)
+    ids = kernels.sampling.sample_tokens(logits, rows_d, u_d, pending=pending)
+    return ids if ids is not None else sample_reference(logits, rows_d, u_d, pending)
 
 
 def _upload_aside(
@@ -206,7 +201,7 @@ def _sample_rows(runs: list[_Running], logits: list) -> dict[int, int]:
 def _with_tokens(items: list[StepItem], ids: torch.Tensor) -> list[StepItem]:
     """Single-token decode ``items`` with their tokens taken from ``ids`` (read to the host)."""
     tokens = ids.tolist()
-    return [StepItem([t], i.past, i.block_table, i.logits, i.media) for i, t in zip(items, tokens)]
+    return [replace(i, tokens=[t]) for i, t in zip(items, tokens)]
 
 
 class Generator:
@@ -220,31 +215,17 @@ class Generator:
         cache_tokens: int | None = None,
         page_size: int = 64,
         cache_bits: tuple[int, int] = (16, 16),
-        cuda_graphs: bool | None = None,
-        pipeline: bool | None = None,
-        device_sampling: bool | None = None,
-        batched_decode: bool | None = None,
-        tune_step_splits: bool | None = None,
+        options: EngineOptions = DEFAULT_OPTIONS,
     ) -> None:
-        """``cuda_graphs``: replay decode steps from CUDA graphs on a CUDA model (default: yes,
-        unless ``TRELLIS_NO_GRAPHS=1``). ``pipeline``: pipeline decode steps (greedy, and sampled
-        ones where ``device_sampling``; default: yes where graphs run, unless
-        ``TRELLIS_NO_PIPELINE=1``; elsewhere it only costs syncs, but
-        works, which the CPU tests use). ``device_sampling``: sample unconstrained jobs where the
-        logits are (default: on a CUDA model, unless ``TRELLIS_HOST_SAMPLING=1``; on the CPU it
-        runs the torch reference, which the CPU tests use). ``batched_decode``: run decode-only
-        steps that no graph replays (more rows than the graphs hold, or graphs off) through the
-        fixed-shape decode path, one paged-attention launch per layer for every row, instead of
-        attending row by row (default: on a CUDA model; on the CPU the row-by-row path reads the
-        cache in place and is the faster one). ``tune_step_splits``: before a decode step shape
-        is first captured, choose its GEMVs' split counts by timing whole steps
-        (engine.generation.step_tuning; default: ``TRELLIS_STEP_TUNE``)."""
+        """``options``: how decode steps run (:class:`~engine.options.EngineOptions`: CUDA graphs,
+        pipelining, sampling where the logits are, the batched decode path, step tuning)."""
         self.model, self.tokenizer = model, tokenizer
-        self._tune_step_splits = tune_step_splits
+        self.options = options
+        on_gpu = model.device.type == "cuda"
         if cache is None:
             tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
             cache = PagedKVCache.for_model(
-                model.spec, tokens, page_size, model.dtype, model.device, cache_bits
+                model.spec, tokens, page_size, model.dtype, model.device, cache_bits, max_batch_size
             )
         self.cache = cache
         if max_chunk_tokens is None:
@@ -256,28 +237,30 @@ class Generator:
         self._active: list[_Running] = []
         self._by_job: dict[Job, _Running] = {}
         self.prefilled_tokens = 0  # statistics: prompt tokens actually computed
-        use_graphs = graphs_enabled() if cuda_graphs is None else cuda_graphs
-        self._use_graphs = use_graphs and model.device.type == "cuda"
-        if self._use_graphs and not getattr(model.module, "static_decode", True):
-            # A mixture-of-experts block reads its per-expert token counts on the host and runs
-            # only the chosen experts, on as many rows as chose them: no fixed shapes for a graph
-            # to capture. Such a model decodes eagerly (and so, by default, without pipelining).
+        self._use_graphs = options.cuda_graphs and on_gpu
+        dynamic = getattr(model.module, "dynamic_decode", None)
+        if self._use_graphs and dynamic:
+            # E.g. a mixture-of-experts block reads its per-expert token counts on the host and
+            # runs only the chosen experts, on as many rows as chose them: no fixed shapes for a
+            # graph to capture. Such a model decodes eagerly (and so, by default, without
+            # pipelining).
             print(
-                "trellis: mixture-of-experts model: decode steps run without CUDA graphs "
-                "(the experts each step runs depend on its tokens)",
+                f"trellis: {dynamic} model: decode steps run without CUDA graphs "
+                "(the work each step runs depends on its tokens)",
                 file=sys.stderr,
             )
             self._use_graphs = False
         self._graphs: DecodeGraphs | None = None
-        if pipeline is None:
-            pipeline = self._use_graphs and os.environ.get(PIPELINE_DISABLE_ENV, "") in ("", "0")
-        self._pipeline = pipeline
+        # Pipelining pays where graphs run; elsewhere it only costs syncs, but works (CPU tests).
+        pipeline = options.pipelined_decode
+        self._pipeline = self._use_graphs if pipeline is None else pipeline
         self._flight: _InFlight | None = None
-        if device_sampling is None:
-            host_only = os.environ.get(HOST_SAMPLING_ENV, "") not in ("", "0")
-            device_sampling = model.device.type == "cuda" and not host_only
-        self._device_sampling = device_sampling
-        self._batched_decode = model.device.type == "cuda" if batched_decode is None else batched_decode
+        # Off the GPU "device" sampling is the kernel's torch reference (CPU tests).
+        on_device = options.sampling_on_device
+        self._device_sampling = on_gpu if on_device is None else on_device
+        # On the CPU the row-by-row path reads the cache in place and is the faster one.
+        batched = options.batched_decode
+        self._batched_decode = on_gpu if batched is None else batched
 
     # -- queue ------------------------------------------------------------------------------
 
@@ -369,10 +352,11 @@ class Generator:
             # token ourselves: its logits give the first new token.
             reusable = page_keys(self._key_tokens(run, run.prompt_len - 1), ps)
             matched = self.cache.pages.match_prefix(reusable)
-            if needed - len(matched) > self.cache.pages.available:
+            if needed - len(matched) > self.cache.pages.available or self.cache.state_slots.exhausted:
                 self.cache.pages.release(matched)
                 return  # wait for running jobs to free pages
             run.pages = matched + self.cache.pages.allocate(needed - len(matched))
+            run.state_slot = self.cache.state_slots.allocate()
             run.keys = reusable[: len(matched)]
             run.in_cache = run.cached_tokens = len(matched) * ps
             self._queue.popleft()
@@ -392,7 +376,9 @@ class Generator:
         budget = self.max_chunk_tokens
         for run in self._active:  # decode first: one token each, never starved by prefill
             if not run.prefilling:
-                items.append(StepItem([run.tokens[-1]], run.in_cache, run.pages, "last", run.job.media))
+                items.append(
+                    StepItem([run.tokens[-1]], run.in_cache, run.pages, "last", run.job.media, run.state_slot)
+                )
                 runs.append(run)
                 budget -= 1
         now = time.perf_counter()
@@ -403,17 +389,21 @@ class Generator:
                     end = run.job.media.chunk_end(run.in_cache, end)
                 chunk = run.tokens[run.in_cache : end]
                 wanted = "last" if end == run.prompt_len else None
-                items.append(StepItem(chunk, run.in_cache, run.pages, wanted, run.job.media))
+                items.append(StepItem(chunk, run.in_cache, run.pages, wanted, run.job.media, run.state_slot))
                 runs.append(run)
                 budget -= len(chunk)
                 self.prefilled_tokens += len(chunk)
                 if run.t_started is None:
                     run.t_started = now
-        # Plain greedy jobs without a constraint need only each row's argmax: taken where the
-        # logits are (on a GPU: one kernel and a few bytes back instead of a vocab-sized copy).
-        unconstrained = all(run.constraint is None for run in runs)
-        argmax_only = unconstrained and all(run.job.sampling.is_plain_greedy for run in runs)
-        on_device = not argmax_only and self._device_sampling and unconstrained
+        # Plain greedy jobs need only each row's argmax, and jobs whose processors the kernel all
+        # applies are drawn by it: either way where the logits are (on a GPU: one launch and a
+        # few bytes back instead of a vocab-sized copy). Other steps sample on the host.
+        path = sampling_path(
+            [run.sampler.settings for run in runs],
+            [run.constraint is not None for run in runs],
+            self._device_sampling,
+        )
+        argmax_only, on_device = path == "argmax", path == "device"
         pipelined = self._pipeline and not self._queue and all(map(is_decode_item, items))
         if pipelined and (argmax_only or on_device):
             ids = self._launch_greedy(items) if argmax_only else self._launch_sampled(items, runs)
@@ -445,7 +435,7 @@ class Generator:
     def _decode_graphs(self) -> DecodeGraphs:
         if self._graphs is None or self._graphs.cache is not self.cache:  # new cache: new graphs
             self._graphs = DecodeGraphs(
-                self.model.module, self.cache, max_batch=8, tune_splits=self._tune_step_splits
+                self.model.module, self.cache, max_batch=8, tune_splits=self.options.step_tuning
             )
         return self._graphs
 
@@ -473,7 +463,7 @@ class Generator:
     def _launch_sampled(
         self, items: list[StepItem], runs: list[_Running], ids: torch.Tensor | None = None
     ) -> torch.Tensor | None:
-        """Launch a decode-only step of unconstrained jobs drawn on the device (greedy rows at
+        """Launch a decode-only step of jobs drawn on the device (greedy rows at
         temperature 0); its next tokens as a device tensor (not waited for), or None where it
         cannot run pipelined (then no uniform is drawn). ``ids``: the input tokens on the device,
         not yet in the runs' tokens: the items' own tokens are placeholders, and the draw counts
@@ -497,7 +487,9 @@ class Generator:
         ]
         if rows and not self._queue:
             runs = [flight.runs[i] for i in rows]
-            items = [StepItem([0], run.in_cache + 1, run.pages, "last") for run in runs]
+            items = [
+                StepItem([0], run.in_cache + 1, run.pages, "last", state_slot=run.state_slot) for run in runs
+            ]
             ids = flight.ids
             if len(rows) < len(flight.runs):
                 ids = ids[torch.tensor(rows, device=ids.device)]
@@ -613,6 +605,7 @@ class Generator:
         self._active.remove(run)
         self._by_job.pop(run.job, None)
         self.cache.pages.release(run.pages)
+        self.cache.state_slots.release(run.state_slot)
 
     def _advance_constraint(
         self, run: _Running, token: int, reason: str | None

@@ -1,96 +1,501 @@
-"""Turning next-token logits into a token: penalties, temperature, truncation, a seeded draw.
+"""Turning next-token logits into a token: one batched reference, written as a list of processors.
 
-The order follows common practice (and Hugging Face's): penalties on the raw logits, then
-temperature, then top-k, top-p and min-p truncation, then sampling. Temperature 0 is greedy.
+:func:`sample_reference` is the one definition of sampling. It is the CPU path (the host
+:class:`Sampler` runs it on a batch of one row), the caller's fallback where
+:func:`engine.kernels.sampling.sample_tokens` has no kernel (no CUDA extension), and the oracle the
+GPU kernel (``ext/sampling.cu``) is tested against (tests/cuda/test_sampling_kernel.py: the same
+token for the same uniform). Each row goes through:
 
-:func:`truncate` is the plain definition of the truncation rules (a mask over the whole
-vocabulary). The sampler takes the same decision with :func:`kept_tokens`, which never sorts or
-draws over the whole vocabulary (a 128k-token sort costs ~13 ms on a laptop core, a multinomial
-draw ~3 ms, a decode step of an 8B model ~5 ms on the GPU): min-p is a threshold on the logits,
-top-p grows a top-k window until it holds the cutoff, and the draw is one uniform number through
-the kept tokens' cumulative probabilities, in ascending id order (the order the GPU sampler,
-``ext/sampling.cu``, and its torch reference, :mod:`engine.generation.device_sampling`, use too:
-the same uniform gives the same token on all three, up to float rounding at a boundary).
+1. the *logit processors* (:data:`LOGIT_PROCESSORS`), on the raw logits, in order: the logit bias
+   (``{id: bias}`` added first, OpenAI's semantics), the repetition penalty over the context's
+   distinct ids (CTRL-style: positive logits divided, negative ones multiplied), presence and
+   frequency penalties over the generated tokens (OpenAI-style), a constraint's mask;
+2. greedy rows (temperature 0 or top_k 1) take the first argmax here;
+3. the *distribution processors* (:data:`DISTRIBUTION_PROCESSORS`): temperature, then top-k, top-p
+   and min-p, each setting the tokens it drops to -inf;
+4. the draw: integer weights ``floor(exp(x - max) * 2**44)`` (exact, order-independent sums, so
+   the kernel's atomics and this reference agree bit for bit), and the first token in ascending id
+   order whose cumulative weight exceeds ``floor(u * total)``, ``u`` the job's own uniform.
 
-Ties (equal logits at a boundary) are kept or dropped together: top-k keeps every token equal to
-the k-th largest, and top-p's "tokens ranked strictly before" are those of strictly greater
-logit.
+Each :class:`Processor` is a batched ``[rows, vocab] -> [rows, vocab]`` function, says when a
+row's settings make it do something (``active``), and whether the kernel applies it (``device``).
+Where a batch is drawn (:func:`engine.generation.device_sampling.sampling_path`) is all or
+nothing: on the device (the kernel on a GPU) only when every active processor of every row is one
+the kernel applies, otherwise every row on the host, through this reference. Running the covered
+processors on the device and only the others on the host would save a copy of the logits, but
+the kernel fuses all of its processors into one launch over the raw logits: a host-only processor
+can only run first (as torch operations on the device) if it comes before all of them, and the
+constraint's mask does not. Host rows cost about a millisecond each and are what a rarely used
+setting pays; in exchange a new sampler (DRY, XTC, banned strings) is one function and one entry
+in a list here, with no CUDA to touch, until a kernel covers it and its flag flips.
+
+Order and ties, as the kernel takes them: top-p's mass is over what top-k kept, and min-p's
+threshold is relative to the best token, which every truncation keeps, so min-p cuts the same
+tokens before or after top-p (the kernel computes both thresholds from top-k's survivors). Tokens
+of equal logit are kept or dropped together: top-k keeps every token equal to the k-th largest,
+and top-p's "tokens ranked strictly before" are those of strictly greater logit.
+
+Speed (every sampled host token pays it, next to a GPU decode step of a few milliseconds): the
+whole vocabulary is never sorted unless a rule needs it (a 128k-token sort costs ~13 ms on a
+laptop core): top-k takes ``torch.topk`` of the largest k, top-p grows a top-k window (64 tokens,
+then 8x) until it holds the cutoff, min-p is a threshold on the logits, the draw one cumulative
+sum.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from engine.errors import SamplingSettingError
+from engine.generation.sampling_settings import SETTINGS, SamplingSettings, Setting
+
+__all__ = [
+    "DISTRIBUTION_PROCESSORS",
+    "LOGIT_PROCESSORS",
+    "PROCESSORS",
+    "SETTINGS",
+    "SETTING_FIELDS",
+    "Processor",
+    "Sampler",
+    "SamplingBatch",
+    "SamplingRows",
+    "SamplingSettings",
+    "Setting",
+    "active_processors",
+    "apply_penalties",
+    "apply_penalties_rows",
+    "pack_rows",
+    "sample_reference",
+    "truncate",
+]
+
+# -- a batch's inputs ------------------------------------------------------------------------
+
+# Columns of the per-row settings tensor, in the kernel's order.
+SETTING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+WEIGHT_SCALE = 2.0**44
+_TOP_K_CAP = 1 << 24  # top_k travels as float32: exact up to 2^24, far above any vocabulary
+_NEG_INF = float("-inf")
 
 
 @dataclass
-class SamplingSettings:
-    temperature: float = 0.8
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1.0: off
-    min_p: float = 0.0  # 0.0: off
-    repetition_penalty: float = 1.0  # >1 discourages every token already in the context
-    presence_penalty: float = 0.0  # subtracted once from tokens already generated
-    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
-    seed: int | None = None
+class SamplingRows:
+    """A batch's numeric sampling inputs as tensors (one device), what the kernel takes:
+    ``settings`` ``[rows, 7]`` float32 in :data:`SETTING_FIELDS` order; the repetition penalty's
+    distinct context ids ``rep_ids`` ``[rows, cap]`` int32, ``rep_len[r]`` of them valid; the
+    generated tokens' distinct ids ``gen_ids`` and their occurrence counts ``gen_counts``
+    ``[rows, cap]`` int32, ``gen_len[r]`` valid. Ids must be distinct within a row (the kernel
+    would penalise a repeated id twice).
 
-    @classmethod
-    def greedy(cls) -> SamplingSettings:
-        return cls(temperature=0.0)
+    :func:`pack_rows` makes every field a view of one int32 buffer (``buffer``), so that moving
+    a batch to the GPU is one copy, not six: this runs once per sampled token."""
+
+    settings: torch.Tensor
+    rep_ids: torch.Tensor
+    rep_len: torch.Tensor
+    gen_ids: torch.Tensor
+    gen_counts: torch.Tensor
+    gen_len: torch.Tensor
+    buffer: torch.Tensor | None = field(default=None, repr=False)
 
     @property
-    def is_greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
+    def rows(self) -> int:
+        return self.settings.shape[0]
 
-    @property
-    def is_plain_greedy(self) -> bool:
-        """Greedy with no penalty: the token is the argmax of the raw logits, wherever they are."""
-        return (
-            self.is_greedy
-            and self.repetition_penalty == 1.0
-            and not self.presence_penalty
-            and not self.frequency_penalty
-        )
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> SamplingRows:
+        if self.buffer is None:
+            return SamplingRows(*(t.to(device, non_blocking=non_blocking) for t in self._tensors()))
+        return _views(self.buffer.to(device, non_blocking=non_blocking), self.rows, *self._caps())
 
-    def validate(self) -> None:
-        """Raise :class:`~engine.errors.SamplingSettingError` naming the first field outside its
-        range. The one check of these values: the Sampler runs it for every job, and entry points
-        (the CLI, the app's worker, a server) call it to refuse bad values before any model work.
-        NaN passes every ordered comparison's negation, so finiteness is checked explicitly."""
-        _check_real("temperature", self.temperature, "a finite number >= 0 (0 = greedy)", lambda v: v >= 0)
-        _check_int("top_k", self.top_k, "a whole number >= 0 (0 = off)", lambda v: v >= 0)
-        _check_real("top_p", self.top_p, "a number in (0, 1] (1 = off)", lambda v: 0 < v <= 1)
-        _check_real("min_p", self.min_p, "a number in [0, 1] (0 = off)", lambda v: 0 <= v <= 1)
-        _check_real(
-            "repetition_penalty", self.repetition_penalty, "a finite number > 0 (1 = off)", lambda v: v > 0
-        )
-        _check_real("presence_penalty", self.presence_penalty, "a finite number (0 = off)", lambda v: True)
-        _check_real("frequency_penalty", self.frequency_penalty, "a finite number (0 = off)", lambda v: True)
-        if self.seed is not None:
-            # torch's generator takes 64-bit seeds; a negative one is refused rather than
-            # wrapped, since elsewhere (llama.cpp) -1 means "random".
-            _check_int("seed", self.seed, "a whole number in [0, 2**64)", lambda v: 0 <= v < 2**64)
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        """Tell the caching allocator that ``stream`` uses these (CUDA) tensors."""
+        for t in (self.buffer,) if self.buffer is not None else self._tensors():
+            t.record_stream(stream)
+
+    def _caps(self) -> tuple[int, int]:
+        return self.rep_ids.shape[1], self.gen_ids.shape[1]
+
+    def _tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.settings, self.rep_ids, self.rep_len, self.gen_ids, self.gen_counts, self.gen_len)
 
 
-def _check_real(name: str, value: object, allowed: str, ok: Callable[[float], bool]) -> None:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, numbers.Real)
-        or not math.isfinite(value)
-        or not ok(float(value))
-    ):
-        raise SamplingSettingError(name, allowed, value)
+def _views(buffer: torch.Tensor, rows: int, rep_cap: int, gen_cap: int) -> SamplingRows:
+    """The fields of a batch packed in ``buffer`` (int32): settings (float32 bits), rep_ids,
+    rep_len, gen_ids, gen_counts, gen_len, one after another."""
+    sizes = (rows * len(SETTING_FIELDS), rows * rep_cap, rows, rows * gen_cap, rows * gen_cap, rows)
+    parts = buffer.split(sizes)
+    return SamplingRows(
+        parts[0].view(torch.float32).view(rows, len(SETTING_FIELDS)),
+        parts[1].view(rows, rep_cap),
+        parts[2],
+        parts[3].view(rows, gen_cap),
+        parts[4].view(rows, gen_cap),
+        parts[5],
+        buffer,
+    )
 
 
-def _check_int(name: str, value: object, allowed: str, ok: Callable[[int], bool]) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not ok(int(value)):
-        raise SamplingSettingError(name, allowed, value)
+def _padded(lists: Sequence[np.ndarray], cap: int) -> np.ndarray:
+    """``lists`` as one flat ``[len(lists) * cap]`` int32 array, each padded with zeros to ``cap``."""
+    out = np.zeros((len(lists), cap), dtype=np.int32)
+    for r, x in enumerate(lists):
+        out[r, : len(x)] = x
+    return out.reshape(-1)
+
+
+def _ids(values: torch.Tensor | Sequence[int]) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.numpy().astype(np.int32, copy=False)
+    return np.asarray(values, dtype=np.int32)
+
+
+def pack_rows(
+    settings: Sequence[SamplingSettings],
+    context_ids: Sequence[torch.Tensor | Sequence[int]],
+    generated: Sequence[Sequence[int]],
+    pin: bool | None = None,
+) -> SamplingRows:
+    """The batch's :class:`SamplingRows` on the CPU, every field a view of one int32 buffer.
+    ``context_ids``: each row's distinct context ids (what the repetition penalty divides; e.g.
+    ``Sampler.context_ids``); ``generated``: each row's generated tokens (repeats counted for the
+    frequency penalty). Lists a row's settings do not use stay empty. ``pin``: page-lock the buffer
+    so a non-blocking copy to the GPU is really asynchronous (default: where CUDA is present).
+
+    Built in numpy and handed to torch once: this runs every sampled token, and a dozen small
+    torch operations cost ~0.2 ms on a laptop core."""
+    n = len(settings)
+    table = np.array([[float(getattr(s, f)) for f in SETTING_FIELDS] for s in settings], dtype=np.float32)
+    table = table.reshape(n, len(SETTING_FIELDS))
+    top_k = SETTING_FIELDS.index("top_k")
+    table[:, top_k] = np.minimum(table[:, top_k], _TOP_K_CAP)
+    empty = np.zeros(0, dtype=np.int32)
+    reps, gens, counts = [], [], []
+    for s, ctx, gen in zip(settings, context_ids, generated):
+        reps.append(_ids(ctx) if s.repetition_penalty != 1.0 else empty)
+        if (s.presence_penalty or s.frequency_penalty) and len(gen):
+            ids, k = np.unique(_ids(list(gen)), return_counts=True)
+            gens.append(ids)
+            counts.append(k.astype(np.int32))
+        else:
+            gens.append(empty)
+            counts.append(empty)
+    rep_cap = max((len(x) for x in reps), default=0)
+    gen_cap = max((len(x) for x in gens), default=0)
+    flat = np.concatenate(
+        [
+            table.view(np.int32).reshape(-1),
+            _padded(reps, rep_cap),
+            np.array([len(x) for x in reps], dtype=np.int32),
+            _padded(gens, gen_cap),
+            _padded(counts, gen_cap),
+            np.array([len(x) for x in gens], dtype=np.int32),
+        ]
+    )
+    buffer = torch.from_numpy(flat)
+    if torch.cuda.is_available() if pin is None else pin:
+        buffer = buffer.pin_memory()
+    return _views(buffer, n, rep_cap, gen_cap)
+
+
+class SamplingBatch:
+    """What the processors read: the packed ``rows`` (on the logits' device), and for host-only
+    processors each row's ``settings`` (e.g. the logit bias) and a constraint ``mask`` (bool
+    ``[rows, vocab]``, True = allowed). ``pending`` (int64 ``[rows]``): each row's last generated
+    token, not yet in its penalty lists (see :func:`apply_penalties_rows`)."""
+
+    def __init__(
+        self,
+        rows: SamplingRows,
+        device: torch.device,
+        settings: Sequence[SamplingSettings] | None = None,
+        mask: torch.Tensor | None = None,
+        pending: torch.Tensor | None = None,
+    ) -> None:
+        self.rows, self.settings, self.mask, self.pending = rows, settings, mask, pending
+        self.device = device
+        self.column = dict(zip(SETTING_FIELDS, rows.settings.to(device).unbind(1)))
+        self.greedy = (self.column["temperature"] <= 0) | (self.column["top_k"] == 1)
+
+
+# -- the processors --------------------------------------------------------------------------
+# Each takes the batch's float32 [rows, vocab] logits (the reference's own copy: it may write in
+# place) and returns them processed. A row whose setting is neutral is left exactly as it was.
+
+
+def _logit_bias(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    for r, s in enumerate(b.settings or ()):
+        if s.logit_bias:
+            ids = torch.tensor([int(t) for t in s.logit_bias], dtype=torch.long, device=x.device)
+            bias = torch.tensor([float(v) for v in s.logit_bias.values()], device=x.device)
+            inside = ids < x.shape[1]  # ids past this model's vocabulary are ignored
+            x[r, ids[inside]] += bias[inside]
+    return x
+
+
+def _pending(b: SamplingBatch, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's pending token (-1: none) and whether it is a real token to penalise."""
+    if b.pending is None:
+        pending = torch.full((b.rows.rows,), -1, dtype=torch.long, device=b.device)
+    else:
+        pending = b.pending.to(b.device).long()
+    return pending, (pending >= 0) & (pending < vocab)
+
+
+def _listed(ids: torch.Tensor, length: torch.Tensor, on: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Which entries of the padded lists ``ids`` are real ids of rows where the penalty is on
+    (out-of-range ids are ignored, as the kernel ignores them)."""
+    cols = torch.arange(ids.shape[1], device=ids.device)
+    return (cols < length.to(ids.device)[:, None]) & on[:, None] & (ids >= 0) & (ids < vocab)
+
+
+def _repetition(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    rep = b.column["repetition_penalty"]
+    on = rep != 1.0
+    if not bool(on.any()):
+        return x
+    n, vocab = x.shape
+    pending, has_pending = _pending(b, vocab)
+    rep_ids = b.rows.rep_ids.to(b.device).long()
+    ok = _listed(rep_ids, b.rows.rep_len, on, vocab)
+    listed = (ok & (rep_ids == pending[:, None])).any(1)
+    # The pending token is one more distinct id unless the list holds it: the same roundings.
+    extra = has_pending & on & ~listed
+    index = torch.arange(n, device=b.device)[:, None]
+    r = torch.cat([index.expand(-1, ok.shape[1])[ok], index[:, 0][extra]])
+    ids = torch.cat([rep_ids[ok], pending[extra]])
+    picked, f = x[r, ids], rep[r]
+    x[r, ids] = torch.where(picked > 0, picked / f, picked * f)
+    return x
+
+
+def _presence_frequency(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    presence, frequency = b.column["presence_penalty"], b.column["frequency_penalty"]
+    on = (presence != 0) | (frequency != 0)
+    if not bool(on.any()):
+        return x
+    n, vocab = x.shape
+    pending, has_pending = _pending(b, vocab)
+    gen_ids = b.rows.gen_ids.to(b.device).long()
+    ok = _listed(gen_ids, b.rows.gen_len, on, vocab)
+    hit = ok & (gen_ids == pending[:, None])  # the pending token's entry: one more occurrence
+    counts = b.rows.gen_counts.to(b.device) + hit.int()
+    extra = has_pending & on & ~hit.any(1)  # not generated before: a new entry of count 1
+    index = torch.arange(n, device=b.device)[:, None]
+    r = torch.cat([index.expand(-1, ok.shape[1])[ok], index[:, 0][extra]])
+    ids = torch.cat([gen_ids[ok], pending[extra]])
+    counts = torch.cat([counts[ok], torch.ones_like(pending[extra], dtype=counts.dtype)]).float()
+    # One subtraction of the combined amount: the kernel's rounding.
+    x[r, ids] = x[r, ids] - (presence[r] + frequency[r] * counts)
+    return x
+
+
+def _constraint(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    return x if b.mask is None else x.masked_fill_(~b.mask.to(x.device), _NEG_INF)
+
+
+def _temperature(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    t = b.column["temperature"]
+    return x.div_(torch.where(b.greedy, torch.ones_like(t), t)[:, None])  # greedy rows: unscaled
+
+
+def _top_k(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    vocab = x.shape[1]
+    k = b.column["top_k"].long()
+    on = (k > 0) & (k < vocab)
+    if not bool(on.any()):
+        return x
+    width = int(k[on].max())
+    kth = x.topk(width, dim=1).values.gather(1, (k.clamp(1, width) - 1)[:, None])
+    return x.masked_fill_(on[:, None] & (x < kth), _NEG_INF)  # ties with the k-th stay
+
+
+def _row_max(x: torch.Tensor) -> torch.Tensor:
+    """Each row's largest logit ``[rows, 1]``, 0 for a dead row (every token -inf), so that its
+    weights come out 0 rather than NaN."""
+    m = x.max(1, keepdim=True).values
+    return m.masked_fill_(m == _NEG_INF, 0.0)
+
+
+def _weights(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Integer probability weights ``floor(exp(x - m) * 2**44)`` (int64) of logits ``x`` whose
+    row maxima are ``m`` (broadcast): -inf weighs 0. Element by element, so a token's weight is
+    the same whichever subset of the row it is computed with (torch's exp does not depend on an
+    element's position), as the kernel's are.
+
+    ``x - m`` is clamped at -64 first: every token below -30.5 weighs 0 either way, and exp of
+    -inf or of a number that underflows takes a slow path on x86 (12x to 120x the time of a normal
+    one; a temperature of 0.2 puts most of a vocabulary there)."""
+    e = (x - m).clamp_(min=-64.0)
+    return e.exp_().mul_(WEIGHT_SCALE).long()  # floor: the values are >= 0
+
+
+def _top_p(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    top_p = b.column["top_p"]
+    on = top_p < 1
+    if not bool(on.any()):
+        return x
+    vocab = x.shape[1]
+    m = _row_max(x)
+    z = _weights(x, m).sum(1)  # top-k's cut tokens are -inf: the mass is over what top-k kept
+    # Keep a token when the weight before it is < top_p * Z, i.e. < ceil(top_p * Z) (integers):
+    # the cut is at the first position, in descending order, where the cumulative weight reaches
+    # that target. Only a window of the largest logits is sorted, grown until it holds the cut.
+    target = torch.ceil(top_p.double() * z.double()).long()[:, None]
+    width = min(vocab, 64)
+    while True:
+        top = x.topk(width, dim=1).values
+        cum = _weights(top, m).cumsum(1)
+        if width == vocab or bool((cum[:, -1:] >= target)[on].all()):
+            break
+        width = min(vocab, width * 8)
+    j = torch.searchsorted(cum, target)
+    # Ties: every token of the cut's logit has the same weight before it, so all of them stay.
+    cut = torch.where(on[:, None] & (j < width), top.gather(1, j.clamp(max=width - 1)), _NEG_INF)
+    return x.masked_fill_(x < cut, _NEG_INF)
+
+
+def _min_p(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
+    min_p = b.column["min_p"]
+    on = min_p > 0
+    if not bool(on.any()):
+        return x
+    # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p): no softmax needed.
+    threshold = x.max(1, keepdim=True).values + torch.log(min_p)[:, None]  # -inf where off
+    return x.masked_fill_(x < threshold, _NEG_INF)
+
+
+@dataclass(frozen=True)
+class Processor:
+    """One step of the sampler. ``active(settings, constrained)``: whether it changes a row with
+    these settings (a job with a constraint has ``constrained``); ``device``: whether
+    ``ext/sampling.cu`` applies it (a batch with any active processor it lacks is drawn on the
+    host); ``apply``: the batched reference."""
+
+    name: str
+    device: bool
+    active: Callable[[SamplingSettings, bool], bool]
+    apply: Callable[[torch.Tensor, SamplingBatch], torch.Tensor]
+
+
+LOGIT_PROCESSORS: tuple[Processor, ...] = (
+    Processor("logit_bias", False, lambda s, c: bool(s.logit_bias), _logit_bias),
+    Processor("repetition_penalty", True, lambda s, c: s.repetition_penalty != 1.0, _repetition),
+    Processor(
+        "presence_frequency_penalty",
+        True,
+        lambda s, c: bool(s.presence_penalty or s.frequency_penalty),
+        _presence_frequency,
+    ),
+    Processor("constraint", False, lambda s, c: c, _constraint),
+)
+# Skipped by greedy rows (they never change the argmax): inactive for them.
+TRUNCATIONS: tuple[Processor, ...] = (
+    Processor("top_k", True, lambda s, c: not s.is_greedy and s.top_k > 0, _top_k),
+    Processor("top_p", True, lambda s, c: not s.is_greedy and s.top_p < 1.0, _top_p),
+    Processor("min_p", True, lambda s, c: not s.is_greedy and s.min_p > 0.0, _min_p),
+)
+DISTRIBUTION_PROCESSORS: tuple[Processor, ...] = (
+    Processor("temperature", True, lambda s, c: not s.is_greedy, _temperature),
+    *TRUNCATIONS,
+)
+PROCESSORS: tuple[Processor, ...] = LOGIT_PROCESSORS + DISTRIBUTION_PROCESSORS
+
+
+def active_processors(settings: SamplingSettings, constrained: bool = False) -> list[Processor]:
+    """The processors that change a row with ``settings`` (none: plain greedy, the argmax of the
+    raw logits)."""
+    return [p for p in PROCESSORS if p.active(settings, constrained)]
+
+
+# -- the reference ---------------------------------------------------------------------------
+
+
+def _draw(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Each row's first token in ascending id order whose cumulative weight exceeds
+    ``floor(u * total)`` (a token of weight 0 is never drawn; a dead row answers 0).
+
+    Where truncation kept few tokens (usually a few dozen of a vocabulary's 100k+), only those are
+    weighed, packed to the left of a ``[rows, most kept]`` tensor in id order (the rest of a row
+    is -inf: weight 0). Otherwise the whole row is."""
+    n, vocab = x.shape
+    m = _row_max(x)
+    keep = x > _NEG_INF
+    count = keep.sum(1)
+    most = int(count.max())
+    ids = None
+    if most * 16 <= vocab:
+        r, c = keep.nonzero(as_tuple=True)  # row-major: ids ascending within each row
+        slot = torch.arange(r.numel(), device=x.device) - (count.cumsum(0) - count)[r]
+        ids = torch.zeros(n, max(most, 1), dtype=torch.long, device=x.device)
+        ids[r, slot] = c
+        packed = torch.full((n, max(most, 1)), _NEG_INF, device=x.device)
+        packed[r, slot] = x[r, c]
+        x = packed
+    cum = _weights(x, m).cumsum(1)
+    total = cum[:, -1]
+    draw = torch.floor(u.double() * total.double()).long()
+    draw = torch.minimum(draw, (total - 1).clamp(min=0))
+    picked = torch.searchsorted(cum, draw[:, None], right=True).clamp(max=x.shape[1] - 1)
+    if ids is not None:
+        picked = ids.gather(1, picked)
+    return torch.where(total > 0, picked.squeeze(1), 0)
+
+
+def sample_reference(
+    logits: torch.Tensor,
+    rows: SamplingRows,
+    u: torch.Tensor,
+    pending: torch.Tensor | None = None,
+    *,
+    settings: Sequence[SamplingSettings] | None = None,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One token id per row (int64 ``[rows]``, on the logits' device) from ``logits``
+    ``[rows, vocab]`` (any float dtype), the rows' packed settings and penalty lists, and one
+    uniform ``u`` ``[rows]`` in [0, 1) per row: every processor, then the draw (module docstring).
+    ``pending``: each row's last token, not yet in its lists (:func:`apply_penalties_rows`).
+    Host-only inputs: ``settings`` (each row's, for the logit bias; None: no bias) and ``mask``
+    (bool ``[rows, vocab]``, True = allowed). Without them this is what the kernel computes."""
+    x = logits.to(torch.float32, copy=True)  # the processors write in place
+    b = SamplingBatch(rows, x.device, settings, mask, pending)
+    for p in LOGIT_PROCESSORS:
+        x = p.apply(x, b)
+    if bool(b.greedy.all()):
+        return x.argmax(1)  # the first maximum
+    greedy_ids = x.argmax(1) if bool(b.greedy.any()) else None
+    for p in DISTRIBUTION_PROCESSORS:
+        x = p.apply(x, b)
+    drawn = _draw(x, u.to(x.device))
+    return drawn if greedy_ids is None else torch.where(b.greedy, greedy_ids, drawn)
+
+
+def apply_penalties_rows(
+    logits: torch.Tensor, rows: SamplingRows, pending: torch.Tensor | None = None
+) -> torch.Tensor:
+    """float32 ``[rows, vocab]``: the logits after each row's penalties (a new tensor).
+
+    ``pending`` (int64 ``[rows]``, optional): each row's last generated token, not yet in its
+    lists (< 0: none; >= vocab: ignored, as out-of-range list ids are). The result is the one of
+    lists packed with that token appended to the job's tokens: it joins the distinct context ids
+    (penalised once, also when already there) and counts one more generated occurrence (a new
+    entry of count 1 when it is not in ``gen_ids``)."""
+    x = logits.to(torch.float32, copy=True)
+    b = SamplingBatch(rows, x.device, pending=pending)
+    return _presence_frequency(_repetition(x, b), b)
+
+
+# -- one row on the host ---------------------------------------------------------------------
 
 
 def apply_penalties(
@@ -98,95 +503,24 @@ def apply_penalties(
     s: SamplingSettings,
     context: Sequence[int],
     generated: Sequence[int],
-    context_ids: torch.Tensor | None = None,
+    context_ids: torch.Tensor | Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """Repetition penalty over the whole context (CTRL-style: divide positive logits, multiply
-    negative ones); presence and frequency penalties over generated tokens (OpenAI-style).
-    ``context_ids``: the context's distinct ids, when the caller keeps them (any order)."""
-    if s.repetition_penalty != 1.0 and len(context):
-        if context_ids is None:
-            context_ids = torch.as_tensor(sorted(set(context)), dtype=torch.long)
-        ids = context_ids.to(logits.device)
-        picked = logits[ids]
-        logits[ids] = torch.where(picked > 0, picked / s.repetition_penalty, picked * s.repetition_penalty)
-    if (s.presence_penalty or s.frequency_penalty) and len(generated):
-        ids, counts = torch.as_tensor(list(generated), device=logits.device).unique(return_counts=True)
-        logits[ids] -= s.presence_penalty + s.frequency_penalty * counts.to(logits.dtype)
-    return logits
+    """The 1-D ``logits`` after ``s``'s penalties (float32, a new tensor): :func:`apply_penalties_rows`
+    for one row. ``context_ids``: the context's distinct ids, when the caller keeps them."""
+    if context_ids is None:
+        context_ids = sorted(set(context))
+    rows = pack_rows([s], [context_ids], [generated], pin=False)
+    return apply_penalties_rows(logits[None], rows)[0]
 
 
 def truncate(logits: torch.Tensor, s: SamplingSettings) -> torch.Tensor:
-    """Mask (to -inf) every token top-k, top-p or min-p rules out; the best token always stays."""
-    if s.top_k > 0 and s.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, s.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if s.top_p < 1.0 or s.min_p > 0.0:
-        probs = torch.softmax(logits, dim=-1)
-        if s.min_p > 0.0:
-            logits = logits.masked_fill(probs < s.min_p * probs.max(), float("-inf"))
-        if s.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # Keep a token if the mass of the tokens strictly before it is below top_p.
-            before = _before_ties(sorted_probs, logits[order])
-            drop = torch.zeros_like(probs, dtype=torch.bool)
-            drop[order] = before >= s.top_p
-            logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def _before_ties(p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """For probabilities ``p`` of the logits ``x`` sorted in descending order, the mass of the
-    tokens of strictly greater logit than each (tokens of equal logit share the mass before the
-    first of them: ties stay or go together)."""
-    before = p.cumsum(-1) - p
-    first = torch.searchsorted(-x, -x, side="left")  # first index of each tie group
-    return before[first]
-
-
-def _top_p_keep(x: torch.Tensor, top_p: float, lse: torch.Tensor) -> torch.Tensor:
-    """Bool mask over ``x``: the tokens top-p keeps (``truncate``'s rule: a token stays when the
-    probability mass of the tokens ranked before it is below ``top_p``), probabilities being
-    ``exp(x - lse)``. Only a top-k window that contains the cutoff is sorted: it starts at 64
-    tokens and grows 8x until its last token is dropped (every token outside it, of a logit no
-    greater, is then dropped too, ties included), at worst to the whole vector."""
-    n = x.numel()
-    k = min(n, 64)
-    while True:
-        top, order = torch.topk(x, k)
-        p = torch.exp(top - lse)
-        before = _before_ties(p, top)
-        if k == n or float(before[-1]) >= top_p:
-            keep = torch.zeros(n, dtype=torch.bool)
-            keep[order[before < top_p]] = True
-            return keep
-        k = min(n, k * 8)
-
-
-def kept_tokens(x: torch.Tensor, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(token ids, logits)`` of the tokens :func:`truncate` keeps for the temperature-scaled
-    logits ``x`` (1-D, CPU), ids in ascending order, found without a full sort (see the module
-    docstring)."""
-    ids = None  # None: x is the whole vocabulary, ids are positions
-    if 0 < s.top_k < x.numel():
-        kth = torch.topk(x, s.top_k).values[-1]
-        ids = (x >= kth).nonzero().squeeze(1)  # every token tied with the k-th stays
-        x = x[ids]
-    # Top-p's probabilities are over every token top-k left, min-p's cut included.
-    lse = torch.logsumexp(x, 0) if s.top_p < 1.0 else None
-
-    def select(keep: torch.Tensor) -> None:
-        nonlocal x, ids
-        chosen = keep.nonzero().squeeze(1)
-        x, ids = x[chosen], (chosen if ids is None else ids[chosen])
-
-    if s.min_p > 0.0:
-        # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p): no softmax needed.
-        select(x >= x.max() + math.log(s.min_p))
-    if s.top_p < 1.0:
-        # Every token ranked before a min-p survivor survives too, so the mass before it is the
-        # same among the survivors: top-p may run on what min-p left.
-        select(_top_p_keep(x, s.top_p, lse))
-    return (torch.arange(x.numel()) if ids is None else ids), x
+    """The 1-D (temperature-scaled) ``logits`` with every token top-k, top-p or min-p drops set
+    to -inf (float32); the best token always stays."""
+    x = logits.float()[None].clone()
+    b = SamplingBatch(pack_rows([s], [()], [()], pin=False), x.device, [s])
+    for p in TRUNCATIONS:
+        x = p.apply(x, b)
+    return x[0]
 
 
 class Sampler:
@@ -224,26 +558,24 @@ class Sampler:
         mask: torch.Tensor | None = None,
         u: float | None = None,
     ) -> int:
-        """One token id from the float32 ``[vocab]`` ``logits``; ``mask`` (bool ``[vocab]``, True =
-        allowed, at least one True) restricts the choice, e.g. to what a constraint permits. It
-        applies before truncation, so top-k/top-p/min-p choose among the allowed tokens. ``u``:
-        the draw's uniform in [0, 1) (default: :meth:`next_uniform`; greedy draws none)."""
+        """One token id from the ``[vocab]`` ``logits``, by :func:`sample_reference` on the host.
+        ``mask`` (bool ``[vocab]``, True = allowed, at least one True) restricts the choice, e.g.
+        to what a constraint permits; it applies before truncation, so top-k/top-p/min-p choose
+        among the allowed tokens. ``u``: the draw's uniform in [0, 1) (default:
+        :meth:`next_uniform`; greedy draws none, as on the device)."""
         s = self.settings
-        ids = self.context_ids(context) if s.repetition_penalty != 1.0 else None
-        logits = apply_penalties(logits.float().cpu().clone(), s, context, generated, ids)
-        if mask is not None:
-            logits = logits.masked_fill(~mask, float("-inf"))
-        if s.is_greedy:
-            return int(torch.argmax(logits))
-        ids, x = kept_tokens(logits / s.temperature, s)
-        # Inverse CDF over the kept tokens in ascending id order: the first whose cumulative
-        # probability exceeds u (a token of probability 0 is never chosen: its interval is empty).
-        cdf = torch.softmax(x, dim=-1).cumsum(0)
+        ids = self.context_ids(context) if s.repetition_penalty != 1.0 else ()
+        rows = pack_rows([s], [ids], [generated], pin=False)
         if u is None:
-            u = self.next_uniform()
-        target = torch.tensor([u], dtype=torch.float32) * cdf[-1]
-        i = min(int(torch.searchsorted(cdf, target, right=True)), ids.numel() - 1)
-        return int(ids[i])
+            u = 0.0 if s.is_greedy else self.next_uniform()
+        token = sample_reference(
+            logits.float().cpu()[None],
+            rows,
+            torch.tensor([u], dtype=torch.float32),
+            settings=[s],
+            mask=None if mask is None else mask.cpu()[None],
+        )
+        return int(token[0])
 
     def next_uniform(self) -> float:
         """The next uniform in [0, 1) of the job's generator (a float32 value): what a draw uses,

@@ -21,6 +21,8 @@ class StepItem:
     ``logits``: ``"last"`` for the next-token distribution after the last token, ``"all"`` for
     one row per token (scoring), ``None`` when the step only fills the cache (a prefill chunk).
     ``media``: the sequence's images (whole prompt), of which the step uses what it covers.
+    ``state_slot``: the sequence's recurrent-state slot (``cache.state_slots``; None where the
+    model keeps no recurrent state).
     """
 
     tokens: Sequence[int]
@@ -28,6 +30,7 @@ class StepItem:
     block_table: Sequence[int]
     logits: str | None = "last"
     media: PromptMedia | None = None
+    state_slot: int | None = None
 
 
 @torch.inference_mode()
@@ -47,7 +50,7 @@ def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) ->
         write_slots.append(slots[item.past :])
         media = item.media
         bidirectional = tuple(media.bidirectional_spans()) if media is not None else ()
-        sequences.append(SequenceSlice(row, n, item.past, slots, bidirectional))
+        sequences.append(SequenceSlice(row, n, item.past, slots, bidirectional, item.state_slot))
         if media is not None:
             splices.append(media.splice(item.past, end, row))
             mrope = media.positions(item.past, end)
@@ -89,20 +92,25 @@ def score_tokens(
 ) -> torch.Tensor:
     """Logits ``[len(token_ids), vocab]`` for one sequence, prefilled in chunks.
 
-    Uses (and afterwards releases) pages of ``cache``; the result does not depend on ``chunk``.
-    ``media`` holds the images of a multimodal prompt (see ``engine.vision.prompt``).
+    Uses (and afterwards releases) pages of ``cache``, and a recurrent-state slot where the model
+    keeps one; the result does not depend on ``chunk``. ``media`` holds the images of a
+    multimodal prompt (see ``engine.vision.prompt``).
     """
     pages = cache.pages.allocate(-(-len(token_ids) // cache.page_size))
+    state = None
     try:
+        state = cache.state_slots.allocate()
         out = []
         start = 0
         while start < len(token_ids):
             end = min(len(token_ids), start + chunk)
             if media is not None:
                 end = media.chunk_end(start, end)
-            (logits,) = run_step(model, cache, [StepItem(token_ids[start:end], start, pages, "all", media)])
+            item = StepItem(token_ids[start:end], start, pages, "all", media, state)
+            (logits,) = run_step(model, cache, [item])
             out.append(logits)
             start = end
         return torch.cat(out)
     finally:
         cache.pages.release(pages)
+        cache.state_slots.release(state)

@@ -10,18 +10,16 @@ Entry points:
   ``huggingface_hub`` lacks and this package adds.
 * ``installed_models`` / ``is_complete`` (``engine.hub.library``): complete model directories only.
 * ``estimate_memory`` / ``machine_memory`` (``engine.hub.memory``).
-* ``SUPPORTED_ARCHITECTURES`` (``engine.hub.architectures``).
-* ``engine.hub.testing.FakeHub``: a local Hub-compatible HTTP server for tests and measurements.
+* Which architectures the engine runs: ``engine.supported`` (one list for the Hub and the library).
+* A local Hub-compatible HTTP server for tests and measurements: ``tests/support/fake_hub.py``.
 """
 
-from engine.hub.architectures import SUPPORTED_ARCHITECTURES, is_supported
 from engine.hub.client import Branch, HubClient, ModelDetails, ModelSummary, RepoFile, SearchQuery
 from engine.hub.downloads import DownloadEvent, DownloadManager, JobSnapshot, JobState
 from engine.hub.library import default_models_dir, installed_models, is_complete
 from engine.hub.memory import estimate_memory, machine_memory
 
 __all__ = [
-    "SUPPORTED_ARCHITECTURES",
     "Branch",
     "DownloadEvent",
     "DownloadManager",
@@ -36,6 +34,5 @@ __all__ = [
     "estimate_memory",
     "installed_models",
     "is_complete",
-    "is_supported",
     "machine_memory",
 ]

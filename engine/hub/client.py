@@ -28,7 +28,6 @@ from huggingface_hub import HfApi, constants, hf_hub_url
 from huggingface_hub import errors as hf_errors
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-from engine.hub.architectures import is_supported
 from engine.hub.auth import Secret, resolve_token
 from engine.hub.errors import (
     GatedRepoError,
@@ -38,6 +37,8 @@ from engine.hub.errors import (
     RevisionNotFoundError,
 )
 from engine.hub.retry import RetryPolicy, is_retryable, retry_after_seconds
+from engine.supported import is_supported
+from engine.units import format_count
 
 T = TypeVar("T")
 
@@ -62,22 +63,6 @@ def current_endpoint(explicit: str | None = None) -> str:
     """The Hub endpoint: explicit, else ``HF_ENDPOINT`` now, else huggingface_hub's default."""
     value = explicit or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
     return value.rstrip("/")
-
-
-def parse_param_count(text: str) -> float:
-    """``"7B"`` -> 7e9, ``"500M"`` -> 5e8, ``"1.5b"`` -> 1.5e9 (as the Hub's ``num_parameters`` filter)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMbBtT]?)\s*", text)
-    if not m:
-        raise ValueError(f"not a parameter count: {text!r} (use e.g. 500M, 7B)")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}[m.group(2).lower()]
-    return float(m.group(1)) * scale
-
-
-def format_param_count(n: float) -> str:
-    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.3g}{suffix}"
-    return str(int(n))
 
 
 _NAME_PARAMS = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)[bB](?![a-zA-Z])")
@@ -241,9 +226,10 @@ class HubClient:
         if query.min_params is not None or query.max_params is not None:
             parts = []
             if query.min_params is not None:
-                parts.append(f"min:{format_param_count(query.min_params)}")
+                # the Hub reads the same K/M/B suffixes; a zero bound is "0", not unknown
+                parts.append(f"min:{format_count(query.min_params, unknown='0')}")
             if query.max_params is not None:
-                parts.append(f"max:{format_param_count(query.max_params)}")
+                parts.append(f"max:{format_count(query.max_params, unknown='0')}")
             num_parameters = ",".join(parts)
         # Over-fetch when filtering locally so a page still has `limit` hits.
         fetch = query.limit * 4 if query.supported_only else query.limit

@@ -97,6 +97,7 @@ from engine.hub.library import (
 from engine.hub.retry import RetryPolicy
 from engine.hub.transfer import SimpleControl, StopRequested, fetch_file
 from engine.safe_paths import UnsafePathError, safe_join
+from engine.units import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -615,9 +616,9 @@ class DownloadManager:
         free = disk_free(job.dest)
         if free < needed + self.free_space_margin:
             raise InsufficientSpaceError(
-                f"not enough disk space for {job.repo_id}: {_human(needed)} ({needed} bytes) still to "
-                f"download plus {_human(self.free_space_margin)} headroom, but only {_human(free)} "
-                f"({free} bytes) free at {job.dest}",
+                f"not enough disk space for {job.repo_id}: {format_bytes(needed)} ({needed} bytes) still "
+                f"to download plus {format_bytes(self.free_space_margin)} headroom, but only "
+                f"{format_bytes(free)} ({free} bytes) free at {job.dest}",
                 required=needed + self.free_space_margin,
                 free=free,
             )
@@ -829,19 +830,6 @@ def _size(path: Path) -> int | None:
         return None
 
 
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def human_bytes(n: float) -> str:
-    """``1536`` -> ``'1.5 KiB'``: the unit convention of every progress line and error message."""
-    return _human(n)
-
-
 __all__ = [
     "DownloadEvent",
     "DownloadManager",
@@ -849,5 +837,4 @@ __all__ = [
     "JobSnapshot",
     "JobState",
     "disk_free",
-    "human_bytes",
 ]

@@ -18,6 +18,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from engine.units import format_bytes
+
 # Activations, CUDA context, allocator slack: a flat allowance plus a share of the weights.
 OVERHEAD_FIXED = 512 << 20
 OVERHEAD_FRACTION = 0.05
@@ -169,8 +171,7 @@ class MemoryEstimate:
         return "no"
 
     def describe(self) -> str:
-        from engine.hub.downloads import human_bytes as h
-
+        h = format_bytes
         need = (
             f"needs about {h(self.total)} (weights {h(self.weights)} + KV cache {h(self.kv_cache)} for "
             f"{self.context_length} tokens + {h(self.overhead)} overhead)"

@@ -1,35 +1,39 @@
 """Assemble the module library into a model, reading each weight from a :class:`WeightStore`.
 
-The builder knows the module library and the :class:`TensorNames` of the architecture; it is
-the one place where a checkpoint key becomes a module. Linears go through :meth:`linear`, which
-returns a dense or an EXL3 linear depending on what the checkpoint stores under that key.
+The builder turns a :class:`~engine.layers.spec.ModelSpec` and the architecture's
+:class:`~engine.architectures.base.TensorNames` into modules. Each layer is built by its kinds'
+build functions (``engine.layers``), which read the layer's weights through a
+:class:`LayerReader`: the one place where a checkpoint key becomes a module. Linears go through
+:meth:`ModelBuilder.linear`, which returns a dense or an EXL3 linear depending on what the
+checkpoint stores under that key; every linear and norm keeps the key it was read from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from engine.architectures.base import FULL, DecoderSpec, TensorNames
+from engine.architectures.base import TensorNames
+from engine.layers import FEED_FORWARDS, MIXERS, ModelSpec
 from engine.loading.safetensors_store import WeightStore
-from engine.modules.attention import Attention
 from engine.modules.decoder import CausalLM, DecoderBlock
 from engine.modules.linear import DenseLinear, ProjectionGroup
-from engine.modules.mlp import GatedMLP
-from engine.modules.moe import SparseMoE
 from engine.modules.mrope import MultimodalRotaryEmbedding
 from engine.modules.norms import RMSNorm
-from engine.modules.rope import RotaryEmbedding
+from engine.modules.rope import RopeSpec, RotaryEmbedding
 
 Progress = Callable[[float, str], None]
+# The rotary modules the layers of one model share, one per (RoPE setting, head size); filled as
+# layers are built. Keyed by the RopeSpec's identity: its equality ignores its params.
+SharedRotary = dict[tuple[int, int], RotaryEmbedding]
 
 
 class ModelBuilder:
     def __init__(
         self,
-        spec: DecoderSpec,
+        spec: ModelSpec,
         names: TensorNames,
         store: WeightStore,
         dtype: torch.dtype,
@@ -67,7 +71,7 @@ class ModelBuilder:
             if bias_t is not None:
                 layer.bias = bias_t
             return layer.to(self.device)
-        return DenseLinear(self.tensor(f"{key}.weight", [out_features, in_features]), bias_t)
+        return DenseLinear(self.tensor(f"{key}.weight", [out_features, in_features]), bias_t, key=key)
 
     def has_linear(self, key: str) -> bool:
         """Whether the checkpoint stores a linear under ``key`` (dense or EXL3)."""
@@ -80,127 +84,38 @@ class ModelBuilder:
         if self._exl3_mode is not None:
             return self._exl3_mode
         if self.device.type == "cuda":
-            from engine import ops
+            from engine import kernels
 
-            if ops.extension() is not None:
+            if kernels.extension() is not None:
                 return "streaming"
         return "dense"
 
     def norm(self, key: str, dim: int) -> RMSNorm:
-        return RMSNorm(self.tensor(f"{key}.weight", [dim]), self.spec.norm_eps, self.spec.norm_offset)
+        weight = self.tensor(f"{key}.weight", [dim])
+        return RMSNorm(weight, self.spec.norm_eps, self.spec.norm_offset, key=key)
 
     # -- blocks ---------------------------------------------------------------------------
 
-    def attention(self, i: int, p: str, rope: dict[str, RotaryEmbedding]) -> Attention:
-        s, n = self.spec, self.names
-        q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        # A fused checkpoint (Phi-3) may come with its projections split: EXL3 conversions store
-        # them quantized one by one under the split names (q_proj, k_proj, v_proj). Fused unless
-        # the split ones are there, so a damaged fused checkpoint's error names its fused tensor.
-        if n.qkv_fused and not self.has_linear(p + n.q):
-            fused = self.linear(p + n.qkv_fused, s.hidden_size, q_out + 2 * kv_out, s.qkv_bias)
-            qkv = ProjectionGroup([(fused, [q_out, kv_out, kv_out])])
-        else:
-            qkv = ProjectionGroup(
-                [
-                    (self.linear(p + n.q, s.hidden_size, q_out, s.qkv_bias), [q_out]),
-                    (self.linear(p + n.k, s.hidden_size, kv_out, s.qkv_bias), [kv_out]),
-                    (self.linear(p + n.v, s.hidden_size, kv_out, s.qkv_bias), [kv_out]),
-                ]
-            )
-        kind = s.layer_types[i]
-        return Attention(
-            qkv,
-            self.linear(p + n.o, q_out, s.hidden_size, s.o_bias),
-            s.num_heads,
-            s.num_kv_heads,
-            s.head_dim,
-            s.attn_scale,
-            rope[kind] if (not s.rope_layers or s.rope_layers[i]) else None,
-            self.norm(p + n.q_norm, s.head_dim) if s.qk_norm else None,
-            self.norm(p + n.k_norm, s.head_dim) if s.qk_norm else None,
-            s.sliding_window if kind != FULL else None,
-            s.attn_softcap,
-        )
-
-    def mlp(self, p: str) -> GatedMLP:
-        s, n = self.spec, self.names
-        h, f = s.hidden_size, s.intermediate_size
-        if n.gate_up_fused and not self.has_linear(p + n.gate):
-            gate_up = ProjectionGroup([(self.linear(p + n.gate_up_fused, h, 2 * f, s.mlp_bias), [f, f])])
-            return GatedMLP(gate_up, self.linear(p + n.down, f, h, s.mlp_bias), s.activation)
-        return self.gated_mlp(p + n.gate, p + n.up, p + n.down, f, s.mlp_bias)
-
-    def gated_mlp(self, gate: str, up: str, down: str, f: int, bias: bool = False) -> GatedMLP:
-        """A gated MLP of width ``f`` from three separately stored linears."""
-        h = self.spec.hidden_size
-        gate_up = ProjectionGroup([(self.linear(gate, h, f, bias), [f]), (self.linear(up, h, f, bias), [f])])
-        return GatedMLP(gate_up, self.linear(down, f, h, bias), self.spec.activation)
-
-    def moe(self, p: str) -> SparseMoE:
-        """A mixture-of-experts block. Experts stored one linear each (the Hub's layout, and every
-        EXL3 conversion's) are read as such; otherwise the fused 3-D ``gate_up_proj`` /
-        ``down_proj`` of transformers 5 are sliced per expert (views: no copy)."""
-        s, n = self.spec, self.names
-        h, f, count = s.hidden_size, s.moe_intermediate_size, s.num_experts
-        router = self.linear(p + n.router, h, count, False)
-        fused = p + n.experts_fused
-        first = p + n.expert_gate.format(e=0)
-        if not self.has_linear(first) and self.store.has(f"{fused}.gate_up_proj"):
-            gate_up = self.tensor(f"{fused}.gate_up_proj", [count, 2 * f, h])
-            down = self.tensor(f"{fused}.down_proj", [count, h, f])
-            experts = [
-                GatedMLP(
-                    ProjectionGroup([(DenseLinear(gate_up[e, :f]), [f]), (DenseLinear(gate_up[e, f:]), [f])]),
-                    DenseLinear(down[e]),
-                    s.activation,
-                )
-                for e in range(count)
-            ]
-        else:
-            experts = [
-                self.gated_mlp(
-                    p + n.expert_gate.format(e=e),
-                    p + n.expert_up.format(e=e),
-                    p + n.expert_down.format(e=e),
-                    f,
-                )
-                for e in range(count)
-            ]
-        shared = shared_gate = None
-        if s.shared_expert_intermediate_size:
-            k = p + n.shared_expert
-            shared = self.gated_mlp(
-                f"{k}.gate_proj", f"{k}.up_proj", f"{k}.down_proj", s.shared_expert_intermediate_size
-            )
-            shared_gate = self.linear(p + n.shared_expert_gate, h, 1, False)
-        return SparseMoE(router, experts, s.experts_per_token, s.norm_topk_prob, shared, shared_gate)
-
-    def block(self, i: int, rope: dict[str, RotaryEmbedding]) -> DecoderBlock:
-        s, n = self.spec, self.names
-        p = n.prefix + n.layer.format(i=i)
+    def block(self, i: int, rope: SharedRotary) -> DecoderBlock:
+        """Layer ``i``: its mixer and feed-forward built by their kinds, with their norms."""
+        layer, n, h = self.spec.layers[i], self.names, self.spec.hidden_size
+        reader = LayerReader(self, n.prefix + n.layer.format(i=i), rope)
+        mixer = MIXERS[layer.mixer.kind]
+        feed_forward = FEED_FORWARDS[layer.feed_forward.kind]
+        sandwich = layer.sandwich_norms
         return DecoderBlock(
-            attn_in_norm=self.norm(p + n.attn_in_norm, s.hidden_size),
-            attention=self.attention(i, p, rope),
-            mlp_in_norm=self.norm(p + n.mlp_in_norm, s.hidden_size),
-            mlp=self.moe(p) if s.is_sparse(i) else self.mlp(p),
-            attn_out_norm=self.norm(p + n.attn_out_norm, s.hidden_size) if n.attn_out_norm else None,
-            mlp_out_norm=self.norm(p + n.mlp_out_norm, s.hidden_size) if n.mlp_out_norm else None,
+            mixer_norm=reader.norm(n.mixer_norm, h),
+            mixer=mixer.build(reader, layer.mixer, n.part(mixer.names)),
+            feed_forward_norm=reader.norm(n.feed_forward_norm, h),
+            feed_forward=feed_forward.build(reader, layer.feed_forward, n.part(feed_forward.names)),
+            mixer_out_norm=reader.norm(n.mixer_out_norm, h) if sandwich else None,
+            feed_forward_out_norm=reader.norm(n.feed_forward_out_norm, h) if sandwich else None,
+            state=mixer.state(layer.mixer),
         )
 
-    def rotary(self) -> dict[str, RotaryEmbedding]:
-        """The rotary module of each layer kind: one per distinct RoPE setting, shared by the
-        layers that use it."""
-        by_spec: dict[int, RotaryEmbedding] = {}
-        rope = {}
-        for kind, rs in self.spec.rope.items():
-            key = id(rs)
-            if key not in by_spec:
-                # Vision-language families rotate by three position axes (see engine.modules.mrope).
-                rotary = MultimodalRotaryEmbedding if "mrope_section" in rs.params else RotaryEmbedding
-                by_spec[key] = rotary(rs, self.spec.head_dim, self.context).to(self.device)
-            rope[kind] = by_spec[key]
-        return rope
+    def rotary(self) -> SharedRotary:
+        """An empty set of shared rotary modules, for the blocks of one model to fill."""
+        return {}
 
     def embedding(self) -> nn.Embedding:
         s, n = self.spec, self.names
@@ -237,3 +152,63 @@ class ModelBuilder:
         if progress:
             progress(1.0, "model loaded")
         return model.eval()
+
+
+class LayerReader:
+    """One layer's weights as its kinds' build functions read them: names are relative to the
+    layer's key prefix (``model.layers.3.``)."""
+
+    def __init__(self, builder: ModelBuilder, prefix: str, rope: SharedRotary) -> None:
+        self._builder, self.prefix, self._rope = builder, prefix, rope
+
+    @property
+    def hidden_size(self) -> int:
+        return self._builder.spec.hidden_size
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    def has(self, name: str) -> bool:
+        return self._builder.store.has(self.key(name))
+
+    def has_linear(self, name: str) -> bool:
+        return self._builder.has_linear(self.key(name))
+
+    def tensor(self, name: str, shape: list[int]) -> torch.Tensor:
+        return self._builder.tensor(self.key(name), shape)
+
+    def linear(self, name: str, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
+        return self._builder.linear(self.key(name), in_features, out_features, bias)
+
+    def norm(self, name: str, dim: int) -> RMSNorm:
+        return self._builder.norm(self.key(name), dim)
+
+    def projections(
+        self,
+        names: Sequence[str],
+        in_features: int,
+        sizes: Sequence[int],
+        bias: bool = False,
+        fused: str | None = None,
+    ) -> ProjectionGroup:
+        """Projections of one input (q/k/v, gate/up): stored one linear per name, or as one
+        ``fused`` linear split into ``sizes``. A fused checkpoint may come with its projections
+        split (EXL3 conversions store them quantized one by one under the split names), so it is
+        read fused unless the split ones are there; a damaged fused checkpoint's error then names
+        its fused tensor."""
+        if fused and not self.has_linear(names[0]):
+            linear = self.linear(fused, in_features, sum(sizes), bias)
+            return ProjectionGroup([(linear, list(sizes))], output_keys=[self.key(n) for n in names])
+        return ProjectionGroup(
+            [(self.linear(n, in_features, size, bias), [size]) for n, size in zip(names, sizes)]
+        )
+
+    def rotary(self, spec: RopeSpec, head_dim: int) -> RotaryEmbedding:
+        """The rotary module for ``spec``, shared by every layer with the same setting (a step
+        computes its cos/sin tables once per module)."""
+        key = (id(spec), head_dim)
+        if key not in self._rope:
+            # Vision-language families rotate by three position axes (see engine.modules.mrope).
+            rotary = MultimodalRotaryEmbedding if "mrope_section" in spec.params else RotaryEmbedding
+            self._rope[key] = rotary(spec, head_dim, self._builder.context).to(self._builder.device)
+        return self._rope[key]

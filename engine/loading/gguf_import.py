@@ -45,6 +45,7 @@ from engine.loading.gguf_arch import (
 from engine.loading.gguf_reader import GGUFFile, TensorInfo, ggml_type_name, read_gguf
 from engine.loading.gguf_tokenizer import build_tokenizer
 from engine.staging import make_staging_dir, remove_stale_staging
+from engine.units import format_bytes
 
 __all__ = ["import_gguf", "SUPPORTED_DTYPES"]
 
@@ -233,8 +234,8 @@ def _check_disk_space(parent: Path, needed: int) -> None:
     free = shutil.disk_usage(probe).free
     if free < needed:
         raise GGUFImportError(
-            f"{parent}: not enough disk space: the import needs about {needed / 1e9:.2f} GB, "
-            f"{free / 1e9:.2f} GB are free"
+            f"{parent}: not enough disk space: the import needs about {format_bytes(needed, 2)}, "
+            f"{format_bytes(free, 2)} are free"
         )
 
 

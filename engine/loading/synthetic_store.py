@@ -31,7 +31,7 @@ import json
 import math
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,43 +105,13 @@ class SyntheticWeightStore(TensorIndex):
                 self._plan[f"{key}.{codebook}"] = ("flag",)
 
         s, n = spec, names
-        h, f = s.hidden_size, s.intermediate_size
-        q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        h = s.hidden_size
         self._plan[n.prefix + n.embed + ".weight"] = ("embed", (s.vocab_size, h))
-        for i in range(s.num_layers):
-            p = n.prefix + n.layer.format(i=i)
-            for norm in (n.attn_in_norm, n.mlp_in_norm, n.attn_out_norm, n.mlp_out_norm):
-                if norm:
-                    self._plan[f"{p}{norm}.weight"] = ("norm", h)
-            if s.qk_norm:
-                self._plan[f"{p}{n.q_norm}.weight"] = ("norm", s.head_dim)
-                self._plan[f"{p}{n.k_norm}.weight"] = ("norm", s.head_dim)
-            if n.qkv_fused:
-                linear(p + n.qkv_fused, h, q_out + 2 * kv_out, s.qkv_bias, bits)
-            else:
-                linear(p + n.q, h, q_out, s.qkv_bias, bits)
-                linear(p + n.k, h, kv_out, s.qkv_bias, bits)
-                linear(p + n.v, h, kv_out, s.qkv_bias, bits)
-            linear(p + n.o, q_out, h, s.o_bias, bits)
-            if s.is_sparse(i):  # routers stay dense, as a converter leaves them
-                linear(p + n.router, h, s.num_experts, False, None)
-                fe = s.moe_intermediate_size
-                for e in range(s.num_experts):
-                    linear(p + n.expert_gate.format(e=e), h, fe, False, bits)
-                    linear(p + n.expert_up.format(e=e), h, fe, False, bits)
-                    linear(p + n.expert_down.format(e=e), fe, h, False, bits)
-                if s.shared_expert_intermediate_size:
-                    fs, k = s.shared_expert_intermediate_size, p + n.shared_expert
-                    for key, n_in, n_out in (("gate_proj", h, fs), ("up_proj", h, fs), ("down_proj", fs, h)):
-                        linear(f"{k}.{key}", n_in, n_out, False, bits)
-                    linear(p + n.shared_expert_gate, h, 1, False, None)
-            elif n.gate_up_fused:
-                linear(p + n.gate_up_fused, h, 2 * f, s.mlp_bias, bits)
-                linear(p + n.down, f, h, s.mlp_bias, bits)
-            else:
-                linear(p + n.gate, h, f, s.mlp_bias, bits)
-                linear(p + n.up, h, f, s.mlp_bias, bits)
-                linear(p + n.down, f, h, s.mlp_bias, bits)
+        for key, shape, quantizable in layer_tensors(spec, names):
+            if len(shape) == 1:  # a norm's weight or a linear's bias
+                self._plan[key] = ("norm", shape[0])
+            else:  # routers stay dense, as a converter leaves them
+                linear(key.rpartition(".")[0], shape[1], shape[0], False, bits if quantizable else None)
         self._plan[n.prefix + n.final_norm + ".weight"] = ("norm", h)
         head_k = head_bits if bits is not None and head_bits is not None and head_bits < 16 else None
         if head_k is not None or not s.tie_word_embeddings:
@@ -194,6 +164,39 @@ class SyntheticWeightStore(TensorIndex):
         if dtype is not None and tensor.is_floating_point():
             tensor = tensor.to(dtype)
         return tensor if device is None else tensor.to(device)
+
+
+class _Planner:
+    """A store that answers the builder while the layers' tensors are listed: every bias the
+    spec asks for is there and no other optional tensor is (so fused or split projections follow
+    the architecture's names); each tensor asked for is recorded with its shape."""
+
+    def __init__(self) -> None:
+        self.asked: dict[str, tuple[int, ...]] = {}
+
+    def has(self, key: str) -> bool:
+        return key.endswith(".bias")
+
+    def get(self, key: str, dtype=None, device=None, shape: Iterable[int] | None = None) -> torch.Tensor:
+        self.asked[key] = tuple(shape)
+        return torch.empty(self.asked[key], dtype=dtype, device="meta")
+
+
+def layer_tensors(spec, names) -> Iterator[tuple[str, tuple[int, ...], bool]]:
+    """``(key, shape, quantizable)`` of every tensor the layers of ``spec`` read, as their kinds
+    build them (on the ``meta`` device); ``quantizable``: it belongs to a linear the layer lists
+    as quantizable."""
+    from engine.loading.builder import ModelBuilder
+
+    planner = _Planner()
+    builder = ModelBuilder(spec, names, planner, torch.float16, "meta", spec.max_position_embeddings)
+    rope = builder.rotary()
+    for i in range(spec.num_layers):
+        block = builder.block(i, rope)
+        quantizable = {site.get().key for site in block.quantizable_linears()}
+        for key, shape in planner.asked.items():
+            yield key, shape, key.rpartition(".")[0] in quantizable
+        planner.asked.clear()
 
 
 def synthetic_config(

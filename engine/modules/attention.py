@@ -15,7 +15,7 @@ from torch import nn
 
 from engine.cache.decode_attention import paged_decode_attention
 from engine.modules.batch import BatchLayout, SequenceSlice
-from engine.modules.linear import ProjectionGroup
+from engine.modules.linear import LinearSite, ProjectionGroup
 from engine.modules.rope import RotaryEmbedding
 
 
@@ -137,6 +137,9 @@ class Attention(nn.Module):
         self.scale, self.rope = scale, rope
         self.q_norm, self.k_norm = q_norm, k_norm
         self.sliding_window, self.softcap = sliding_window, softcap
+
+    def quantizable_linears(self) -> list[LinearSite]:
+        return [*self.qkv.sites(("q", "k", "v")), LinearSite("o", self, "o_proj")]
 
     def forward(self, x: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
         q = self._project(x, batch, cache)

@@ -13,6 +13,7 @@ class SequenceSlice:
 
     ``rows`` are its new tokens' rows in the flat batch; ``past`` tokens of it are already in the
     cache; ``slots`` maps every position ``0 .. past + length - 1`` to a slot of the paged cache.
+    ``state_slot``: its slot in the recurrent layers' state (None where no layer keeps any).
     """
 
     start: int
@@ -22,6 +23,7 @@ class SequenceSlice:
     # Position ranges [lo, hi) whose tokens attend to each other in both directions (one image's
     # tokens in Gemma 3); a step never ends inside one.
     bidirectional: tuple[tuple[int, int], ...] = ()
+    state_slot: int | None = None
 
     @property
     def end_position(self) -> int:
@@ -33,14 +35,16 @@ class DecodeTables:
     """A decode step in fixed shapes: row ``b`` is the one new token of sequence ``b``.
 
     ``block_tables`` ``[batch, max_pages]`` int32 lists each sequence's pages (padded with any
-    valid page), ``lengths`` ``[batch]`` int32 counts its cached positions including the new one.
-    Both live on the model's device, so attention needs no per-sequence host work and the step
+    valid page), ``lengths`` ``[batch]`` int32 counts its cached positions including the new one,
+    ``state_slots`` ``[batch]`` int32 gives its recurrent-state slot (padding rows: the scratch
+    slot). They live on the model's device, so mixers need no per-sequence host work and the step
     can be captured in a CUDA graph (``engine.generation.cuda_graph``).
     """
 
     block_tables: torch.Tensor
     lengths: torch.Tensor
     page_size: int
+    state_slots: torch.Tensor | None = None
 
 
 @dataclass
@@ -49,7 +53,7 @@ class BatchLayout:
     positions: torch.Tensor  # [tokens] absolute position of every row
     write_slots: torch.Tensor  # [tokens] cache slot each row's key/value goes to
     rope_positions: torch.Tensor | None = None  # [3, tokens] multimodal RoPE positions (Qwen-VL)
-    # Set when every row is a single-token decode: attention then runs on these tables at once
+    # Set when every row is a single-token decode: mixers then run on these tables at once
     # instead of looping over ``sequences`` (which may then be empty).
     decode: DecodeTables | None = None
     _rope_tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)

@@ -7,10 +7,9 @@ import functools
 import torch
 from torch import nn
 
-from engine.modules.attention import Attention
+from engine.cache.state import SequenceState
 from engine.modules.batch import BatchLayout
-from engine.modules.mlp import GatedMLP
-from engine.modules.moe import SparseMoE
+from engine.modules.linear import LinearSite
 from engine.modules.norms import add_and_norm
 from engine.modules.splice import InputSplice
 
@@ -22,21 +21,42 @@ def _rounded(value: float, dtype: torch.dtype) -> float:
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm residual block. The optional ``*_out_norm`` give Gemma's "sandwich" layout,
-    where each sub-layer's output is normalised again before it joins the residual stream."""
+    """One decoder layer, pre-norm residual: ``h + mixer(norm(h))``, then ``+ feed_forward(norm(.))``.
+
+    The mixer is any mixer kind's module (attention, a recurrent kind), the feed-forward any
+    feed-forward kind's (gated MLP, mixture of experts); see ``engine.layers``. ``state`` is what
+    the mixer keeps per sequence (``engine.cache.state``), for whoever makes a cache for this block
+    alone (the converter). The optional ``*_out_norm`` give Gemma's "sandwich" layout, where each
+    sub-layer's output is normalised again before it joins the residual stream.
+    """
 
     def __init__(
         self,
-        attn_in_norm: nn.Module,
-        attention: Attention,
-        mlp_in_norm: nn.Module,
-        mlp: GatedMLP | SparseMoE,
-        attn_out_norm: nn.Module | None = None,
-        mlp_out_norm: nn.Module | None = None,
+        mixer_norm: nn.Module,
+        mixer: nn.Module,
+        feed_forward_norm: nn.Module,
+        feed_forward: nn.Module,
+        mixer_out_norm: nn.Module | None = None,
+        feed_forward_out_norm: nn.Module | None = None,
+        state: SequenceState | None = None,
     ) -> None:
         super().__init__()
-        self.attn_in_norm, self.attention, self.attn_out_norm = attn_in_norm, attention, attn_out_norm
-        self.mlp_in_norm, self.mlp, self.mlp_out_norm = mlp_in_norm, mlp, mlp_out_norm
+        # Registered in the order they run: the converter writes a block's tensors in this order.
+        self.mixer_norm, self.mixer, self.mixer_out_norm = mixer_norm, mixer, mixer_out_norm
+        self.feed_forward_norm, self.feed_forward = feed_forward_norm, feed_forward
+        self.feed_forward_out_norm = feed_forward_out_norm
+        self.state = state
+
+    @property
+    def dynamic_decode(self) -> str | None:
+        """What makes a decode step's work depend on its tokens (a name, e.g. mixture-of-experts),
+        or None: then a CUDA graph can replay it."""
+        return getattr(self.mixer, "dynamic_decode", None) or getattr(
+            self.feed_forward, "dynamic_decode", None
+        )
+
+    def quantizable_linears(self) -> list[LinearSite]:
+        return self.mixer.quantizable_linears() + self.feed_forward.quantizable_linears()
 
     def forward(self, h: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
         h, m = self.residual_forward(h, None, batch, cache)
@@ -52,16 +72,16 @@ class DecoderBlock(nn.Module):
         are the very tensors the unfused block computes, so the results are bit for bit the same.
         """
         if pending is None:
-            x = self.attn_in_norm(h)
+            x = self.mixer_norm(h)
         else:
-            h, x = add_and_norm(h, pending, self.attn_in_norm)
-        a = self.attention(x, batch, cache)
-        if self.attn_out_norm is not None:  # Gemma's sandwich norm: before the add, not fused
-            a = self.attn_out_norm(a)
-        h, x = add_and_norm(h, a, self.mlp_in_norm)
-        m = self.mlp(x)
-        if self.mlp_out_norm is not None:
-            m = self.mlp_out_norm(m)
+            h, x = add_and_norm(h, pending, self.mixer_norm)
+        a = self.mixer(x, batch, cache)
+        if self.mixer_out_norm is not None:  # Gemma's sandwich norm: before the add, not fused
+            a = self.mixer_out_norm(a)
+        h, x = add_and_norm(h, a, self.feed_forward_norm)
+        m = self.feed_forward(x)
+        if self.feed_forward_out_norm is not None:
+            m = self.feed_forward_out_norm(m)
         return h, m
 
 
@@ -92,9 +112,14 @@ class CausalLM(nn.Module):
     @property
     def static_decode(self) -> bool:
         """Whether a decode step launches the same kernels on the same shapes whatever its tokens
-        are, so that a CUDA graph can replay it. Not so with a mixture-of-experts block: which
-        experts run, and on how many rows, depends on the router's choice."""
-        return not any(isinstance(block.mlp, SparseMoE) for block in self.blocks)
+        are, so that a CUDA graph can replay it (not so where a block's :attr:`dynamic_decode`
+        names a reason, e.g. a mixture of experts: which experts run depends on the router)."""
+        return self.dynamic_decode is None
+
+    @property
+    def dynamic_decode(self) -> str | None:
+        """The first reason a block gives why its decode step's work depends on its tokens."""
+        return next((block.dynamic_decode for block in self.blocks if block.dynamic_decode), None)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embedding(input_ids)
@@ -116,7 +141,7 @@ class CausalLM(nn.Module):
         """Logits ``[len(logit_rows), vocab]`` (all rows when ``logit_rows`` is None), float32.
 
         ``input_ids`` is the flat ``[tokens]`` batch described by ``batch``; ``cache`` gives each
-        block its cache layer via ``cache.layer(i)``. ``splice`` gives some rows' input vectors
+        block its layer of the cache via ``cache.layer(i)``. ``splice`` gives some rows' input vectors
         directly (image embeddings at their placeholder tokens).
         """
         h = self.embed(input_ids)

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import ops
-from engine.modules.linear import ProjectionGroup
+from engine import kernels
+from engine.modules.linear import LinearSite, ProjectionGroup
 
 ACTIVATIONS = {
     "silu": F.silu,
@@ -32,10 +32,13 @@ class GatedMLP(nn.Module):
         self.activation = activation
         self.act = ACTIVATIONS[activation]
 
+    def quantizable_linears(self) -> list[LinearSite]:
+        return [*self.gate_up.sites(("gate", "up")), LinearSite("down", self, "down")]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
         if gate.is_cuda:  # act and product in one launch (ext/fused_ops.cu)
-            fused = ops.act_mul(gate, up, self.activation)
+            fused = kernels.fused.act_mul(gate, up, self.activation)
             if fused is not None:
                 return self.down(fused)
         return self.down(self.act(gate) * up)

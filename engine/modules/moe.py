@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
+
+from engine.modules.linear import LinearSite
 
 
 class SparseMoE(nn.Module):
@@ -16,6 +20,10 @@ class SparseMoE(nn.Module):
     or EXL3 linears). ``shared`` (Qwen2-MoE) is an expert every token goes through, scaled by
     ``sigmoid(shared_gate(x))``.
     """
+
+    # Which experts run, and on how many rows, depends on the router's choice: a decode step has
+    # no fixed shapes for a CUDA graph to capture.
+    dynamic_decode = "mixture-of-experts"
 
     def __init__(
         self,
@@ -33,6 +41,14 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(experts)
         self.top_k, self.normalize = top_k, normalize
         self.shared, self.shared_gate = shared, shared_gate
+
+    def quantizable_linears(self) -> list[LinearSite]:
+        """Every expert's linears and the shared expert's; the router (and the shared expert's
+        gate) stay as they are, as ExLlamaV3 keeps them."""
+        routed = [
+            replace(site, routed=True) for expert in self.experts for site in expert.quantizable_linears()
+        ]
+        return routed + (self.shared.quantizable_linears() if self.shared is not None else [])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights, experts)``, both ``[tokens, top_k]``: float32 mixing weights and the

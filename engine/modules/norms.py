@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine import ops
+from engine import kernels
 
 
 class RMSNorm(nn.Module):
@@ -17,15 +17,16 @@ class RMSNorm(nn.Module):
     because in bf16 the two orders round differently.
     """
 
-    def __init__(self, weight: torch.Tensor, eps: float, offset: float = 0.0) -> None:
+    def __init__(self, weight: torch.Tensor, eps: float, offset: float = 0.0, key: str = "") -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
         self.offset = offset
+        self.key = key  # the checkpoint key it was read from ("" for one made otherwise)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:  # one fused launch instead of ~8 elementwise kernels (ext/fused_ops.cu)
-            fused = ops.rms_norm(x, self.weight, self.eps, self.offset)
+            fused = kernels.fused.rms_norm(x, self.weight, self.eps, self.offset)
             if fused is not None:
                 return fused
         dtype = x.dtype
@@ -44,7 +45,7 @@ def add_and_norm(h: torch.Tensor, delta: torch.Tensor, norm: nn.Module) -> tuple
     other norms, mixed dtypes) this is literally the two torch steps, so results do not change.
     """
     if h.is_cuda and isinstance(norm, RMSNorm):
-        fused = ops.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
+        fused = kernels.fused.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
         if fused is not None:
             return fused
     h = h + delta

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine import ops
+from engine import kernels
 from engine.errors import ModelLoadError
 
 
@@ -128,7 +128,7 @@ class RotaryEmbedding(nn.Module):
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin, ``[tokens, 1, rotary_dim]``, for absolute ``positions``."""
         if positions.is_cuda:  # one launch instead of nine, the same numbers
-            fused = ops.rope_tables(positions, self.inv_freq, self.attention_factor, dtype)
+            fused = kernels.fused.rope_tables(positions, self.inv_freq, self.attention_factor, dtype)
             if fused is not None:
                 return fused
         freqs = positions.float()[:, None] * self.inv_freq.float()[None, :]
@@ -142,7 +142,7 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`apply` to queries and keys; on the GPU one fused launch does both."""
         if q.is_cuda:
-            fused = ops.rope(q, k, *tables)
+            fused = kernels.fused.rope(q, k, *tables)
             if fused is not None:
                 return fused
         return self.apply(q, tables), self.apply(k, tables)

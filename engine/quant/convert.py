@@ -282,13 +282,13 @@ def forward_rows(block: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     from engine.modules.batch import BatchLayout, SequenceSlice
 
     n, cols, dim = hidden.shape
-    attn = block.attention
     device = block_device(block)
     hidden = hidden.to(device, non_blocking=True)  # page-locked host states copy asynchronously
-    # One page per row: row i owns slots i*cols .. (i+1)*cols - 1.
-    cache = PagedKVCache(1, attn.num_kv_heads, attn.head_dim, n, cols, hidden.dtype, device).layer(0)
+    # The state the block's mixer declares, for n sequences: one page per row (row i owns slots
+    # i*cols .. (i+1)*cols - 1), and row i's recurrent state in slot i.
+    cache = PagedKVCache.for_layers([block.state], n, cols, hidden.dtype, device, max_sequences=n).layer(0)
     seqs = [
-        SequenceSlice(i * cols, cols, 0, torch.arange(i * cols, (i + 1) * cols, device=device))
+        SequenceSlice(i * cols, cols, 0, torch.arange(i * cols, (i + 1) * cols, device=device), state_slot=i)
         for i in range(n)
     ]
     positions = torch.arange(cols, device=device).repeat(n)
@@ -561,66 +561,59 @@ def calibration_matmuls(device: torch.device, tf32: bool) -> Iterator[None]:
 
 def unfuse_projections(group: nn.Module) -> None:
     """Make a fused projection (one linear whose output is split, e.g. Phi-3's ``qkv_proj``) one
-    dense linear per output, in place: the reference layout stores a fused checkpoint's
-    projections quantized separately under the split names (``q_proj``, ``k_proj``, ...), and
-    quantizing them apart gives each its own scales and bits. The outputs stay the same."""
+    dense linear per output, in place, keyed by its ``output_keys``: the reference layout stores
+    a fused checkpoint's projections quantized separately under the split names (``q_proj``,
+    ``k_proj``, ...), and quantizing them apart gives each its own scales and bits. The outputs
+    stay the same. A group without output keys stays fused."""
     from engine.modules.linear import DenseLinear, ProjectionGroup
 
-    if len(group.linears) != 1 or len(group.splits[0]) == 1:
+    if len(group.linears) != 1 or len(group.splits[0]) == 1 or group.output_keys is None:
         return
     fused, sizes = group.linears[0], group.splits[0]
     weights = fused.weight.detach().split(sizes, dim=0)
     biases = fused.bias.detach().split(sizes) if fused.bias is not None else [None] * len(sizes)
-    split = ProjectionGroup([(DenseLinear(w.clone(), b), [n]) for w, b, n in zip(weights, biases, sizes)])
+    parts = zip(weights, biases, sizes, group.output_keys, strict=True)
+    split = ProjectionGroup([(DenseLinear(w.clone(), b, key=k), [n]) for w, b, n, k in parts])
     group.linears, group.splits = split.linears, split.splits
 
 
-def mlp_linears(mlp: nn.Module, gate: str, up: str, down: str, routed: bool = False) -> list[LinearSlot]:
-    """The gate, up and down linears of one ``GatedMLP`` under the keys ``gate``, ``up``, ``down``."""
+def block_linears(block: nn.Module) -> list[LinearSlot]:
+    """The quantizable linears of one decoder block, as its modules list them
+    (``quantizable_linears``), under the checkpoint keys they were read from. Fused projections
+    are split first (:func:`unfuse_projections`) and keyed by the split names. A
+    mixture-of-experts block gives each expert's gate/up/down (keyed one linear per expert,
+    whether the source fused them or not) and its shared expert's; its router is not quantized."""
+    from engine.modules.linear import ProjectionGroup
+
+    for module in block.modules():
+        if isinstance(module, ProjectionGroup):
+            unfuse_projections(module)
     slots = []
-    for j, (kind, key) in enumerate((("gate", gate), ("up", up))):
-        lin = mlp.gate_up.linears[j]
+    for site in block.quantizable_linears():
+        linear = site.get()
         slots.append(
             LinearSlot(
-                key, kind, mlp.gate_up.linears, str(j), lin.in_features, lin.out_features, routed=routed
+                linear.key,
+                site.role,
+                site.parent,
+                site.attr,
+                linear.in_features,
+                linear.out_features,
+                routed=site.routed,
             )
         )
-    slots.append(
-        LinearSlot(down, "down", mlp, "down", mlp.down.in_features, mlp.down.out_features, routed=routed)
-    )
     return slots
 
 
-def block_linears(block: nn.Module, prefix: str, names) -> list[LinearSlot]:
-    """The quantizable linears of one decoder block with their checkpoint keys. Fused q/k/v and
-    gate/up projections are split first (:func:`unfuse_projections`) and keyed by the split names.
-    A mixture-of-experts block gives each expert's gate/up/down (keyed one linear per expert,
-    whether the source fused them or not) and its shared expert's; its router is not quantized."""
-    from engine.modules.moe import SparseMoE
+def checkpoint_order(block: nn.Module) -> list[str]:
+    """The keys of the block's modules read from the checkpoint (linears and norms), in module
+    order: the order the output lists them in (EXL3_FORMAT.md section 2)."""
+    return [module.key for module in block.modules() if getattr(module, "key", "")]
 
-    attn, mlp = block.attention, block.mlp
-    if names.qkv_fused:
-        unfuse_projections(attn.qkv)
-    if names.gate_up_fused and not isinstance(mlp, SparseMoE):
-        unfuse_projections(mlp.gate_up)
-    slots = []
-    for j, (kind, name) in enumerate((("q", names.q), ("k", names.k), ("v", names.v))):
-        lin = attn.qkv.linears[j]
-        slots.append(
-            LinearSlot(prefix + name, kind, attn.qkv.linears, str(j), lin.in_features, lin.out_features)
-        )
-    slots.append(
-        LinearSlot(prefix + names.o, "o", attn, "o_proj", attn.o_proj.in_features, attn.o_proj.out_features)
-    )
-    if not isinstance(mlp, SparseMoE):
-        return slots + mlp_linears(mlp, prefix + names.gate, prefix + names.up, prefix + names.down)
-    for e, expert in enumerate(mlp.experts):
-        keys = (names.expert_gate, names.expert_up, names.expert_down)
-        slots += mlp_linears(expert, *(prefix + k.format(e=e) for k in keys), routed=True)
-    if mlp.shared is not None:
-        shared = prefix + names.shared_expert
-        slots += mlp_linears(mlp.shared, f"{shared}.gate_proj", f"{shared}.up_proj", f"{shared}.down_proj")
-    return slots
+
+def _bit_priority(kind: str) -> int:
+    """Rank of a linear's kind in :data:`_BIT_PRIORITY`; kinds it does not list come last."""
+    return _BIT_PRIORITY.index(kind) if kind in _BIT_PRIORITY else len(_BIT_PRIORITY)
 
 
 def allocate_bits(slots: list[LinearSlot], target: float) -> float:
@@ -636,7 +629,7 @@ def allocate_bits(slots: list[LinearSlot], target: float) -> float:
         s.bits = base
     budget = target * total - base * total
     if base < 8:
-        order = sorted(range(len(slots)), key=lambda i: _BIT_PRIORITY.index(slots[i].kind))
+        order = sorted(range(len(slots)), key=lambda i: _bit_priority(slots[i].kind))
         for i in order:
             if sizes[i] <= budget + 1e-6:
                 slots[i].bits += 1
@@ -1037,7 +1030,8 @@ def _convert_model(
     log(f" -- calibration: {ids.shape[0]} rows x {ids.shape[1]} tokens ({n_generated} model-written)")
 
     # Rows per forward chunk: bound the attention score matrix and activations (~256 MB).
-    chunk_rows = max(1, int(2**26 // (options.cal_cols * max(spec.intermediate_size, options.cal_cols))))
+    width = int(config.get("intermediate_size") or 4 * spec.hidden_size)
+    chunk_rows = max(1, int(2**26 // (options.cal_cols * max(width, options.cal_cols))))
     # Tuning towards the unquantized model keeps its hidden state too: a third copy of the states.
     tune_to_model = options.tune_steps > 0 and options.tune_target == "model"
     copies = 3 if tune_to_model else 2
@@ -1179,30 +1173,27 @@ def _convert_model(
             copied.add(key)
             outputs.append((key.rsplit(".", 1)[0], {key: _fp16_copy(store.get(key))}, None))
 
+    def plain_module(module: str) -> None:
+        """A module that stays unquantized (a norm, a router): its weight and bias as they are."""
+        keys = [k for k in (f"{module}.weight", f"{module}.bias") if store.has(k) and k not in copied]
+        if keys:
+            copied.update(keys)
+            outputs.append((module, {k: _fp16_copy(store.get(k)) for k in keys}, None))
+
+    slot_of = {s.key: s for s in all_slots}
     plain(names.prefix + names.embed + ".weight")
-    for i, slots in enumerate(per_block):
-        p = names.prefix + names.layer.format(i=i)
-        plain(p + names.attn_in_norm + ".weight")
-        for s in slots:
-            if s.kind == "gate":  # attention side done: its norms, then the MLP (a MoE's router first)
-                for extra in (names.attn_out_norm, names.mlp_in_norm, names.router, names.shared_expert_gate):
-                    if extra:
-                        plain(p + extra + ".weight")
-            outputs.append((s.key, linear_tensors(done, s.key), s.bits))
-        for extra in (names.q_norm, names.k_norm, names.mlp_out_norm):
-            if extra:
-                plain(p + extra + ".weight")
+    for keys in source.layouts:
+        for key in keys:
+            if key in slot_of:
+                outputs.append((key, linear_tensors(done, key), slot_of[key].bits))
+            else:
+                plain_module(key)
     plain(names.prefix + names.final_norm + ".weight")
     outputs.append((head_key, head_tensors, None if options.head_bits == 16 else options.head_bits))
-    # Anything else the source holds that belongs to no quantized linear (e.g. extra norms).
+    # Anything else the source holds that belongs to no quantized linear (e.g. extra norms). What
+    # the blocks were built from is not (fused source projections are stored split, quantized).
     claimed = {f"{k}.{suffix}" for k in quantized_keys | {head_key} for suffix in ("weight", "bias")}
-    for i in range(n_blocks):  # fused source projections, stored split and quantized
-        for fused in (names.qkv_fused, names.gate_up_fused):
-            if fused:
-                p = names.prefix + names.layer.format(i=i) + fused
-                claimed |= {f"{p}.weight", f"{p}.bias"}
-        experts = names.prefix + names.layer.format(i=i) + names.experts_fused
-        claimed |= {f"{experts}.gate_up_proj", f"{experts}.down_proj"}
+    claimed |= source.block_keys
     for key in sorted(store.keys()):
         if key not in claimed and key not in copied and not key.endswith("rotary_emb.inv_freq"):
             plain(key)

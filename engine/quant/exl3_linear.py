@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine import ops
+from engine import kernels
 from engine.quant.codebooks import codebook_from_flags
 from engine.quant.errors import MissingTensorError, TensorShapeError
 from engine.quant.hadamard import HADAMARD_SIZE, blockwise_hadamard
@@ -81,6 +81,11 @@ class EXL3Linear(nn.Module):
             self.register_buffer("trellis", trellis.contiguous())
             self.register_buffer("suh", suh.to(torch.float16).contiguous())
             self.register_buffer("svh", svh.to(torch.float16).contiguous())
+
+    @property
+    def key(self) -> str:
+        """The checkpoint key (``name``), as every linear of the module library has it."""
+        return self.name
 
     # -- construction -----------------------------------------------------------------------
 
@@ -183,7 +188,7 @@ class EXL3Linear(nn.Module):
             w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
             b = self.bias if self.bias is None or self.bias.dtype == x.dtype else self.bias.to(x.dtype)
             return F.linear(x, w, b)
-        y = ops.exl3_gemm(x, self)  # CUDA kernels where they apply, else None
+        y = kernels.gemv.exl3_gemm(x, self)  # CUDA kernels where they apply, else None
         return y if y is not None else self._forward_streaming(x)
 
     def _forward_streaming(self, x: torch.Tensor) -> torch.Tensor:

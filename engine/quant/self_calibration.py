@@ -6,8 +6,8 @@ clean). The model being converted can write more text of the kind it reads: each
 is a run of short segments, each a snippet of the calibration text (so the topics, languages and
 code of that text steer it) continued by the model's own sampled tokens. This is
 "self-calibration" (Williams et al., 2025), which found model-written calibration data about as
-good as real text. Measured on SmolLM2 at 4.0 bpw over 3 seeds (ext/NOTES.md, thirteenth
-session), 90% model-written rows continuing snippets of the earlier 100 KB text gave mean KL
+good as real text. Measured on SmolLM2 at 4.0 bpw over 3 seeds (docs/PERFORMANCE.md, converter
+quality), 90% model-written rows continuing snippets of the earlier 100 KB text gave mean KL
 0.0917, against 0.0931 for the 1.7 MB of text now shipped, but perplexity from +4.7% to +10.1%
 (the text: +4.6% to +5.6%), so it stays opt-in (``--generated-rows``).
 
@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from engine.cache.paged import kv_bytes_per_token
+
 SEGMENT_TOKENS = 256  # one generated segment: snippet + continuation
 SNIPPET_TOKENS = 16  # tokens of shipped text that start each segment
 TEMPERATURE = 1.0
@@ -35,8 +37,7 @@ def _batch_size(loaded, segment: int) -> int:
     """Jobs at once: many (eager steps are launch-bound), within a quarter of free device memory."""
     if loaded.device.type != "cuda":
         return 16
-    spec = loaded.spec
-    per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * loaded.dtype.itemsize
+    per_token = kv_bytes_per_token(loaded.spec, dense_bytes=loaded.dtype.itemsize)
     free, _ = torch.cuda.mem_get_info(loaded.device)
     return int(max(8, min(256, free // 4 // (per_token * segment))))
 
@@ -59,6 +60,7 @@ def generate_rows(
     from engine.generation.generator import Generator
     from engine.generation.job import Job
     from engine.generation.sampling import SamplingSettings
+    from engine.options import EngineOptions
 
     segment = max(SNIPPET_TOKENS + 1, min(segment, cols))
     per_row = -(-cols // segment)
@@ -77,7 +79,8 @@ def generate_rows(
         for s, js in zip(starts.tolist(), job_seeds.tolist(), strict=True)
     ]
     batch = min(_batch_size(loaded, segment), n_jobs)
-    generator = Generator(loaded, cache_tokens=batch * segment, max_batch_size=batch, cuda_graphs=False)
+    options = EngineOptions(cuda_graphs=False)
+    generator = Generator(loaded, cache_tokens=batch * segment, max_batch_size=batch, options=options)
     what = f"{n_jobs} segments of {segment} tokens, {batch} at once"
     log(f" -- calibration: the model writes {rows} rows ({what})")
     written = _run_jobs(generator, jobs, progress or (lambda fraction, message: None))

@@ -12,7 +12,8 @@ memory (0.9 GB for the Llama-3.1-8B shape) however many layers the model has.
 Every block's quantizable linears (:class:`~engine.quant.convert.LinearSlot`) are known up front,
 without reading a weight: the blocks are first built on PyTorch's ``meta`` device from the
 checkpoint's shapes. When a block is built for real, the same slot objects are pointed at its
-modules, so the bits the allocation set on them stay where they are.
+modules, so the bits the allocation set on them stay where they are. The ``meta`` blocks also
+give the order of each block's tensors in the output and the checkpoint keys they are built from.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class _ShapeStore:
 
     def __init__(self, store) -> None:
         self._store = store
+        self.read: set[str] = set()  # every key asked for
 
     def has(self, key: str) -> bool:
         return self._store.has(key)
@@ -40,6 +42,7 @@ class _ShapeStore:
         device: torch.device | str | None = None,
         shape: Iterable[int] | None = None,
     ) -> torch.Tensor:
+        self.read.add(key)
         stored = self._store.shape(key)
         if shape is not None and list(shape) != stored:
             # Built for real, the block raises the store's own error (it names the file).
@@ -47,10 +50,33 @@ class _ShapeStore:
         return torch.empty(stored, dtype=dtype or torch.float32, device="meta")
 
 
+def quantizable_keys(src: str | Path) -> list[str]:
+    """The checkpoint keys of the linears the converter quantizes, block by block, as the blocks'
+    modules list them (the blocks built on the ``meta`` device: no weight is read)."""
+    from engine.architectures import architecture_for
+    from engine.config import ModelConfig
+    from engine.loading.builder import ModelBuilder
+    from engine.loading.safetensors_store import WeightStore
+    from engine.quant.convert import block_linears
+
+    config = ModelConfig.from_dir(src)
+    arch = architecture_for(config.architecture)
+    spec, store = arch.spec(config), WeightStore(config.directory)
+    names = arch.tensor_names(store.has)
+    with torch.inference_mode():
+        shapes = ModelBuilder(
+            spec, names, _ShapeStore(store), torch.float32, "meta", spec.max_position_embeddings
+        )
+        rope = shapes.rotary()
+        return [slot.key for i in range(spec.num_layers) for slot in block_linears(shapes.block(i, rope))]
+
+
 class SourceModel:
     """The unquantized model at ``src`` for the converter: ``shell`` (a model without blocks: its
     ``final_norm``, and its embedding until :meth:`embed_rows`), ``blocks`` (built on access, one
-    at a time) and ``slots`` (each block's quantizable linears)."""
+    at a time), ``slots`` (each block's quantizable linears), ``layouts`` (each block's checkpoint
+    keys in module order, fused projections split) and ``block_keys`` (every key the blocks are
+    built from)."""
 
     def __init__(self, src: str | Path, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         from engine.architectures import architecture_for
@@ -58,7 +84,7 @@ class SourceModel:
         from engine.loading.builder import ModelBuilder
         from engine.loading.safetensors_store import WeightStore
         from engine.modules.decoder import CausalLM
-        from engine.quant.convert import block_linears
+        from engine.quant.convert import block_linears, checkpoint_order
 
         config = ModelConfig.from_dir(src)
         arch = architecture_for(config.architecture)
@@ -78,12 +104,15 @@ class SourceModel:
                 self.spec.embed_scale,
                 self.spec.final_softcap,
             ).eval()
-            shapes = ModelBuilder(self.spec, self.names, _ShapeStore(self.store), dtype, "meta", context)
+            shape_store = _ShapeStore(self.store)
+            shapes = ModelBuilder(self.spec, self.names, shape_store, dtype, "meta", context)
             meta_rope = shapes.rotary()
-            self.slots = [
-                block_linears(shapes.block(i, meta_rope), self.prefix(i), self.names)
-                for i in range(self.spec.num_layers)
-            ]
+            self.slots, self.layouts = [], []
+            for i in range(self.spec.num_layers):
+                meta = shapes.block(i, meta_rope)
+                self.slots.append(block_linears(meta))
+                self.layouts.append(checkpoint_order(meta))
+            self.block_keys = shape_store.read
         self.blocks = BlockStream(self)
 
     def embed_rows(self, ids: torch.Tensor, home: torch.device) -> torch.Tensor:
@@ -97,17 +126,13 @@ class SourceModel:
         self.shell.embedding = None
         return hidden
 
-    def prefix(self, i: int) -> str:
-        """Checkpoint key prefix of block ``i``."""
-        return self.names.prefix + self.names.layer.format(i=i)
-
     def build_block(self, i: int) -> nn.Module:
         """Block ``i`` read from the checkpoint onto the device, with ``slots[i]`` pointed at it."""
         from engine.quant.convert import block_linears
 
         with torch.inference_mode():
             block = self._builder.block(i, self.rope)
-        for slot, built in zip(self.slots[i], block_linears(block, self.prefix(i), self.names), strict=True):
+        for slot, built in zip(self.slots[i], block_linears(block), strict=True):
             slot.parent, slot.attr = built.parent, built.attr
         return block
 

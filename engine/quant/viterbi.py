@@ -89,14 +89,16 @@ def encode_tiles(
 ) -> torch.Tensor:
     """:func:`encode_tiles_batch` over any number of tiles, batched to bound memory.
 
-    On a GPU the CUDA kernel (:func:`engine.ops.viterbi_encode`, same results) runs instead
-    where it applies; ``use_kernel=False`` forces this torch path (tests, benchmarks).
+    On a GPU the CUDA kernel (:func:`engine.kernels.viterbi.viterbi_encode`, same results) runs
+    instead where it applies (``table`` one of the codebooks); ``use_kernel=False`` forces this
+    torch path (tests, benchmarks).
     """
     check_bits(k)
     if use_kernel and x.is_cuda:
-        from engine import ops
+        from engine import kernels
 
-        states = ops.viterbi_encode(x, k, table)
+        codebook = codebook_of_table(table)
+        states = None if codebook is None else kernels.viterbi.viterbi_encode(x, k, codebook)
         if states is not None:
             return states
     if batch is None:
@@ -104,3 +106,32 @@ def encode_tiles(
         batch = max(1, _BATCH_BYTES // per_tile)
     out = [encode_tiles_batch(x[i : i + batch], k, table) for i in range(0, x.shape[0], batch)]
     return torch.cat(out) if out else torch.empty(0, TILE_VALUES, dtype=torch.int32, device=x.device)
+
+
+def codebook_of_table(table: torch.Tensor) -> str | None:
+    """Which codebook a value table is (the kernel computes the values arithmetically), else None.
+
+    The converter passes the cached :func:`~engine.quant.codebooks.codebook_table` tensors, so
+    the identity test is the usual answer; any other table is compared by value.
+    """
+    from engine.quant.codebooks import CODEBOOKS, codebook_table
+
+    for known, name in _known_tables:
+        if known is table and table._version == 0:  # unchanged since it was recognised
+            return name
+    found = None
+    if table.shape == (_STATES,):
+        for name in CODEBOOKS:
+            ref = codebook_table(name, table.device)
+            if ref is table or torch.equal(ref, table.to(ref.dtype)):
+                found = name
+                break
+    if found is not None and not table.requires_grad and table._version == 0:
+        # Remember it (held alive, so the identity test stays valid): the converter passes the
+        # same table for every strip, and torch.equal would sync the host each time.
+        _known_tables.append((table, found))
+        del _known_tables[:-8]
+    return found
+
+
+_known_tables: list[tuple[torch.Tensor, str]] = []

@@ -11,16 +11,12 @@ import pytest
 
 from engine.inspect import (
     MemoryVerdict,
-    format_bytes,
-    format_params,
     inspect_model,
     likely_device,
     memory_verdict,
     read_safetensors_header,
     system_memory,
 )
-
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "exl3"
 
 LLAMA_CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -156,10 +152,9 @@ def test_inspect_never_imports_torch(tmp_path: Path) -> None:
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.skipif(not FIXTURES.is_dir(), reason="shared EXL3 fixtures not present")
-def test_exl3_fixture_reports_bpw_and_logical_parameter_count() -> None:
-    dense = inspect_model(FIXTURES / "tiny-llama-hf")
-    quant = inspect_model(FIXTURES / "tiny-llama-exl3-4.0bpw-h6-mul1")
+def test_exl3_fixture_reports_bpw_and_logical_parameter_count(exl3_dir: Path) -> None:
+    dense = inspect_model(exl3_dir / "tiny-llama-hf")
+    quant = inspect_model(exl3_dir / "tiny-llama-exl3-4.0bpw-h6-mul1")
     assert quant.ok and dense.ok
     assert quant.quantization == "EXL3 4.0 bpw" and quant.bits_per_weight == 4.0
     # Trellis shapes decode to the same logical weight matrices as the dense model.
@@ -186,12 +181,3 @@ def test_memory_verdict_for_a_model(tmp_path: Path) -> None:
 def test_likely_device_honours_an_explicit_setting() -> None:
     assert likely_device("cpu") == "cpu" and likely_device("cuda") == "cuda"
     assert likely_device("auto") in ("cpu", "cuda")
-
-
-def test_formatting() -> None:
-    assert format_bytes(512) == "512 B"
-    assert format_bytes(1536) == "1.5 KB"
-    assert format_bytes(3 * 1024**3) == "3.0 GB"
-    assert format_params(134_515_008) == "135M"
-    assert format_params(7_241_732_096) == "7.24B"
-    assert format_params(None) == "?"

@@ -2,8 +2,8 @@
 
 import json
 
-from engine.commands import bench_device_sampler
-from engine.commands.bench_sampler import PRESETS
+from engine.bench import device_sampler as bench_device_sampler
+from engine.bench.sampler import PRESETS
 
 
 def test_bench_device_sampler_writes_a_row_per_case(tmp_path, capsys):

@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from engine.commands import bench_sampler
+from engine.bench import sampler as bench_sampler
 from engine.generation.sampling import SamplingSettings
 
 

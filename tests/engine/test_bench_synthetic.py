@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.commands import bench
-from engine.commands.roofline import DecodeBytes, kv_bytes_per_token, module_decode_bytes
+from engine.bench import speed as bench
+from engine.bench.roofline import DecodeBytes, kv_bytes_per_token, module_decode_bytes
 from engine.loading.synthetic_store import SyntheticWeightStore, check_bits, synthetic_config, synthetic_model
 from engine.quant import EXL3Linear
 
@@ -212,8 +212,8 @@ def test_bench_imports_without_the_app_dependencies(monkeypatch):
         for name in ours:
             del sys.modules[name]
         for name in (
-            "engine.commands.bench",
-            "engine.commands.bench_peer",
+            "engine.bench.speed",
+            "engine.bench.peer",
             "engine.generation.generator",
             "engine.loading.synthetic_store",
         ):

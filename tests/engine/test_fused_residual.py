@@ -30,13 +30,13 @@ def _unfused_forward(self, input_ids, batch, cache, logit_rows=None, splice=None
     if splice is not None:
         h = splice.apply(h)
     for i, b in enumerate(self.blocks):
-        a = b.attention(b.attn_in_norm(h), batch, cache.layer(i))
-        if b.attn_out_norm is not None:
-            a = b.attn_out_norm(a)
+        a = b.mixer(b.mixer_norm(h), batch, cache.layer(i))
+        if b.mixer_out_norm is not None:
+            a = b.mixer_out_norm(a)
         h = h + a
-        m = b.mlp(b.mlp_in_norm(h))
-        if b.mlp_out_norm is not None:
-            m = b.mlp_out_norm(m)
+        m = b.feed_forward(b.feed_forward_norm(h))
+        if b.feed_forward_out_norm is not None:
+            m = b.feed_forward_out_norm(m)
         h = h + m
         if splice is not None:
             h = splice.after_layer(i, h)
@@ -99,9 +99,9 @@ def test_block_forward_is_the_sum_of_residual_forward(tiny_model_factory):
         layouts.append((BatchLayout([SequenceSlice(0, 7, 0, slots)], torch.arange(7), slots), cache.layer(1)))
     out = block(h, *layouts[0])
     b = block  # the unfused block, written out
-    a = b.attn_out_norm(b.attention(b.attn_in_norm(h), *layouts[1]))
+    a = b.mixer_out_norm(b.mixer(b.mixer_norm(h), *layouts[1]))
     h2 = h + a
-    expected = h2 + b.mlp_out_norm(b.mlp(b.mlp_in_norm(h2)))
+    expected = h2 + b.feed_forward_out_norm(b.feed_forward(b.feed_forward_norm(h2)))
     assert torch.equal(out, expected)
 
 

@@ -27,7 +27,6 @@ from engine.tokenizer import Tokenizer
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
 
-TINY = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "exl3" / "tiny-llama-hf"
 
 TEXTS = [
     "Hello, world! How are you today?",
@@ -234,8 +233,13 @@ def test_gemma3_tokenizer_matches_transformers_gguf_conversion(gemma3_dir, gemma
 # ---------------------------------------------------------------------------------------------
 
 
-def _tiny_vocab() -> tuple[list[str], list[str]]:
-    model = json.loads((TINY / "tokenizer.json").read_text())["model"]
+Vocab = tuple[list[str], list[str]]
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab(tiny_llama_hf: Path) -> Vocab:
+    """Tokens and merges of the fixtures' byte-level BPE (the tests skip where it is absent)."""
+    model = json.loads((tiny_llama_hf / "tokenizer.json").read_text())["model"]
     tokens = [t for t, _ in sorted(model["vocab"].items(), key=lambda kv: kv[1])]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
     return tokens, merges
@@ -406,7 +410,13 @@ def _add_tensor(writer, name: str, w: np.ndarray, quant: int) -> None:
 
 
 def write_tiny_gguf(
-    path: Path, arch: str, quant: int = Q.F32, *, per_expert: bool = False, expert_count: int | None = None
+    path: Path,
+    arch: str,
+    vocab: Vocab,
+    quant: int = Q.F32,
+    *,
+    per_expert: bool = False,
+    expert_count: int | None = None,
 ) -> dict:
     """A GGUF of a tiny random HF model, converted as llama.cpp does; returns the HF state dict
     (experts in the Hub's layout). ``per_expert`` writes experts as old Mixtral files did (one 2-D
@@ -414,7 +424,7 @@ def write_tiny_gguf(
     model = _tiny_hf_model(arch)
     cfg = model.config
     state = _hub_layout(arch, {k: v.detach().float().numpy() for k, v in model.state_dict().items()})
-    tokens, merges = _tiny_vocab()
+    tokens, merges = vocab
     family, arch = arch, _GGUF_ARCH.get(arch, arch)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_string("general.name", f"tiny {family}")
@@ -486,12 +496,12 @@ def write_tiny_gguf(
 
 
 @pytest.fixture(scope="module")
-def tiny_llama_gguf(tmp_path_factory) -> tuple[Path, dict]:
+def tiny_llama_gguf(tmp_path_factory, tiny_vocab: Vocab) -> tuple[Path, dict]:
     path = tmp_path_factory.mktemp("tiny-gguf") / "tiny-llama.gguf"
-    return path, write_tiny_gguf(path, "llama")
+    return path, write_tiny_gguf(path, "llama", tiny_vocab)
 
 
-def test_tiny_llama_round_trip_restores_hf_layout(tiny_llama_gguf, tmp_path):
+def test_tiny_llama_round_trip_restores_hf_layout(tiny_llama_gguf, tiny_llama_hf, tmp_path):
     path, state = tiny_llama_gguf
     out = import_gguf(path, tmp_path / "tiny")
     ours = _state_dict(out)
@@ -501,7 +511,7 @@ def test_tiny_llama_round_trip_restores_hf_layout(tiny_llama_gguf, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["tie_word_embeddings"] is False and config["num_key_value_heads"] == 2
     # The byte-level tokenizer rebuilt from the GGUF vocabulary behaves as the original one.
-    ours_tok, original = Tokenizer.from_dir(out), Tokenizer.from_dir(TINY)
+    ours_tok, original = Tokenizer.from_dir(out), Tokenizer.from_dir(tiny_llama_hf)
     for text in TEXTS:
         assert ours_tok.encode(text, add_special_tokens=False) == original.encode(
             text, add_special_tokens=False
@@ -510,8 +520,8 @@ def test_tiny_llama_round_trip_restores_hf_layout(tiny_llama_gguf, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["gemma3", "qwen2", "qwen3", "qwen3moe", "qwen2moe", "mixtral"])
-def test_tiny_round_trip_gives_transformers_logits(tmp_path, arch):
-    state = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch)
+def test_tiny_round_trip_gives_transformers_logits(tmp_path, tiny_vocab, arch):
+    state = write_tiny_gguf(tmp_path / f"{arch}.gguf", arch, tiny_vocab)
     out = import_gguf(tmp_path / f"{arch}.gguf", tmp_path / arch)
     ours = _state_dict(out)
     tied = arch == "gemma3"
@@ -529,15 +539,16 @@ def test_tiny_round_trip_gives_transformers_logits(tmp_path, arch):
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
     if arch in _EXPERT_HF:  # the engine reads the experts' names and the MoE config fields too
         engine_model = load_model(out, device="cpu")
-        assert engine_model.spec.num_experts == 4 and engine_model.spec.experts_per_token == 2
+        moe = engine_model.spec.layers[0].feed_forward
+        assert moe.num_experts == 4 and moe.experts_per_token == 2
         cache = PagedKVCache.for_model(engine_model.spec, 64, page_size=16)
         got = score_tokens(engine_model.module, cache, ids[0].tolist())
         torch.testing.assert_close(got, expected[0], rtol=1e-4, atol=1e-4)
 
 
-def test_quantized_stacked_experts_split_per_expert(tmp_path):
+def test_quantized_stacked_experts_split_per_expert(tmp_path, tiny_vocab):
     # Each expert is its own block of quantized rows of the stacked tensor.
-    state = write_tiny_gguf(tmp_path / "q.gguf", "qwen3moe", quant=Q.Q8_0)
+    state = write_tiny_gguf(tmp_path / "q.gguf", "qwen3moe", tiny_vocab, quant=Q.Q8_0)
     ours = _state_dict(import_gguf(tmp_path / "q.gguf", tmp_path / "q"))
     stacked = np.stack([state[f"model.layers.0.mlp.experts.{e}.down_proj.weight"] for e in range(4)])
     expected = gguf.quants.dequantize(gguf.quants.quantize(stacked, Q.Q8_0), Q.Q8_0)
@@ -547,8 +558,8 @@ def test_quantized_stacked_experts_split_per_expert(tmp_path):
     assert json.loads((tmp_path / "q" / "config.json").read_text())["mlp_only_layers"] == [1]
 
 
-def test_old_mixtral_per_expert_tensors(tmp_path):
-    state = write_tiny_gguf(tmp_path / "m.gguf", "mixtral", per_expert=True)
+def test_old_mixtral_per_expert_tensors(tmp_path, tiny_vocab):
+    state = write_tiny_gguf(tmp_path / "m.gguf", "mixtral", tiny_vocab, per_expert=True)
     assert "blk.0.ffn_up.3.weight" in {t.name for t in read_gguf(tmp_path / "m.gguf").tensors}
     out = import_gguf(tmp_path / "m.gguf", tmp_path / "m")
     ours = _state_dict(out)
@@ -580,8 +591,8 @@ def _rewrite_without(src: Path, dst: Path, drop: str) -> None:
     writer.close()
 
 
-def test_expert_count_disagreeing_with_tensors_is_named(tmp_path):
-    write_tiny_gguf(tmp_path / "x.gguf", "qwen3moe", expert_count=8)
+def test_expert_count_disagreeing_with_tensors_is_named(tmp_path, tiny_vocab):
+    write_tiny_gguf(tmp_path / "x.gguf", "qwen3moe", tiny_vocab, expert_count=8)
     with pytest.raises(GGUFImportError, match=r"x\.gguf: metadata says 8 experts \(qwen3moe\.expert_count\)"):
         import_gguf(tmp_path / "x.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -595,16 +606,16 @@ def test_expert_count_disagreeing_with_tensors_is_named(tmp_path):
         ("qwen3moe", "blk.0.ffn_gate_inp.weight", r"layer 0 has expert tensors but no router"),
     ],
 )
-def test_missing_expert_tensors_are_named(tmp_path, arch, drop, message):
-    write_tiny_gguf(tmp_path / "full.gguf", arch)
+def test_missing_expert_tensors_are_named(tmp_path, tiny_vocab, arch, drop, message):
+    write_tiny_gguf(tmp_path / "full.gguf", arch, tiny_vocab)
     _rewrite_without(tmp_path / "full.gguf", tmp_path / "cut.gguf", drop)
     with pytest.raises(GGUFImportError, match=r"cut\.gguf: " + message):
         import_gguf(tmp_path / "cut.gguf", tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 
-def test_quantized_tensors_dequantize_like_gguf(tmp_path):
-    state = write_tiny_gguf(tmp_path / "q.gguf", "llama", quant=Q.Q8_0)
+def test_quantized_tensors_dequantize_like_gguf(tmp_path, tiny_vocab):
+    state = write_tiny_gguf(tmp_path / "q.gguf", "llama", tiny_vocab, quant=Q.Q8_0)
     ours = _state_dict(import_gguf(tmp_path / "q.gguf", tmp_path / "q"))
     w = state["model.layers.0.mlp.up_proj.weight"]
     expected = gguf.quants.dequantize(gguf.quants.quantize(w, Q.Q8_0), Q.Q8_0)

@@ -181,9 +181,10 @@ def test_more_experts_per_token_than_experts_is_named(moe_copy):
 def test_qwen3_moe_dense_and_sparse_layers(tiny_model_factory):
     directory, _ = tiny_model_factory("Qwen3MoeForCausalLM")
     model = load_model(directory, device="cpu")
-    kinds = [type(b.mlp).__name__ for b in model.module.blocks]
+    kinds = [type(b.feed_forward).__name__ for b in model.module.blocks]
     assert kinds == ["SparseMoE", "SparseMoE", "GatedMLP", "SparseMoE"]
-    assert len(model.module.blocks[0].mlp.experts) == 8 and model.module.blocks[0].mlp.top_k == 2
+    moe = model.module.blocks[0].feed_forward
+    assert len(moe.experts) == 8 and moe.top_k == 2
 
 
 # -- generation ---------------------------------------------------------------------------------
@@ -256,7 +257,7 @@ def test_synthetic_moe_model_builds_with_quantized_experts_and_a_dense_router():
         "max_position_embeddings": 256,
     }
     model = synthetic_model(shape, bits=3, dtype=torch.float32, exl3_mode="dense")
-    dense, sparse = (b.mlp for b in model.module.blocks)
+    dense, sparse = (b.feed_forward for b in model.module.blocks)
     assert isinstance(dense, GatedMLP) and isinstance(sparse, SparseMoE)
     assert isinstance(sparse.router, DenseLinear) and isinstance(sparse.shared_gate, DenseLinear)
     assert isinstance(sparse.experts[3].down, EXL3Linear) and isinstance(sparse.shared.down, EXL3Linear)

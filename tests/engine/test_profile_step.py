@@ -2,7 +2,7 @@
 
 import json
 
-from engine.commands import profile_step
+from engine.bench import profile_step
 
 TINY = {
     "architectures": ["LlamaForCausalLM"],

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from engine import gemv_tuning
-from engine.commands.bench import format_table
+from engine.bench.speed import format_table
 from engine.generation import step_tuning
 
 

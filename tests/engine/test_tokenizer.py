@@ -19,8 +19,6 @@ import pytest
 from engine.errors import TokenizerError
 from engine.tokenizer import ChatTemplateError, Tokenizer
 
-TINY = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "exl3" / "tiny-llama-hf"
-
 TEXTS = [
     "Hello, world!",
     "  two leading spaces, and two trailing  ",
@@ -75,11 +73,11 @@ def test_missing_tokenizer_json_names_directory_and_file(tmp_path):
     assert str(tmp_path) in str(info.value) and "tokenizer.json" in str(info.value)
 
 
-def test_corrupt_tokenizer_files_raise_tokenizer_error(tmp_path):
+def test_corrupt_tokenizer_files_raise_tokenizer_error(tmp_path, tiny_llama_hf):
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": ')
     with pytest.raises(TokenizerError, match="tokenizer.json"):
         Tokenizer.from_dir(tmp_path)
-    shutil.copy(TINY / "tokenizer.json", tmp_path / "tokenizer.json")
+    shutil.copy(tiny_llama_hf / "tokenizer.json", tmp_path / "tokenizer.json")
     (tmp_path / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="tokenizer_config.json"):
         Tokenizer.from_dir(tmp_path)
@@ -91,8 +89,8 @@ def test_corrupt_tokenizer_files_raise_tokenizer_error(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    return Tokenizer.from_dir(TINY), _hf_tokenizer(TINY)
+def tiny(tiny_llama_hf):
+    return Tokenizer.from_dir(tiny_llama_hf), _hf_tokenizer(tiny_llama_hf)
 
 
 def test_tiny_encode_decode_match_transformers(tiny):
@@ -165,16 +163,22 @@ def test_incremental_flush_emits_invalid_tail(tiny):
 # ---------------------------------------------------------------------------------------------
 
 
-def _with_config(tmp_path: Path, post_processor: object = "keep", **config) -> Tokenizer:
-    """The tiny tokenizer in ``tmp_path`` with extra tokenizer_config keys and, optionally,
-    another post-processor in tokenizer.json (None removes it)."""
-    data = json.loads((TINY / "tokenizer.json").read_text())
-    if post_processor != "keep":
-        data["post_processor"] = post_processor
-    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
-    base = json.loads((TINY / "tokenizer_config.json").read_text())
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**base, **config}))
-    return Tokenizer.from_dir(tmp_path)
+@pytest.fixture
+def with_config(tmp_path: Path, tiny_llama_hf: Path):
+    """``with_config(post_processor="keep", **config)``: the tiny tokenizer in ``tmp_path`` with
+    extra tokenizer_config keys and, optionally, another post-processor in tokenizer.json (None
+    removes it)."""
+
+    def make(post_processor: object = "keep", **config) -> Tokenizer:
+        data = json.loads((tiny_llama_hf / "tokenizer.json").read_text())
+        if post_processor != "keep":
+            data["post_processor"] = post_processor
+        (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+        base = json.loads((tiny_llama_hf / "tokenizer_config.json").read_text())
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({**base, **config}))
+        return Tokenizer.from_dir(tmp_path)
+
+    return make
 
 
 BOS_POST_PROCESSOR = {
@@ -194,21 +198,21 @@ BOS_POST_PROCESSOR = {
         "{% set ns = namespace(_x=1) %}{{ ns._x }}",
     ],
 )
-def test_sandbox_blocks_escapes(tmp_path, template):
-    tok = _with_config(tmp_path, chat_template=template)
+def test_sandbox_blocks_escapes(with_config, template):
+    tok = with_config(chat_template=template)
     with pytest.raises(ChatTemplateError) as info:
         tok.apply_chat_template(CONVERSATIONS[0])
     assert isinstance(info.value.__cause__, jinja2.sandbox.SecurityError)
 
 
-def test_template_helpers_match_hf(tmp_path):
+def test_template_helpers_match_hf(with_config, tmp_path):
     template = (
         "{{ bos_token }}{% for m in messages %}{{ m | tojson }}{% if loop.index == 2 %}{% break %}{% endif %}"
         "{% endfor %}|{{ tools | tojson(indent=2) }}|{{ strftime_now('%Y') }}"
         "{% generation %}|gen{% endgeneration %}"
         "{% if add_generation_prompt %}<go>{% endif %}"
     )
-    tok = _with_config(tmp_path, chat_template=template)
+    tok = with_config(chat_template=template)
     messages = [{"role": "user", "content": "ça <b> & 'x'"}, {"role": "assistant", "content": "ok"}] * 2
     tools = [{"name": "f", "parameters": {"é": 1}}]
     ours = tok.apply_chat_template(messages, tools=tools)
@@ -220,27 +224,27 @@ def test_template_helpers_match_hf(tmp_path):
     assert str(datetime.now().year) in ours and ours.endswith("|gen<go>")
 
 
-def test_raise_exception_and_errors_become_chat_template_errors(tmp_path):
-    tok = _with_config(tmp_path, chat_template="{{ raise_exception('roles must alternate') }}")
+def test_raise_exception_and_errors_become_chat_template_errors(with_config):
+    tok = with_config(chat_template="{{ raise_exception('roles must alternate') }}")
     with pytest.raises(ChatTemplateError, match="roles must alternate"):
         tok.apply_chat_template(CONVERSATIONS[0])
-    bad = _with_config(tmp_path, chat_template="{% for m in messages %}")
+    bad = with_config(chat_template="{% for m in messages %}")
     with pytest.raises(ChatTemplateError, match="does not compile"):
         bad.apply_chat_template(CONVERSATIONS[0])
 
 
-def test_template_sources(tmp_path):
+def test_template_sources(with_config, tmp_path):
     named = [{"name": "tool_use", "template": "TOOLS"}, {"name": "default", "template": "DEFAULT"}]
-    assert _with_config(tmp_path, chat_template=named).apply_chat_template([]) == "DEFAULT"
+    assert with_config(chat_template=named).apply_chat_template([]) == "DEFAULT"
     # transformers saves chat_template.jinja beside the JSON; the file wins.
     (tmp_path / "chat_template.jinja").write_text("FILE {{ messages | length }}")
     assert Tokenizer.from_dir(tmp_path).apply_chat_template(CONVERSATIONS[1]) == "FILE 2"
 
 
-def test_bos_from_post_processor(tmp_path):
+def test_bos_from_post_processor(with_config, tmp_path):
     # tokenizer.json's post-processor adds BOS (as in Llama and Gemma repositories).
     template = "{{ bos_token }}{{ messages[0]['content'] }}"
-    tok = _with_config(tmp_path, post_processor=BOS_POST_PROCESSOR, chat_template=template)
+    tok = with_config(post_processor=BOS_POST_PROCESSOR, chat_template=template)
     ref = _hf_tokenizer(tmp_path)
     for text in ("hello", "", "a <s> in the middle"):
         assert tok.encode(text) == ref.encode(text)
@@ -253,20 +257,18 @@ def test_bos_from_post_processor(tmp_path):
     assert ids.count(tok.bos_token_id) == 1
 
 
-def test_bos_flags_without_post_processor(tmp_path):
+def test_bos_flags_without_post_processor(with_config):
     # No post-processor: tokenizer_config's add_bos_token decides (transformers' Llama semantics).
-    tok = _with_config(
-        tmp_path, post_processor=None, add_bos_token=True, chat_template="{{ messages[0].content }}"
-    )
+    tok = with_config(post_processor=None, add_bos_token=True, chat_template="{{ messages[0].content }}")
     assert tok.encode("hello")[0] == tok.bos_token_id
     assert tok.encode("hello", add_special_tokens=False)[0] != tok.bos_token_id
     # A model that wants BOS but whose template forgets it still gets exactly one.
     assert tok.encode_chat([{"role": "user", "content": "hi"}]) == [tok.bos_token_id, *tok.encode("hi")[1:]]
 
 
-def test_post_processor_wins_over_flags(tmp_path):
+def test_post_processor_wins_over_flags(with_config, tmp_path):
     # The tiny tokenizer's ByteLevel post-processor adds nothing; the flag is not applied on top.
-    tok = _with_config(tmp_path, add_bos_token=True)
+    tok = with_config(add_bos_token=True)
     assert tok.encode("hello") == _hf_tokenizer(tmp_path).encode("hello")
     assert tok.bos_token_id not in tok.encode("hello") and not tok.add_bos_token
 

@@ -86,16 +86,16 @@ class Hold:
 
     def __call__(self, *args, **kwargs):
         session = self.factory(*args, **kwargs)
-        stream_chat = session.stream_chat
+        stream = session.stream
 
         def held(*a, **kw):
-            for n, chunk in enumerate(stream_chat(*a, **kw)):
+            for n, chunk in enumerate(stream(*a, **kw)):
                 if self.after is not None and n >= self.after:
                     self.reached.set()
                     self._never.wait(STAY_S)
                 yield chunk
 
-        session.stream_chat = held
+        session.stream = held
         return session
 
 
@@ -131,7 +131,7 @@ class App:
         self.qt = QApplication([])
         self.fake = FakeEngine(token_delay=1 / 200)
         self.hold = Hold(self.fake.factory)
-        self.engine = EngineClient(self.hold, fake_starter, self.fake.sampling)
+        self.engine = EngineClient(self.hold, fake_starter)
         self.store = Store(paths.database_path())
         self.window = MainWindow(self.store, self.engine, paths.models_dir(), hub=False)
         self.window.show()

@@ -32,12 +32,7 @@ def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def engine_client(qtbot, fake_engine: FakeEngine):
     from app.worker import EngineClient
 
-    client = EngineClient(
-        session_factory=fake_engine.factory,
-        starter_factory=fake_starter,
-        sampling_factory=fake_engine.sampling,
-        constraint_factory=fake_engine.constraint,
-    )
+    client = EngineClient(session_factory=fake_engine.factory, starter_factory=fake_starter)
     yield client
     client.shutdown()
 
@@ -64,12 +59,7 @@ def make_window(qtbot, data_dir: Path, fake_engine: FakeEngine):
 
     def make(hub: bool = False):
         store = Store(paths.database_path())
-        engine = EngineClient(
-            session_factory=fake_engine.factory,
-            starter_factory=fake_starter,
-            sampling_factory=fake_engine.sampling,
-            constraint_factory=fake_engine.constraint,
-        )
+        engine = EngineClient(session_factory=fake_engine.factory, starter_factory=fake_starter)
         window = MainWindow(store, engine, paths.models_dir(), hub=hub)
         qtbot.addWidget(window)
         window.show()

@@ -1,11 +1,12 @@
 """A scripted stand-in for ``engine.session.ChatSession``, for fast GUI tests.
 
-It speaks the same facade as the real engine (``load``-style factory, ``stream_chat`` yielding
-chunks with ``text``/``done``/``stop_reason``/token counts, ``should_stop``), streams canned text
-with a delay per token, and can be told to fail while loading or mid-reply. With ``sees_images``
-it is a vision model: ``encode_chat_with_images`` checks the content parts against the images
-(reading each with the engine's own Pillow loader, so bad images fail as they would for real)
-and ``stream_ids`` replies to what it encoded.
+``FakeSession`` satisfies ``engine.api.SessionProtocol`` as the real session does (a test checks
+it), streams canned text with a delay per token, and can be told to fail while loading or
+mid-reply. It builds its prompts with the engine's own prompt policy (``engine.prompting``), so
+fitting to the context and the image rules are the real ones; only encoding is faked: a message
+costs its words + 4 tokens and an image ``IMAGE_TOKENS``. With ``sees_images`` it is a vision model
+and reads each image with the engine's own Pillow loader, so bad images fail as they would for
+real. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -15,23 +16,14 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.api import ChatMessage, ChunkStream, GenerationRequest, StreamChunk
 from engine.errors import EngineError
-
-
-@dataclass
-class FakeChunk:
-    text: str
-    done: bool = False
-    stop_reason: str | None = None
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    tokens_per_second: float = 0.0
-    error: str | None = None
+from engine.prompting import Prompt, build_prompt, count_prompt_tokens
 
 
 class FakeConstraintError(EngineError):
@@ -143,15 +135,42 @@ class FakeSession:
     def memory_bytes(self) -> int:
         return 123 * 1024 * 1024
 
-    def count_tokens(self, messages: list[dict]) -> int:
-        return sum(
-            len(tokens_of(text_of(m["content"]))) + 4 + IMAGE_TOKENS * images_in(m["content"])
-            for m in messages
-        )
+    def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
+        return count_prompt_tokens(messages, sees_images=self.sees_images, encode=self._encode)
 
-    def encode_chat_with_images(
-        self, messages: list[dict], images: Sequence[Any]
-    ) -> tuple[list[int], FakeMedia]:
+    def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        request: GenerationRequest,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> ChunkStream:
+        # As the real session: settings and constraint first, so bad ones fail before any work.
+        settings = self.engine.sampling(dict(request.sampling))
+        constraint = self.engine.constraint(request.json_schema) if request.json_schema.strip() else None
+        prompt = build_prompt(
+            messages,
+            request,
+            context_length=self.context_length,
+            sees_images=self.sees_images,
+            model_name=self.model_name,
+            encode=self._encode,
+        )
+        call = {
+            "messages": prompt.messages,
+            "settings": settings,
+            "max_new_tokens": prompt.max_new_tokens,
+            "media": prompt.media,
+            "constraint": constraint,
+            "prompt_tokens": len(prompt.ids),
+            "request": request,
+        }
+        self.engine.calls.append(call)
+        yield from self._stream(call, prompt, should_stop)
+
+    def _encode(self, messages: list[dict], images: list[bytes]) -> tuple[list[int], FakeMedia | None]:
+        """Stands in for the chat template + tokenizer (+ vision encoder when there are images)."""
+        if not images:
+            return list(range(_count(messages))), None
         from engine.vision.images import ImageInputError, load_image
 
         if not self.sees_images:
@@ -161,63 +180,38 @@ class FakeSession:
             raise ImageInputError(f"the prompt has {parts} image placeholders but {len(images)} images")
         sizes = [load_image(image).size for image in images]
         self.engine.image_calls.append({"messages": list(messages), "images": list(images)})
-        return list(range(self.count_tokens(messages))), FakeMedia(list(messages), sizes)
-
-    def stream_ids(
-        self,
-        input_ids: Sequence[int],
-        settings: Any,
-        max_new_tokens: int = 512,
-        stop_strings: Sequence[str] = (),
-        should_stop: Callable[[], bool] | None = None,
-        media: FakeMedia | None = None,
-        constraint: FakeConstraint | None = None,
-    ) -> Iterator[FakeChunk]:
-        messages = media.messages if media is not None else []
-        call = {
-            "messages": messages,
-            "settings": settings,
-            "max_new_tokens": max_new_tokens,
-            "media": media,
-            "constraint": constraint,
-        }
-        yield from self._stream(call, len(input_ids), should_stop)
-
-    def stream_chat(
-        self,
-        messages: list[dict],
-        settings: Any,
-        max_new_tokens: int = 512,
-        stop_strings: Sequence[str] = (),
-        should_stop: Callable[[], bool] | None = None,
-        constraint: FakeConstraint | None = None,
-    ) -> Iterator[FakeChunk]:
-        call = {
-            "messages": list(messages),
-            "settings": settings,
-            "max_new_tokens": max_new_tokens,
-            "constraint": constraint,
-        }
-        yield from self._stream(call, self.count_tokens(messages), should_stop)
+        return list(range(_count(messages))), FakeMedia(list(messages), sizes)
 
     def _stream(
-        self, call: dict[str, Any], prompt_tokens: int, should_stop: Callable[[], bool] | None
-    ) -> Iterator[FakeChunk]:
+        self, call: dict[str, Any], prompt: Prompt, should_stop: Callable[[], bool] | None
+    ) -> ChunkStream:
         engine = self.engine
-        call["prompt_tokens"] = prompt_tokens
-        engine.calls.append(call)
-        messages, max_new_tokens = call["messages"], call["max_new_tokens"]
-        pieces = tokens_of(engine.reply(messages))
+        pieces = tokens_of(engine.reply(prompt.messages))
         started = time.perf_counter()
         produced = 0
+
+        def chunk(text: str, stop_reason: str | None = None, error: str | None = None) -> StreamChunk:
+            return StreamChunk(
+                text,
+                [],
+                done=stop_reason is not None,
+                stop_reason=stop_reason,
+                prompt_tokens=len(prompt.ids),
+                new_tokens=produced,
+                tokens_per_second=_rate(produced, started),
+                error=error,
+                trimmed_messages=prompt.trimmed_messages,
+                images_left_out=prompt.images_left_out,
+            )
+
         for piece in pieces:
             if should_stop is not None and should_stop():
-                yield FakeChunk("", True, "cancelled", prompt_tokens, produced, _rate(produced, started))
+                yield chunk("", "cancelled")
                 return
             if engine.generate_error is not None and produced >= engine.fail_after_tokens:
                 raise engine.generate_error
-            if produced >= max_new_tokens:
-                yield FakeChunk("", True, "max_new_tokens", prompt_tokens, produced, _rate(produced, started))
+            if produced >= prompt.max_new_tokens:
+                yield chunk("", "max_new_tokens")
                 return
             # Paced against the clock (not sleep-per-token), so 1/200 s really gives 200 tokens/s.
             delay = started + (produced + 1) * engine.token_delay - time.perf_counter()
@@ -225,20 +219,23 @@ class FakeSession:
                 time.sleep(delay)
             produced += 1
             engine.streaming.set()
-            yield FakeChunk(piece, False, None, prompt_tokens, produced, _rate(produced, started))
-        rate = _rate(produced, started)
-        if call.get("constraint") is None:
-            yield FakeChunk("", True, "eos", prompt_tokens, produced, rate)
+            yield chunk(piece)
+        if call["constraint"] is None:
+            yield chunk("", "eos")
         elif engine.constraint_error is not None:
-            yield FakeChunk(
-                "", True, "constraint_error", prompt_tokens, produced, rate, engine.constraint_error
-            )
+            yield chunk("", "constraint_error", engine.constraint_error)
         else:
             # The real engine ends a JSON constraint at the document's last bracket.
-            yield FakeChunk("", True, "constraint_complete", prompt_tokens, produced, rate)
+            yield chunk("", "constraint_complete")
 
     def unload(self) -> None:
         self.engine.unloads += 1
+
+
+def _count(messages: list[dict]) -> int:
+    return sum(
+        len(tokens_of(text_of(m["content"]))) + 4 + IMAGE_TOKENS * images_in(m["content"]) for m in messages
+    )
 
 
 def _rate(n: int, started: float) -> float:

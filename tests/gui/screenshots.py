@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parents[1])]
+sys.path[:0] = [str(HERE), str(HERE.parent / "support"), str(HERE.parents[1])]
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 REPLY = """Sure! Here is a small function that computes the **mean** and the *variance*:
@@ -55,7 +55,7 @@ def main(out: Path) -> None:
 
     app = QApplication([])
     script = FakeEngine(token_delay=0.0005)
-    engine = EngineClient(script.factory, fake_starter, script.sampling)
+    engine = EngineClient(script.factory, fake_starter)
     store = Store(paths.database_path())
     window = MainWindow(store, engine, paths.models_dir(), hub=True)
     window.resize(1280, 860)
@@ -73,8 +73,10 @@ def main(out: Path) -> None:
     model = make_model_dir(window.models_dir / "SmolLM2-135M-Instruct")
     broken = make_model_dir(window.models_dir / "broken-download", architecture="MambaForCausalLM")
     (broken / "tokenizer.json").unlink()
-    fixtures = HERE.parents[2] / "shared" / "fixtures" / "exl3"
-    if fixtures.is_dir():  # real EXL3 and dense models, when the shared fixtures are beside the repo
+    from fixture_paths import exl3_fixture_dir
+
+    fixtures = exl3_fixture_dir()
+    if fixtures is not None:  # real EXL3 and dense models, where the shared fixtures are found
         window.library.add_folder(fixtures)
     window.library.refresh()
     window.request_load(str(model))

@@ -21,10 +21,10 @@ def _reuse_data_folder(make_window, qtbot) -> Path:
     first = make_window()
     with qtbot.waitSignal(first.engine.loaded, timeout=10000) as loaded:
         first.install_starter()
-    assert first.settings.get("library.last_model") == loaded.args[0]["path"]
+    assert first.settings.get("library.last_model") == loaded.args[0].path
     assert first.settings.get("library.autoload")
     first.close()
-    return Path(loaded.args[0]["path"])
+    return Path(loaded.args[0].path)
 
 
 def test_ask_on_a_reused_data_folder_loads_once_and_answers_whole(make_window, fake_engine, qtbot, capsys):
@@ -59,7 +59,7 @@ def test_ask_ignores_a_restored_model_that_is_not_the_starter(make_window, fake_
     assert run.exit_code == 0
     assert run.reply.startswith("You said: Hello there.")
     assert fake_engine.loads == [str(other), str(starter)]
-    assert window.engine.model_info["path"] == str(starter)
+    assert window.engine.model_info.path == str(starter)
 
 
 def test_ask_waits_for_a_locked_database_and_never_asks_in_an_old_conversation(

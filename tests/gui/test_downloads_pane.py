@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from fake_hub import FakeHub, PatternBlob
 
 from app.downloads import QtDownloadManager, create_downloads_pane
 from app.downloads.model import COLUMNS
 from engine.hub import DownloadManager, HubClient, JobState, installed_models
 from engine.hub.retry import RetryPolicy
-from engine.hub.testing import FakeHub, PatternBlob
 
 FAST = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02, jitter=0.0)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from fake_hub import FakeHub, PatternBlob, tiny_llama_config
 
 from app.downloads.qt_manager import QtDownloadManager
 from app.hub import create_hub_pane
 from engine.hub import DownloadManager, HubClient, installed_models
 from engine.hub.retry import RetryPolicy
-from engine.hub.testing import FakeHub, PatternBlob, tiny_llama_config
 
 FAST = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02, jitter=0.0)
 

@@ -14,6 +14,8 @@ from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QColor, QDragEnterEvent, QDropEvent, QGuiApplication, QImage
 from PySide6.QtWidgets import QApplication, QFileDialog
 
+from engine.api import GenerationRequest
+
 
 def png_bytes(color: tuple[int, int, int], size: tuple[int, int] = (40, 30)) -> bytes:
     buffer = io.BytesIO()
@@ -251,7 +253,7 @@ def test_export_and_import_keep_the_images(qtbot, window, vision, tmp_path) -> N
 def test_worker_fits_a_conversation_with_images_to_the_context(qtbot, engine_client, vision) -> None:
     with qtbot.waitSignal(engine_client.loaded, timeout=5000) as loaded:
         engine_client.load("/models/vlm", cache_bits=(4, 8))
-    assert loaded.args[0]["sees_images"] is True and loaded.args[0]["cache_bits"] == (4, 8)
+    assert loaded.args[0].sees_images is True and loaded.args[0].cache_bits == (4, 8)
     assert vision.load_options[-1]["cache_bits"] == (4, 8)
     old, new = png_bytes((1, 0, 0)), png_bytes((0, 1, 0))
     messages = [
@@ -260,13 +262,13 @@ def test_worker_fits_a_conversation_with_images_to_the_context(qtbot, engine_cli
         {"role": "user", "content": "new", "images": [new]},
     ]
     with qtbot.waitSignal(engine_client.generationFinished, timeout=5000) as finished:
-        engine_client.generate(messages, {}, max_new_tokens=1500)
+        engine_client.generate(messages, GenerationRequest(max_new_tokens=1500))
     stats = finished.args[1]
-    assert stats["stop_reason"] == "eos" and stats["trimmed_messages"] == 1
+    assert stats.stop_reason == "eos" and stats.trimmed_messages == 1
     # The oldest turn went, and its image with it; the prompt the engine streams is the one sent.
     assert vision.image_calls[-1]["images"] == [new]
     assert vision.calls[-1]["messages"][0]["content"] == "ok"
-    assert stats["prompt_tokens"] == vision.calls[-1]["prompt_tokens"]
+    assert stats.prompt_tokens == vision.calls[-1]["prompt_tokens"]
     # Counting a conversation with images counts the images' tokens too.
     with qtbot.waitSignal(engine_client.tokensCounted, timeout=5000) as counted:
         engine_client.count_tokens(messages[2:])

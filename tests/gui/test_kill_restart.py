@@ -240,7 +240,7 @@ def test_kill_at_any_moment_loses_nothing_complete(
     window = make_window()
     qtbot.waitUntil(lambda: window.engine.is_loaded, timeout=5000)
     # The model loaded at startup is the last one that finished loading before the kill.
-    assert window.engine.model_info["name"] == "fake"
+    assert window.engine.model_info.name == "fake"
     SHOWN[moment](window, facts)
 
     before = visible_texts(window)

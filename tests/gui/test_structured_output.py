@@ -13,6 +13,7 @@ from gui_helpers import load_model, send, wait_idle
 from app.chat.conversation_settings import ConversationSettingsDialog
 from app.chat.structured import display_text, schema_problem
 from app.worker import EngineClient
+from engine.api import GenerationRequest, ReplyStats
 
 SCHEMA = json.dumps(
     {
@@ -64,11 +65,11 @@ def test_schema_problem_matches_the_engine_compiler() -> None:
     assert "minimum" in schema_problem('{"type": "integer", "minimum": "zero"}')
 
 
-def _generate(qtbot, client: EngineClient, json_schema: str = "") -> dict:
+def _generate(qtbot, client: EngineClient, json_schema: str = "") -> ReplyStats:
     with qtbot.waitSignal(client.loaded, timeout=5000):
         client.load("/models/tiny")
     with qtbot.waitSignal(client.generationFinished, timeout=5000) as blocker:
-        client.generate(MESSAGES, {}, max_new_tokens=50, json_schema=json_schema)
+        client.generate(MESSAGES, GenerationRequest(max_new_tokens=50, json_schema=json_schema))
     return blocker.args[1]
 
 
@@ -78,11 +79,11 @@ def test_worker_passes_a_constraint_only_when_a_schema_is_set(
     fake_engine.reply = lambda _m: REPLY
     stats = _generate(qtbot, engine_client, SCHEMA)
     assert fake_engine.calls[-1]["constraint"] == FakeConstraint(SCHEMA)
-    assert stats["stop_reason"] == "constraint_complete" and "error" not in stats
+    assert stats.stop_reason == "constraint_complete" and stats.error == ""
     with qtbot.waitSignal(engine_client.generationFinished, timeout=5000) as blocker:
-        engine_client.generate(MESSAGES, {}, max_new_tokens=50)
+        engine_client.generate(MESSAGES, GenerationRequest(max_new_tokens=50))
     assert fake_engine.calls[-1]["constraint"] is None
-    assert blocker.args[1]["stop_reason"] == "eos"
+    assert blocker.args[1].stop_reason == "eos"
 
 
 def test_worker_reports_constraint_errors_readably(
@@ -92,16 +93,16 @@ def test_worker_reports_constraint_errors_readably(
     engine_client.error.connect(errors.append)
     # Refused before any model work: the session is never asked.
     stats = _generate(qtbot, engine_client, "{not json")
-    assert stats["stop_reason"] == "error" and "not valid JSON" in stats["error"]
+    assert stats.stop_reason == "error" and "not valid JSON" in stats.error
     assert fake_engine.calls == []
     # The engine gives up mid-reply (chunk.error): its reason reaches the user.
     fake_engine.constraint_error = "no allowed token can follow"
     with qtbot.waitSignal(engine_client.generationFinished, timeout=5000) as blocker:
-        engine_client.generate(MESSAGES, {}, max_new_tokens=50, json_schema=SCHEMA)
+        engine_client.generate(MESSAGES, GenerationRequest(max_new_tokens=50, json_schema=SCHEMA))
     stats = blocker.args[1]
-    assert stats["stop_reason"] == "constraint_error"
-    assert "JSON schema" in stats["error"] and "no allowed token can follow" in stats["error"]
-    assert errors[-1] == stats["error"]
+    assert stats.stop_reason == "constraint_error"
+    assert "JSON schema" in stats.error and "no allowed token can follow" in stats.error
+    assert errors[-1] == stats.error
 
 
 def test_completed_constrained_reply_is_shown_formatted(qtbot, window, fake_engine: FakeEngine) -> None:

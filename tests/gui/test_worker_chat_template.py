@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.worker import EngineClient
+from engine.api import GenerationRequest, ReplyStats
 from engine.tokenizer import TemplateLimits
 
 RUNAWAY = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
@@ -52,10 +53,10 @@ def tokenizer(client: EngineClient):
     return client.worker._session.tokenizer
 
 
-def reply(qtbot, client: EngineClient) -> tuple[dict, float]:
+def reply(qtbot, client: EngineClient) -> tuple[ReplyStats, float]:
     started = time.monotonic()
     with qtbot.waitSignal(client.generationFinished, timeout=30_000) as finished:
-        client.generate(MESSAGES, {"temperature": 0.0}, max_new_tokens=4)
+        client.generate(MESSAGES, GenerationRequest({"temperature": 0.0}, max_new_tokens=4))
     return finished.args[1], time.monotonic() - started
 
 
@@ -66,17 +67,17 @@ def test_template_limit_is_the_replys_error_and_the_next_reply_works(qtbot, clie
     client.error.connect(errors.append)
 
     stats, seconds = reply(qtbot, client)
-    assert stats["stop_reason"] == "error"
-    assert "time limit" in stats["error"] and "more than 1 s" in stats["error"]
-    assert stats["error"].startswith("Could not finish the reply: ")
-    assert "Traceback" not in stats["error"] and "\n" not in stats["error"]
-    assert errors == [stats["error"]]  # the error signal carries the same one message
+    assert stats.stop_reason == "error"
+    assert "time limit" in stats.error and "more than 1 s" in stats.error
+    assert stats.error.startswith("Could not finish the reply: ")
+    assert "Traceback" not in stats.error and "\n" not in stats.error
+    assert errors == [stats.error]  # the error signal carries the same one message
     assert seconds < 6.0
 
     tokenizer(client).chat_template = GOOD
     stats, _ = reply(qtbot, client)
-    assert stats["stop_reason"] in ("eos", "max_new_tokens", "stop_string"), stats
-    assert stats["new_tokens"] > 0 and stats["prompt_tokens"] > 0
+    assert stats.stop_reason in ("eos", "max_new_tokens", "stop_string"), stats
+    assert stats.new_tokens > 0 and stats.prompt_tokens > 0
     assert len(errors) == 1  # nothing new went wrong
     # The session sized the size limit for the model's 4096-token context.
     assert made_with == TemplateLimits().for_context(4096)
@@ -84,7 +85,7 @@ def test_template_limit_is_the_replys_error_and_the_next_reply_works(qtbot, clie
 
 def test_quitting_while_a_runaway_template_renders_joins_the_thread(qtbot, client: EngineClient) -> None:
     tokenizer(client).template_limits = TemplateLimits(seconds=2.0, max_loop_iterations=10**12)
-    client.generate(MESSAGES, {"temperature": 0.0}, max_new_tokens=4)
+    client.generate(MESSAGES, GenerationRequest({"temperature": 0.0}, max_new_tokens=4))
     time.sleep(0.3)  # the engine thread is inside the template now
     started = time.monotonic()
     client.shutdown(timeout_ms=10_000)

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
-from engine.hub.testing import FakeHub
+from fake_hub import FakeHub
 
 
 @pytest.fixture(autouse=True)

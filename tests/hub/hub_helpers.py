@@ -6,8 +6,9 @@ import json
 import time
 from collections.abc import Callable
 
+from fake_hub import FakeHub, PatternBlob, tiny_llama_config
+
 from engine.hub.retry import RetryPolicy
-from engine.hub.testing import FakeHub, PatternBlob, tiny_llama_config
 
 FAST_RETRY = RetryPolicy(max_attempts=4, base_delay=0.01, max_delay=0.05, jitter=0.0)
 

@@ -6,11 +6,12 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from fake_hub import PatternBlob, tiny_llama_config
 from hub_helpers import FAST_RETRY, add_tiny_repo
 
-from engine.hub.client import HubClient, SearchQuery, parse_param_count, strip_front_matter
+from engine.hub.client import HubClient, SearchQuery, strip_front_matter
 from engine.hub.errors import GatedRepoError, HubConnectionError, RepoNotFoundError, RevisionNotFoundError
-from engine.hub.testing import PatternBlob, tiny_llama_config
+from engine.units import parse_count
 
 
 @pytest.fixture
@@ -68,7 +69,7 @@ def test_search_filters(catalogue):
     c = HubClient()
     assert ids(c.search(SearchQuery("", exl3=True))) == ["turbo/llama-8B-exl3", "google/gemma-70B-exl3"]
     assert "odd/mamba-1B" not in ids(c.search(SearchQuery("", supported_only=True)))
-    small = c.search(SearchQuery("", max_params=parse_param_count("10B"), min_params=parse_param_count("2B")))
+    small = c.search(SearchQuery("", max_params=parse_count("10B"), min_params=parse_count("2B")))
     assert ids(small) == ["meta/llama-8B", "turbo/llama-8B-exl3"]
     both = c.search(SearchQuery("", exl3=True, supported_only=True, max_params=9e9))
     assert ids(both) == ["turbo/llama-8B-exl3"]

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fake_hub import PatternBlob
 from hub_helpers import add_tiny_repo, wait_for
 
 from engine import cli
 from engine.hub.library import PARTIAL_DIR, is_complete
-from engine.hub.testing import PatternBlob
 
 ROOT = Path(__file__).resolve().parents[2]
 # Runs the real dispatcher with only our subcommands registered, so these tests do not depend on

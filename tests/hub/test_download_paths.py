@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from fake_hub import PatternBlob
 from hub_helpers import FAST_RETRY
 
 from engine import cli
@@ -19,7 +20,6 @@ from engine.hub.client import HubClient
 from engine.hub.downloads import DownloadManager, JobState
 from engine.hub.errors import HubError, UnsafeRepoPathError
 from engine.hub.library import COMPLETE_MARKER, PARTIAL_DIR, PLAN_FILE, is_complete, model_dir_name
-from engine.hub.testing import PatternBlob
 from engine.safe_paths import UnsafePathError
 
 HOSTILE = [

@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from fake_hub import PatternBlob
 from hub_helpers import FAST_RETRY, add_tiny_repo, wait_for
 
 from engine.hub import downloads as downloads_mod
@@ -18,7 +19,6 @@ from engine.hub import transfer as transfer_mod
 from engine.hub.client import HubClient
 from engine.hub.downloads import DownloadManager, JobState
 from engine.hub.library import COMPLETE_MARKER, PARTIAL_DIR, installed_models, is_complete
-from engine.hub.testing import PatternBlob
 
 SHARD1 = "model-00001-of-00002.safetensors"
 SHARD2 = "model-00002-of-00002.safetensors"

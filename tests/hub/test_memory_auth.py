@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from fake_hub import tiny_llama_config
 
 from engine.hub import auth
 from engine.hub.memory import MachineMemory, estimate_memory, kv_cache_bytes, machine_memory
-from engine.hub.testing import tiny_llama_config
 
 
 def test_kv_cache_llama():

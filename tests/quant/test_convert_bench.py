@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from engine.commands import convert_bench
+from engine.bench import conversion as convert_bench
 from engine.quant.convert import calibration_ids
 
 
@@ -60,7 +60,7 @@ def test_stage_timer_attributes_and_restores() -> None:
 
 
 def test_peak_host_memory_is_this_process_high_water_mark() -> None:
-    from engine.commands.convert_bench import peak_host_bytes
+    from engine.bench.conversion import peak_host_bytes
 
     before = peak_host_bytes()
     if before is None:

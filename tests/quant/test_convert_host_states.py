@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import engine.quant.convert as convert
+from engine.cache.state import KVPages
 from engine.quant.convert import HostPins, relative_frobenius
 from engine.quant.quantize import _pack, _proxy_ratio, _proxy_terms
 from engine.quant.trellis import pack_states
@@ -19,7 +20,7 @@ from engine.quant.trellis import pack_states
 @pytest.fixture(scope="module")
 def block_and_states(tmp_path_factory) -> tuple[nn.Module, torch.Tensor]:
     """Block 0 of a random 2-layer Llama and embedded random calibration rows (5 x 16)."""
-    from engine.commands.convert_bench import write_random_model
+    from engine.bench.conversion import write_random_model
     from engine.model import load_model
     from engine.shapes import shape_config
 
@@ -74,8 +75,7 @@ class _MetaBlock(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(4, device="meta"))
-        self.attention = nn.Module()
-        self.attention.num_kv_heads, self.attention.head_dim = 1, 4
+        self.state = KVPages(kv_heads=1, head_dim=4)  # what its mixer keeps per sequence
 
     def forward(self, x: torch.Tensor, batch, cache) -> torch.Tensor:
         return x * self.weight
@@ -184,7 +184,7 @@ def test_rfn_logged_per_block(tmp_path: Path, block_and_states, monkeypatch) -> 
     from quant_helpers import cheap_encoder
 
     import engine.quant.quantize as quantize_mod
-    from engine.commands.convert_bench import write_random_model
+    from engine.bench.conversion import write_random_model
     from engine.shapes import shape_config
 
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)

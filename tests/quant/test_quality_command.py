@@ -13,8 +13,8 @@ from quant_helpers import cheap_encoder
 
 import engine.quant.convert as convert_mod
 import engine.quant.quantize as quantize_mod
+from engine.bench import quality
 from engine.cli import main as cli_main
-from engine.commands import quality
 
 TEXT = Path(__file__).parents[1] / "data" / "public_domain.txt"
 pytest.importorskip("gguf")

@@ -110,7 +110,8 @@ def test_uniform_allocation_is_the_kind_priority() -> None:
 def test_options_and_flags() -> None:
     import argparse
 
-    from engine.commands import convert, quality
+    from engine.bench import quality
+    from engine.commands import convert
 
     options = ConvertOptions(bits=4.0)
     assert options.allocation == "sensitivity" and options.sensitivity_rows == 32

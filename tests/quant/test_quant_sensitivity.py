@@ -114,7 +114,7 @@ def tiny_dir(tmp_path_factory) -> Path:
     what one block adds to it (with the init's 0.02 embedding the blocks' updates dominate)."""
     from safetensors.torch import load_file, save_file
 
-    from engine.commands.convert_bench import write_random_model
+    from engine.bench.conversion import write_random_model
     from engine.shapes import shape_config
 
     directory = tmp_path_factory.mktemp("tiny") / "llama"
@@ -129,16 +129,10 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 def _prepass(src: Path, seed: int = 0, scale: dict[str, float] | None = None):
-    from engine.architectures import architecture_for
-    from engine.config import ModelConfig
     from engine.model import load_model
 
-    names = architecture_for(ModelConfig.from_dir(src).architecture).names
     model = load_model(src, device="cpu", dtype=torch.float32).module
-    per_block = [
-        convert_mod.block_linears(b, names.prefix + names.layer.format(i=i), names)
-        for i, b in enumerate(model.blocks)
-    ]
+    per_block = [convert_mod.block_linears(b) for b in model.blocks]
     for slots in per_block:
         for s in slots:
             if scale and s.key in scale:
@@ -255,13 +249,10 @@ def test_resume_reuses_the_allocation(tiny_dir: Path, tmp_path: Path, monkeypatc
 def test_projections_of_one_input_share_one_hessian(tiny_dir: Path) -> None:
     """q/k/v (and gate/up) read one input: one hook, one x^T x, equal to what a hook per linear
     records; o and down keep their own."""
-    from engine.architectures import architecture_for
-    from engine.config import ModelConfig
     from engine.model import load_model
 
-    names = architecture_for(ModelConfig.from_dir(tiny_dir).architecture).names
     block = load_model(tiny_dir, device="cpu", dtype=torch.float32).module.blocks[0]
-    slots = convert_mod.block_linears(block, "b.", names)
+    slots = convert_mod.block_linears(block)
     hooks, handles = convert_mod.hessian_hooks(slots, torch.device("cpu"))
     separate = {s.key: convert_mod._HessianHook(s.in_features, torch.device("cpu")) for s in slots}
     handles += [s.get().register_forward_pre_hook(separate[s.key]) for s in slots]
@@ -283,13 +274,10 @@ def test_sequential_capture_sees_the_quantized_linears_before_it(tiny_dir: Path)
     """With ``sequential``, a group's Hessian is captured again with the groups before it changed
     (quantized): it equals a hook's on a full forward of the changed block, and the forward
     stops at the group's input (the linears after it never run)."""
-    from engine.architectures import architecture_for
-    from engine.config import ModelConfig
     from engine.model import load_model
 
-    names = architecture_for(ModelConfig.from_dir(tiny_dir).architecture).names
     block = load_model(tiny_dir, device="cpu", dtype=torch.float32).module.blocks[0]
-    slots = convert_mod.block_linears(block, "b.", names)
+    slots = convert_mod.block_linears(block)
     groups = convert_mod.input_groups(slots)
     assert [[s.kind for s in g] for g in groups] == [["q", "k", "v"], ["o"], ["gate", "up"], ["down"]]
     hidden = torch.randn(3, 12, 64, generator=torch.Generator().manual_seed(7))
@@ -387,16 +375,10 @@ def test_tf32_flag_defaults_on_and_can_be_turned_off() -> None:
 def test_prepass_keeps_or_reuses_the_callers_rows(tiny_dir: Path) -> None:
     """The pre-pass writes block outputs into buffers made once: the caller's rows are left as
     they were unless it hands them over (``own_hidden``), and the result is the same either way."""
-    from engine.architectures import architecture_for
-    from engine.config import ModelConfig
     from engine.model import load_model
 
-    names = architecture_for(ModelConfig.from_dir(tiny_dir).architecture).names
     model = load_model(tiny_dir, device="cpu", dtype=torch.float32).module
-    per_block = [
-        convert_mod.block_linears(b, names.prefix + names.layer.format(i=i), names)
-        for i, b in enumerate(model.blocks)
-    ]
+    per_block = [convert_mod.block_linears(b) for b in model.blocks]
     ids = convert_mod.calibration_ids(tiny_dir, 3, 24, 96, 1.0, seed=0)
     with torch.inference_mode():
         hidden = model.embed(ids).clone()

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from app.worker import EngineWorker
+from engine.api import GenerationRequest
 
 
 def png(height: int, width: int, seed: int) -> bytes:
@@ -30,7 +31,7 @@ def test_worker_streams_a_chat_with_images(arch, tiny_vlm_factory) -> None:
     worker.chunk.connect(lambda _rid, text: chunks.append(text))
     worker.generationFinished.connect(lambda _rid, stats: finished.append(stats))
     worker.load(str(directory), "cpu", (4, 8))  # called directly: this test is the worker's thread
-    assert not errors and loaded[0]["sees_images"] is True and loaded[0]["cache_bits"] == (4, 8)
+    assert not errors and loaded[0].sees_images is True and loaded[0].cache_bits == (4, 8)
     assert worker._session.generator.cache.bits == (4, 8)  # the cache the load asked for
 
     first, second = png(30, 45, 1), png(61, 22, 2)
@@ -39,14 +40,15 @@ def test_worker_streams_a_chat_with_images(arch, tiny_vlm_factory) -> None:
         {"role": "assistant", "content": "A picture."},
         {"role": "user", "content": "And these two?", "images": [first, second]},
     ]
-    worker.generate(1, messages, {"temperature": 0.0}, 4, [])
+    worker.generate(1, messages, GenerationRequest({"temperature": 0.0}, max_new_tokens=4))
     assert not errors, errors
     stats = finished[-1]
-    assert stats["stop_reason"] in ("eos", "max_new_tokens", "stop_string")
-    assert stats["new_tokens"] > 0 and stats["prompt_tokens"] > 40  # images expanded to many tokens
+    assert stats.stop_reason in ("eos", "max_new_tokens", "stop_string")
+    assert stats.new_tokens > 0 and stats.prompt_tokens > 40  # images expanded to many tokens
     # The repeated picture was encoded once.
     assert worker._session.model.vision.encode_calls == 2
 
     # A broken image is a readable error, not a crash.
-    worker.generate(2, [{"role": "user", "content": "and?", "images": [b"not an image"]}], {}, 4, [])
-    assert finished[-1]["stop_reason"] == "error" and "not an image" in finished[-1]["error"]
+    broken = [{"role": "user", "content": "and?", "images": [b"not an image"]}]
+    worker.generate(2, broken, GenerationRequest(max_new_tokens=4))
+    assert finished[-1].stop_reason == "error" and "not an image" in finished[-1].error

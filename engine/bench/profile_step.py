@@ -25,13 +25,14 @@ from typing import Any
 
 import torch
 
+from engine.bench import help_for
 from engine.commands.common import run_alone
 
 IDLE = "(no kernel running)"
 
 
 def register(sub) -> None:
-    p = sub.add_parser("profile-step", help="kernel time breakdown of a prefill and of decode steps")
+    p = sub.add_parser("profile-step", help=help_for("profile-step"))
     p.add_argument("--synthetic", default="llama3.1-8b", help="shape name (engine.shapes) or config.json")
     p.add_argument("--bpw", type=int, default=4, help="EXL3 bits per weight (0: dense weights)")
     p.add_argument("--prompt", type=int, default=4096, help="prefill tokens")
@@ -107,14 +108,17 @@ def _critical_report(prof, top: int) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from torch.profiler import ProfilerActivity, profile
 
-    from engine.commands.bench import synthetic_shape
+    from engine.bench.speed import synthetic_shape
     from engine.generation.generator import Generator
     from engine.generation.job import Job
     from engine.loading.synthetic_store import synthetic_model
     from engine.model import default_dtype, resolve_device
 
+    args.options.configure_kernels()
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(device)
     on_gpu = device.type == "cuda"
@@ -125,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         model = synthetic_model(config, args.bpw or None, device, dtype, 6, "mul1", name=name)
         tokens = args.prompt + args.decode_tokens + 256
         graphs = bool(args.graphs and on_gpu)
-        gen = Generator(model, None, cache_tokens=tokens, max_batch_size=1, cuda_graphs=graphs)
+        options = replace(args.options, cuda_graphs=graphs)
+        gen = Generator(model, None, cache_tokens=tokens, max_batch_size=1, options=options)
         vocab = model.spec.vocab_size
         rng = torch.Generator().manual_seed(0)
 

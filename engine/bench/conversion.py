@@ -1,4 +1,4 @@
-"""``convert_bench``: how long the EXL3 converter takes on a model of a published shape (issue 3).
+"""``convert-bench``: how long the EXL3 converter takes on a model of a published shape (issue 3).
 
 Writes a random-weight Hugging Face directory of ``--shape`` (``engine.shapes``; bf16
 safetensors, no tokenizer: calibration uses random-token rows only), runs the real converter
@@ -23,7 +23,8 @@ Unless ``--no-kernel-bench``, it also times the Viterbi alone: tiles/s of the CU
 ``--kernel-tiles`` random Gaussian tiles at K = 1, 2, 4, 6, against the torch path on the same GPU
 (a smaller sample, it is slow).
 
-Run as ``python3 -m engine.commands.convert_bench --shape llama3.2-1b --bpw 4.0 --device cuda``.
+Run as ``python -m engine convert-bench --shape llama3.2-1b --bpw 4.0 --device cuda`` (or
+``python3 -m engine.bench.conversion ...`` where only the inference dependencies are installed).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from engine.bench import help_for
+from engine.commands.common import run_alone
 
 STAGES = (
     "sensitivity",
@@ -220,7 +224,7 @@ def kernel_throughput(
     device: torch.device, codebook: str, tiles: int, torch_tiles: int
 ) -> list[dict[str, Any]]:
     """Viterbi tiles/s, CUDA kernel vs torch path, at K = 1, 2, 4, 6 on random Gaussian tiles."""
-    from engine import ops
+    from engine.kernels.viterbi import viterbi_encode
     from engine.quant.codebooks import codebook_table
     from engine.quant.quantize import GAUSSIAN_SCALE
     from engine.quant.viterbi import encode_tiles
@@ -240,8 +244,8 @@ def kernel_throughput(
             torch.cuda.synchronize(device)
             return time.perf_counter() - t
 
-        if ops.viterbi_encode(x[:8], k, table) is not None:  # also the warm-up (extension load)
-            dt = timed(lambda x=x, k=k: ops.viterbi_encode(x, k, table))
+        if viterbi_encode(x[:8], k, codebook) is not None:  # also the warm-up (extension load)
+            dt = timed(lambda x=x, k=k: viterbi_encode(x, k, codebook))
             row["kernel_tiles_per_s"] = round(tiles / dt, 1)
         encode_tiles(x[:2], k, table, use_kernel=False)
         n = min(torch_tiles, tiles)
@@ -270,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.quant.convert import ConvertOptions, convert_model
     from engine.shapes import shape_config
 
+    args.options.configure_kernels()
     device = torch.device(args.device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -369,12 +374,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def register(sub) -> None:
     from engine.commands.convert import add_quantizer_args, add_states_arg, add_tf32_arg
     from engine.quant.codebooks import CODEBOOKS
     from engine.quant.convert import ALLOCATIONS
 
-    p = argparse.ArgumentParser(prog="convert_bench", description=__doc__.split("\n\n")[0])
+    p = sub.add_parser("convert-bench", help=help_for("convert-bench"), description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="llama3.2-1b", help="model shape (engine.shapes)")
     p.add_argument("--bpw", type=float, default=4.0, help="target bits per weight")
     p.add_argument("--head-bits", type=int, default=6)
@@ -394,11 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-tiles", type=int, default=16384, help="tiles for the kernel throughput run")
     p.add_argument("--torch-tiles", type=int, default=256, help="tiles for the torch path's throughput run")
     p.add_argument("--json", help="write the results here")
-    return p
+    p.set_defaults(func=run)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+    return run_alone(register, "convert-bench", argv)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """A local Hugging Face Hub look-alike on 127.0.0.1, for tests and measurements (no internet needed).
 
+Test support, not engine code: it lives under ``tests/support/`` (on ``sys.path`` through
+``tests/conftest.py``; import it as ``fake_hub``), so the library ships no fake server.
+
 It speaks the part of the Hub's HTTP API that ``huggingface_hub`` uses for browsing and
 downloading models: ``/api/models`` (search with ``search``, ``filter``, ``num_parameters``, ``sort``,
 ``limit``, ``expand``), ``/api/models/<repo>[/revision/<rev>]`` (with ``blobs=true`` file sizes, git
@@ -16,9 +19,9 @@ throttled bandwidth.
 Large files are generated, not stored: ``PatternBlob`` makes deterministic content of any size from
 a seed, so a 1 GB model costs no memory on the server side either.
 
-Run standalone (for measurements)::
+Run standalone (to measure download speed against a local server)::
 
-    python -m engine.hub.testing --size-mb 1024 --files 4 [--port 8765]
+    python tests/support/fake_hub.py --size-mb 1024 --files 4 [--port 8765]
 """
 
 from __future__ import annotations

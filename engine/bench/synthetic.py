@@ -11,13 +11,17 @@ from __future__ import annotations
 import argparse
 import time
 
+from engine.bench import help_for
+from engine.commands.common import run_alone
+from engine.units import format_bytes
+
 
 def register(sub) -> None:
     from engine.quant.codebooks import CODEBOOKS
 
     p = sub.add_parser(
         "synthetic",
-        help="write a random-weight EXL3 model of a published shape (for benchmarks)",
+        help=help_for("synthetic"),
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
     p.add_argument("shape", help="a shape name from engine.shapes (e.g. llama3.1-8b), or a config.json path")
@@ -41,7 +45,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.commands.bench import parse_bpw, synthetic_shape
+    from engine.bench.speed import parse_bpw, synthetic_shape
     from engine.loading.synthetic_store import write_synthetic_model
 
     name, hf_config = synthetic_shape(args.shape)
@@ -62,5 +66,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    print(f"wrote {name} at {bits} bpw to {out}: {size / 1e9:.2f} GB in {time.perf_counter() - t0:.1f} s")
+    print(f"wrote {name} at {bits} bpw to {out}: {format_bytes(size)} in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_alone(register, "synthetic", argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

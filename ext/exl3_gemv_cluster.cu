@@ -1,7 +1,6 @@
-// GEMV v5 (exl3_gemv_v5.cuh): instantiations, the split (= cluster size) choice and the binding.
-// One entry point for one to three matrices of one input; engine/ops.py selects it by default on
-// sm_90+ (TRELLIS_GEMV_V5=0, or its per-call argument, selects v4 for A/B runs in one process).
-// Needs sm_90 (clusters).
+// The cluster split-K GEMV (exl3_gemv_cluster.cuh): instantiations, the split (= cluster size)
+// choice and the binding. One entry point for one to three matrices of one input; engine/kernels/
+// gemv.py runs it wherever the GPU has clusters (sm_90+), the workspace GEMV elsewhere.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -14,17 +13,17 @@
 #include <tuple>
 #include <vector>
 
-#include "exl3_gemv_v5.cuh"
+#include "exl3_gemv_cluster.cuh"
 #include "trellis_ext.h"
 
 namespace trellis {
 namespace {
 
-int v5_call(int codebook, int variant, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
-            cudaStream_t stream, bool pdl = false) {
-  if (codebook == CB_3INST) return gemv_v5_dispatch<CB_3INST>(variant, mode, a, blocks, splits, smem, stream, pdl);
-  if (codebook == CB_MCG) return gemv_v5_dispatch<CB_MCG>(variant, mode, a, blocks, splits, smem, stream, pdl);
-  return gemv_v5_dispatch<CB_MUL1>(variant, mode, a, blocks, splits, smem, stream, pdl);
+int cluster_call(int codebook, bool int8, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+                 cudaStream_t stream, bool pdl = false) {
+  if (codebook == CB_3INST) return gemv_cluster_dispatch<CB_3INST>(int8, mode, a, blocks, splits, smem, stream, pdl);
+  if (codebook == CB_MCG) return gemv_cluster_dispatch<CB_MCG>(int8, mode, a, blocks, splits, smem, stream, pdl);
+  return gemv_cluster_dispatch<CB_MUL1>(int8, mode, a, blocks, splits, smem, stream, pdl);
 }
 
 // The q/k/v epilogue's arguments (see GemvRopeEpilogue), checked; false when none was asked for.
@@ -78,42 +77,42 @@ bool set_epilogue(GemvMultiArgs& a, const at::Tensor& x, const std::vector<c10::
 }
 
 // Occupancy answers depend only on (kernel, smem, cluster size): cached (host-side queries).
-int v5_query(int codebook, int variant, int mode, int splits, int smem) {
+int cluster_query(int codebook, bool int8, int mode, int splits, int smem) {
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, int, int>, int> cache;
-  const auto key = std::make_tuple(codebook, variant, mode, splits, smem);
+  const auto key = std::make_tuple(codebook, int8 ? 1 : 0, mode, splits, smem);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const int v = v5_call(codebook, variant, mode, nullptr, 0, splits, smem, nullptr);
+  const int v = cluster_call(codebook, int8, mode, nullptr, 0, splits, smem, nullptr);
   cache[key] = v;
   return v;
 }
 
 // ring: the largest cp.async ring among the launch's matrices (not monotonic in K: K=6 > K=7).
-int v5_smem(int ring, int m, int n_chunks, int splits) {
-  return v5_u_bytes(n_chunks, splits, m) + std::max(ring, v5_red_bytes(m));
+int cluster_smem(int ring, int m, int n_chunks, int splits) {
+  return cluster_u_bytes(n_chunks, splits, m) + std::max(ring, cluster_red_bytes(m));
 }
 
-bool v5_cluster_ok(int codebook, int variant, int splits, int smem) {
-  return splits <= 8 || v5_query(codebook, variant, 2, splits, smem) > 0;
+bool cluster_size_ok(int codebook, bool int8, int splits, int smem) {
+  return splits <= 8 || cluster_query(codebook, int8, 2, splits, smem) > 0;
 }
 
-// Splits = cluster size. As the v4 multi launch: minimise (waves) x (input chunks per block + ~2
+// Splits = cluster size. As the workspace GEMV's multi launch: minimise (waves) x (input chunks per block + ~2
 // chunks of fixed cost), over the cluster sizes this kernel can launch. A wave is as many
 // clusters as the GPU holds at once (a cluster lives in one GPC, so blocks per SM x SMs / S can
 // overestimate it); where that query answers nothing, the slot count for S <= 8.
-int v5_choose_splits(int codebook, int variant, int ring, int m, int n_chunks, int total_groups, int sms) {
+int cluster_choose_splits(int codebook, bool int8, int ring, int m, int n_chunks, int total_groups, int sms) {
   const int min_s = (n_chunks + kGemvMaxChunks - 1) / kGemvMaxChunks;
-  const int max_s = std::min(n_chunks, kV5MaxCluster);
+  const int max_s = std::min(n_chunks, kClusterMaxSize);
   int best = -1;
   long long best_cost = LLONG_MAX;
   for (int sp = min_s; sp <= max_s; ++sp) {
-    const int smem = v5_smem(ring, m, n_chunks, sp);
-    long long clusters = v5_query(codebook, variant, 2, sp, smem);  // co-resident clusters of sp blocks
+    const int smem = cluster_smem(ring, m, n_chunks, sp);
+    long long clusters = cluster_query(codebook, int8, 2, sp, smem);  // co-resident clusters of sp blocks
     if (clusters <= 0) {
       if (sp > 8) continue;  // not launchable here
-      clusters = std::max(1LL, std::max(1, v5_query(codebook, variant, 1, sp, smem)) * (long long)sms / sp);
+      clusters = std::max(1LL, std::max(1, cluster_query(codebook, int8, 1, sp, smem)) * (long long)sms / sp);
     }
     const long long waves = (total_groups + clusters - 1) / clusters;
     const long long cost = waves * ((n_chunks + sp - 1) / sp + 2);
@@ -141,30 +140,30 @@ int dtype_code(const at::Tensor& t) {
 
 // y[i] = had(had(x * suh[i]) @ Q[i]) * svh[i], 1..3 matrices of the same in features and
 // codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. A chained launch while
-// chained launches are on (chained_launch.cuh). int8: the integer-MMA variant (MUL1, fast,
-// <= kV5Int8MaxRows rows). Returns the split count.
-int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis, const std::vector<at::Tensor>& suh,
-                     const std::vector<at::Tensor>& svh, const std::vector<at::Tensor>& y, int64_t codebook,
-                     int64_t splits, bool fast, bool int8, const std::vector<c10::optional<at::Tensor>>& caches,
-                     const std::vector<bool>& rope, const c10::optional<at::Tensor>& cos,
-                     const c10::optional<at::Tensor>& sin, const c10::optional<at::Tensor>& slots, int64_t head_dim) {
+// chained launches are on (chained_launch.cuh). int8: the integer-MMA variant (MUL1,
+// <= kClusterInt8MaxRows rows). Returns the split count.
+int64_t exl3_gemv_cluster(const at::Tensor& x, const std::vector<at::Tensor>& trellis,
+                          const std::vector<at::Tensor>& suh, const std::vector<at::Tensor>& svh,
+                          const std::vector<at::Tensor>& y, int64_t codebook, int64_t splits, bool int8,
+                          const std::vector<c10::optional<at::Tensor>>& caches, const std::vector<bool>& rope,
+                          const c10::optional<at::Tensor>& cos, const c10::optional<at::Tensor>& sin,
+                          const c10::optional<at::Tensor>& slots, int64_t head_dim) {
   TORCH_CHECK(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), "x must be a contiguous 2-D CUDA tensor");
   const int count = static_cast<int>(trellis.size());
-  TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_v5 takes 1..", kGemvMaxMats, " matrices");
+  TORCH_CHECK(count >= 1 && count <= kGemvMaxMats, "exl3_gemv_cluster takes 1..", kGemvMaxMats, " matrices");
   TORCH_CHECK(suh.size() == trellis.size() && svh.size() == trellis.size() && y.size() == trellis.size(),
               "trellis, suh, svh and y lists must have the same length");
   TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
   const int m = static_cast<int>(x.size(0));
-  TORCH_CHECK(m >= 1 && m <= kGemvMaxRows, "exl3_gemv_v5 takes 1..8 rows, got ", m);
-  TORCH_CHECK(!int8 || (codebook == CB_MUL1 && fast && m <= kV5Int8MaxRows),
-              "the int8 GEMV takes the MUL1 codebook, the fast variant and 1..", kV5Int8MaxRows, " rows");
-  const int variant = int8 ? kV5Int8 : (fast ? kV5Fast : kV5Exact);
+  TORCH_CHECK(m >= 1 && m <= kGemvMaxRows, "exl3_gemv_cluster takes 1..8 rows, got ", m);
+  TORCH_CHECK(!int8 || (codebook == CB_MUL1 && m <= kClusterInt8MaxRows),
+              "the int8 GEMV takes the MUL1 codebook and 1..", kClusterInt8MaxRows, " rows");
   const int in = static_cast<int>(x.size(1));
   TORCH_CHECK(in % 128 == 0 && in > 0, "in features must be a positive multiple of 128");
   const c10::cuda::CUDAGuard guard(x.device());
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, x.get_device()));
-  TORCH_CHECK(major >= 9, "exl3_gemv_v5 needs sm_90 or newer (thread-block clusters)");
+  TORCH_CHECK(major >= 9, "exl3_gemv_cluster needs sm_90 or newer (thread-block clusters)");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
 
   GemvMultiArgs a{};
@@ -205,14 +204,14 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
   if (splits <= 0) {
     int sms = 0;
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device()));
-    splits = v5_choose_splits(cb, variant, ring, m, n_chunks, total_groups, sms);
-    TORCH_CHECK(splits > 0, "exl3_gemv_v5: no launchable cluster size for ", n_chunks, " input chunks");
+    splits = cluster_choose_splits(cb, int8, ring, m, n_chunks, total_groups, sms);
+    TORCH_CHECK(splits > 0, "exl3_gemv_cluster: no launchable cluster size for ", n_chunks, " input chunks");
   }
-  TORCH_CHECK(splits >= min_s && splits <= std::min(n_chunks, kV5MaxCluster), "splits must be in [", min_s, ", ",
-              std::min(n_chunks, kV5MaxCluster), "]");
+  TORCH_CHECK(splits >= min_s && splits <= std::min(n_chunks, kClusterMaxSize), "splits must be in [", min_s, ", ",
+              std::min(n_chunks, kClusterMaxSize), "]");
   const int sp = static_cast<int>(splits);
-  const int smem = v5_smem(ring, m, n_chunks, sp);
-  TORCH_CHECK(v5_cluster_ok(cb, variant, sp, smem), "clusters of ", sp, " blocks cannot be launched here");
+  const int smem = cluster_smem(ring, m, n_chunks, sp);
+  TORCH_CHECK(cluster_size_ok(cb, int8, sp, smem), "clusters of ", sp, " blocks cannot be launched here");
   int blocks = 0;
   for (int i = 0; i < kGemvMaxMats; ++i) a.begin[i] = INT_MAX;
   for (int i = 0; i < count; ++i) {
@@ -221,10 +220,10 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
     blocks += (a.mat[i].out / 128) * sp;
   }
   const bool epi = set_epilogue(a, x, caches, rope, cos, sin, slots, head_dim);
-  TORCH_CHECK(!epi || variant == kV5Int8, "the q/k/v epilogue runs with the int8 GEMV only");
+  TORCH_CHECK(!epi || int8, "the q/k/v epilogue runs with the int8 GEMV only");
   const cudaError_t err =
-      static_cast<cudaError_t>(v5_call(cb, variant, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
-  TORCH_CHECK(err == cudaSuccess, "exl3_gemv_v5 launch (", blocks, " blocks, clusters of ", sp, ", ", smem,
+      static_cast<cudaError_t>(cluster_call(cb, int8, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
+  TORCH_CHECK(err == cudaSuccess, "exl3_gemv_cluster launch (", blocks, " blocks, clusters of ", sp, ", ", smem,
               " B shared): ", cudaGetErrorString(err));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return splits;
@@ -232,12 +231,12 @@ int64_t exl3_gemv_v5(const at::Tensor& x, const std::vector<at::Tensor>& trellis
 
 }  // namespace
 
-void bind_gemv_v5(pybind11::module_& m) {
-  m.def("exl3_gemv_v5", &exl3_gemv_v5,
-        "EXL3 GEMV v5 (sm_90, split-K over a thread-block cluster) of 1..3 matrices of one input; "
+void bind_gemv_cluster(pybind11::module_& m) {
+  m.def("exl3_gemv_cluster", &exl3_gemv_cluster,
+        "EXL3 GEMV (sm_90+, split-K over a thread-block cluster) of 1..3 matrices of one input; "
         "returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
-        py::arg("splits") = 0, py::arg("fast") = false, py::arg("int8") = false,
+        py::arg("splits") = 0, py::arg("int8") = false,
         // The decode step's q/k/v epilogue (int8 only; trellis_ext.h GemvRopeEpilogue): per matrix
         // a KV cache to store into instead of y, and whether to rotate by RoPE with cos/sin.
         py::arg("caches") = std::vector<c10::optional<at::Tensor>>{}, py::arg("rope") = std::vector<bool>{},

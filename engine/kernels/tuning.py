@@ -1,10 +1,11 @@
-"""Split-K choice of the v5 EXL3 GEMV, measured once per launch shape.
+"""Split counts of the cluster split-K EXL3 GEMV: measured once per launch shape, and revised by
+timing whole decode steps.
 
-Why measure: the kernel's own choice (ext/exl3_gemv_v5.cu ``v5_choose_splits``) models a launch
-as waves x (chunks per block + fixed cost). On the H200 that model is off by up to 9% for the
-Llama-8B shapes (docs/KERNELS.md, section 3.6: gate/up 44.0 us at its 3 splits vs 40.4 at 2; q/k/v
-15.9 at 6 vs 14.4 at 4), because blocks sharing an SM, cluster placement within a GPC and each
-block's fixed cost do not follow it, and they differ by GPU. So the first eager call of each
+**Per launch shape.** The kernel's own choice (ext/exl3_gemv_cluster.cu ``choose_splits``) models
+a launch as waves x (chunks per block + fixed cost). On the H200 that model is off by up to 9% for
+the Llama-8B shapes (docs/KERNELS.md, section 3.6: gate/up 44.0 us at its 3 splits vs 40.4 at 2;
+q/k/v 15.9 at 6 vs 14.4 at 4), because blocks sharing an SM, cluster placement within a GPC and
+each block's fixed cost do not follow it, and they differ by GPU. So the first eager call of each
 launch shape times every split count that can launch, on random matrices of that shape (enough
 copies that they do not sit in L2, as the real layers' weights do not), replayed from a CUDA graph
 so that the host's launch rate does not hide the kernel's time, and keeps the fastest.
@@ -13,30 +14,40 @@ A launch shape is (device, rows, in features, each matrix's out features and bit
 variant, dtype): a model has a handful (q/k/v, o, gate/up, down, head, x rows 1-8). Tuning costs
 a few milliseconds per shape and happens in the first decode step, before the CUDA graphs are
 captured (their warm-up runs eagerly); a call while a graph is being captured never tunes, it
-takes the kernel's choice. ``TRELLIS_GEMV_TUNE=0`` turns tuning off (the kernel's model decides).
+takes the kernel's choice. :func:`enable` turns tuning off (``EngineOptions.gemv_tuning``): the
+kernel's model decides.
 
 Within a process a shape always gets the same split count, so eager and graph-replayed calls stay
 bit-identical; another process may choose differently where two counts time alike (the outputs
 then differ in the order of fp32 additions only).
 
-A launch timed alone is not a launch between the other kernels of a decode step (chained, with
-the previous kernel's tail and the next one's weight prefetch beside it), so
-``engine.generation.step_tuning`` can revise the choices by timing whole steps: it learns a step's
-launch shapes from :func:`recorded_keys`, tries each shape's best few counts from
-:func:`ranked_candidates` through :func:`choose`, and keeps what makes the step fastest.
+**Per decode step.** A launch timed alone is not a launch between the other kernels of a decode
+step: chained (the previous kernel's tail overlaps its weight prefetch), with the L2 holding what
+the last kernel wrote, next to the attention and norm kernels' blocks. The count that is fastest
+alone need not be the fastest there: for a Llama-3.2-1B shape the whole model's decode rate moved
+between 935 and 1030 tokens/s with the choice among counts that timed alike alone
+(docs/KERNELS.md, section 3.6). So :func:`tune_step` revises the choices of one step's launch
+shapes (learnt with :func:`recorded_keys`) against the objective that matters: it times the
+captured step with each shape's few best counts in turn (coordinate descent, the largest shapes
+first, one pass) and keeps a change only where the step got faster by more than the timing's
+noise. It costs a few graph captures per shape (seconds for an 8B model) and is opt-in
+(``EngineOptions.step_tuning``, ``python -m engine bench --step-tune``): it measured +1.9% on the
+1B shape and within noise on the 8B, and two runs chose differently between close counts.
 """
 
 from __future__ import annotations
 
 import gc
 import math
-import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 
-TUNE = os.environ.get("TRELLIS_GEMV_TUNE", "1") not in ("", "0")
+from engine.kernels import loader
+
 # Bytes of matrices the timing cycles through: above the H200's 50 MB L2, so it reads from DRAM
 # as a model's layers do. The launch's own matrices are one copy; random ones make up the rest
 # (at most this many bytes more, for a moment).
@@ -45,14 +56,25 @@ _MAX_COPIES = 16
 _WARMUP = 2
 _ROUNDS = 5
 
+_enabled = True
 _chosen: dict[tuple, int] = {}
 _times: dict[tuple, dict[int, float]] = {}  # key -> split count -> ms of the timed graph
 _recording: list[set[tuple]] = []  # the key sets of the open recorded_keys() blocks
 
 
+def enable(on: bool) -> None:
+    """Time split counts per launch shape (on, the default) or leave them to the kernel (off)."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
 def split_range(in_features: int, max_chunks_per_split: int, max_cluster: int) -> range:
-    """The split counts a v5 launch of ``in_features`` accepts (each split's chunks must fit the
-    block's shared memory; a split is one block of the cluster)."""
+    """The split counts a cluster GEMV launch of ``in_features`` accepts (each split's chunks must
+    fit the block's shared memory; a split is one block of the cluster)."""
     chunks = in_features // 128
     return range(-(-chunks // max_chunks_per_split), min(chunks, max_cluster) + 1)
 
@@ -78,8 +100,8 @@ def tuned_splits(
 ) -> int:
     """The split count for this launch shape (0: leave it to the kernel). ``launch(x, trellises,
     suhs, svhs, ys, splits)`` runs the GEMV; ``candidates`` are the split counts to try; ``variant``
-    names the kernel ("exact", "fast", "int8"): each has its own fastest count."""
-    if not TUNE:
+    names the kernel ("fp16", "int8"): each has its own fastest count."""
+    if not _enabled:
         return 0
     key = (
         x.device,
@@ -97,11 +119,9 @@ def tuned_splits(
         return chosen
     if torch.cuda.is_current_stream_capturing():
         return 0  # no timing inside a capture; the graph keeps the kernel's choice
-    from engine import ops  # ops imports this module lazily
-
     # Unchained: the timing copies were just written by kernels, and a chained GEMV may fetch its
     # first weight rows before the previous kernel has finished.
-    with ops.chained_launches(x.device, enabled=False):
+    with loader.chained_launches(x.device, enabled=False):
         times = _measure(x, trellises, launch, candidates)
     chosen = fastest(candidates, times.get)
     _chosen[key], _times[key] = chosen, times
@@ -220,6 +240,92 @@ def ranked_candidates(key: tuple, limit: int) -> list[int]:
 
 
 def forget() -> None:
-    """Drop every measured choice (tests; a changed GPU clock)."""
+    """Drop every measured choice and which steps were tuned (tests; a changed GPU clock)."""
     _chosen.clear()
     _times.clear()
+    _steps_done.clear()
+
+
+# -- whole decode steps -----------------------------------------------------------------------
+
+CANDIDATES_PER_SHAPE = 4  # the current count and the next best three, by their time alone
+MARGIN = 0.003  # a change must make the step at least this much faster (replay noise ~0.1%)
+
+
+@dataclass
+class StepTuning:
+    """What one step tuning did: the step's time before and after (ms), the changed choices per
+    launch shape (key -> (count alone, count in the step)), how many steps were timed, and how
+    long it took (s)."""
+
+    before_ms: float
+    after_ms: float
+    changes: dict[tuple, tuple[int, int]] = field(default_factory=dict)
+    timings: int = 0
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        moved = ", ".join(f"{describe(k)} {a}->{b}" for k, (a, b) in self.changes.items()) or "no change"
+        return (
+            f"decode step {self.before_ms:.3f} -> {self.after_ms:.3f} ms "
+            f"({moved}; {self.timings} timings in {self.seconds:.1f} s)"
+        )
+
+
+def describe(key: tuple) -> str:
+    """A launch shape in words: rows x in -> the matrices' out features at K bits."""
+    _device, rows, in_features, mats, codebook, variant, _dtype = key
+    outs = "+".join(f"{out * 16}@{words // 16}" for out, words in mats)
+    return f"[{rows}x{in_features}->{outs} {codebook}/{variant}]"
+
+
+def _weight(key: tuple) -> int:
+    """Weights the launch reads (its matrices' in x out): the order shapes are tuned in."""
+    _device, _rows, in_features, mats, *_ = key
+    return sum(in_features * out * 16 for out, _words in mats)
+
+
+def tune_step(keys: Sequence[tuple], time_step: Callable[[], float]) -> StepTuning:
+    """Revise the split counts of ``keys`` (launch shapes of one decode step, already chosen per
+    launch) so that ``time_step()`` (ms of the step with the current choices) is lowest. Shapes
+    without timed alternatives are left alone. Returns what changed."""
+    t0 = time.perf_counter()
+    best = time_step()
+    result = StepTuning(before_ms=best, after_ms=best, timings=1)
+    for key in sorted(keys, key=_weight, reverse=True):
+        start = choice(key)
+        if start is None:
+            continue
+        kept = start
+        for splits in ranked_candidates(key, CANDIDATES_PER_SHAPE):
+            if splits == kept:
+                continue
+            choose(key, splits)
+            t = time_step()
+            result.timings += 1
+            if t < best * (1.0 - MARGIN):
+                best, kept = t, splits
+        choose(key, kept)
+        if kept != start:
+            result.changes[key] = (start, kept)
+    result.after_ms = best
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+_steps_done: dict[frozenset, StepTuning] = {}  # key sets tuned in this process, and what it did
+
+
+def tune_step_once(keys: Sequence[tuple], time_step: Callable[[], float]) -> StepTuning | None:
+    """:func:`tune_step` the first time this set of launch shapes is met in the process (None
+    after that: a second cache or Generator over the same model keeps the choices)."""
+    ident = frozenset(keys)
+    if not ident or ident in _steps_done:
+        return None
+    _steps_done[ident] = result = tune_step(keys, time_step)
+    return result
+
+
+def last_step_tuning() -> StepTuning | None:
+    """The most recent step tuning of the process (reports)."""
+    return next(reversed(_steps_done.values()), None)

@@ -1,13 +1,15 @@
-// EXL3 GEMV v5 (1..8 rows, sm_90): the v4 block (exl3_gemv.cuh) without its serial fixed costs.
+// The cluster split-K EXL3 GEMV (1..8 rows, sm_90+): the workspace GEMV's block (exl3_gemv.cuh)
+// without its serial fixed costs. It runs wherever the GPU has thread-block clusters; the
+// workspace GEMV stays the portable one for older GPUs.
 //
-// Why: v4 spends most of a 4096x4096 launch outside the decode loop. A launch is one wave of
+// Why: the workspace GEMV spends most of a 4096x4096 launch outside the decode loop. A launch is one wave of
 // small blocks (2-3 input chunks each), and every block runs its phases in series: (1) the input
 // rotation, all of it in warp n for batch row n (m = 1: one warp rotates every chunk, one L2
 // round trip each); (2) decode + MMA; (3) 32 shared-memory float atomicAdds per lane from 8
 // warps onto the same 128 columns (no native instruction: ATOMS.CAS spin loops, contended);
 // (4) partial sums to global, __threadfence (MEMBAR.SC.GPU), an atomic ticket, the last block
 // reading every split back from L2. Only (2) scales with the bytes; so time did not depend on K.
-// v5 keeps the decode loop and the math, and changes the rest:
+// This kernel keeps the decode loop and the math, and changes the rest:
 //  - the input rotation is spread over all warps (items = live (chunk, row) pairs only) and each
 //    warp loads its next 4 items before rotating them: one L2 round trip instead of up to 16;
 //  - the 8 warps' sums go through plain shared stores + one fixed-order sum (no atomics,
@@ -18,9 +20,10 @@
 //  - the activation tile u_s holds only the m live rows (m x 32 bytes per tile row, not 8 x 32),
 //    so more blocks fit per SM; lanes of absent rows use a zero B fragment.
 // The single and the multi-matrix GEMV are the same kernel (one matrix = a multi launch of one).
-// Same products and fp32 accumulation as v4 (same decode functions, same MMAs per tile).
+// Same products and fp32 accumulation as the workspace GEMV (same decode functions, same MMAs per
+// tile). Like it, the decode skips the final fp16 rounding of each weight (exl3_gemv.cuh).
 //
-// Int8 variant (I8, MUL1 fast only, 1..2 rows): a MUL1 weight is the byte sum of its hash
+// Int8 variant (I8, MUL1 only, 1..2 rows): a MUL1 weight is the byte sum of its hash
 // x = s * 0x83DCD12D (plus an affine map), so sum_k u_k w_k needs no per-weight conversion at
 // all: the hash word IS four u8 elements of an m16n8k32 integer MMA's A fragment, and B holds
 // each input replicated in four consecutive k. That drops the dp4a per weight and the fp16 MMA.
@@ -37,31 +40,31 @@
 
 namespace trellis {
 
-constexpr int kV5MaxCluster = 16;   // non-portable cluster size (Hopper); 8 is always allowed
-constexpr int kV5RedStride = 132;   // padded row of a warp's partial sums (fewer bank conflicts)
-constexpr int kV5PrefetchItems = 4; // rotation items a warp loads before rotating them (at most)
+constexpr int kClusterMaxSize = 16;   // non-portable cluster size (Hopper); 8 is always allowed
+constexpr int kClusterRedStride = 132;   // padded row of a warp's partial sums (fewer bank conflicts)
+constexpr int kClusterPrefetchItems = 4; // rotation items a warp loads before rotating them (at most)
 
-// Dynamic shared memory of a v5 block (host and device agree on it):
+// Dynamic shared memory of a block (host and device agree on it):
 //   [0, u_bytes): u_s, (tile row, batch row n < m, quad) -> uint2 B fragment (4 fp16)
 //   [u_bytes, ...): the per-warp cp.async rings during the loop, then the per-warp sums.
-__host__ __device__ constexpr int v5_u_rows(int n_chunks, int splits) { return 8 * ((n_chunks + splits - 1) / splits); }
-__host__ __device__ constexpr int v5_u_bytes(int n_chunks, int splits, int m) {
-  return v5_u_rows(n_chunks, splits) * m * 32;
+__host__ __device__ constexpr int cluster_u_rows(int n_chunks, int splits) { return 8 * ((n_chunks + splits - 1) / splits); }
+__host__ __device__ constexpr int cluster_u_bytes(int n_chunks, int splits, int m) {
+  return cluster_u_rows(n_chunks, splits) * m * 32;
 }
 // Rows of the int8 variant. The layout holds 4 (B columns: hi 0..3, lo 4..7), but at 3-4 rows it
-// is no faster than the fast kernel (docs/KERNELS.md, section 3.3), so it stops at 2.
-constexpr int kV5Int8MaxRows = 2;
+// is no faster than the fp16 kernel (docs/KERNELS.md, section 3.3), so it stops at 2.
+constexpr int kClusterInt8MaxRows = 2;
 // The per-warp sums; the int8 variant stores its hi and lo sums apart (two rows per batch row).
-__host__ __device__ constexpr int v5_red_bytes(int m) {
-  return (kGemvThreads / 32) * (m <= kV5Int8MaxRows ? 2 * m : m) * kV5RedStride * 4;
+__host__ __device__ constexpr int cluster_red_bytes(int m) {
+  return (kGemvThreads / 32) * (m <= kClusterInt8MaxRows ? 2 * m : m) * kClusterRedStride * 4;
 }
-constexpr float kV5Int8Range = 16383.f;  // |q| <= 2^14 - 1: hi = q >> 7 fits a signed byte
+constexpr float kClusterInt8Range = 16383.f;  // |q| <= 2^14 - 1: hi = q >> 7 fits a signed byte
 
-struct alignas(16) GemvV5Smem {
+struct alignas(16) GemvClusterSmem {
   float red_s[kGemvMaxRows][128];           // this block's sums, read by the cluster
-  float usum_s[kGemvMaxChunks][kGemvMaxRows]; // MUL1 fast: per (chunk, row) sums of u
-  float wmax_s[kGemvThreads / 32][kV5Int8MaxRows];  // int8: each warp's max |u| per row
-  int wqsum_s[kGemvThreads / 32][kV5Int8MaxRows];   // int8: each warp's sum of q per row
+  float usum_s[kGemvMaxChunks][kGemvMaxRows]; // MUL1 fp16: per (chunk, row) sums of u
+  float wmax_s[kGemvThreads / 32][kClusterInt8MaxRows];  // int8: each warp's max |u| per row
+  int wqsum_s[kGemvThreads / 32][kClusterInt8MaxRows];   // int8: each warp's sum of q per row
 };
 
 // max that keeps a NaN (fmaxf drops it): a NaN input row must give NaN outputs, as the fp16
@@ -146,8 +149,8 @@ __device__ __forceinline__ void epilogue_store(const GemvArgs& a, const GemvRope
   }
 }
 
-template <int K, int CB, bool FAST, bool I8>
-__device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g, const int s, GemvV5Smem& sm,
+template <int K, int CB, bool I8>
+__device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const int g, const int s, GemvClusterSmem& sm,
                                               uint32_t* dyn, const GemvRopeEpilogue& epi, const int mat) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
@@ -169,7 +172,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   const int tiles_out = args.out >> 4;
 
   uint2* u_s = reinterpret_cast<uint2*>(dyn);  // [(tile row * m + n) * 4 + quad]
-  uint32_t* area = dyn + v5_u_bytes(n_chunks, S, m) / 4;
+  uint32_t* area = dyn + cluster_u_bytes(n_chunks, S, m) / 4;
   uint32_t* wbuf = area + warp * ST * RW;
 
   // ---- start this warp's first rows: tile row (c_begin + i) * 8 + warp, column group g ------
@@ -209,7 +212,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   const int items = nch * m;
   // item / m as a multiply and shift: exact for m <= 8 and item < 4096 (items <= 16 * 8).
   const uint32_t inv_m = (65536u + m - 1) / m;
-  float wmax[kV5Int8MaxRows] = {};  // int8: this warp's max |u| per row
+  float wmax[kClusterInt8MaxRows] = {};  // int8: this warp's max |u| per row
   auto rotate = [&](auto batch) {
     constexpr int P = decltype(batch)::value;
     for (int base = warp; base < items; base += kWarps * P) {
@@ -251,8 +254,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
           }
           if constexpr (I8) {
 #pragma unroll
-            for (int r = 0; r < kV5Int8MaxRows; ++r) wmax[r] = r == n ? max_nan(wmax[r], rmax) : wmax[r];
-          } else if constexpr (FAST && CB == CB_MUL1) {
+            for (int r = 0; r < kClusterInt8MaxRows; ++r) wmax[r] = r == n ? max_nan(wmax[r], rmax) : wmax[r];
+          } else if constexpr (CB == CB_MUL1) {
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) rsum += __shfl_xor_sync(0xFFFFFFFFu, rsum, o);
             if (lane == 0) sm.usum_s[c][n] = rsum;
@@ -263,10 +266,10 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   };
   if (items <= kWarps) rotate(std::integral_constant<int, 1>{});
   else if (items <= 2 * kWarps) rotate(std::integral_constant<int, 2>{});
-  else rotate(std::integral_constant<int, kV5PrefetchItems>{});
+  else rotate(std::integral_constant<int, kClusterPrefetchItems>{});
   if constexpr (I8) {
 #pragma unroll
-    for (int r = 0; r < kV5Int8MaxRows; ++r) {
+    for (int r = 0; r < kClusterInt8MaxRows; ++r) {
       // |u| >= 0 or a NaN with a clear sign bit: as unsigned integers they order as max_nan does
       // (a NaN above +inf), so one warp reduction instruction takes the max.
       wmax[r] = __uint_as_float(__reduce_max_sync(0xFFFFFFFFu, __float_as_uint(wmax[r])));
@@ -281,17 +284,17 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   // u[2c+1], u[2c+9]: the B operands of the even and the odd MMA of a tile (see the loop). Each
   // warp converts the tile rows it will read itself (i*8 + warp), so no block barrier follows.
   if constexpr (I8) {
-    static_assert(kV5Int8MaxRows == 2, "row and entry indices below assume m <= 2");
-    float inv[kV5Int8MaxRows];
+    static_assert(kClusterInt8MaxRows == 2, "row and entry indices below assume m <= 2");
+    float inv[kClusterInt8MaxRows];
 #pragma unroll
-    for (int r = 0; r < kV5Int8MaxRows; ++r) {
+    for (int r = 0; r < kClusterInt8MaxRows; ++r) {
       float amax = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) amax = max_nan(amax, sm.wmax_s[w][r]);
-      inv[r] = amax > 0.f ? kV5Int8Range / amax : 0.f;
+      inv[r] = amax > 0.f ? kClusterInt8Range / amax : 0.f;
     }
     uint32_t* q_s = reinterpret_cast<uint32_t*>(u_s);
-    int qsum[kV5Int8MaxRows] = {};
+    int qsum[kClusterInt8MaxRows] = {};
     for (int t = lane; t < nch * 4 * m; t += 32) {  // (chunk i, row n, quad c) of this warp
       const int i = (t >> 2) >> (m - 1), n = (t >> 2) & (m - 1), c = t & 3;
       const int e = ((i * 8 + warp) * m + n) * 4 + c;
@@ -313,14 +316,14 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       qsum[1] += n == 0 ? 0 : part;
     }
 #pragma unroll
-    for (int r = 0; r < kV5Int8MaxRows; ++r) {
+    for (int r = 0; r < kClusterInt8MaxRows; ++r) {
       qsum[r] = __reduce_add_sync(0xFFFFFFFFu, qsum[r]);
       if (lane == 0) sm.wqsum_s[warp][r] = qsum[r];  // read after the loop's block barriers
     }
     __syncwarp();  // this warp's q words are written before it reads them
   }
 
-  // ---- 2. decode + MMA over this warp's rows (same math as v4's loop) ---------------------
+  // ---- 2. decode + MMA over this warp's rows (the workspace GEMV's math) -------------------
   float acc[8][4];
   int acci[8][4];  // int8 variant
 #pragma unroll
@@ -367,7 +370,7 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
         mma_16832_u8s8(acci[t], ae, be0, be1);
         mma_16832_u8s8(acci[t], ao, bo0, bo1);
       }
-    } else if constexpr (FAST) {
+    } else {
       uint2 b = u_lane[i * u_step];
       if (!b_live) b = make_uint2(0u, 0u);
       // One weight per A register, each input twice in B (see inst_halves / mul1_halves).
@@ -385,15 +388,6 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
         mma_16816(acc[t], ae, be0, be1);
         mma_16816(acc[t], ao, bo0, bo1);
       }
-    } else {
-      uint2 b = u_lane[i * u_step];
-      if (!b_live) b = make_uint2(0u, 0u);
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        uint32_t a[4];
-        decode_fragment<K, CB>(cur[t], plan.r, a);
-        mma_16816(acc[t], a, b.x, b.y);
-      }
     }
     __syncwarp();  // all lanes done reading this slot before it is refilled
     slot = slot + 1 == ST ? 0 : slot + 1;
@@ -405,21 +399,21 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
   __syncthreads();  // every warp is done with its ring: the area now holds the warps' sums
 
   // ---- 3. block sum: per-warp stores, one fixed-order sum ---------------------------------
-  float* red_w = reinterpret_cast<float*>(area);  // [warp][n][kV5RedStride]
+  float* red_w = reinterpret_cast<float*>(area);  // [warp][n][kClusterRedStride]
   if constexpr (I8) {
     // C columns 0..3 hold sum(b * hi) of rows n = 0..3, columns 4..7 sum(b * lo): lanes with
     // lane % 4 == 0 store the hi sums of rows 0, 1 and lanes with lane % 4 == 2 the lo sums, as
-    // integers ([warp][hi/lo][n][kV5RedStride]); the block sum combines them (no shuffles here).
+    // integers ([warp][hi/lo][n][kClusterRedStride]); the block sum combines them (no shuffles here).
     const int q = lane & 3, col = lane >> 2;
-    int* rw = reinterpret_cast<int*>(red_w) + (warp * 2 + (q >> 1)) * m * kV5RedStride;
+    int* rw = reinterpret_cast<int*>(red_w) + (warp * 2 + (q >> 1)) * m * kClusterRedStride;
     if ((q & 1) == 0) {
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
         rw[16 * t + col] = acci[t][0];
         rw[16 * t + col + 8] = acci[t][2];
         if (m > 1) {
-          rw[kV5RedStride + 16 * t + col] = acci[t][1];
-          rw[kV5RedStride + 16 * t + col + 8] = acci[t][3];
+          rw[kClusterRedStride + 16 * t + col] = acci[t][1];
+          rw[kClusterRedStride + 16 * t + col + 8] = acci[t][3];
         }
       }
     }
@@ -427,16 +421,16 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
     // C fragment: c0 = (out 16t + lane/4, batch 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
     const int n0 = 2 * (lane & 3);
     const int col = lane >> 2;
-    float* rw = red_w + warp * m * kV5RedStride;
+    float* rw = red_w + warp * m * kClusterRedStride;
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
       if (n0 < m) {
-        rw[n0 * kV5RedStride + 16 * t + col] = acc[t][0];
-        rw[n0 * kV5RedStride + 16 * t + col + 8] = acc[t][2];
+        rw[n0 * kClusterRedStride + 16 * t + col] = acc[t][0];
+        rw[n0 * kClusterRedStride + 16 * t + col + 8] = acc[t][2];
       }
       if (n0 + 1 < m) {
-        rw[(n0 + 1) * kV5RedStride + 16 * t + col] = acc[t][1];
-        rw[(n0 + 1) * kV5RedStride + 16 * t + col + 8] = acc[t][3];
+        rw[(n0 + 1) * kClusterRedStride + 16 * t + col] = acc[t][1];
+        rw[(n0 + 1) * kClusterRedStride + 16 * t + col + 8] = acc[t][3];
       }
     }
   }
@@ -449,12 +443,12 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       const int* ri = reinterpret_cast<const int*>(red_w);
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) {
-        const int hi = ri[((w * 2) * m + n) * kV5RedStride + c], lo = ri[((w * 2 + 1) * m + n) * kV5RedStride + c];
+        const int hi = ri[((w * 2) * m + n) * kClusterRedStride + c], lo = ri[((w * 2 + 1) * m + n) * kClusterRedStride + c];
         a += fmaf(128.f, static_cast<float>(hi), static_cast<float>(lo));
       }
     } else {
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) a += red_w[(w * m + n) * kV5RedStride + c];
+      for (int w = 0; w < kWarps; ++w) a += red_w[(w * m + n) * kClusterRedStride + c];
     }
     if constexpr (I8) {
       // sum_k u_k w_k with w = (1024 + b) k_inv + k_bias and u = q max|u| / 16383:
@@ -465,8 +459,8 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
       int qsum = 0;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) amax = max_nan(amax, sm.wmax_s[w][n]), qsum += sm.wqsum_s[w][n];
-      a = amax / kV5Int8Range * fmaf(k_inv, a, k_off * static_cast<float>(qsum));
-    } else if constexpr (FAST && CB == CB_MUL1) {
+      a = amax / kClusterInt8Range * fmaf(k_inv, a, k_off * static_cast<float>(qsum));
+    } else if constexpr (CB == CB_MUL1) {
       // sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u), per block (linear in the splits)
       float us = 0.f;
       for (int q = 0; q < nch; ++q) us += sm.usum_s[q][n];
@@ -521,41 +515,41 @@ __device__ __forceinline__ void gemv_v5_block(const GemvArgs& args, const int g,
 // Grid: matrix 0's (groups x S) blocks, then matrix 1's, ...; within a matrix block g*S + s, so
 // the S splits of a column group are one cluster of S consecutive blocks (begin[] are multiples
 // of S, so no cluster straddles two matrices; every block of a cluster has the same K).
-template <int CB, bool FAST, bool I8>
-__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_v5_kernel(const GemvMultiArgs args) {
+template <int CB, bool I8>
+__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_cluster_kernel(const GemvMultiArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ GemvV5Smem sm;
-  extern __shared__ uint4 gemv_v5_dyn_smem[];
-  uint32_t* dyn = reinterpret_cast<uint32_t*>(gemv_v5_dyn_smem);
+  __shared__ GemvClusterSmem sm;
+  extern __shared__ uint4 gemv_cluster_dyn_smem[];
+  uint32_t* dyn = reinterpret_cast<uint32_t*>(gemv_cluster_dyn_smem);
   const int b = blockIdx.x;
   const int i = (b >= args.begin[1]) + (b >= args.begin[2]);  // absent matrices: INT_MAX
   const GemvArgs& a = args.mat[i];
   const int local = b - args.begin[i];
   const int g = local / a.splits, s = local - g * a.splits;
   switch (args.K[i]) {
-#define TRELLIS_V5_CASE(k) \
-  case k: gemv_v5_block<k, CB, FAST, I8>(a, g, s, sm, dyn, args.epi, i); break;
-    TRELLIS_V5_CASE(1) TRELLIS_V5_CASE(2) TRELLIS_V5_CASE(3) TRELLIS_V5_CASE(4)
-    TRELLIS_V5_CASE(5) TRELLIS_V5_CASE(6) TRELLIS_V5_CASE(7) TRELLIS_V5_CASE(8)
-#undef TRELLIS_V5_CASE
+#define TRELLIS_CLUSTER_CASE(k) \
+  case k: gemv_cluster_block<k, CB, I8>(a, g, s, sm, dyn, args.epi, i); break;
+    TRELLIS_CLUSTER_CASE(1) TRELLIS_CLUSTER_CASE(2) TRELLIS_CLUSTER_CASE(3) TRELLIS_CLUSTER_CASE(4)
+    TRELLIS_CLUSTER_CASE(5) TRELLIS_CLUSTER_CASE(6) TRELLIS_CLUSTER_CASE(7) TRELLIS_CLUSTER_CASE(8)
+#undef TRELLIS_CLUSTER_CASE
     default: break;
   }
 #endif
 }
 
-constexpr int kV5MaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
+constexpr int kClusterMaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
 
 // Host side. mode 0: launch `blocks` blocks in clusters of `splits` with `smem` bytes (returns
 // the cudaError_t of the launch; pdl: a chained launch, see chained_launch.cuh);
 // mode 1: return blocks per SM at `smem` bytes; mode 2: return how many clusters of `splits`
 // blocks can be co-resident at `smem` bytes (0: that cluster size cannot be launched).
-template <int CB, bool FAST, bool I8>
-int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream,
+template <int CB, bool I8>
+int gemv_cluster_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream,
                 bool pdl) {
-  auto kern = exl3_gemv_v5_kernel<CB, FAST, I8>;
+  auto kern = exl3_gemv_cluster_kernel<CB, I8>;
   static bool ready = false;
   if (!ready) {
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kV5MaxDynSmem);
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kClusterMaxDynSmem);
     cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     ready = true;
   }
@@ -591,19 +585,16 @@ int gemv_v5_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int sm
   return static_cast<int>(cudaLaunchKernelEx(&cfg, kern, *a));  // cudaError_t
 }
 
-// The kernel variants: exact (fp16 weights, bit-exact decode), fast (no per-weight rounding) and,
-// for MUL1 only, int8 (the integer MMA; the binding checks the codebook and the row count).
-enum V5Variant : int { kV5Exact = 0, kV5Fast = 1, kV5Int8 = 2 };
-
+// The kernel variants: fp16 (the fp16 MMA) and, for MUL1 only, int8 (the integer MMA; the binding
+// checks the codebook and the row count).
 template <int CB>
-int gemv_v5_dispatch(int variant, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
-                     cudaStream_t stream, bool pdl) {
-  if (variant == kV5Int8) {
-    if constexpr (CB == CB_MUL1) return gemv_v5_run<CB, true, true>(mode, a, blocks, splits, smem, stream, pdl);
+int gemv_cluster_dispatch(bool int8, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+                          cudaStream_t stream, bool pdl) {
+  if (int8) {
+    if constexpr (CB == CB_MUL1) return gemv_cluster_run<CB, true>(mode, a, blocks, splits, smem, stream, pdl);
     return -1;
   }
-  return variant == kV5Fast ? gemv_v5_run<CB, true, false>(mode, a, blocks, splits, smem, stream, pdl)
-                            : gemv_v5_run<CB, false, false>(mode, a, blocks, splits, smem, stream, pdl);
+  return gemv_cluster_run<CB, false>(mode, a, blocks, splits, smem, stream, pdl);
 }
 
 }  // namespace trellis

@@ -22,7 +22,7 @@ KL(P_unquantized || P_row).
 
 Finished rows are saved in ``<work>/rows.json`` and an interrupted conversion resumes from its
 work directory, so rerunning the same command continues where it stopped. The command runs
-without the ``gguf`` package (``--gguf ''``), as ``python3 -m engine.commands.quality``.
+without the ``gguf`` package (``--gguf ''``), as ``python3 -m engine.bench.quality``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from engine.bench import help_for
 from engine.commands.common import int_at_least, positive_int, read_text_file, run_alone
 from engine.commands.convert import (
     add_allocation_args,
@@ -85,15 +86,12 @@ def quantized_tensor_names(model_dir: Path) -> tuple[list[str], str, bool]:
     from engine.architectures import architecture_for
     from engine.config import ModelConfig
     from engine.loading.safetensors_store import WeightStore
+    from engine.quant.source_model import quantizable_keys
 
     config = ModelConfig.from_dir(model_dir)
     names = architecture_for(config.architecture).names
     store = WeightStore(model_dir)
-    linears = []
-    for i in range(int(config.text["num_hidden_layers"])):
-        prefix = names.prefix + names.layer.format(i=i)
-        for part in (names.q, names.k, names.v, names.o, names.gate, names.up, names.down):
-            linears.append(f"{prefix}{part}.weight")
+    linears = [f"{key}.weight" for key in quantizable_keys(model_dir)]
     missing = [k for k in linears if not store.has(k)]
     if missing:
         raise SystemExit(f"error: {model_dir} lacks {missing[0]} (fused or unsupported layout)")
@@ -476,9 +474,7 @@ def run(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     from engine.quant.codebooks import CODEBOOKS
 
-    p = sub.add_parser(
-        "quality", help="perplexity and KL of EXL3 and GGUF quantizations of a model against itself"
-    )
+    p = sub.add_parser("quality", help=help_for("quality"))
     p.add_argument("-m", "--model", required=True, help=f"unquantized HF model directory, or '{STARTER}'")
     p.add_argument("--text-file", required=True)
     p.add_argument("--ctx", type=int_at_least(2), default=512, help="window length in tokens (default 512)")

@@ -17,8 +17,9 @@ from functools import partial
 
 import torch
 
+from engine.bench import help_for
+from engine.bench.timing import median_time
 from engine.commands.common import run_alone
-from engine.commands.timing import median_time
 
 CPU = torch.device("cpu")
 # Untimed calls first: the first calls of a process pay for thread start-up and fresh allocations.
@@ -33,7 +34,7 @@ PRESETS = {  # the app's presets (app/chat/presets.py) and two single rules
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench-sampler", help="host-side sampler time per token vs its plain definition")
+    p = sub.add_parser("bench-sampler", help=help_for("bench-sampler"))
     p.add_argument("--vocab", type=int, default=128256, help="vocabulary size (Llama 3: 128256)")
     p.add_argument("--context", type=int, default=1000, help="context tokens the penalties look at")
     p.add_argument("--repeats", type=int, default=30)

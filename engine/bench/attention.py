@@ -1,12 +1,12 @@
 """``bench-attention``: decode attention over the paged cache (dense and 2-8 bit) vs its peers, same run.
 
 For each context, batch and cache width it reports the time of one layer's decode attention
-(``ops.paged_decode_attention``: the CUDA kernel reading the paged cache directly), the bytes
-that call must read (keys + values + scales of every visible position) and the bandwidth that
-makes, beside its peers on the same shapes: torch SDPA on a contiguous fp16 cache (no paging, no
-quantization: what a plain dense decoder pays), with ``--compare-v2`` version 2 where version 3
-(tensor cores: 2/4/8-bit and dense caches) runs by default (``TRELLIS_ATTN_V2=1``), with ``--reference`` the
-slow torch reference (gathers and dequantizes the padded table, then SDPA). Also the fused
+(``kernels.attention.paged_decode_attention``: the CUDA kernel reading the paged cache
+directly), the bytes that call must read (keys + values + scales of every visible position) and
+the bandwidth that makes, beside its peers on the same shapes: torch SDPA on a contiguous fp16
+cache (no paging, no quantization: what a plain dense decoder pays), with ``--compare-v2``
+version 2 (``tensor_cores=False``) where version 3 (tensor cores: 2/4/8-bit and dense caches)
+runs by default, with ``--reference`` the slow torch reference (gathers and dequantizes the padded table, then SDPA). Also the fused
 quantize-and-write of one decode step's keys and values against the torch path it replaces.
 
 Timing: CUDA events around CUDA-graph replays of many calls, cycling through enough cache
@@ -18,17 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 
+from engine.bench import help_for
 from engine.commands.common import run_alone
 
 BIT_CONFIGS = ["16", "8", "4", "4,6", "2"]
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench-attention", help="paged decode attention (dense / 2-8 bit cache) vs SDPA (GPU)")
+    p = sub.add_parser("bench-attention", help=help_for("bench-attention"))
     p.add_argument("--contexts", default="1024,4096,16384", help="comma-separated context lengths")
     p.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
     p.add_argument("--bits", default=";".join(BIT_CONFIGS), help="';'-separated cache widths (K or K,V)")
@@ -44,7 +44,7 @@ def register(sub) -> None:
     p.add_argument(
         "--compare-v2",
         action="store_true",
-        help="also time version 2 where version 3 runs (2/4/8-bit and dense caches; TRELLIS_ATTN_V2=1)",
+        help="also time version 2 where version 3 runs (2/4/8-bit and dense caches)",
     )
     p.add_argument("--no-write", action="store_true", help="skip the fused quantize-and-write timings")
     p.add_argument("--json", default=None, help="write the rows as JSON here")
@@ -99,10 +99,10 @@ def bench_one(args, ctx: int, batch: int, bits: tuple[int, int], dtype) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from engine import ops
     from engine.cache.decode_attention import paged_decode_attention_reference
     from engine.cache.paged import PagedKVCache
     from engine.cache.quantized import bytes_per_token
+    from engine.kernels.attention import paged_decode_attention
 
     dev = torch.device("cuda")
     h, kvh, d, page = args.heads, args.kv_heads, args.head_dim, args.page_size
@@ -126,26 +126,18 @@ def bench_one(args, ctx: int, batch: int, bits: tuple[int, int], dtype) -> dict:
     scale = d**-0.5
     layers = _cycle([cache.layer(i) for i in range(copies)])
 
-    if ops.paged_decode_attention(q, cache.layer(0), tables, lengths, page, scale, None, None) is None:
+    if paged_decode_attention(q, cache.layer(0), tables, lengths, page, scale, None, None) is None:
         raise RuntimeError("the kernel does not take this case")
-    t_kernel = _time(
-        lambda: ops.paged_decode_attention(q, layers(), tables, lengths, page, scale, None, None),
-        args.iters,
-        args.repeats,
-    )
 
-    def with_env(name: str) -> float:  # the extension reads it per call, i.e. when the graph is captured
-        os.environ[name] = "1"
-        try:
-            return _time(
-                lambda: ops.paged_decode_attention(q, layers(), tables, lengths, page, scale, None, None),
-                args.iters,
-                args.repeats,
-            )
-        finally:
-            os.environ.pop(name, None)
+    def timed(tensor_cores: bool) -> float:
+        return _time(
+            lambda: paged_decode_attention(q, layers(), tables, lengths, page, scale, None, None, tensor_cores),
+            args.iters,
+            args.repeats,
+        )
 
-    t_v2 = with_env("TRELLIS_ATTN_V2") if args.compare_v2 else None
+    t_kernel = timed(True)
+    t_v2 = timed(False) if args.compare_v2 else None
     t_ref = None
     if args.reference and not args.no_reference:
         t_ref = _time(
@@ -191,8 +183,8 @@ def bench_write(args, batch: int, bits: int, dtype) -> dict:
     """One decode step's writes of one side: ``batch`` tokens into a 2-8 bit store."""
     import torch
 
-    from engine import ops
     from engine.cache.quantized import QuantizedStore
+    from engine.kernels.attention import quantized_cache_write
 
     dev = torch.device("cuda")
     store = QuantizedStore(1 << 16, args.kv_heads, args.head_dim, bits, dev)
@@ -204,7 +196,7 @@ def bench_write(args, batch: int, bits: int, dtype) -> dict:
         store.codes.index_copy_(0, slots, planes)
         store.scales.index_copy_(0, slots, scales)
 
-    t_kernel = _time(lambda: ops.quantized_cache_write(store, slots, x), args.iters, args.repeats)
+    t_kernel = _time(lambda: quantized_cache_write(store, slots, x), args.iters, args.repeats)
     t_torch = _time(torch_path, args.iters, args.repeats)
     return {"write_batch": batch, "bits": bits, "us": t_kernel * 1e6, "torch_us": t_torch * 1e6}
 
@@ -215,11 +207,12 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("bench-attention: needs a CUDA GPU", file=sys.stderr)
         return 1
-    from engine import ops
+    from engine import kernels
     from engine.cache.paged import parse_cache_bits
 
-    if ops.extension() is None:
-        print(f"bench-attention: CUDA extension unavailable: {ops.status()['reason']}", file=sys.stderr)
+    args.options.configure_kernels()
+    if kernels.extension() is None:
+        print(f"bench-attention: CUDA extension unavailable: {kernels.status()['reason']}", file=sys.stderr)
         return 1
     dtype = getattr(torch, args.dtype)
     print(

@@ -9,18 +9,18 @@ Two sources of a model:
 
 Per row: decode tokens/s at batch ``--batch`` from a near-empty context (1 prompt token) and at
 ``--context`` tokens, prefill tokens/s of a ``--prompt``-token prompt, peak device memory, and
-the decode roofline (``engine.commands.roofline``) against a copy bandwidth measured in the same
+the decode roofline (``engine.bench.roofline``) against a copy bandwidth measured in the same
 run. Everything runs through the Generator, as a user's request would: decode speed is (N - 1)
 tokens over the time from the first to the last new token (the Generator's own timings), prefill
 speed the prompt over the time to the first token. The decode-at-context runs reuse the cached
 prompt pages after the warm-up, so they time decoding, not the prompt.
 
-The peer (``engine.commands.bench_peer``) is Hugging Face ``transformers`` at the compute dtype
+The peer (``engine.bench.peer``) is Hugging Face ``transformers`` at the compute dtype
 on the same shape or checkpoint; ``--no-peer`` skips it, ``--no-peer-compile`` skips its
 ``torch.compile``. Every figure is the median of ``--repeats`` runs after a warm-up.
 
 ``--no-cuda-graphs`` times our eager decode steps. Run it without the rest of the CLI as
-``python3 -m engine.commands.bench ...``.
+``python3 -m engine.bench.speed ...``.
 """
 
 from __future__ import annotations
@@ -35,15 +35,16 @@ from typing import Any
 
 import torch
 
+from engine.bench import help_for
+from engine.bench.roofline import DecodeBytes, module_decode_bytes
+from engine.bench.timing import copy_bandwidth, median_of
 from engine.commands.common import add_cache_args, add_model_args, cache_bits, run_alone
-from engine.commands.roofline import DecodeBytes, module_decode_bytes
-from engine.commands.timing import copy_bandwidth, median_of
 from engine.generation.sampling import SamplingSettings
 from engine.quant.codebooks import CODEBOOKS
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench", help="prefill/decode speed vs transformers in the same run")
+    p = sub.add_parser("bench", help=help_for("bench"))
     add_model_args(p, required=False)
     add_cache_args(p)
     p.add_argument(
@@ -84,7 +85,7 @@ def register(sub) -> None:
         "--step-tune",
         action="store_true",
         help="also time decode with the GEMV split counts tuned on whole decode steps "
-        "(engine.generation.step_tuning), after the figures with the per-launch choice",
+        "(engine.kernels.tuning.tune_step), after the figures with the per-launch choice",
     )
     p.add_argument("--no-peer", action="store_true", help="skip the transformers comparison")
     p.add_argument(
@@ -112,9 +113,7 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
     n, b = args.decode_tokens, args.batch
     bits = cache_bits(args)
     tokens = max(b * (args.context + n + 64), args.prompt_tokens + 64)
-    gen = Generator(
-        model, None, cache_tokens=tokens, max_batch_size=b, cache_bits=bits, cuda_graphs=args.cuda_graphs
-    )
+    gen = Generator(model, None, cache_tokens=tokens, max_batch_size=b, cache_bits=bits, options=_options(args))
     rng = torch.Generator().manual_seed(0)
     vocab = model.spec.vocab_size
 
@@ -136,7 +135,7 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
     }
     if getattr(args, "sampled", False):
         # The app's default preset: what a chat user's tokens cost (penalties, truncation, a draw).
-        from engine.commands.bench_sampler import PRESETS
+        from engine.bench.sampler import PRESETS
 
         balanced = SamplingSettings(**PRESETS["app balanced"], seed=0)
         row["decode_sampled_tokens_per_s"] = median_of(lambda: decode(ctx_prompt[:1], balanced), args.repeats)
@@ -150,15 +149,16 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
 
 def step_tuned_figures(model, args, tokens: int, bits, ctx_prompt: list[int]) -> dict[str, Any]:
     """Decode figures again with a Generator that tunes the split counts on whole steps (its first
-    graph capture tunes; engine.generation.step_tuning), and what the tuning changed."""
-    from engine.generation import step_tuning
+    graph capture tunes; engine.kernels.tuning.tune_step), and what the tuning changed."""
+    from dataclasses import replace
+
     from engine.generation.generator import Generator
     from engine.generation.job import Job
+    from engine.kernels import tuning as kernel_tuning
 
     n, b = args.decode_tokens, args.batch
-    gen = Generator(
-        model, None, cache_tokens=tokens, max_batch_size=b, cache_bits=bits, tune_step_splits=True
-    )
+    options = replace(_options(args), step_tuning=True)
+    gen = Generator(model, None, cache_tokens=tokens, max_batch_size=b, cache_bits=bits, options=options)
 
     def decode(prompt: list[int]) -> float:
         jobs = [Job(prompt, n, sampling=SamplingSettings.greedy(), stop_token_ids=()) for _ in range(b)]
@@ -169,13 +169,13 @@ def step_tuned_figures(model, args, tokens: int, bits, ctx_prompt: list[int]) ->
         "step_tuned_decode_tokens_per_s": median_of(lambda: decode(ctx_prompt[:1]), args.repeats),
         "step_tuned_decode_ctx_tokens_per_s": median_of(lambda: decode(ctx_prompt), args.repeats),
     }
-    tuning = step_tuning.last()
+    tuning = kernel_tuning.last_step_tuning()
     if tuning is not None:
         _log(f"  step tuning: {tuning.summary()}")
         out["step_tuning"] = {
             "before_ms": round(tuning.before_ms, 4),
             "after_ms": round(tuning.after_ms, 4),
-            "changes": {step_tuning.describe(k): list(v) for k, v in tuning.changes.items()},
+            "changes": {kernel_tuning.describe(k): list(v) for k, v in tuning.changes.items()},
             "timings": tuning.timings,
             "seconds": round(tuning.seconds, 1),
         }
@@ -216,11 +216,17 @@ def _peak(device: torch.device) -> int | None:
     return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
 
-def _graphs_on(args, device: torch.device) -> bool:
-    from engine.generation.cuda_graph import graphs_enabled
+def _options(args):
+    """The run's EngineOptions with ``--cuda-graphs`` / ``--no-cuda-graphs`` on top."""
+    from dataclasses import replace
 
-    wanted = graphs_enabled() if args.cuda_graphs is None else args.cuda_graphs
-    return wanted and device.type == "cuda"
+    if args.cuda_graphs is None:
+        return args.options
+    return replace(args.options, cuda_graphs=args.cuda_graphs)
+
+
+def _graphs_on(args, device: torch.device) -> bool:
+    return _options(args).cuda_graphs and device.type == "cuda"
 
 
 def _exl3_mode(model) -> str | None:
@@ -285,17 +291,17 @@ def synthetic_rows(args, device: torch.device, dtype: torch.dtype, bandwidth: fl
 
 
 def peer_row(args, device: torch.device, dtype: torch.dtype, bandwidth: float, results: dict) -> None:
-    from engine.commands import bench_peer
+    from engine.bench import peer
 
     _log("building the transformers peer ...")
     _reset_peak(device)
     if args.synthetic:
-        ref = bench_peer.build_from_config(synthetic_shape(args.synthetic)[1], device, dtype)
+        ref = peer.build_from_config(synthetic_shape(args.synthetic)[1], device, dtype)
     else:
-        ref = bench_peer.build_from_dir(args.model, device, dtype)
+        ref = peer.build_from_dir(args.model, device, dtype)
     _log("  measuring the transformers peer")
-    row = bench_peer.bench_transformers(ref, device, args, compile=args.peer_compile)
-    row.update(roofline_fields(bench_peer.peer_decode_bytes(ref, dtype), bandwidth, row, args))
+    row = peer.bench_transformers(ref, device, args, compile=args.peer_compile)
+    row.update(roofline_fields(peer.peer_decode_bytes(ref, dtype), bandwidth, row, args))
     row["peak_memory_bytes"] = _peak(device)
     results["transformers"] = row
     for r in results["rows"]:
@@ -322,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("error: --decode-tokens must be at least 2")
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.options.configure_kernels()
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(device)
     bandwidth = copy_bandwidth(device)
@@ -348,17 +355,17 @@ def run(args: argparse.Namespace) -> int:
         else:
             from engine.model import load_model
 
-            model = load_model(args.model, device=device, dtype=dtype)
+            model = load_model(args.model, device=device, dtype=dtype, options=args.options)
             row = {"label": "model", **bench_ours(model, args, bandwidth)}
             row["peak_memory_bytes"] = _peak(device)
             results["rows"].append(row)
             del model
     if device.type == "cuda":
-        from engine import ops
+        from engine import kernels
 
-        results["extension"] = ops.status()
-        results["chained_launches"] = ops.CHAINED and ops.chained_launches_supported(device)
-        results["int8_gemv"] = ops.int8_gemv_available(device)
+        results["extension"] = kernels.status()
+        results["chained_launches"] = kernels.chained_launches_supported(device)
+        results["int8_gemv"] = kernels.gemv.int8_gemv_available(device)
     if not args.no_peer:
         peer_row(args, device, dtype, bandwidth, results)
     print(format_table(results))

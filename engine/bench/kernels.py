@@ -16,12 +16,13 @@ import json
 import statistics
 import sys
 
+from engine.bench import help_for
 from engine.commands.common import run_alone
 from engine.quant.codebooks import CODEBOOKS
 
 LLAMA8B_SHAPES = ["4096x4096", "4096x14336", "14336x4096", "4096x1024"]
 # Projections of one input (in features, out features per matrix): separate launches vs one
-# multi-matrix launch (ops.exl3_gemv_multi).
+# multi-matrix launch (kernels.gemv.exl3_gemv_multi).
 LLAMA8B_GROUPS = {"q/k/v": (4096, [4096, 1024, 1024]), "gate/up": (4096, [14336, 14336])}
 # The decoder's other two GEMVs, timed as launches of one matrix when --multi-sweep is given (the
 # split sweep then covers every GEMV of a Llama-8B layer).
@@ -29,7 +30,7 @@ LLAMA8B_SINGLES = {"o": (4096, [4096]), "down": (14336, [4096])}
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench-kernels", help="EXL3 GEMV/GEMM kernels vs cuBLAS fp16 (GPU)")
+    p = sub.add_parser("bench-kernels", help=help_for("bench-kernels"))
     p.add_argument(
         "--shapes", default=",".join(LLAMA8B_SHAPES), help="comma-separated IN x OUT (EXL3 orientation)"
     )
@@ -55,14 +56,15 @@ def register(sub) -> None:
     p.add_argument(
         "--gemv-ab",
         action="store_true",
-        help="only A/B the fast GEMV v4 vs v5 (ext/exl3_gemv_v5.cuh) in this process: every "
-        "--shapes/--bits/--batch (<= 8 rows) as single launches, and the q/k/v, gate/up multi launches",
+        help="only A/B the workspace split-K GEMV (ext/exl3_gemv.cuh, the pre-sm_90 one) vs the cluster "
+        "split-K GEMV (ext/exl3_gemv_cluster.cuh) in this process: every --shapes/--bits/--batch "
+        "(<= 8 rows) as single launches, and the q/k/v, gate/up multi launches",
     )
     p.add_argument(
         "--weight-ab",
         action="store_true",
-        help="only A/B the whole-weight kernels of the prefill path (ext/exl3_weight.cu, version 1 vs 2) "
-        "for every --shapes/--bits in --dtype",
+        help="only time the whole-weight kernel of the prefill path (ext/exl3_weight.cu) for every "
+        "--shapes/--bits in --dtype",
     )
     p.set_defaults(func=run)
 
@@ -103,9 +105,11 @@ def _time_graph(fn, iters: int, repeats: int) -> float:
 def bench_one(
     in_f: int, out_f: int, k: int, m: int, codebook: str, dtype, iters: int, repeats: int, copy_bw: float
 ) -> dict:
+    import types
+
     import torch
 
-    from engine import ops
+    from engine.kernels import gemv
 
     dev = torch.device("cuda")
     w_bytes = in_f * out_f * k // 8
@@ -123,24 +127,27 @@ def bench_one(
     x = torch.randn(m, in_f, device=dev, dtype=dtype, generator=gen)
     state = {"i": 0}
 
-    def ours(fast: bool):
-        """fast: the fast GEMV (8-row launches); else the exact GEMV, or above 8 rows the
-        reconstruct + cuBLAS path."""
+    def ours():
+        """The GEMV in 8-row launches."""
         t, suh, svh = layers[state["i"] % copies]
         state["i"] += 1
-        if fast or m <= ops.GEMV_ROWS:
-            parts = [
-                ops.exl3_gemv(x[i : i + ops.GEMV_ROWS], t, suh, svh, codebook, fast=fast)
-                for i in range(0, m, ops.GEMV_ROWS)
-            ]
-            return parts[0] if len(parts) == 1 else torch.cat(parts)
-        u = ops.hadamard128(x, suh, None, torch.float16)
-        q = ops.exl3_decode(t, codebook)
-        return ops.hadamard128(u @ q, None, svh, dtype)
+        parts = [
+            gemv.exl3_gemv(x[i : i + gemv.GEMV_ROWS], t, suh, svh, codebook) for i in range(0, m, gemv.GEMV_ROWS)
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def whole_weight():
+        """The prefill path above GEMV_MAX_ROWS rows: the whole weight, one GEMM."""
+        t, suh, svh = layers[state["i"] % copies]
+        state["i"] += 1
+        layer = types.SimpleNamespace(
+            trellis=t, suh=suh, svh=svh, codebook=codebook, padded_in=in_f, padded_out=out_f
+        )
+        return x @ gemv.exl3_weight([layer], dtype)
 
     # The graph bakes in the layer each captured call used: capture cycles through the copies.
-    t_exact = _time_graph(lambda: ours(False), iters, repeats)
-    t_ours = _time_graph(lambda: ours(True), iters, repeats)
+    t_weight = _time_graph(whole_weight, iters, repeats) if m > gemv.GEMV_MAX_ROWS else None
+    t_ours = _time_graph(ours, iters, repeats)
 
     w16 = [
         torch.randn(out_f, in_f, device=dev, dtype=dtype, generator=gen)
@@ -163,7 +170,7 @@ def bench_one(
         "batch": m,
         "codebook": codebook,
         "us": t_ours * 1e6,
-        "exact_us": t_exact * 1e6,
+        "weight_us": None if t_weight is None else t_weight * 1e6,
         "GBps": ours_bytes / t_ours / 1e9,
         "roofline_us": ours_bytes / copy_bw * 1e6,
         "cublas_us": t_ref * 1e6,
@@ -185,10 +192,10 @@ def bench_group(
     repeats: int,
     sweep: tuple[int, ...] = (),
 ) -> dict:
-    """One projection group (fast GEMV): one launch per matrix vs one multi-matrix launch."""
+    """One projection group: one GEMV launch per matrix vs one multi-matrix launch."""
     import torch
 
-    from engine import ops
+    from engine.kernels import gemv, loader
 
     dev = torch.device("cuda")
     w_bytes = in_f * sum(outs) * k // 8
@@ -201,13 +208,13 @@ def bench_group(
     def separate():
         mats = groups[state["i"] % copies]
         state["i"] += 1
-        return [ops.exl3_gemv(x, t, suh, svh, codebook, fast=True) for t, suh, svh in mats]
+        return [gemv.exl3_gemv(x, t, suh, svh, codebook) for t, suh, svh in mats]
 
     def multi(splits: int = 0):
         mats = groups[state["i"] % copies]
         state["i"] += 1
         ts, suhs, svhs = zip(*mats)
-        return ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, splits=splits, fast=True)
+        return gemv.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, splits=splits)
 
     # Same answer either way (different split counts: fp32 sum order only). Both calls must read
     # the same copy of the matrices: each call advances to the next copy.
@@ -233,15 +240,11 @@ def bench_group(
         "codebook": codebook,
         "separate_us": t_sep * 1e6,
         "multi_us": t_multi * 1e6,
-        "multi_splits": (  # the tuner's split count for the multi launch (v5 only)
-            ops._v5_splits(
-                ops.extension(),
-                x,
-                [t for t, _, _ in groups[0]],
-                codebook,
-                ops._v5_variant(codebook, True, None, m),
+        "multi_splits": (  # the tuner's split count for the multi launch (cluster GEMV only)
+            gemv._cluster_splits(
+                loader.extension(), x, [t for t, _, _ in groups[0]], codebook, gemv._int8(codebook, None, m)
             )
-            if ops._use_v5(ops.extension(), x, None)
+            if gemv._use_cluster(loader.extension(), x, None)
             else None
         ),
         "gain": t_sep / t_multi,
@@ -272,11 +275,12 @@ def _random_mats(in_f: int, outs: list[int], k: int, copies: int, gen) -> list[l
 def bench_ab(
     in_f: int, outs: list[int], k: int, m: int, codebook: str, dtype, iters: int, repeats: int
 ) -> dict:
-    """Fast GEMV v4 vs v5 on the same weights in one process: one matrix as a single launch, two or
-    three (one input) as one multi launch each. Also the v5 split count and the v5-v4 difference."""
+    """The workspace split-K GEMV vs the cluster split-K GEMV on the same weights in one process:
+    one matrix as a single launch, two or three (one input) as one multi launch each. Also the
+    cluster GEMV's split count and the two kernels' difference."""
     import torch
 
-    from engine import ops
+    from engine.kernels import gemv, loader
 
     dev = torch.device("cuda")
     w_bytes = in_f * sum(outs) * k // 8
@@ -286,14 +290,14 @@ def bench_ab(
     x = torch.randn(m, in_f, device=dev, dtype=dtype, generator=gen)
     state = {"i": 0}
 
-    def call(v5: bool):
+    def call(cluster: bool):
         mats = groups[state["i"] % copies]
         state["i"] += 1
         if len(mats) == 1:
             t, suh, svh = mats[0]
-            return [ops.exl3_gemv(x, t, suh, svh, codebook, fast=True, v5=v5)]
+            return [gemv.exl3_gemv(x, t, suh, svh, codebook, cluster=cluster)]
         ts, suhs, svhs = zip(*mats)
-        return ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, fast=True, v5=v5)
+        return gemv.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, cluster=cluster)
 
     old = call(False)
     state["i"] -= 1
@@ -301,56 +305,57 @@ def bench_ab(
     err = max(float((a.double() - b.double()).norm() / a.double().norm()) for a, b in zip(old, new))
     ts, suhs, svhs = zip(*groups[0])
     ys = [torch.empty(m, o, device=dev, dtype=dtype) for o in outs]
-    variant = ops._v5_variant(codebook, True, None, m)
-    splits = ops._v5_launch(ops.extension(), x, ts, suhs, svhs, ys, codebook, 0, variant)
-    t4 = _time_graph(lambda: call(False), iters, repeats)
-    t5 = _time_graph(lambda: call(True), iters, repeats)
-    with ops.chained_launches(dev):  # v5 chained: each GEMV's prologue overlaps the previous one
-        t5p = _time_graph(lambda: call(True), iters, repeats)
+    int8 = gemv._int8(codebook, None, m)
+    splits = gemv._cluster_launch(loader.extension(), x, ts, suhs, svhs, ys, codebook, 0, int8)
+    t_ws = _time_graph(lambda: call(False), iters, repeats)
+    t_cl = _time_graph(lambda: call(True), iters, repeats)
+    with loader.chained_launches(dev):  # chained: each GEMV's prologue overlaps the previous one
+        t_clp = _time_graph(lambda: call(True), iters, repeats)
     return {
         "shape": f"{in_f}x{'+'.join(map(str, outs))}",
         "bits": k,
         "batch": m,
         "codebook": codebook,
-        "v4_us": t4 * 1e6,
-        "v5_us": t5 * 1e6,
-        "v5_pdl_us": t5p * 1e6,
-        "gain": t4 / t5,
-        "v5_splits": int(splits),
-        "v5_vs_v4_rel": err,
+        "workspace_us": t_ws * 1e6,
+        "cluster_us": t_cl * 1e6,
+        "cluster_pdl_us": t_clp * 1e6,
+        "gain": t_ws / t_cl,
+        "cluster_splits": int(splits),
+        "cluster_vs_workspace_rel": err,
     }
 
 
 def run_gemv_ab(args: argparse.Namespace, dtype) -> list[dict]:
-    from engine import ops
+    from engine.kernels import gemv
 
     print(
-        f"{'shape':>20} {'K':>2} {'m':>2} {'v4 us':>8} {'v5 us':>8} {'gain':>6} {'S':>3} {'v5-v4 rel':>9} "
-        f"{'v5+PDL us':>9}"
+        f"{'shape':>20} {'K':>2} {'m':>2} {'wksp us':>8} {'clus us':>8} {'gain':>6} {'S':>3} {'diff rel':>9} "
+        f"{'clus+PDL':>9}"
     )
     cases = [(s, [o]) for s, o in (_parse_shape(t) for t in args.shapes.split(","))]
     cases += list(LLAMA8B_GROUPS.values())
     rows = []
     for in_f, outs in cases:
-        for m in (int(b) for b in args.batch.split(",") if int(b) <= ops.GEMV_ROWS):
+        for m in (int(b) for b in args.batch.split(",") if int(b) <= gemv.GEMV_ROWS):
             for k in (int(b) for b in args.bits.split(",")):
                 r = bench_ab(in_f, outs, k, m, args.codebook, dtype, args.iters, args.repeats)
                 rows.append(r)
                 print(
-                    f"{r['shape']:>20} {k:>2} {m:>2} {r['v4_us']:8.2f} {r['v5_us']:8.2f} {r['gain']:6.2f} "
-                    f"{r['v5_splits']:>3} {r['v5_vs_v4_rel']:9.1e} {r['v5_pdl_us']:9.2f}",
+                    f"{r['shape']:>20} {k:>2} {m:>2} {r['workspace_us']:8.2f} {r['cluster_us']:8.2f} "
+                    f"{r['gain']:6.2f} {r['cluster_splits']:>3} {r['cluster_vs_workspace_rel']:9.1e} "
+                    f"{r['cluster_pdl_us']:9.2f}",
                     flush=True,
                 )
     return rows
 
 
-def bench_weight_ab(in_f: int, out_f: int, k: int, codebook: str, dtype, iters: int, repeats: int) -> dict:
-    """Whole-weight kernel version 1 vs 2 (``ops.exl3_weight``) on the same random layers."""
+def bench_weight(in_f: int, out_f: int, k: int, codebook: str, dtype, iters: int, repeats: int) -> dict:
+    """The whole-weight kernel (``kernels.gemv.exl3_weight``) on random layers."""
     import types
 
     import torch
 
-    from engine import ops
+    from engine.kernels import gemv
 
     dev = torch.device("cuda")
     copies = max(2, min(64, (512 << 20) // max(in_f * out_f * k // 8, 1)))
@@ -363,44 +368,33 @@ def bench_weight_ab(in_f: int, out_f: int, k: int, codebook: str, dtype, iters: 
     ]
     state = {"i": 0}
 
-    def call(version: int):
+    def call():
         layer = layers[state["i"] % copies]
         state["i"] += 1
-        return ops.exl3_weight([layer], dtype, version=version)
+        return gemv.exl3_weight([layer], dtype)
 
-    w1 = call(1).double()
-    state["i"] -= 1
-    w2 = call(2).double()
-    t1 = _time_graph(lambda: call(1), iters, repeats)
-    t2 = _time_graph(lambda: call(2), iters, repeats)
+    t = _time_graph(call, iters, repeats)
     n = in_f * out_f
     return {
         "shape": f"{in_f}x{out_f}",
         "bits": k,
         "codebook": codebook,
         "dtype": str(dtype).replace("torch.", ""),
-        "v1_us": t1 * 1e6,
-        "v2_us": t2 * 1e6,
-        "gain": t1 / t2,
-        "v2_gweights_per_s": n / t2 / 1e9,
-        "v2_GBps": n * (dtype.itemsize + k / 8) / t2 / 1e9,
-        "v2_vs_v1_rel": float((w2 - w1).norm() / w1.norm()),
+        "us": t * 1e6,
+        "gweights_per_s": n / t / 1e9,
+        "GBps": n * (dtype.itemsize + k / 8) / t / 1e9,
     }
 
 
-def run_weight_ab(args: argparse.Namespace, dtype) -> list[dict]:
-    print(
-        f"{'shape':>12} {'K':>2} {'v1 us':>9} {'v2 us':>9} {'gain':>6} {'Gw/s':>7} {'GB/s':>7} "
-        f"{'v2-v1 rel':>9}"
-    )
+def run_weight(args: argparse.Namespace, dtype) -> list[dict]:
+    print(f"{'shape':>12} {'K':>2} {'us':>9} {'Gw/s':>7} {'GB/s':>7}")
     rows = []
     for in_f, out_f in (_parse_shape(t) for t in args.shapes.split(",")):
         for k in (int(b) for b in args.bits.split(",")):
-            r = bench_weight_ab(in_f, out_f, k, args.codebook, dtype, args.iters, args.repeats)
+            r = bench_weight(in_f, out_f, k, args.codebook, dtype, args.iters, args.repeats)
             rows.append(r)
             print(
-                f"{r['shape']:>12} {k:>2} {r['v1_us']:9.1f} {r['v2_us']:9.1f} {r['gain']:6.2f} "
-                f"{r['v2_gweights_per_s']:7.0f} {r['v2_GBps']:7.0f} {r['v2_vs_v1_rel']:9.1e}",
+                f"{r['shape']:>12} {k:>2} {r['us']:9.1f} {r['gweights_per_s']:7.0f} {r['GBps']:7.0f}",
                 flush=True,
             )
     return rows
@@ -410,19 +404,21 @@ def copy_bandwidth() -> float:
     """Measured device-to-device copy bandwidth (bytes read + written per second)."""
     import torch
 
-    from engine.commands.timing import copy_bandwidth as measure
+    from engine.bench.timing import copy_bandwidth as measure
 
     return measure(torch.device("cuda"))  # shared with ``bench`` so both rooflines agree
 
 
 def launch_floor() -> float:
-    """Seconds per call of the smallest kernel (one 128-point Hadamard) replayed in a graph."""
+    """Seconds per call of the smallest kernel (an RMSNorm of one 128-number row) replayed in a
+    graph."""
     import torch
 
-    from engine import ops
+    from engine.kernels import fused
 
     x = torch.randn(1, 128, device="cuda", dtype=torch.float16)
-    return _time_graph(lambda: ops.hadamard128(x), 200, 7)
+    w = torch.ones(128, device="cuda", dtype=torch.float16)
+    return _time_graph(lambda: fused.rms_norm(x, w, 1e-6, 0.0), 200, 7)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -431,24 +427,26 @@ def run(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         print("bench-kernels: needs a CUDA GPU", file=sys.stderr)
         return 1
-    from engine import ops
+    from engine import kernels
+    from engine.kernels import gemv
 
-    if ops.extension() is None:
-        print(f"bench-kernels: CUDA extension unavailable: {ops.status()['reason']}", file=sys.stderr)
+    args.options.configure_kernels()
+    if kernels.extension() is None:
+        print(f"bench-kernels: CUDA extension unavailable: {kernels.status()['reason']}", file=sys.stderr)
         return 1
     dtype = getattr(torch, args.dtype)
     if args.weight_ab:
-        print(
-            f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, {args.dtype}, "
-            "whole-weight kernel v1 vs v2"
-        )
-        w_rows = run_weight_ab(args, dtype)
+        print(f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, {args.dtype}, whole-weight kernel")
+        w_rows = run_weight(args, dtype)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"device": torch.cuda.get_device_name(), "weight_ab": w_rows}, f, indent=1)
+                json.dump({"device": torch.cuda.get_device_name(), "weight": w_rows}, f, indent=1)
         return 0
     if args.gemv_ab:
-        print(f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, fast GEMV v4 vs v5")
+        print(
+            f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, "
+            "workspace vs cluster split-K GEMV"
+        )
         ab_rows = run_gemv_ab(args, dtype)
         if args.json:
             with open(args.json, "w") as f:
@@ -462,19 +460,20 @@ def run(args: argparse.Namespace) -> int:
     )
     rows = []
     header = (
-        f"{'shape':>11} {'K':>2} {'m':>3} {'exact us':>8} {'us':>8} {'GB/s':>7} {'roof us':>8} "
+        f"{'shape':>11} {'K':>2} {'m':>3} {'W+GEMM us':>9} {'us':>8} {'GB/s':>7} {'roof us':>8} "
         f"{'cuBLAS us':>9} {'GB/s':>7} {'x cuBLAS':>8}"
     )
     print(header)
-    print("  (exact us: exact GEMV, or reconstruct + cuBLAS above 8 rows; us: fast GEMV in 8-row launches)")
+    print("  (us: the GEMV in 8-row launches; W+GEMM us: the prefill path above 8 rows)")
     for shape in args.shapes.split(",") if args.multi != "only" else []:
         in_f, out_f = _parse_shape(shape)
         for m in (int(b) for b in args.batch.split(",")):
             for k in (int(b) for b in args.bits.split(",")):
                 r = bench_one(in_f, out_f, k, m, args.codebook, dtype, args.iters, args.repeats, bw)
                 rows.append(r)
+                weight = "-" if r["weight_us"] is None else f"{r['weight_us']:.2f}"
                 print(
-                    f"{r['shape']:>11} {k:>2} {m:>3} {r['exact_us']:8.2f} {r['us']:8.2f} {r['GBps']:7.0f} "
+                    f"{r['shape']:>11} {k:>2} {m:>3} {weight:>9} {r['us']:8.2f} {r['GBps']:7.0f} "
                     f"{r['roofline_us']:8.2f} "
                     f"{r['cublas_us']:9.2f} {r['cublas_GBps']:7.0f} {r['speedup']:8.2f}",
                     flush=True,
@@ -487,7 +486,7 @@ def run(args: argparse.Namespace) -> int:
         )
         groups = {**LLAMA8B_GROUPS, **(LLAMA8B_SINGLES if sweep else {})}
         for name, (in_f, outs) in groups.items():
-            for m in (int(b) for b in args.batch.split(",") if int(b) <= ops.GEMV_ROWS):
+            for m in (int(b) for b in args.batch.split(",") if int(b) <= gemv.GEMV_ROWS):
                 for k in (int(b) for b in args.bits.split(",")):
                     r = bench_group(
                         name, in_f, outs, k, m, args.codebook, dtype, args.iters, args.repeats, sweep

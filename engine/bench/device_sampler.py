@@ -4,7 +4,7 @@ Three ways to turn a batch of ``[rows, vocab]`` float32 logits on the GPU into o
 row, side by side in one run, for the app's presets and two kinds of logits (random normal: a
 flat, worst-case tail; peaked: a few strong candidates, as a language model's usually are):
 
-* ``kernel``: :func:`engine.ops.sample_tokens` (``ext/sampling.cu``), ids read back;
+* ``kernel``: :func:`engine.kernels.sampling.sample_tokens` (``ext/sampling.cu``), ids read back;
 * ``host``: the rows copied to the host in one transfer and each drawn by the host
   :class:`~engine.generation.sampling.Sampler` (what the generator did before);
 * ``reference``: the torch reference (:mod:`engine.generation.device_sampling`) on the device.
@@ -23,15 +23,16 @@ from functools import partial
 
 import torch
 
-from engine.commands.bench_sampler import PRESETS, example_logits
+from engine.bench import help_for
+from engine.bench.sampler import PRESETS, example_logits
+from engine.bench.timing import median_time
 from engine.commands.common import run_alone
-from engine.commands.timing import median_time
 
 WARMUP = 5
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bench-device-sampler", help="GPU sampling kernel vs host sampler vs torch reference")
+    p = sub.add_parser("bench-device-sampler", help=help_for("bench-device-sampler"))
     p.add_argument("--vocab", type=int, default=128256, help="vocabulary size (Llama 3: 128256)")
     p.add_argument("--batch", default="1,8", help="rows per call, comma-separated")
     p.add_argument("--context", type=int, default=1000, help="context tokens the penalties look at")
@@ -41,9 +42,16 @@ def register(sub) -> None:
 
 
 def _kernel(logits: torch.Tensor, rows, u: torch.Tensor) -> list[int]:
-    from engine import ops
+    from engine.kernels.sampling import sample_tokens
 
-    return ops.sample_tokens(logits, rows, u).tolist()
+    ids = sample_tokens(logits, rows, u)
+    return (ids if ids is not None else _reference_ids(logits, rows, u)).tolist()
+
+
+def _reference_ids(logits: torch.Tensor, rows, u: torch.Tensor) -> torch.Tensor:
+    from engine.generation.device_sampling import sample_reference
+
+    return sample_reference(logits, rows, u)
 
 
 def _reference(logits: torch.Tensor, rows, u: torch.Tensor) -> list[int]:
@@ -58,13 +66,14 @@ def _host(logits: torch.Tensor, samplers, context, generated) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine import ops
+    from engine import kernels
     from engine.generation.device_sampling import pack_rows
     from engine.generation.sampling import Sampler, SamplingSettings
 
+    args.options.configure_kernels()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda" and ops.extension() is None:
-        print(f"CUDA extension unavailable: {ops.status()['reason']}", file=sys.stderr)
+    if device.type == "cuda" and kernels.extension() is None:
+        print(f"CUDA extension unavailable: {kernels.status()['reason']}", file=sys.stderr)
         return 1
     context = list(range(0, 3 * args.context, 3))
     generated = context[-200:]

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from engine.commands.roofline import module_decode_bytes
-from engine.commands.timing import median_time
+from engine.bench.roofline import module_decode_bytes
+from engine.bench.timing import median_time
 
 
 def build_from_config(hf_config: dict[str, Any], device: torch.device, dtype: torch.dtype):
@@ -117,7 +117,7 @@ def bench_transformers(model, device: torch.device, args, compile: bool = True) 
 
 def peer_decode_bytes(model, dtype: torch.dtype):
     """Bytes per decode step of the transformers model (bf16 weights, dense bf16 KV cache)."""
-    from engine.commands.roofline import kv_bytes_per_token
+    from engine.bench.roofline import kv_bytes_per_token
 
     c = model.config.get_text_config()
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads

@@ -16,11 +16,11 @@ import argparse
 import json
 import re
 import statistics
-import sys
 import time
 from typing import Any
 
-from engine.commands.common import add_model_args, positive_int
+from engine.bench import help_for
+from engine.commands.common import add_model_args, positive_int, run_alone
 
 SCHEMAS: list[tuple[str, str, dict[str, Any]]] = [
     (
@@ -165,9 +165,7 @@ REGEXES: list[tuple[str, str, str]] = [
 
 
 def register(sub) -> None:
-    p = sub.add_parser(
-        "constrain-eval", help="acceptance run for constrained output (validity, overhead, errors)"
-    )
+    p = sub.add_parser("constrain-eval", help=help_for("constrain-eval"))
     add_model_args(p)
     p.add_argument("--seeds", type=positive_int, default=50, help="sampled generations per schema / regex")
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
@@ -357,8 +355,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-if __name__ == "__main__":  # python -m engine.commands.constrain_eval ...
-    _p = argparse.ArgumentParser(prog="constrain-eval")
-    _sub = _p.add_subparsers()
-    register(_sub)
-    sys.exit(run(_p.parse_args(["constrain-eval", *sys.argv[1:]])))
+def main(argv: list[str] | None = None) -> int:
+    return run_alone(register, "constrain-eval", argv)
+
+
+if __name__ == "__main__":  # python -m engine.bench.constrain_eval ...
+    raise SystemExit(main())
