@@ -59,7 +59,9 @@ def _default_session_factory(
 
     # The app has no engine settings of its own; the development switches still apply.
     options = EngineOptions.from_environment()
-    return ChatSession.load(model_dir, device=device, progress=progress, cache_bits=cache_bits, options=options)
+    return ChatSession.load(
+        model_dir, device=device, progress=progress, cache_bits=cache_bits, options=options
+    )
 
 
 def _default_starter_factory(models_dir: Path, progress: ProgressFn) -> Path:

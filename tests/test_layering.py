@@ -29,17 +29,14 @@ APP = ROOT / "app"
 
 # The modules that may reach the compiled extension (``trellis_ext``) directly: by importing it, by
 # building or loading it (``torch.utils.cpp_extension``), or through the loader that returns it
-# (``engine.ext_build``). This allow-list *is* the kernels package (DESIGN.md: ``engine/kernels/``
-# is the one place that calls the extension); everything else calls kernels through it and runs
-# its torch path where a kernel returns None. ``engine/ops.py`` and ``engine/ext_build.py`` were the
-# dispatch point before the package: drop them here when they go (the test says so).
+# (``engine.kernels.loader``). This allow-list *is* the kernels package (DESIGN.md:
+# ``engine/kernels/`` is the one place that calls the extension); everything else calls kernels
+# through it and runs its torch path where a kernel returns None.
 EXTENSION_ACCESS = {
     "engine/kernels/": "the kernels package: loads the extension, calls its kernels",
-    "engine/ops.py": "the dispatch point before engine/kernels/",
-    "engine/ext_build.py": "builds (torch.utils.cpp_extension) and imports the extension",
     "engine/commands/build_ext.py": "`python -m engine build-ext`: runs the build ahead of time",
 }
-EXTENSION_MODULES = ("trellis_ext", "torch.utils.cpp_extension", "engine.ext_build")
+EXTENSION_MODULES = ("trellis_ext", "torch.utils.cpp_extension", "engine.kernels.loader")
 
 QT_ROOTS = {"PySide6", "PySide2", "PyQt5", "PyQt6", "shiboken6"}
 TEST_ONLY_IMPORTS = ("pytest", "_pytest", "pytestqt", "hypothesis", "unittest.mock")

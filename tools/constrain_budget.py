@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as exc:  # noqa: BLE001 - every failure is counted
                         kind = "incomplete" if "incomplete" in str(exc) else "error"
                         counts[kind] += 1
-                        failures.append({"seed": seed, "stop": r.stop_reason, "why": str(exc)[:300], "text": r.text})
+                        why = str(exc)[:300]
+                        failures.append({"seed": seed, "stop": r.stop_reason, "why": why, "text": r.text})
                 tokens = sum(r.new_tokens for r in results) / max(len(results), 1)
                 row = {
                     "schema": name,
@@ -122,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 report.append(row)
                 print(
-                    f"{name:7s} budget {budget:4d} T {temperature:3.1f}  valid {counts['valid']:3d}/{len(results)}"
+                    f"{name:7s} budget {budget:4d} T {temperature:3.1f}"
+                    f"  valid {counts['valid']:3d}/{len(results)}"
                     f"  incomplete {counts['incomplete']:3d}  error {counts['error']:3d}"
                     f"  mean tokens {tokens:6.1f}  {elapsed:6.1f} s",
                     flush=True,

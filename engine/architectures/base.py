@@ -20,7 +20,7 @@ from engine.errors import ModelLoadError
 from engine.layers.attention import AttentionSpec
 from engine.layers.gated_mlp import GatedMLPSpec
 from engine.layers.sparse_moe import SparseMoESpec
-from engine.layers.spec import LayerSpec, ModelSpec
+from engine.layers.spec import LayerSpec, MixerSpec, ModelSpec
 from engine.modules.rope import RopeSpec
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -75,8 +75,8 @@ class Architecture:
         layers = []
         for i in range(n):
             kind = layer_types[i]
-            attention = self.attention(cfg, kind, rope[kind] if rotates[i] else None)
-            layers.append(LayerSpec(attention, mlp, self.sandwich_norms))
+            mixer = self.mixer(cfg, kind, rope.get(kind) if rotates[i] else None)
+            layers.append(LayerSpec(mixer, mlp, self.sandwich_norms))
         return ModelSpec(
             vocab_size=int(cfg.require("vocab_size")),
             hidden_size=int(cfg.require("hidden_size")),
@@ -86,9 +86,16 @@ class Architecture:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", self.default_tie)),
         )
 
+    def mixer(self, cfg: ModelConfig, layer_type: str, rope: RopeSpec | None) -> MixerSpec:
+        """The mixer of a layer of type ``layer_type`` (from ``layer_types``): attention here, full
+        or sliding. A hybrid family returns its other kinds for their types."""
+        return self.attention(cfg, layer_type, rope)
+
     def attention(self, cfg: ModelConfig, layer_type: str, rope: RopeSpec | None) -> AttentionSpec:
         """A layer's attention: grouped KV heads, q/k/v and o biases as ``attention_bias`` says
         (unless the family fixes them), a window on sliding layers."""
+        if layer_type not in (FULL, SLIDING):
+            raise ModelLoadError(f"{cfg.directory / 'config.json'}: unsupported layer type '{layer_type}'")
         heads = int(cfg.require("num_attention_heads"))
         head_dim = int(cfg.get("head_dim") or int(cfg.require("hidden_size")) // heads)
         attention_bias = bool(cfg.get("attention_bias", False))

@@ -6,8 +6,9 @@ directly), the bytes that call must read (keys + values + scales of every visibl
 the bandwidth that makes, beside its peers on the same shapes: torch SDPA on a contiguous fp16
 cache (no paging, no quantization: what a plain dense decoder pays), with ``--compare-v2``
 version 2 (``tensor_cores=False``) where version 3 (tensor cores: 2/4/8-bit and dense caches)
-runs by default, with ``--reference`` the slow torch reference (gathers and dequantizes the padded table, then SDPA). Also the fused
-quantize-and-write of one decode step's keys and values against the torch path it replaces.
+runs by default, with ``--reference`` the slow torch reference (gathers and dequantizes the
+padded table, then SDPA). Also the fused quantize-and-write of one decode step's keys and
+values against the torch path it replaces.
 
 Timing: CUDA events around CUDA-graph replays of many calls, cycling through enough cache
 copies that one pass reads several times the L2 (the graph bakes in which copy each call read).
@@ -131,7 +132,9 @@ def bench_one(args, ctx: int, batch: int, bits: tuple[int, int], dtype) -> dict:
 
     def timed(tensor_cores: bool) -> float:
         return _time(
-            lambda: paged_decode_attention(q, layers(), tables, lengths, page, scale, None, None, tensor_cores),
+            lambda: paged_decode_attention(
+                q, layers(), tables, lengths, page, scale, None, None, tensor_cores
+            ),
             args.iters,
             args.repeats,
         )

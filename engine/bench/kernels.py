@@ -132,7 +132,8 @@ def bench_one(
         t, suh, svh = layers[state["i"] % copies]
         state["i"] += 1
         parts = [
-            gemv.exl3_gemv(x[i : i + gemv.GEMV_ROWS], t, suh, svh, codebook) for i in range(0, m, gemv.GEMV_ROWS)
+            gemv.exl3_gemv(x[i : i + gemv.GEMV_ROWS], t, suh, svh, codebook)
+            for i in range(0, m, gemv.GEMV_ROWS)
         ]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
@@ -195,7 +196,8 @@ def bench_group(
     """One projection group: one GEMV launch per matrix vs one multi-matrix launch."""
     import torch
 
-    from engine.kernels import gemv, loader
+    from engine import kernels
+    from engine.kernels import gemv
 
     dev = torch.device("cuda")
     w_bytes = in_f * sum(outs) * k // 8
@@ -242,9 +244,9 @@ def bench_group(
         "multi_us": t_multi * 1e6,
         "multi_splits": (  # the tuner's split count for the multi launch (cluster GEMV only)
             gemv._cluster_splits(
-                loader.extension(), x, [t for t, _, _ in groups[0]], codebook, gemv._int8(codebook, None, m)
+                kernels.extension(), x, [t for t, _, _ in groups[0]], codebook, gemv._int8(codebook, None, m)
             )
-            if gemv._use_cluster(loader.extension(), x, None)
+            if gemv._use_cluster(kernels.extension(), x, None)
             else None
         ),
         "gain": t_sep / t_multi,
@@ -280,7 +282,8 @@ def bench_ab(
     cluster GEMV's split count and the two kernels' difference."""
     import torch
 
-    from engine.kernels import gemv, loader
+    from engine import kernels
+    from engine.kernels import gemv
 
     dev = torch.device("cuda")
     w_bytes = in_f * sum(outs) * k // 8
@@ -306,10 +309,10 @@ def bench_ab(
     ts, suhs, svhs = zip(*groups[0])
     ys = [torch.empty(m, o, device=dev, dtype=dtype) for o in outs]
     int8 = gemv._int8(codebook, None, m)
-    splits = gemv._cluster_launch(loader.extension(), x, ts, suhs, svhs, ys, codebook, 0, int8)
+    splits = gemv._cluster_launch(kernels.extension(), x, ts, suhs, svhs, ys, codebook, 0, int8)
     t_ws = _time_graph(lambda: call(False), iters, repeats)
     t_cl = _time_graph(lambda: call(True), iters, repeats)
-    with loader.chained_launches(dev):  # chained: each GEMV's prologue overlaps the previous one
+    with kernels.chained_launches(dev):  # chained: each GEMV's prologue overlaps the previous one
         t_clp = _time_graph(lambda: call(True), iters, repeats)
     return {
         "shape": f"{in_f}x{'+'.join(map(str, outs))}",
@@ -436,7 +439,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     dtype = getattr(torch, args.dtype)
     if args.weight_ab:
-        print(f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, {args.dtype}, whole-weight kernel")
+        print(
+            f"device: {torch.cuda.get_device_name()}, codebook {args.codebook}, {args.dtype}, "
+            "whole-weight kernel"
+        )
         w_rows = run_weight(args, dtype)
         if args.json:
             with open(args.json, "w") as f:

@@ -113,7 +113,9 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
     n, b = args.decode_tokens, args.batch
     bits = cache_bits(args)
     tokens = max(b * (args.context + n + 64), args.prompt_tokens + 64)
-    gen = Generator(model, None, cache_tokens=tokens, max_batch_size=b, cache_bits=bits, options=_options(args))
+    gen = Generator(
+        model, None, cache_tokens=tokens, max_batch_size=b, cache_bits=bits, options=_options(args)
+    )
     rng = torch.Generator().manual_seed(0)
     vocab = model.spec.vocab_size
 

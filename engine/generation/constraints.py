@@ -7,6 +7,8 @@ model. :meth:`Constraint.start` binds it to a tokenizer's vocabulary and returns
 
     mask = state.allowed(logits_size, stop_ids)   # bool [vocab]; None: nothing can follow
     token = sampler.sample(logits, ..., mask=mask)
+    if not state.fits(token):                     # the budget left could not finish after it
+        token = sampler.sample(logits, ..., mask=state.closing_mask(logits_size, stop_ids))
     state.advance(token, is_stop=token in stop_ids)
     state.complete                                # the output is finished and valid
 
@@ -35,7 +37,10 @@ engine in Rust), which computes the set of allowed tokens incrementally. What is
   few seconds (it pre-computes token tables), so engines are built once per (constraint,
   vocabulary) and copied per job (about a millisecond). The next step's mask is computed on a
   worker thread right after a token is accepted, overlapping the next forward pass (torch
-  releases the GIL inside its kernels).
+  releases the GIL inside its kernels). kbnf's own mask cache is off: it can serve one parser
+  state another state's mask (engine/compat/kbnf_engine.py).
+* kbnf's failures end only their job: a Rust panic (pyo3's PanicException, a BaseException)
+  becomes a :class:`ConstraintError` at every call into the engine (:func:`_engine_failures`).
 """
 
 from __future__ import annotations
@@ -71,6 +76,9 @@ _MAX_TOKEN_BYTES = 64  # longer tokens are never needed to write a closing text 
 # left is within twice the closing's length plus this: one token can open a structure whose
 # required parts lengthen the closing by many tokens (",{" in an array of objects).
 _PROBE_SLACK = 16
+# Far from the end of the budget the closing cannot matter yet: it is refreshed only this often
+# there (a walk over a copy of the engine), and at every step once the end comes into view.
+_REPLAN_EVERY = 16
 
 _log = logging.getLogger(__name__)
 
@@ -375,9 +383,7 @@ class Constraint:
             except Exception as exc:  # kbnf raises plain ValueError/RuntimeError with its parser message
                 raise ConstraintError(f"{self.kind} constraint does not compile: {exc}") from exc
 
-    def start(
-        self, tokenizer: Any, prefetch: bool = True, budget: int | None = None
-    ) -> ConstraintState:
+    def start(self, tokenizer: Any, prefetch: bool = True, budget: int | None = None) -> ConstraintState:
         """A fresh per-job state over ``tokenizer``'s vocabulary. ``prefetch``: compute each next
         mask on a worker thread (overlapping the model's step; off: in the step). ``budget``:
         how many tokens the job may generate; the output is then steered to finish within it."""
@@ -646,6 +652,7 @@ class ConstraintState:
         # recomputed with each mask (on the worker thread when prefetching).
         self.budget = budget
         self._plan: ClosingPlan | None = None
+        self._planned_at: int | None = None  # len(tokens) when the plan was made
         # Read from the engine only where no mask computation runs (see complete).
         with _engine_failures(constraint):
             self._complete = bool(formatter.is_completed())
@@ -656,8 +663,9 @@ class ConstraintState:
     def _compute(self) -> None:
         self.formatter.compute_allowed_tokens()
         self._engine.fill_torch_bitmask(self._bits.data_ptr())
-        if self.budget is not None:
+        if self.budget is not None and self._plan_due():
             self._plan = self._plan_from(self._engine)
+            self._planned_at = len(self.tokens)
 
     def _schedule(self) -> None:
         if self.complete:
@@ -720,7 +728,18 @@ class ConstraintState:
     def closing(self) -> ClosingPlan | None:
         """How the output would finish from here (None: no budget, or no closing was found)."""
         self._wait()
+        if self.budget is not None and self._planned_at != len(self.tokens) and not self.complete:
+            with _engine_failures(self.constraint):
+                self._plan = self._plan_from(self._engine)
+            self._planned_at = len(self.tokens)
         return self._plan
+
+    def _plan_due(self) -> bool:
+        if self._planned_at is None or len(self.tokens) - self._planned_at >= _REPLAN_EVERY:
+            return True
+        # Near enough that it may decide the mask or the probe (fits) soon: at every step.
+        near = 4 * (self._plan.tokens if self._plan is not None else 0) + 4 * _PROBE_SLACK
+        return self._plan is not None and self.remaining is not None and self.remaining <= near
 
     def _plan_from(self, engine: Any) -> ClosingPlan | None:
         end_id = self.vocab.end_id if self.constraint.ends_with_stop else None

@@ -50,8 +50,8 @@ def sampling_path(
     their tokens: ``"argmax"`` when no row has an active processor (plain greedy: the argmax of
     the raw logits, wherever they are); ``"device"`` when ``device_sampling`` is on and the
     kernel applies every active processor of every row
-    (:func:`engine.kernels.sampling.sample_tokens` on a GPU, the reference elsewhere); else ``"host"``: each row by the reference on the
-    host (``Sampler.sample``)."""
+    (:func:`engine.kernels.sampling.sample_tokens` on a GPU, the reference elsewhere); else
+    ``"host"``: each row by the reference on the host (``Sampler.sample``)."""
     constrained = constrained if constrained is not None else [False] * len(settings)
     active = [p for s, c in zip(settings, constrained, strict=True) for p in active_processors(s, c)]
     if not active:

@@ -10,16 +10,16 @@ straight past them.
 Sampled jobs draw on the GPU (``engine.kernels.sampling.sample_tokens``): each job's uniform
 comes from its own seeded generator on the host, as the host sampler would draw it, and only the
 chosen ids come back instead of a vocabulary-sized row per job (``EngineOptions.sampling_on_device``
-off samples on the host instead). A step where any job uses a processor the kernel does not apply (a constraint's mask, a
-logit bias: ``engine.generation.device_sampling.sampling_path``) samples every row on the host,
-by the same reference.
+off samples on the host instead). A step where any job uses a processor the kernel does not apply
+(a constraint's mask, a logit bias: ``engine.generation.device_sampling.sampling_path``) samples
+every row on the host, by the same reference.
 
 Decode steps drawn where the logits are (argmax or device sampler) are pipelined on a GPU (with
 CUDA graphs): the next step is launched from the tokens the last one left on the device, before
 the host reads them, so the host's work per token (stop checks, streaming, preparing the step)
-overlaps the GPU's instead of idling it (``EngineOptions.pipelined_decode`` off turns this off). Plain greedy
-batches take each row's argmax there. Batches with a sampled (or penalised greedy) job are drawn
-there, greedy rows at temperature 0: the penalty lists are packed from the host's tokens, which
+overlaps the GPU's instead of idling it (``EngineOptions.pipelined_decode`` off turns this off).
+Plain greedy batches take each row's argmax there. Batches with a sampled (or penalised greedy)
+job are drawn there, greedy rows at temperature 0: the penalty lists are packed from the host's tokens, which
 lack the token still on the device, and the sampler counts that one as a *pending* token (as if
 appended); each job's uniform is drawn from its generator when its step is launched, in the order
 the unpipelined path draws them, so a seeded job gives the same tokens either way. Steps sampled

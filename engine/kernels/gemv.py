@@ -64,7 +64,9 @@ def workspaces() -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     return tuple(_workspaces.values())
 
 
-def _workspace(device: torch.device, in_features: int, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _workspace(
+    device: torch.device, in_features: int, out_features: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K partial sums and the per-column-group tickets of the workspace GEMV (kept zeroed by
     the kernel). Sized for the most splits the kernel can choose (ext/trellis_ext.cpp
     choose_splits): at most 16, or the shared-memory bound of 16 input chunks per block, whichever
@@ -226,7 +228,9 @@ def exl3_gemv_multi(
     # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
     partial, counters = _workspace(x.device, in_f, sum(outs))
     if len(trellises) == 1:
-        ext.exl3_gemv(x, trellises[0], suhs[0], svhs[0], ys[0], partial, counters, CODEBOOK_IDS[codebook], splits)
+        ext.exl3_gemv(
+            x, trellises[0], suhs[0], svhs[0], ys[0], partial, counters, CODEBOOK_IDS[codebook], splits
+        )
         return ys
     ext.exl3_gemv_multi(
         x, list(trellises), list(suhs), list(svhs), ys, partial, counters, CODEBOOK_IDS[codebook], splits

@@ -63,8 +63,8 @@ def build_sparse_moe(reader: LayerReader, spec: SparseMoESpec, names: SparseMoEN
     fused = names.experts_fused
     expert = GatedMLPSpec(f, spec.activation)
     if not reader.has_linear(names.expert(0).gate) and reader.has(f"{fused}.gate_up_proj"):
-        gate_up = reader.tensor(f"{fused}.gate_up_proj", [count, 2 * f, h])
-        down = reader.tensor(f"{fused}.down_proj", [count, h, f])
+        gate_up = reader.packed_tensor(f"{fused}.gate_up_proj", [count, 2 * f, h])
+        down = reader.packed_tensor(f"{fused}.down_proj", [count, h, f])
         experts = [
             _sliced_expert(reader, names.expert(e), gate_up[e], down[e], spec.activation)
             for e in range(count)

@@ -44,6 +44,9 @@ class ModelBuilder:
         self.spec, self.names, self.store = spec, names, store
         self.dtype, self.device, self.context = dtype, torch.device(device), context
         self._exl3_mode = exl3_mode
+        # Per layer built, the keys of the stored tensors it keeps as they are, outside any linear
+        # or norm (LayerReader.tensor): what a converter copies besides those.
+        self.kept_tensors: dict[int, list[str]] = {}
 
     # -- leaves ---------------------------------------------------------------------------
 
@@ -103,7 +106,7 @@ class ModelBuilder:
         mixer = MIXERS[layer.mixer.kind]
         feed_forward = FEED_FORWARDS[layer.feed_forward.kind]
         sandwich = layer.sandwich_norms
-        return DecoderBlock(
+        block = DecoderBlock(
             mixer_norm=reader.norm(n.mixer_norm, h),
             mixer=mixer.build(reader, layer.mixer, n.part(mixer.names)),
             feed_forward_norm=reader.norm(n.feed_forward_norm, h),
@@ -112,6 +115,8 @@ class ModelBuilder:
             feed_forward_out_norm=reader.norm(n.feed_forward_out_norm, h) if sandwich else None,
             state=mixer.state(layer.mixer),
         )
+        self.kept_tensors[i] = reader.kept
+        return block
 
     def rotary(self) -> SharedRotary:
         """An empty set of shared rotary modules, for the blocks of one model to fill."""
@@ -160,6 +165,7 @@ class LayerReader:
 
     def __init__(self, builder: ModelBuilder, prefix: str, rope: SharedRotary) -> None:
         self._builder, self.prefix, self._rope = builder, prefix, rope
+        self.kept: list[str] = []  # keys read by tensor()
 
     @property
     def hidden_size(self) -> int:
@@ -175,6 +181,14 @@ class LayerReader:
         return self._builder.has_linear(self.key(name))
 
     def tensor(self, name: str, shape: list[int]) -> torch.Tensor:
+        """A stored tensor the module keeps as it is (say, a recurrent kind's decay rates); a
+        converter copies it unquantized."""
+        self.kept.append(self.key(name))
+        return self._builder.tensor(self.key(name), shape)
+
+    def packed_tensor(self, name: str, shape: list[int]) -> torch.Tensor:
+        """A stored tensor that packs several weights, which the module takes apart (the fused
+        experts of transformers 5); a converter stores the parts under their own keys."""
         return self._builder.tensor(self.key(name), shape)
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool = False) -> nn.Module:

@@ -110,8 +110,10 @@ class SyntheticWeightStore(TensorIndex):
         for key, shape, quantizable in layer_tensors(spec, names):
             if len(shape) == 1:  # a norm's weight or a linear's bias
                 self._plan[key] = ("norm", shape[0])
+            elif quantizable:
+                linear(key.rpartition(".")[0], shape[1], shape[0], False, bits)
             else:  # routers stay dense, as a converter leaves them
-                linear(key.rpartition(".")[0], shape[1], shape[0], False, bits if quantizable else None)
+                self._plan[key] = ("dense", shape)
         self._plan[n.prefix + n.final_norm + ".weight"] = ("norm", h)
         head_k = head_bits if bits is not None and head_bits is not None and head_bits < 16 else None
         if head_k is not None or not s.tie_word_embeddings:

@@ -54,7 +54,11 @@ class ProjectionGroup(nn.Module):
         outputs: list[torch.Tensor] = []
         # Separate EXL3 matrices of one input on the GPU: one GEMV launch for all of them (each
         # launch has fixed costs that dominate the small k/v projections); None -> one per linear.
-        ys = kernels.gemv.exl3_gemm_multi(x, list(self.linears)) if x.is_cuda and len(self.linears) > 1 else None
+        ys = (
+            kernels.gemv.exl3_gemm_multi(x, list(self.linears))
+            if x.is_cuda and len(self.linears) > 1
+            else None
+        )
         for i, (linear, splits) in enumerate(zip(self.linears, self.splits)):
             y = linear(x) if ys is None else ys[i]
             outputs.extend(y.split(splits, dim=-1) if len(splits) > 1 else [y])

@@ -1173,12 +1173,20 @@ def _convert_model(
             copied.add(key)
             outputs.append((key.rsplit(".", 1)[0], {key: _fp16_copy(store.get(key))}, None))
 
-    def plain_module(module: str) -> None:
-        """A module that stays unquantized (a norm, a router): its weight and bias as they are."""
-        keys = [k for k in (f"{module}.weight", f"{module}.bias") if store.has(k) and k not in copied]
-        if keys:
-            copied.update(keys)
-            outputs.append((module, {k: _fp16_copy(store.get(k)) for k in keys}, None))
+    def unquantized(name: str) -> None:
+        """A module that stays unquantized (a norm, a router: its weight and bias), or a tensor a
+        module keeps as stored (then in one entry with its module's other such tensors)."""
+        stored = [name] if store.has(name) else [f"{name}.weight", f"{name}.bias"]
+        keys = [k for k in stored if store.has(k) and k not in copied]
+        if not keys:
+            return
+        copied.update(keys)
+        module = name if keys[0] != name else name.rsplit(".", 1)[0]
+        tensors = {k: _fp16_copy(store.get(k)) for k in keys}
+        if outputs and outputs[-1][0] == module and outputs[-1][2] is None:
+            outputs[-1][1].update(tensors)
+        else:
+            outputs.append((module, tensors, None))
 
     slot_of = {s.key: s for s in all_slots}
     plain(names.prefix + names.embed + ".weight")
@@ -1187,7 +1195,7 @@ def _convert_model(
             if key in slot_of:
                 outputs.append((key, linear_tensors(done, key), slot_of[key].bits))
             else:
-                plain_module(key)
+                unquantized(key)
     plain(names.prefix + names.final_norm + ".weight")
     outputs.append((head_key, head_tensors, None if options.head_bits == 16 else options.head_bits))
     # Anything else the source holds that belongs to no quantized linear (e.g. extra norms). What

@@ -74,9 +74,9 @@ def quantizable_keys(src: str | Path) -> list[str]:
 class SourceModel:
     """The unquantized model at ``src`` for the converter: ``shell`` (a model without blocks: its
     ``final_norm``, and its embedding until :meth:`embed_rows`), ``blocks`` (built on access, one
-    at a time), ``slots`` (each block's quantizable linears), ``layouts`` (each block's checkpoint
-    keys in module order, fused projections split) and ``block_keys`` (every key the blocks are
-    built from)."""
+    at a time), ``slots`` (each block's quantizable linears), ``layouts`` (each block's keyed
+    modules in module order, fused projections split, then the stored tensors it keeps as they
+    are) and ``block_keys`` (every key the blocks are built from)."""
 
     def __init__(self, src: str | Path, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         from engine.architectures import architecture_for
@@ -111,7 +111,7 @@ class SourceModel:
             for i in range(self.spec.num_layers):
                 meta = shapes.block(i, meta_rope)
                 self.slots.append(block_linears(meta))
-                self.layouts.append(checkpoint_order(meta))
+                self.layouts.append(checkpoint_order(meta) + shapes.kept_tensors[i])
             self.block_keys = shape_store.read
         self.blocks = BlockStream(self)
 

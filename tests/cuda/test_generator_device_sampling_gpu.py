@@ -46,9 +46,35 @@ def test_device_sampling_equals_host_sampling(graphs, tmp_path, monkeypatch):
     on_device = _generate(model, graphs, device_sampling=True)
     assert len(calls) >= 23
     on_host = _generate(model, graphs, device_sampling=False)
-    # Host: float32 softmax; device: integer weights. They differ only when a uniform falls
-    # within ~1e-7 of a boundary of the cumulative distribution (not with these seeds).
+    # Host and device take one definition (integer weights); only exp's rounding on the CPU vs
+    # the GPU could move a boundary of the cumulative distribution (not with these seeds).
     assert on_device == on_host
+
+
+def test_a_logit_bias_job_sends_its_steps_to_the_host(tmp_path, monkeypatch):
+    """The kernel has no logit bias: a step with a biased job is sampled on the host, every row of
+    it, and gives the host-only run's tokens; the forced token (+100) is all the job writes."""
+    build_tiny_model("LlamaForCausalLM", tmp_path)
+    model = load_model(tmp_path, device="cuda", dtype="float32")
+    biased = SamplingSettings(temperature=0.8, seed=9, logit_bias={17: 100.0})
+    calls = []
+    original = generator_mod._draw_rows
+    monkeypatch.setattr(generator_mod, "_draw_rows", lambda *a: calls.append(1) or original(*a))
+
+    def run(device_sampling: bool, settings):
+        gen = Generator(model, cache_tokens=1024, page_size=16, device_sampling=device_sampling)
+        jobs = [
+            Job(list(range(3 + i, 3 + i + n)), max_new_tokens=12, sampling=s, stop_token_ids=())
+            for i, (n, s) in enumerate(zip((5, 16), settings))
+        ]
+        return [r.token_ids for r in gen.generate(jobs)]
+
+    mixed = run(True, [SETTINGS[1], biased])
+    assert not calls  # the biased job shares every step with the other: all on the host
+    assert mixed == run(False, [SETTINGS[1], biased])
+    assert mixed[1] == [17] * 12
+    run(True, [SETTINGS[1]])
+    assert calls  # alone, the other job draws on the GPU
 
 
 def test_wide_decode_steps_take_the_batched_path_with_the_same_tokens(tmp_path, monkeypatch):

@@ -10,8 +10,7 @@ import torch
 from cuda_helpers import capture
 
 from engine import ops
-from engine.generation.device_sampling import pack_rows, sample_reference
-from engine.generation.sampling import Sampler, SamplingSettings
+from engine.generation.sampling import Sampler, SamplingSettings, pack_rows, sample_reference
 
 pytestmark = pytest.mark.cuda
 

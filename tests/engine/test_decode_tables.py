@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from engine.cache.paged import PagedKVCache
-from engine.generation import cuda_graph
 from engine.generation.cuda_graph import DecodeGraphs, _bucket
 from engine.generation.decode_inputs import DecodeInputs, decode_forward, run_decode_step
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.step import StepItem, run_step
 from engine.model import load_model
+from engine.options import EngineOptions
 
 PAGE = 8
 PROMPTS = (7, 8, 21)  # first decode at the last slot of a page, at a new page, past Gemma 2's window
@@ -154,10 +154,9 @@ def test_generator_uses_graphs_only_on_cuda_and_not_when_disabled(tiny_model_fac
     directory, _ = tiny_model_factory("LlamaForCausalLM")
     model = load_model(directory, device="cpu", dtype="float32")
     assert not Generator(model, cache_tokens=256, page_size=PAGE)._use_graphs  # CPU model
-    monkeypatch.setenv(cuda_graph.DISABLE_ENV, "1")
-    assert not cuda_graph.graphs_enabled()
-    monkeypatch.setenv(cuda_graph.DISABLE_ENV, "0")
-    assert cuda_graph.graphs_enabled()
+    assert not EngineOptions.from_environment({"TRELLIS_NO_GRAPHS": "1"}).cuda_graphs
+    assert EngineOptions.from_environment({"TRELLIS_NO_GRAPHS": "0"}).cuda_graphs
+    assert EngineOptions().cuda_graphs
     # Forced on (as on a GPU), with capture stubbed: the generator's tokens are unchanged.
     monkeypatch.setattr(DecodeGraphs, "_capture", _stub_capture)
     jobs = lambda: [Job(list(range(3, 3 + n)), max_new_tokens=10, stop_token_ids=()) for n in (5, 17, 9)]  # noqa: E731

@@ -1,4 +1,4 @@
-"""The split-count tuner's pure parts (engine.gemv_tuning): candidate range and the pick."""
+"""The split-count tuner's pure parts (engine.kernels.tuning): candidate range and the pick."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import pytest
 import torch
 
-from engine import gemv_tuning
+from engine.kernels import tuning as gemv_tuning
 
 
 def test_split_range_follows_the_kernel_limits():
@@ -33,12 +33,26 @@ def test_fastest_is_zero_when_nothing_launches():
 
 
 def test_tuning_off_leaves_the_choice_to_the_kernel(monkeypatch):
-    monkeypatch.setattr(gemv_tuning, "TUNE", False)
+    monkeypatch.setattr(gemv_tuning, "_enabled", True)
+    gemv_tuning.enable(False)  # EngineOptions(gemv_tuning=False).configure_kernels()
+    assert not gemv_tuning.enabled()
     calls = []
     x = torch.zeros(1, 256)
     t = torch.zeros(16, 8, 64, dtype=torch.int16)
-    got = gemv_tuning.tuned_splits(x, [t], "mul1", "fast", lambda *a: calls.append(a), range(1, 3))
+    got = gemv_tuning.tuned_splits(x, [t], "mul1", "fp16", lambda *a: calls.append(a), range(1, 3))
     assert got == 0 and calls == []
+
+
+def test_engine_options_switch_tuning_for_the_process(monkeypatch):
+    from engine.kernels import loader
+    from engine.options import EngineOptions
+
+    monkeypatch.setattr(gemv_tuning, "_enabled", True)
+    monkeypatch.setattr(loader, "_settings", loader.settings())
+    EngineOptions(gemv_tuning=False).configure_kernels()
+    assert not gemv_tuning.enabled()
+    EngineOptions().configure_kernels()
+    assert gemv_tuning.enabled()
 
 
 def test_cyclic_gc_paused_defers_collection_and_restores_the_collector():

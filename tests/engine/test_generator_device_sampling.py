@@ -1,7 +1,7 @@
-"""The generator's device sampling (unconstrained sampled jobs drawn by engine.ops.sample_tokens
-where the logits are): on the CPU it runs the torch reference, so the scheduling and the random
-streams are checked here against host sampling; tests/cuda/test_sampling_kernel.py checks the
-kernel."""
+"""The generator's device sampling (sampled jobs whose processors the kernel all applies, drawn
+where the logits are by engine.kernels.sampling.sample_tokens): on the CPU it runs the torch
+reference, so the scheduling and the random streams are checked here against host sampling;
+tests/cuda/test_sampling_kernel.py checks the kernel."""
 
 import torch
 
@@ -39,7 +39,7 @@ def test_device_sampling_gives_the_host_samplers_tokens(llama, monkeypatch):
     monkeypatch.setattr(generator_mod, "_sample_rows", lambda *a: calls.append(1) or original(*a))
     monkeypatch.setattr(Sampler, "sample", lambda *a, **k: host_calls.append(1) or host(*a, **k))
     on_device = _run(llama, device_sampling=True)
-    assert len(calls) >= 10 and not host_calls  # every token came through ops.sample_tokens
+    assert len(calls) >= 10 and not host_calls  # every token came through _draw_rows
     calls.clear()
     on_host = _run(llama, device_sampling=False)
     assert not calls and len(host_calls) == 12 + 7 + 15 + 10 + 9

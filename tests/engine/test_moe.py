@@ -218,6 +218,7 @@ def test_moe_model_decodes_without_cuda_graphs(tiny_model_factory, capsys):
     from engine.generation.cuda_graph import DecodeGraphs
     from engine.generation.generator import Generator
     from engine.generation.step import StepItem
+    from engine.options import EngineOptions
 
     moe = load_model(tiny_model_factory("Qwen3MoeForCausalLM")[0], device="cpu")
     dense = load_model(tiny_model_factory("LlamaForCausalLM")[0], device="cpu")
@@ -226,7 +227,7 @@ def test_moe_model_decodes_without_cuda_graphs(tiny_model_factory, capsys):
         # Only the flag is read here: nothing runs, so a CPU model may pose as a CUDA one.
         posing = dataclasses.replace(model, device=torch.device("cuda"))
         cache = PagedKVCache.for_model(model.spec, 64, page_size=16)
-        assert Generator(posing, cache=cache, cuda_graphs=True)._use_graphs is graphs
+        assert Generator(posing, cache=cache, options=EngineOptions(cuda_graphs=True))._use_graphs is graphs
     assert "mixture-of-experts model: decode steps run without CUDA graphs" in capsys.readouterr().err
 
     cache = PagedKVCache.for_model(moe.spec, 64, page_size=16)

@@ -4,15 +4,17 @@ plain generator here; the GPU test (tests/cuda/test_cuda_graphs.py) checks it wi
 
 from generation_cases import random_prompts
 
-from engine.generation import generator as generator_mod
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
+from engine.options import EngineOptions
 
 
-def _pair(llama, **kwargs):
+def _pair(llama, device_sampling=None, **kwargs):
     kwargs = {"cache_tokens": 1024, "page_size": 16, "max_batch_size": 4, **kwargs}
-    return Generator(llama, pipeline=True, **kwargs), Generator(llama, pipeline=False, **kwargs)
+    piped = EngineOptions(pipelined_decode=True, sampling_on_device=device_sampling)
+    plain = EngineOptions(pipelined_decode=False, sampling_on_device=device_sampling)
+    return Generator(llama, options=piped, **kwargs), Generator(llama, options=plain, **kwargs)
 
 
 def _summary(results):
@@ -108,8 +110,10 @@ def test_host_sampled_jobs_are_not_pipelined(llama):
     assert new_tokens == 5
 
 
-def test_env_switch_and_default(llama, monkeypatch):
-    # On the CPU (no graphs) the default is off; on a GPU it follows TRELLIS_NO_PIPELINE.
+def test_option_and_default(llama):
+    # On the CPU (no graphs) the default is off; on a GPU it is on unless the options say off.
     assert Generator(llama, cache_tokens=256)._pipeline is False
-    monkeypatch.setenv(generator_mod.PIPELINE_DISABLE_ENV, "1")
-    assert Generator(llama, cache_tokens=256, pipeline=True)._pipeline is True  # explicit wins
+    assert EngineOptions.from_environment({"TRELLIS_NO_PIPELINE": "1"}).pipelined_decode is False
+    assert EngineOptions.from_environment({}).pipelined_decode is None  # where graphs run
+    forced = EngineOptions(pipelined_decode=True)
+    assert Generator(llama, cache_tokens=256, options=forced)._pipeline is True  # explicit wins

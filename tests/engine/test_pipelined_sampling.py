@@ -1,6 +1,6 @@
 """Pipelined sampled decode (the next step launched from the last one's tokens still on the device,
 drawn with those tokens as the sampler's pending tokens): on the CPU the generator runs the same
-logic eagerly (``pipeline=True`` forced, the torch reference as the device sampler), so seeded jobs
+logic eagerly (``pipelined_decode=True`` forced, the torch reference as the device sampler), so seeded jobs
 must give the tokens of the unpipelined path, whatever the batch. The GPU test
 (tests/cuda/test_pipelined_sampling_gpu.py) checks it with CUDA graphs and the kernel."""
 
@@ -8,18 +8,19 @@ import pytest
 import torch
 from generation_cases import SAMPLED_SETTINGS, random_prompts
 
-from engine import ops
 from engine.generation import generator as generator_mod
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
+from engine.options import EngineOptions
 
 SETTINGS = SAMPLED_SETTINGS
 
 
 def _generator(llama, pipeline: bool, device_sampling: bool = True, **kwargs) -> Generator:
     kwargs = {"cache_tokens": 1024, "page_size": 16, "max_batch_size": 4, **kwargs}
-    return Generator(llama, pipeline=pipeline, device_sampling=device_sampling, **kwargs)
+    options = EngineOptions(pipelined_decode=pipeline, sampling_on_device=device_sampling)
+    return Generator(llama, options=options, **kwargs)
 
 
 def _jobs(settings, limits=(12, 7, 15, 10, 9), stop=(), seed=0):
@@ -65,9 +66,9 @@ def test_pipelined_sampling_gives_the_unpipelined_tokens(llama, landings):
 def test_without_the_pending_token_the_penalties_would_differ(llama, monkeypatch):
     # The check above must be able to fail: drop the pending token and the penalised jobs change.
     want = _summary(_generator(llama, pipeline=False).generate(_jobs(SETTINGS)))
-    original = ops.sample_tokens
+    original = generator_mod.sample_reference  # what the CPU draws with (no kernel there)
     monkeypatch.setattr(
-        ops, "sample_tokens", lambda logits, rows, u, out=None, pending=None: original(logits, rows, u, out)
+        generator_mod, "sample_reference", lambda logits, rows, u, pending=None: original(logits, rows, u)
     )
     assert _summary(_generator(llama, pipeline=True).generate(_jobs(SETTINGS))) != want
 

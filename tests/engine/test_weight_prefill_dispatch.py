@@ -1,6 +1,6 @@
-"""The prefill path through whole EXL3 weights (engine.ops.exl3_weight / _exl3_gemm_fused), checked on
-the CPU with a stand-in extension that writes the torch reference weight; the kernel itself is
-tested against the same reference in tests/cuda/test_exl3_weight.py."""
+"""The prefill path through whole EXL3 weights (engine.kernels.gemv.exl3_weight / _exl3_gemm_fused),
+checked on the CPU with a stand-in extension that writes the torch reference weight; the kernel
+itself is tested against the same reference in tests/cuda/test_exl3_weight.py."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import types
 import pytest
 import torch
 
-from engine import ops
+from engine.kernels import gemv, loader
 from engine.quant import EXL3Linear
 from engine.quant.codebooks import FLAG_VALUES
 from engine.quant.reconstruct import apply_scales, decode_trellis
 
-CODEBOOK_NAMES = {v: k for k, v in ops.CODEBOOK_IDS.items()}
+CODEBOOK_NAMES = {v: k for k, v in loader.CODEBOOK_IDS.items()}
 
 
 class ReferenceExtension(types.SimpleNamespace):
@@ -23,8 +23,7 @@ class ReferenceExtension(types.SimpleNamespace):
     def __init__(self) -> None:
         super().__init__(calls=[])
 
-    def exl3_weight_into(self, trellis, suh, svh, codebook, w, col0, version):
-        assert version == ops.WEIGHT_KERNEL  # the default kernel unless a caller asks otherwise
+    def exl3_weight_into(self, trellis, suh, svh, codebook, w, col0):
         self.calls.append((trellis.shape, codebook, col0))
         ref = apply_scales(decode_trellis(trellis, CODEBOOK_NAMES[codebook]), suh, svh, torch.float32)
         w[:, col0 : col0 + ref.shape[1]] = ref.to(w.dtype)
@@ -49,7 +48,7 @@ def _layer(in_f: int, out_f: int, k: int, seed: int, bias: bool = False) -> EXL3
 @pytest.fixture
 def fake(monkeypatch) -> ReferenceExtension:
     ext = ReferenceExtension()
-    monkeypatch.setattr(ops, "extension", lambda: ext)
+    monkeypatch.setattr(loader, "kernel_ready", lambda *tensors: ext)  # CPU tensors take the "kernel"
     return ext
 
 
@@ -58,7 +57,7 @@ def test_group_outputs_are_sliced_padded_and_biased(fake) -> None:
     # layer's own reference forward, from one buffer laid out column block after column block.
     layers = [_layer(200, 300, 4, 1, bias=True), _layer(200, 100, 3, 2), _layer(200, 100, 2, 3)]
     x = torch.randn(2, 20, 200)
-    outs = ops._exl3_gemm_fused(x, layers)
+    outs = gemv._exl3_gemm_fused(x, layers)
     assert [c[2] for c in fake.calls] == [0, 384, 512]
     for layer, y in zip(layers, outs, strict=True):
         assert y.shape == (2, 20, layer.out_features) and y.dtype == x.dtype
@@ -67,30 +66,29 @@ def test_group_outputs_are_sliced_padded_and_biased(fake) -> None:
 
 def test_group_too_large_for_one_buffer_is_left_to_each_layer(fake, monkeypatch) -> None:
     layers = [_layer(128, 128, 4, 4), _layer(128, 128, 4, 5)]
-    monkeypatch.setattr(ops, "FUSED_WEIGHT_BYTES", 128 * 256 * 4 - 1)  # one byte short (fp32)
-    assert ops._exl3_gemm_fused(torch.randn(9, 128), layers) is None
+    monkeypatch.setattr(gemv, "FUSED_WEIGHT_BYTES", 128 * 256 * 4 - 1)  # one byte short (fp32)
+    assert gemv._exl3_gemm_fused(torch.randn(9, 128), layers) is None
     assert fake.calls == []
 
 
 def test_weight_buffer_checks_its_layers_in_python(fake) -> None:
     a, b = _layer(128, 128, 4, 6), _layer(256, 128, 4, 7)
     with pytest.raises(ValueError, match="in features"):
-        ops.exl3_weight([a, b], torch.float16)
+        gemv.exl3_weight([a, b], torch.float16)
     with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
-        ops.exl3_weight([a], torch.int8)
+        gemv.exl3_weight([a], torch.int8)
     assert fake.calls == []
-    w = ops.exl3_weight([a], torch.bfloat16)
+    w = gemv.exl3_weight([a], torch.bfloat16)
     assert w.shape == (128, 128) and w.dtype == torch.bfloat16
 
 
 def test_single_layer_prefill_through_the_weight(fake, monkeypatch) -> None:
     # exl3_gemm above GEMV_MAX_ROWS: padded input (200 -> 256), padded output cut, bias, dtype and
     # leading dims back as the caller gave them.
-    monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: fake)
     layer = _layer(200, 300, 4, 8, bias=True)
     x = torch.randn(3, 7, 200, dtype=torch.float64)  # not a kernel dtype: computed in fp32
-    y = ops.exl3_gemm(x, layer)
-    assert fake.calls == [(layer.trellis.shape, ops.CODEBOOK_IDS["mcg"], 0)]
+    y = gemv.exl3_gemm(x, layer)
+    assert fake.calls == [(layer.trellis.shape, loader.CODEBOOK_IDS["mcg"], 0)]
     assert y.shape == (3, 7, 300) and y.dtype == torch.float64
     ref = x.float() @ layer.reconstruct().t() + layer.bias.float()  # torch reference, not the hook
     torch.testing.assert_close(y, ref.double(), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,359 @@
+"""A mixer kind that exists only in this file, and a family that uses it beside attention: what
+docs/ADDING_AN_ARCHITECTURE.md describes, done without touching an engine file.
+
+The kind, ``token_counter``, is identity-ish with a recurrent state: each sequence's count of the
+tokens it has seen, kept between steps in the sequence's recurrent-state slot. Its output is
+``proj(x) + count / period * scale``, so a wrong count (a state read from the wrong slot, or not
+carried from one step to the next) changes the logits. A correct count is the token's position
+plus one, which gives a reference that keeps no state at all (:class:`PositionCounter`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from engine.architectures import REGISTRY
+from engine.architectures.llama import Llama
+from engine.cache.paged import KVCacheLayer, PagedKVCache
+from engine.cache.recurrent import RecurrentStateLayer
+from engine.cache.state import RecurrentState
+from engine.config import ModelConfig
+from engine.generation.generator import Generator
+from engine.generation.job import Job
+from engine.generation.step import StepItem, run_step, score_tokens
+from engine.layers import MIXERS, MixerKind, MixerSpec
+from engine.loading.builder import LayerReader
+from engine.model import load_model
+from engine.modules.attention import Attention
+from engine.modules.batch import BatchLayout
+from engine.modules.linear import LinearSite
+from engine.options import EngineOptions
+
+COUNTER = "token_counter"
+COUNTING_LAYERS = (1, 3)  # of 4; the others attend
+
+# -- the kind: module, spec, names, build function, state --------------------------------------
+
+
+class TokenCounter(nn.Module):
+    """``proj(x) + count / period * scale``, ``count`` the tokens the sequence has seen so far
+    (this one included), carried from step to step in the layer's recurrent state."""
+
+    def __init__(self, proj: nn.Module, scale: torch.Tensor, period: float) -> None:
+        super().__init__()
+        self.proj = proj
+        self.scale = nn.Parameter(scale, requires_grad=False)
+        self.period = period
+
+    def quantizable_linears(self) -> list[LinearSite]:
+        return [LinearSite("proj", self, "proj")]
+
+    def forward(self, x: torch.Tensor, batch: BatchLayout, cache: RecurrentStateLayer) -> torch.Tensor:
+        counts = self.counts(batch, cache["count"])
+        return self.proj(x) + (counts / self.period).to(x.dtype)[:, None] * self.scale
+
+    @staticmethod
+    def counts(batch: BatchLayout, state: torch.Tensor) -> torch.Tensor:
+        """Each row's count, the state ``[slots + 1, 1]`` moved on past this step."""
+        if batch.decode is not None:  # one token per row, slots from the fixed-shape tables
+            slots = batch.decode.state_slots.long()
+            before = torch.where(batch.positions == 0, 0.0, state[slots, 0])
+            state[slots, 0] = before + 1
+            return before + 1
+        counts = torch.empty(batch.num_tokens, dtype=state.dtype, device=state.device)
+        for seq in batch.sequences:
+            before = state[seq.state_slot, 0] if seq.past > 0 else 0.0  # a new sequence starts at 0
+            rows = slice(seq.start, seq.start + seq.length)
+            counts[rows] = before + torch.arange(1, seq.length + 1, dtype=state.dtype)
+            state[seq.state_slot, 0] = counts[rows][-1]
+        return counts
+
+
+@dataclass(frozen=True)
+class TokenCounterSpec(MixerSpec):
+    kind: ClassVar[str] = COUNTER
+
+    period: float = 16.0
+
+
+@dataclass(frozen=True)
+class TokenCounterNames:
+    kind: ClassVar[str] = COUNTER
+
+    proj: str = "counter.proj"
+    scale: str = "counter.scale"
+
+
+def build_token_counter(
+    reader: LayerReader, spec: TokenCounterSpec, names: TokenCounterNames
+) -> TokenCounter:
+    h = reader.hidden_size
+    return TokenCounter(reader.linear(names.proj, h, h), reader.tensor(names.scale, [h]), spec.period)
+
+
+def count_state(spec: TokenCounterSpec) -> RecurrentState:
+    return RecurrentState({"count": (1,)}, dtype=torch.float32)
+
+
+TOKEN_COUNTER = MixerKind(TokenCounterNames(), build_token_counter, count_state)
+
+
+# -- the family: Llama whose layers of type "token_counter" count instead of attending ---------
+
+
+class CountingLlama(Llama):
+    hf_names = ("CountingLlamaForCausalLM",)
+
+    def mixer(self, cfg: ModelConfig, layer_type: str, rope) -> MixerSpec:
+        if layer_type == COUNTER:
+            return TokenCounterSpec(float(cfg.get("count_period", 16.0)))
+        return super().mixer(cfg, layer_type, rope)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    """The kind's one registry line, and the family's."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(MIXERS, COUNTER, TOKEN_COUNTER)
+        m.setitem(REGISTRY, "CountingLlamaForCausalLM", CountingLlama)
+        yield
+
+
+@pytest.fixture(scope="module")
+def counting_dir(tiny_model_factory, tmp_path_factory) -> Path:
+    """The tiny Llama with layers 1 and 3 made counters: their attention weights replaced by the
+    counter's ``proj`` (near the identity) and ``scale``."""
+    source, _ = tiny_model_factory("LlamaForCausalLM")
+    directory = tmp_path_factory.mktemp("counting-llama")
+    config = json.loads((source / "config.json").read_text())
+    config["architectures"] = ["CountingLlamaForCausalLM"]
+    config["layer_types"] = [COUNTER if i in COUNTING_LAYERS else "full_attention" for i in range(4)]
+    (directory / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(source / "model.safetensors"))
+    gen = torch.Generator().manual_seed(11)
+    h = config["hidden_size"]
+    for i in COUNTING_LAYERS:
+        p = f"model.layers.{i}."
+        tensors = {k: v for k, v in tensors.items() if not k.startswith(p + "self_attn.")}
+        tensors[p + "counter.proj.weight"] = torch.eye(h) + 0.05 * torch.randn(h, h, generator=gen)
+        tensors[p + "counter.scale"] = torch.randn(h, generator=gen)
+    save_file(tensors, str(directory / "model.safetensors"))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def counting(counting_dir):
+    return load_model(counting_dir, device="cpu")
+
+
+class PositionCounter(nn.Module):
+    """The counter without state: a token's count is its position plus one."""
+
+    def __init__(self, counter: TokenCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def forward(self, x: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
+        counts = (batch.positions + 1).to(torch.float32)
+        return self.counter.proj(x) + (counts / self.counter.period).to(x.dtype)[:, None] * self.counter.scale
+
+
+@pytest.fixture(scope="module")
+def reference(counting_dir):
+    """The same model with stateless counters: what the stateful one must compute."""
+    model = load_model(counting_dir, device="cpu")
+    for i in COUNTING_LAYERS:
+        block = model.module.blocks[i]
+        block.mixer = PositionCounter(block.mixer)
+    return model
+
+
+def _prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(4)
+    return [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (5, 23, 12)]
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+
+def test_layers_of_both_kinds_get_their_own_state(counting):
+    blocks = counting.module.blocks
+    assert [type(b.mixer) for b in blocks] == [Attention, TokenCounter, Attention, TokenCounter]
+    cache = PagedKVCache.for_model(counting.spec, 64, page_size=8, max_sequences=3)
+    kinds = [type(cache.layer(i)) for i in range(4)]
+    assert kinds == [KVCacheLayer, RecurrentStateLayer, KVCacheLayer, RecurrentStateLayer]
+    assert cache.layer(1)["count"].shape == (3 + 1, 1)  # a slot per sequence and a scratch row
+    assert cache.state_slots.available == 3 and not cache.pages.reuse_prefixes
+
+
+def test_the_state_is_carried_across_chunks_and_steps(counting, reference):
+    """A prompt in chunks, then decode steps: the slot counts every token, and the logits are
+    those of the stateless reference."""
+    tokens = _prompts()[1] + [7, 8, 9]
+    expected = score_tokens(reference.module, PagedKVCache.for_model(reference.spec, 64, page_size=8), tokens)
+    cache = PagedKVCache.for_model(counting.spec, 64, page_size=8, max_sequences=2)
+    other = cache.state_slots.allocate()  # another sequence's slot: must stay untouched
+    slot, pages = cache.state_slots.allocate(), cache.pages.allocate(4)
+    got, past = [], 0
+    for chunk in (tokens[:9], tokens[9:23], tokens[23:24], tokens[24:25], tokens[25:]):
+        (logits,) = run_step(counting.module, cache, [StepItem(chunk, past, pages, "all", state_slot=slot)])
+        got.append(logits)
+        past += len(chunk)
+    torch.testing.assert_close(torch.cat(got), expected, rtol=1e-5, atol=1e-5)
+    for i in COUNTING_LAYERS:
+        count = cache.layer(i)["count"]
+        assert count[slot, 0] == len(tokens) and count[other, 0] == 0
+
+
+def _check_against_reference(reference, prompts, results) -> None:
+    for prompt, result in zip(prompts, results):
+        assert len(result.token_ids) == 6 and result.cached_tokens == 0
+        sequence = prompt + result.token_ids
+        cache = PagedKVCache.for_model(reference.spec, 64, page_size=8)
+        logits = score_tokens(reference.module, cache, sequence[:-1])[len(prompt) - 1 :]
+        assert logits.argmax(-1).tolist() == result.token_ids
+
+
+@pytest.mark.parametrize("batched_decode", [False, True])
+def test_continuous_batching_keeps_one_state_per_sequence(counting, reference, batched_decode):
+    """Three jobs at once (prompts prefilled in chunks beside the others' decode steps; decode
+    steps row by row, or in the fixed-shape path with the slots in its tables): each job's tokens
+    are those of the stateless reference, and each slot comes back when its job finishes."""
+    prompts = _prompts()
+    options = EngineOptions(batched_decode=batched_decode)
+    gen = Generator(counting, cache_tokens=256, page_size=8, max_chunk_tokens=8, options=options)
+    slots, seen = gen.cache.state_slots, set()
+    jobs = [Job(p, max_new_tokens=6, stop_token_ids=()) for p in prompts]
+    for job in jobs:
+        gen.enqueue(job)
+    results = {job: [] for job in jobs}
+    while gen.num_remaining_jobs:
+        for r in gen.iterate():
+            results[r.job].append(r)
+        running = [run.state_slot for run in gen._active]
+        assert None not in running and len(set(running)) == len(running)  # a slot each
+        seen |= set(running)
+    assert len(seen) == 3 and slots.available == slots.count  # all given back
+    merged = [replace(rs[-1], token_ids=[t for r in rs for t in r.token_ids]) for rs in results.values()]
+    _check_against_reference(reference, prompts, merged)
+
+
+def test_a_freed_slot_starts_its_next_sequence_from_zero(counting, reference):
+    """Two slots for three jobs: the third waits for a slot, gets one a finished job held (its
+    count still there), and counts from zero."""
+    prompts = _prompts()
+    cache = PagedKVCache.for_model(counting.spec, 256, page_size=8, max_sequences=2)
+    gen = Generator(counting, cache=cache, max_chunk_tokens=8)
+    jobs = [Job(p, max_new_tokens=6, stop_token_ids=()) for p in prompts]
+    results = gen.generate(jobs)
+    assert cache.state_slots.available == 2
+    _check_against_reference(reference, prompts, results)
+    # The shortest job finished first and the third took its slot: the slots now hold the counts
+    # of the second and third jobs, each its prompt and generated tokens but the last.
+    counts = sorted(int(c) for c in cache.layer(1)["count"][:2, 0])
+    assert counts == sorted(len(p) + 6 - 1 for p in prompts[1:])
+
+
+def test_no_prefix_reuse_across_recurrent_layers(counting):
+    """A prompt seen before is computed again: the counters' state after its prefix is gone."""
+    prompt = list(range(3, 40))
+    gen = Generator(counting, cache_tokens=256, page_size=8)
+    first, second = (gen.generate([Job(prompt, max_new_tokens=2, stop_token_ids=())])[0] for _ in range(2))
+    assert first.cached_tokens == second.cached_tokens == 0 and first.token_ids == second.token_ids
+
+
+def test_padding_rows_of_a_decode_graph_keep_off_the_sequences_state(counting, reference, monkeypatch):
+    """The CUDA-graph runner pads 3 rows to 4 (the scratch page and the scratch state slot); a
+    stand-in capture replays the step eagerly on the CPU."""
+    from engine.generation.cuda_graph import DecodeGraphs
+    from engine.generation.decode_inputs import decode_forward
+
+    class EagerGraph:
+        def __init__(self, runner, entry):
+            self.args, self.out = (runner.model, runner.cache, entry.inputs), entry.logits
+
+        def replay(self):
+            self.out.copy_(decode_forward(*self.args))
+
+    def capture(self, entry):
+        entry.logits = torch.empty(entry.inputs.batch, self.model.lm_head.weight.shape[0])
+        entry.graph = EagerGraph(self, entry)
+        return True
+
+    monkeypatch.setattr(DecodeGraphs, "_capture", capture)
+    prompts = _prompts()
+    cache = PagedKVCache.for_model(counting.spec, 256, page_size=8, max_sequences=3)
+    items = []
+    for p in prompts:
+        slot, pages = cache.state_slots.allocate(), cache.pages.allocate(5)
+        run_step(counting.module, cache, [StepItem(p, 0, pages, None, state_slot=slot)])
+        items.append(StepItem([9], len(p), pages, state_slot=slot))
+    graphs = DecodeGraphs(counting.module, cache, max_batch=4, min_pages=1)
+    for step in range(3):
+        logits = graphs.run(items)
+        assert graphs.captured == [(4, 4)]
+        for p, row in zip(prompts, logits):
+            ref = score_tokens(
+                reference.module,
+                PagedKVCache.for_model(reference.spec, 64, page_size=8),
+                p + [9] * (step + 1),
+            )
+            torch.testing.assert_close(row[0], ref[-1], rtol=1e-5, atol=1e-5)
+        items = [replace(item, past=item.past + 1) for item in items]
+    for p, item in zip(prompts, items):
+        assert cache.layer(3)["count"][item.state_slot, 0] == len(p) + 3
+
+
+def test_the_converter_quantizes_the_counters_linear_and_copies_its_scale(
+    counting_dir, tmp_path, monkeypatch
+):
+    """The converter lists each layer's linears from its modules: the counter's ``proj`` is
+    quantized, its ``scale`` copied as stored, and the result loads and generates."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "quant"))
+    from quant_helpers import cheap_encoder
+
+    import engine.quant.quantize as quantize_mod
+    from engine.quant import EXL3Linear
+    from engine.quant.convert import ConvertOptions, convert_model
+
+    monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
+    options = ConvertOptions(
+        bits=6.0,
+        head_bits=8,
+        cal_rows=4,
+        cal_cols=32,
+        device="cpu",
+        allocation="uniform",
+        random_rows_fraction=1.0,
+    )
+    convert_model(counting_dir, tmp_path / "exl3", options, log=lambda m: None)
+    keys = set(load_file(str(tmp_path / "exl3" / "model.safetensors")))
+    assert {"model.layers.1.counter.proj.trellis", "model.layers.3.counter.scale"} <= keys
+    quantized = load_model(tmp_path / "exl3", device="cpu")
+    assert isinstance(quantized.module.blocks[1].mixer.proj, EXL3Linear)
+    (result,) = Generator(quantized, cache_tokens=64, page_size=8).generate(
+        [Job([5, 6, 7], max_new_tokens=3)]
+    )
+    assert len(result.token_ids) >= 1
+
+
+def test_a_synthetic_model_of_the_hybrid_shape_builds(counting_dir):
+    """Benchmarks' random-weight models take their tensors from the layers' kinds too."""
+    from engine.loading.synthetic_store import synthetic_model
+
+    config = json.loads((counting_dir / "config.json").read_text())
+    model = synthetic_model(config, bits=4, dtype=torch.float32, exl3_mode="dense")
+    assert isinstance(model.module.blocks[3].mixer, TokenCounter)
+    assert isinstance(model.module.blocks[3].mixer.proj, torch.nn.Module)
+    cache = PagedKVCache.for_model(model.spec, 32, page_size=16)
+    assert torch.isfinite(score_tokens(model.module, cache, list(range(3, 19)))).all()
