@@ -53,11 +53,15 @@ class ChatSession:
         tokenizer: Tokenizer,
         cache_tokens: int | None = None,
         cache_bits: tuple[int, int] = (16, 16),
-        options: EngineOptions = DEFAULT_OPTIONS,
+        options: EngineOptions | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.generator = Generator(
-            model, tokenizer, cache_tokens=cache_tokens, cache_bits=cache_bits, options=options
+            model,
+            tokenizer,
+            cache_tokens=cache_tokens,
+            cache_bits=cache_bits,
+            options=options or DEFAULT_OPTIONS,
         )
         # A rendered prompt longer than a few characters per token of context could never be
         # used, so the chat template may not write (or build) more than that.
@@ -72,9 +76,10 @@ class ChatSession:
         cache_tokens: int | None = None,
         dtype: str | None = None,
         cache_bits: tuple[int, int] = (16, 16),
-        options: EngineOptions = DEFAULT_OPTIONS,
+        options: EngineOptions | None = None,
     ) -> ChatSession:
-        """``options``: the engine's (the process's kernels follow them too)."""
+        """``options``: the engine's; the process's kernels follow them too (None: the defaults
+        for generation, the kernels as they are)."""
         tokenizer = Tokenizer.from_dir(model_dir)  # fail fast, before reading weights
         model = load_model(
             model_dir, device=device, dtype=dtype, progress=progress, context=cache_tokens, options=options

@@ -649,7 +649,7 @@ class ConstraintState:
         self._pending: Future | None = None
         self.tokens: list[int] = []
         # Tokens the job may generate (None: no limit to steer by) and how to finish from here,
-        # recomputed with each mask (on the worker thread when prefetching).
+        # refreshed with the masks (on the worker thread when prefetching; see _plan_due).
         self.budget = budget
         self._plan: ClosingPlan | None = None
         self._planned_at: int | None = None  # len(tokens) when the plan was made

@@ -246,7 +246,7 @@ class Generator:
             # pipelining).
             print(
                 f"trellis: {dynamic} model: decode steps run without CUDA graphs "
-                "(the work each step runs depends on its tokens)",
+                "(the work of each step depends on its tokens)",
                 file=sys.stderr,
             )
             self._use_graphs = False

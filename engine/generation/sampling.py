@@ -25,9 +25,10 @@ the kernel applies, otherwise every row on the host, through this reference. Run
 processors on the device and only the others on the host would save a copy of the logits, but
 the kernel fuses all of its processors into one launch over the raw logits: a host-only processor
 can only run first (as torch operations on the device) if it comes before all of them, and the
-constraint's mask does not. Host rows cost about a millisecond each and are what a rarely used
-setting pays; in exchange a new sampler (DRY, XTC, banned strings) is one function and one entry
-in a list here, with no CUDA to touch, until a kernel covers it and its flag flips.
+constraint's mask does not. A host row costs its logits' copy and one to a few milliseconds of
+CPU at a 128k vocabulary, which only a step using a host-only processor pays; in exchange a new
+sampler (DRY, XTC, banned strings) is one function and one entry in a list here, with no CUDA to
+touch, until a kernel covers it and its flag flips.
 
 Order and ties, as the kernel takes them: top-p's mass is over what top-k kept, and min-p's
 threshold is relative to the best token, which every truncation keeps, so min-p cuts the same
@@ -244,19 +245,17 @@ def _logit_bias(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
 
 
 def _pending(b: SamplingBatch, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's pending token (-1: none) and whether it is a real token to penalise."""
-    if b.pending is None:
-        pending = torch.full((b.rows.rows,), -1, dtype=torch.long, device=b.device)
-    else:
-        pending = b.pending.to(b.device).long()
+    """Each row's pending token and whether it is one to penalise (>= 0 and inside the vocabulary;
+    an id past it is ignored, as out-of-range list ids are)."""
+    pending = b.pending.to(b.device).long()
     return pending, (pending >= 0) & (pending < vocab)
 
 
-def _listed(ids: torch.Tensor, length: torch.Tensor, on: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Which entries of the padded lists ``ids`` are real ids of rows where the penalty is on
+def _listed(lists: torch.Tensor, length: torch.Tensor, on: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Which entries of the padded ``lists`` are real ids of rows where the penalty is on
     (out-of-range ids are ignored, as the kernel ignores them)."""
-    cols = torch.arange(ids.shape[1], device=ids.device)
-    return (cols < length.to(ids.device)[:, None]) & on[:, None] & (ids >= 0) & (ids < vocab)
+    cols = torch.arange(lists.shape[1], device=lists.device)
+    return (cols < length.to(lists.device)[:, None]) & on[:, None] & (lists >= 0) & (lists < vocab)
 
 
 def _repetition(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
@@ -264,16 +263,16 @@ def _repetition(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     on = rep != 1.0
     if not bool(on.any()):
         return x
-    n, vocab = x.shape
-    pending, has_pending = _pending(b, vocab)
-    rep_ids = b.rows.rep_ids.to(b.device).long()
-    ok = _listed(rep_ids, b.rows.rep_len, on, vocab)
-    listed = (ok & (rep_ids == pending[:, None])).any(1)
-    # The pending token is one more distinct id unless the list holds it: the same roundings.
-    extra = has_pending & on & ~listed
-    index = torch.arange(n, device=b.device)[:, None]
-    r = torch.cat([index.expand(-1, ok.shape[1])[ok], index[:, 0][extra]])
-    ids = torch.cat([rep_ids[ok], pending[extra]])
+    vocab = x.shape[1]
+    lists = b.rows.rep_ids.to(b.device).long()
+    listed = _listed(lists, b.rows.rep_len, on, vocab)
+    r, c = listed.nonzero(as_tuple=True)
+    ids = lists[r, c]
+    if b.pending is not None:
+        # The pending token is one more distinct id unless the list holds it: the same roundings.
+        pending, real = _pending(b, vocab)
+        extra = (real & on & ~(listed & (lists == pending[:, None])).any(1)).nonzero().squeeze(1)
+        r, ids = torch.cat([r, extra]), torch.cat([ids, pending[extra]])
     picked, f = x[r, ids], rep[r]
     x[r, ids] = torch.where(picked > 0, picked / f, picked * f)
     return x
@@ -284,19 +283,22 @@ def _presence_frequency(x: torch.Tensor, b: SamplingBatch) -> torch.Tensor:
     on = (presence != 0) | (frequency != 0)
     if not bool(on.any()):
         return x
-    n, vocab = x.shape
-    pending, has_pending = _pending(b, vocab)
-    gen_ids = b.rows.gen_ids.to(b.device).long()
-    ok = _listed(gen_ids, b.rows.gen_len, on, vocab)
-    hit = ok & (gen_ids == pending[:, None])  # the pending token's entry: one more occurrence
-    counts = b.rows.gen_counts.to(b.device) + hit.int()
-    extra = has_pending & on & ~hit.any(1)  # not generated before: a new entry of count 1
-    index = torch.arange(n, device=b.device)[:, None]
-    r = torch.cat([index.expand(-1, ok.shape[1])[ok], index[:, 0][extra]])
-    ids = torch.cat([gen_ids[ok], pending[extra]])
-    counts = torch.cat([counts[ok], torch.ones_like(pending[extra], dtype=counts.dtype)]).float()
+    vocab = x.shape[1]
+    lists = b.rows.gen_ids.to(b.device).long()
+    listed = _listed(lists, b.rows.gen_len, on, vocab)
+    counts = b.rows.gen_counts.to(b.device)
+    if b.pending is not None:
+        pending, real = _pending(b, vocab)
+        hit = listed & (lists == pending[:, None])  # the pending token's entry: one more occurrence
+        counts = counts + hit.int()
+        extra = (real & on & ~hit.any(1)).nonzero().squeeze(1)  # not generated before: count 1
+    r, c = listed.nonzero(as_tuple=True)
+    ids, amount = lists[r, c], counts[r, c].float()
+    if b.pending is not None:
+        r, ids = torch.cat([r, extra]), torch.cat([ids, pending[extra]])
+        amount = torch.cat([amount, torch.ones(extra.numel(), device=b.device)])
     # One subtraction of the combined amount: the kernel's rounding.
-    x[r, ids] = x[r, ids] - (presence[r] + frequency[r] * counts)
+    x[r, ids] = x[r, ids] - (presence[r] + frequency[r] * amount)
     return x
 
 
@@ -423,33 +425,13 @@ def active_processors(settings: SamplingSettings, constrained: bool = False) -> 
 
 def _draw(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Each row's first token in ascending id order whose cumulative weight exceeds
-    ``floor(u * total)`` (a token of weight 0 is never drawn; a dead row answers 0).
-
-    Where truncation kept few tokens (usually a few dozen of a vocabulary's 100k+), only those are
-    weighed, packed to the left of a ``[rows, most kept]`` tensor in id order (the rest of a row
-    is -inf: weight 0). Otherwise the whole row is."""
-    n, vocab = x.shape
-    m = _row_max(x)
-    keep = x > _NEG_INF
-    count = keep.sum(1)
-    most = int(count.max())
-    ids = None
-    if most * 16 <= vocab:
-        r, c = keep.nonzero(as_tuple=True)  # row-major: ids ascending within each row
-        slot = torch.arange(r.numel(), device=x.device) - (count.cumsum(0) - count)[r]
-        ids = torch.zeros(n, max(most, 1), dtype=torch.long, device=x.device)
-        ids[r, slot] = c
-        packed = torch.full((n, max(most, 1)), _NEG_INF, device=x.device)
-        packed[r, slot] = x[r, c]
-        x = packed
-    cum = _weights(x, m).cumsum(1)
+    ``floor(u * total)`` (a token of weight 0 is never drawn; a dead row answers 0)."""
+    cum = _weights(x, _row_max(x)).cumsum(1)
     total = cum[:, -1]
     draw = torch.floor(u.double() * total.double()).long()
     draw = torch.minimum(draw, (total - 1).clamp(min=0))
-    picked = torch.searchsorted(cum, draw[:, None], right=True).clamp(max=x.shape[1] - 1)
-    if ids is not None:
-        picked = ids.gather(1, picked)
-    return torch.where(total > 0, picked.squeeze(1), 0)
+    picked = torch.searchsorted(cum, draw[:, None], right=True).squeeze(1).clamp(max=x.shape[1] - 1)
+    return torch.where(total > 0, picked, 0)
 
 
 def sample_reference(

@@ -160,7 +160,7 @@ def _default(name: str) -> Number | None:
 class SamplingSettings:
     """How one job turns logits into tokens. The fields' meanings and ranges: :data:`SETTINGS`;
     ``logit_bias``: ``{token id: bias}`` added to the raw logits before anything else (OpenAI's
-    semantics; ids past the vocabulary are ignored)."""
+    semantics; ids past the vocabulary are ignored; None or empty: none)."""
 
     temperature: float = _default("temperature")
     top_k: int = _default("top_k")
@@ -170,7 +170,7 @@ class SamplingSettings:
     presence_penalty: float = _default("presence_penalty")
     frequency_penalty: float = _default("frequency_penalty")
     seed: int | None = _default("seed")
-    logit_bias: dict[int, float] = field(default_factory=dict)
+    logit_bias: Mapping[int, float] | None = field(default_factory=dict)
 
     @classmethod
     def greedy(cls) -> SamplingSettings:
@@ -199,6 +199,8 @@ class SamplingSettings:
             if not setting.accepts(value):
                 raise SamplingSettingError(setting.name, setting.allowed, value)
         bias = self.logit_bias
+        if bias is None:  # OpenAI's null: no bias
+            return
         if not isinstance(bias, Mapping):
             raise SamplingSettingError("logit_bias", LOGIT_BIAS_ALLOWED, bias)
         token_id = Setting("token id", "", None, whole=True, low=0)

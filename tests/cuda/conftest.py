@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine import ops
+from engine import kernels
 
 
 @pytest.fixture(scope="module")
 def cuda_extension():
     """The built CUDA extension. On a GPU machine its absence is a failure, not a skip: the kernel
     tests would otherwise pass vacuously."""
-    ext = ops.extension()
+    ext = kernels.extension()
     if ext is None:
-        pytest.fail(f"CUDA extension unavailable on a GPU machine: {ops.status()['reason']}")
+        pytest.fail(f"CUDA extension unavailable on a GPU machine: {kernels.status()['reason']}")
     return ext

@@ -1,5 +1,5 @@
 """Helpers the GPU tests share: relative error against a reference, CUDA graph capture, a spy on
-the extension's v5 GEMV."""
+the extension's cluster GEMV."""
 
 from __future__ import annotations
 
@@ -32,17 +32,20 @@ def capture(run: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
     return graph, out
 
 
-class GemvV5Spy:
-    """Stands in for the extension module (``ops.extension``): every ``exl3_gemv_v5`` call's
-    arguments are recorded in ``calls``, then passed on; everything else is the extension's."""
+class GemvClusterSpy:
+    """Stands in for the extension module (``engine.kernels.loader.kernel_ready``'s answer): every
+    ``exl3_gemv_cluster`` call's positional arguments are recorded in ``calls`` and its keyword
+    arguments in ``kwargs``, then the call is passed on; everything else is the extension's."""
 
     def __init__(self, ext) -> None:
         self._ext = ext
         self.calls: list[tuple] = []
+        self.kwargs: list[dict] = []
 
     def __getattr__(self, name: str):
         return getattr(self._ext, name)
 
-    def exl3_gemv_v5(self, *args, **kwargs):
+    def exl3_gemv_cluster(self, *args, **kwargs):
         self.calls.append(args)
-        return self._ext.exl3_gemv_v5(*args, **kwargs)
+        self.kwargs.append(kwargs)
+        return self._ext.exl3_gemv_cluster(*args, **kwargs)

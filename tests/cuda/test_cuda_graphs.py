@@ -1,5 +1,6 @@
 """Decode steps replayed from CUDA graphs give what the eager step gives (issue 6)."""
 
+import dataclasses
 import sys
 from collections import Counter
 from pathlib import Path
@@ -7,13 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import ops
+from engine import kernels
 from engine.cache.paged import PagedKVCache
 from engine.generation.cuda_graph import DecodeGraphs
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.step import StepItem, run_step, score_tokens
+from engine.kernels import attention, fused, loader
 from engine.model import load_model
+from engine.options import EngineOptions
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from tiny_models import build_tiny_model  # noqa: E402
@@ -30,8 +33,9 @@ def _jobs(batch: int) -> list[Job]:
     ]
 
 
-def _generate(model, batch: int, graphs: bool):
-    gen = Generator(model, cache_tokens=1024, page_size=16, cuda_graphs=graphs)
+def _generate(model, batch: int, graphs: bool, options: EngineOptions | None = None):
+    options = dataclasses.replace(options or EngineOptions(), cuda_graphs=graphs)
+    gen = Generator(model, cache_tokens=1024, page_size=16, options=options)
     results = gen.generate(_jobs(batch))
     assert gen.cache.pages.available == gen.cache.num_pages  # padding pages were given back
     return [r.token_ids for r in results], gen
@@ -128,32 +132,32 @@ def test_fused_residual_norms_and_kv_writes_change_no_bit(variant, dtype, tmp_pa
 
     used = Counter()
 
-    def spy(name):
-        real = getattr(ops, name)
+    def spy(module, name):
+        real = getattr(module, name)
 
         def call(*args):
             result = real(*args)
-            used[name] += result is not None and result is not False
+            used[name] += result is not None
             return result
 
         return call
 
     with monkeypatch.context() as m:
-        m.setattr(ops, "add_rms_norm", spy("add_rms_norm"))
-        m.setattr(ops, "rope_kv_write", spy("rope_kv_write"))
-        fused = run()
+        m.setattr(fused, "add_rms_norm", spy(fused, "add_rms_norm"))
+        m.setattr(fused, "rope_kv_write", spy(fused, "rope_kv_write"))
+        one_launch = run()
     assert used["add_rms_norm"] > 0 and used["rope_kv_write"] > 0  # the fused kernels ran
     with monkeypatch.context() as m:  # RoPE and the KV write as two launches
-        m.setattr(ops, "rope_kv_write", lambda *args: None)
-        m.setattr(ops, "kv_cache_write", spy("kv_cache_write"))
+        m.setattr(fused, "rope_kv_write", lambda *args: None)
+        m.setattr(attention, "kv_cache_write", spy(attention, "kv_cache_write"))
         apart = run()
     assert used["kv_cache_write"] > 0
     with monkeypatch.context() as m:
-        m.setattr(ops, "add_rms_norm", lambda *args: None)
-        m.setattr(ops, "rope_kv_write", lambda *args: None)
-        m.setattr(ops, "kv_cache_write", lambda *args: False)
+        m.setattr(fused, "add_rms_norm", lambda *args: None)
+        m.setattr(fused, "rope_kv_write", lambda *args: None)
+        m.setattr(attention, "kv_cache_write", lambda *args: None)
         plain = run()
-    _assert_same_logits(fused, plain)
+    _assert_same_logits(one_launch, plain)
     _assert_same_logits(apart, plain)
 
 
@@ -199,7 +203,7 @@ CHAINED_CASES = [
 def test_chained_launches_change_no_bit(case, tmp_path, request, monkeypatch):
     """Chained launches (ext/chained_launch.cuh: a kernel starts during the previous one and waits
     for it before touching its data) change when kernels start, never what they compute: the same
-    logits bit for bit as unchained launches, through the captured graphs (GEMV v5, norms, RoPE,
+    logits bit for bit as unchained launches, through the captured graphs (the cluster GEMV, norms, RoPE,
     KV writes dense and quantized, attention and its combine, activation)."""
     if case == "exl3":
         path = request.getfixturevalue("exl3_dir") / "tiny-llama-exl3-4.0bpw-h6-mul1"
@@ -209,16 +213,16 @@ def test_chained_launches_change_no_bit(case, tmp_path, request, monkeypatch):
         build_tiny_model(variant, tmp_path)
         path, bits = tmp_path, int(bits_text)
     model = load_model(path, device="cuda", dtype=dtype)
-    ext = ops.extension()
-    if torch.cuda.get_device_capability()[0] < 9 or not hasattr(ext, "set_chained_launches"):
+    ext = kernels.extension()
+    if not kernels.chained_launches_supported(torch.device("cuda")):
         pytest.skip("chained launches need sm_90 and this extension")
     settings = []
     real = ext.set_chained_launches
     monkeypatch.setattr(ext, "set_chained_launches", lambda on: settings.append(on) or real(on))
-    monkeypatch.setattr(ops, "CHAINED", False)
-    plain = _forced_decode(model, bits)
+    with monkeypatch.context() as m:  # as on a GPU without programmatic dependent launch
+        m.setattr(loader, "chained_launches_supported", lambda device: False)
+        plain = _forced_decode(model, bits)
     assert True not in settings
-    monkeypatch.setattr(ops, "CHAINED", True)
     chained = _forced_decode(model, bits)
     assert True in settings  # the steps really ran chained
     assert real(False) is False  # and every step switched it off again
@@ -234,7 +238,8 @@ def test_pipelined_graph_decode_equals_unpipelined(batch, tmp_path, monkeypatch)
     model = load_model(tmp_path, device="cuda", dtype="bfloat16")
 
     def run(pipeline: bool, stop: tuple[int, ...] = ()):
-        gen = Generator(model, cache_tokens=1024, page_size=16, cuda_graphs=True, pipeline=pipeline)
+        options = EngineOptions(cuda_graphs=True, pipelined_decode=pipeline)
+        gen = Generator(model, cache_tokens=1024, page_size=16, options=options)
         jobs = [
             Job(list(range(3 + i, 3 + i + n)), max_new_tokens=32 - 9 * i, stop_token_ids=stop)
             for i, n in enumerate(PROMPTS[:batch])

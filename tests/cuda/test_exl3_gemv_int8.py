@@ -1,15 +1,16 @@
-"""The int8 GEMV (ext/exl3_gemv_v5.cuh, I8: MUL1 hash words as u8 operands of the integer tensor
-cores, inputs as 15-bit fixed point) against the float64 reference and the fp16 fast kernel
-(GPU only, sm_90)."""
+"""The int8 GEMV (ext/exl3_gemv_cluster.cuh, I8: MUL1 hash words as u8 operands of the integer
+tensor cores, inputs as 15-bit fixed point) against the float64 reference and the fp16 variant of
+the same kernel (GPU only, sm_90)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from cuda_helpers import GemvV5Spy, capture, rel_fro
-from test_exl3_gemv_v5 import SAME_TOL, TOL, _exact_w, _random_layer
+from cuda_helpers import GemvClusterSpy, capture, rel_fro
+from test_exl3_gemv_cluster import SAME_TOL, TOL, _exact_w, _random_layer
 
-from engine import gemv_tuning, ops
+from engine import kernels
+from engine.kernels import gemv, loader, tuning
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
@@ -17,26 +18,26 @@ pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 @pytest.fixture(scope="module", autouse=True)
 def _sm90(cuda_extension):
     if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the int8 GEMV is a GEMV v5 kernel (sm_90)")
+        pytest.skip("the int8 GEMV is a variant of the cluster GEMV (sm_90)")
 
 
 def _int8(x, t, suh, svh, splits: int = 0) -> torch.Tensor:
-    return ops.exl3_gemv(x, t, suh, svh, "mul1", splits=splits, fast=True, v5=True, int8=True)
+    return gemv.exl3_gemv(x, t, suh, svh, "mul1", splits=splits, cluster=True, int8=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("k", range(1, 9))
 @pytest.mark.parametrize("shape", [(128, 256), (384, 640), (2304, 384), (4096, 1024)])
-def test_int8_matches_reference_and_fast_kernel(shape: tuple[int, int], k: int, dtype: torch.dtype) -> None:
+def test_int8_matches_reference_and_fp16_kernel(shape: tuple[int, int], k: int, dtype: torch.dtype) -> None:
     trellis, suh, svh = _random_layer(*shape, k, seed=11 * k + shape[0])
     w = _exact_w(trellis, suh, svh, "mul1")
-    for m in range(1, ops.GEMV_INT8_ROWS + 1):
+    for m in range(1, gemv.GEMV_INT8_ROWS + 1):
         x = torch.randn(m, shape[0], device="cuda").to(dtype)
         y = _int8(x, trellis, suh, svh)
         assert y.shape == (m, shape[1]) and y.dtype == dtype
         assert rel_fro(y, x.double().cpu() @ w) < TOL[dtype], (m, k)
-        fast = ops.exl3_gemv(x, trellis, suh, svh, "mul1", fast=True, v5=True, int8=False)
-        assert rel_fro(y, fast) < (SAME_TOL if dtype != torch.bfloat16 else TOL[dtype]), (m, k)
+        fp16 = gemv.exl3_gemv(x, trellis, suh, svh, "mul1", cluster=True, int8=False)
+        assert rel_fro(y, fp16) < (SAME_TOL if dtype != torch.bfloat16 else TOL[dtype]), (m, k)
 
 
 def test_int8_every_split_count() -> None:
@@ -80,8 +81,8 @@ def test_int8_propagates_nan_and_inf_like_the_fp16_kernel() -> None:
         x = torch.randn(2, 2048, device="cuda", dtype=torch.float16)
         x[0, 1000] = bad
         y = _int8(x, trellis, suh, svh)
-        fast = ops.exl3_gemv(x, trellis, suh, svh, "mul1", fast=True, v5=True, int8=False)
-        assert not torch.isfinite(y[0]).any() and not torch.isfinite(fast[0]).any(), bad
+        fp16 = gemv.exl3_gemv(x, trellis, suh, svh, "mul1", cluster=True, int8=False)
+        assert not torch.isfinite(y[0]).any() and not torch.isfinite(fp16[0]).any(), bad
         assert rel_fro(y[1], x[1:].double().cpu() @ w) < TOL[torch.float16], bad
 
 
@@ -93,7 +94,7 @@ def test_int8_multi_launch_deterministic_and_graph_replay() -> None:
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
 
     def step():
-        return ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=4, fast=True, v5=True, int8=True)
+        return gemv.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=4, cluster=True, int8=True)
 
     first = step()
     for y, (t, suh, svh) in zip(first, layers):
@@ -108,23 +109,19 @@ def test_int8_multi_launch_deterministic_and_graph_replay() -> None:
 
 
 def test_int8_is_the_default_where_it_applies(monkeypatch) -> None:
-    """ops.GEMV_INT8 routes MUL1 at 1..GEMV_INT8_ROWS rows with the fast kernel to int8, nothing else; asking
-    for int8 where it cannot run is a ValueError that says why."""
-    spy = GemvV5Spy(ops.extension())
-    monkeypatch.setattr(gemv_tuning, "TUNE", False)
-    monkeypatch.setattr(ops, "GEMV_V5", True)
-    monkeypatch.setattr(ops, "extension", lambda: spy)
+    """MUL1 at 1..GEMV_INT8_ROWS rows runs int8, nothing else; ``int8=False`` keeps the fp16
+    variant; asking for int8 where it cannot run is a ValueError that says why."""
+    spy = GemvClusterSpy(kernels.extension())
+    monkeypatch.setattr(tuning, "_enabled", False)
+    monkeypatch.setattr(loader, "kernel_ready", lambda *tensors: spy)
     t, suh, svh = _random_layer(256, 384, 4, seed=2)
-    for flag in (True, False):
-        monkeypatch.setattr(ops, "GEMV_INT8", flag)
-        spy.calls.clear()
-        for m in (1, ops.GEMV_INT8_ROWS, ops.GEMV_INT8_ROWS + 1):
-            ops.exl3_gemv(torch.randn(m, 256, device="cuda").half(), t, suh, svh, "mul1", fast=True)
-        ops.exl3_gemv(torch.randn(1, 256, device="cuda").half(), t, suh, svh, "mcg", fast=True)
-        ops.exl3_gemv(torch.randn(1, 256, device="cuda").half(), t, suh, svh, "mul1", fast=False)
-        assert [args[-1] for args in spy.calls] == [flag, flag, False, False, False]  # int8 flags
+    for m in (1, gemv.GEMV_INT8_ROWS, gemv.GEMV_INT8_ROWS + 1):
+        gemv.exl3_gemv(torch.randn(m, 256, device="cuda").half(), t, suh, svh, "mul1")
+    gemv.exl3_gemv(torch.randn(1, 256, device="cuda").half(), t, suh, svh, "mcg")
+    gemv.exl3_gemv(torch.randn(1, 256, device="cuda").half(), t, suh, svh, "mul1", int8=False)
+    assert [kw["int8"] for kw in spy.kwargs] == [True, True, False, False, False]
     x = torch.randn(1, 256, device="cuda").half()
     with pytest.raises(ValueError, match="MUL1"):
-        ops.exl3_gemv(x, t, suh, svh, "mcg", int8=True)
+        gemv.exl3_gemv(x, t, suh, svh, "mcg", int8=True)
     with pytest.raises(ValueError, match="rows"):
-        ops.exl3_gemv(torch.randn(5, 256, device="cuda").half(), t, suh, svh, "mul1", int8=True)
+        gemv.exl3_gemv(torch.randn(5, 256, device="cuda").half(), t, suh, svh, "mul1", int8=True)

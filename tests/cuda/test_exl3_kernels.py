@@ -1,4 +1,5 @@
-"""EXL3 CUDA kernels against the torch reference and ExLlamaV3's fixtures (GPU only)."""
+"""EXL3 CUDA kernels against the torch reference and ExLlamaV3's fixtures (GPU only). The decode
+is also checked bit for bit by the whole-weight kernel's tests (tests/cuda/test_exl3_weight.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from cuda_helpers import capture, rel_fro
 
 import engine.quant
-from engine import ops
+from engine import kernels
+from engine.kernels import gemv, loader
 from engine.quant import EXL3Linear
 from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES
 from engine.quant.hadamard import blockwise_hadamard
@@ -43,90 +45,36 @@ def _exact_w(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebo
     return apply_scales(decode_trellis(trellis.cpu(), codebook), suh.cpu(), svh.cpu(), torch.float64)
 
 
-# ---- reconstruct: bit-exact decode --------------------------------------------------------------
-
-
-@pytest.mark.parametrize("codebook", CODEBOOKS)
-@pytest.mark.parametrize("k", ALL_K)
-def test_reconstruct_matches_exllamav3_fixture(ref, codebook: str, k: int) -> None:
-    trellis = ref("trellis_inputs")[f"K{k}.trellis"].cuda()
-    q = ops.exl3_decode(trellis, codebook)
-    expected = ref(f"trellis_decode_{codebook}")[f"K{k}.q"]
-    assert q.shape == expected.shape == (128, 256)
-    assert torch.equal(q.cpu().view(torch.int16), expected.view(torch.int16))
-
-
-@pytest.mark.parametrize("codebook", CODEBOOKS)
-@pytest.mark.parametrize("k", ALL_K)
-@pytest.mark.parametrize("shape", [(256, 384), (640, 128)])
-def test_reconstruct_random_bit_exact(codebook: str, k: int, shape: tuple[int, int]) -> None:
-    trellis, _, _ = _random_layer(*shape, k, seed=100 * k + shape[0])
-    q = ops.exl3_decode(trellis, codebook)
-    assert torch.equal(q.cpu().view(torch.int16), decode_trellis(trellis.cpu(), codebook).view(torch.int16))
-
-
-@pytest.mark.parametrize("variant", ["4.0bpw-h6-mul1", "2.5bpw-h4-mcg", "5.5bpw-h8-3inst"])
-def test_reconstruct_converted_models(exl3_dir: Path, ref, variant: str) -> None:
-    from safetensors import safe_open
-
-    expected = ref(f"reconstructed_{variant}")
-    codebook = variant.rsplit("-", 1)[1]
-    n = 0
-    with safe_open(str(exl3_dir / f"tiny-llama-exl3-{variant}" / "model.safetensors"), framework="pt") as f:
-        for key in expected:
-            if not key.endswith(".q"):
-                continue
-            trellis = f.get_tensor(key[:-2] + ".trellis").cuda()
-            q = ops.exl3_decode(trellis, codebook)
-            assert torch.equal(q.cpu().view(torch.int16), expected[key].view(torch.int16)), key
-            n += 1
-    assert n >= 14
-
-
-# ---- Hadamard ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_hadamard_kernel(dtype: torch.dtype) -> None:
-    x = torch.randn(7, 3, 384, device="cuda").to(dtype)
-    pre = (torch.rand(384, device="cuda") + 0.5).half()
-    post = (torch.rand(384, device="cuda") - 0.5).half()
-    got = ops.hadamard128(x, pre, post, torch.float32)
-    expected = blockwise_hadamard(x.double().cpu() * pre.double().cpu(), dim=-1) * post.double().cpu()
-    assert rel_fro(got, expected) < 1e-6
-    assert ops.hadamard128(x, None, None, torch.float16).dtype == torch.float16
-
-
 # ---- GEMV (1..8 rows): every K and codebook, several shapes ------------------------------------
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
 @pytest.mark.parametrize("codebook", CODEBOOKS)
 @pytest.mark.parametrize("k", ALL_K)
 @pytest.mark.parametrize("shape", [(128, 256), (384, 640), (2304, 384)])
-def test_gemv_every_k_and_codebook(codebook: str, k: int, shape: tuple[int, int], fast: bool) -> None:
+def test_gemv_every_k_and_codebook(codebook: str, k: int, shape: tuple[int, int]) -> None:
     trellis, suh, svh = _random_layer(*shape, k, seed=k * 7 + shape[1])
     w = _exact_w(trellis, suh, svh, codebook)
     for m in range(1, 9):
         x = torch.randn(m, shape[0], device="cuda", dtype=torch.float16)
-        y = ops.exl3_gemv(x, trellis, suh, svh, codebook, fast=fast)
+        y = gemv.exl3_gemv(x, trellis, suh, svh, codebook)
         assert y.shape == (m, shape[1]) and y.dtype == torch.float16
         assert rel_fro(y, x.double().cpu() @ w) < TOL[torch.float16], (m, k, codebook)
 
 
-@pytest.mark.parametrize("fast", [False, True], ids=["exact", "fast"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_gemv_dtypes_and_every_output_written(dtype: torch.dtype, fast: bool) -> None:
-    ext = ops.extension()
+def test_gemv_dtypes_and_every_output_written(dtype: torch.dtype) -> None:
+    """The workspace split-K GEMV (the portable one), called directly: on sm_90+ the dispatch
+    runs the cluster GEMV instead, so this is where the pre-Hopper kernel is checked."""
+    ext = kernels.extension()
     trellis, suh, svh = _random_layer(512, 384, 4, seed=3)
     w = _exact_w(trellis, suh, svh, "mul1")
     for m in (1, 3, 8):
         x = torch.randn(m, 512, device="cuda").to(dtype)
-        partial, counters = ops._workspace(x.device, 512, 384)
+        partial, counters = gemv._workspace(x.device, 512, 384)
         for splits in (1, 2, 4):  # single-block path and the split-K ticket path
             y = torch.full((m, 384), float("nan"), device="cuda", dtype=dtype)
             used = ext.exl3_gemv(
-                x, trellis, suh, svh, y, partial, counters, ops.CODEBOOK_IDS["mul1"], splits, fast
+                x, trellis, suh, svh, y, partial, counters, loader.CODEBOOK_IDS["mul1"], splits
             )
             assert used == splits
             assert torch.isfinite(y).all()
@@ -137,7 +85,7 @@ def test_gemv_dtypes_and_every_output_written(dtype: torch.dtype, fast: bool) ->
 def test_gemv_split_choices_agree_and_repeat() -> None:
     trellis, suh, svh = _random_layer(2048, 256, 3, seed=11)
     x = torch.randn(5, 2048, device="cuda", dtype=torch.float16)
-    ys = [ops.exl3_gemv(x, trellis, suh, svh, "3inst", splits=s) for s in (1, 3, 16, 0, 0)]
+    ys = [gemv.exl3_gemv(x, trellis, suh, svh, "3inst", splits=s) for s in (1, 3, 16, 0, 0)]
     for y in ys[1:]:
         assert rel_fro(y, ys[0]) < 1e-3
     w = _exact_w(trellis, suh, svh, "3inst")
@@ -148,8 +96,8 @@ def test_gemv_llama_shapes() -> None:
     for in_f, out_f in [(4096, 1024), (14336, 512)]:  # deep K (many splits) and a tall matrix
         trellis, suh, svh = _random_layer(in_f, out_f, 4, seed=in_f)
         x = torch.randn(8, in_f, device="cuda", dtype=torch.float16)
-        y = ops.exl3_gemv(x, trellis, suh, svh, "mcg")
-        q = ops.exl3_decode(trellis, "mcg").double()
+        y = gemv.exl3_gemv(x, trellis, suh, svh, "mcg")
+        q = decode_trellis(trellis, "mcg").double()
         u = blockwise_hadamard(x.double() * suh.double(), dim=-1)
         expected = blockwise_hadamard(u @ q, dim=-1) * svh.double()
         assert rel_fro(y, expected) < TOL[torch.float16]
@@ -158,9 +106,9 @@ def test_gemv_llama_shapes() -> None:
 def test_gemv_rejects_bad_input() -> None:
     trellis, suh, svh = _random_layer(256, 128, 2, seed=1)
     with pytest.raises(ValueError, match="1..8"):
-        ops.exl3_gemv(torch.randn(9, 256, device="cuda").half(), trellis, suh, svh, "mcg")
+        gemv.exl3_gemv(torch.randn(9, 256, device="cuda").half(), trellis, suh, svh, "mcg")
     with pytest.raises(ValueError, match="256"):
-        ops.exl3_gemv(torch.randn(2, 128, device="cuda").half(), trellis, suh, svh, "mcg")
+        gemv.exl3_gemv(torch.randn(2, 128, device="cuda").half(), trellis, suh, svh, "mcg")
 
 
 # ---- EXL3Linear through the hook: all batch sizes, padding, bias --------------------------------
@@ -181,7 +129,7 @@ def test_exl3_linear_streaming_on_gpu(dtype: torch.dtype) -> None:
         x = torch.randn(2, m, 200)
         y = gpu(x.cuda().to(dtype))
         assert y.shape == (2, m, 300) and y.dtype == dtype
-        tol = TOL[dtype] if m <= ops.GEMV_MAX_ROWS or dtype != torch.float32 else 1e-5
+        tol = TOL[dtype] if m <= gemv.GEMV_MAX_ROWS or dtype != torch.float32 else 1e-5
         assert rel_fro(y, cpu(x)) < tol, m
 
 

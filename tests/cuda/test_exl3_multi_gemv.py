@@ -6,8 +6,9 @@ import functools
 
 import pytest
 import torch
+from cuda_helpers import capture
 
-from engine import ops
+from engine.kernels import gemv
 from engine.modules.linear import ProjectionGroup
 from engine.quant import EXL3Linear
 from engine.quant.codebooks import CODEBOOKS
@@ -62,13 +63,14 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _counters_zero() -> bool:
-    return all(int(ws[1].abs().sum()) == 0 for ws in ops._workspaces.values())
+    return all(int(ws[1].abs().sum()) == 0 for ws in gemv.workspaces())
 
 
-@pytest.mark.parametrize("fast", [True, False], ids=["fast", "exact"])
+# None: the GPU's GEMV (the cluster one on sm_90+); False: the workspace GEMV, the portable one.
+@pytest.mark.parametrize("cluster", [None, False], ids=["default", "workspace"])
 @pytest.mark.parametrize("codebook", CODEBOOKS)
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_multi_equals_separate(config: str, codebook: str, fast: bool) -> None:
+def test_multi_equals_separate(config: str, codebook: str, cluster: bool | None) -> None:
     in_f, _ = CONFIGS[config]
     layers = _layers(config)
     ts, suhs, svhs = zip(*layers)
@@ -80,16 +82,18 @@ def test_multi_equals_separate(config: str, codebook: str, fast: bool) -> None:
         # only the order of the 8 warps' shared-memory atomics varies (run to run, in either
         # launch), so the outputs agree to within an fp16 rounding of a few elements.
         for splits in sorted({min_splits, min(n_chunks, 3)}):
-            ys = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, splits=splits, fast=fast)
+            ys = gemv.exl3_gemv_multi(
+                x, list(ts), list(suhs), list(svhs), codebook, splits=splits, cluster=cluster
+            )
             for (t, suh, svh), y in zip(layers, ys):
-                ref = ops.exl3_gemv(x, t, suh, svh, codebook, splits=splits, fast=fast)
+                ref = gemv.exl3_gemv(x, t, suh, svh, codebook, splits=splits, cluster=cluster)
                 assert y.shape == ref.shape and y.dtype == ref.dtype
-                assert _rel(y, ref) < SAME_TOL, (config, codebook, fast, m, splits)
+                assert _rel(y, ref) < SAME_TOL, (config, codebook, cluster, m, splits)
         # The launch's own split choice: only the fp32 split-sum order differs.
-        ys = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, fast=fast)
+        ys = gemv.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, cluster=cluster)
         for (t, suh, svh), y in zip(layers, ys):
-            ref = ops.exl3_gemv(x, t, suh, svh, codebook, fast=fast)
-            assert _rel(y, ref) < 2e-3, (config, codebook, fast, m)
+            ref = gemv.exl3_gemv(x, t, suh, svh, codebook, cluster=cluster)
+            assert _rel(y, ref) < 2e-3, (config, codebook, cluster, m)
     torch.cuda.synchronize()
     assert _counters_zero()
 
@@ -101,18 +105,18 @@ def test_multi_other_dtypes(dtype: torch.dtype) -> None:
     ts, suhs, svhs = zip(*layers)
     for m in (1, 5, 8):
         x = _x(m, in_f, dtype)
-        ys = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), "mcg", splits=4)
+        ys = gemv.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), "mcg", splits=4)
         for (t, suh, svh), y in zip(layers, ys):
             assert y.dtype == dtype
-            assert _rel(y, ops.exl3_gemv(x, t, suh, svh, "mcg", splits=4)) < SAME_TOL
+            assert _rel(y, gemv.exl3_gemv(x, t, suh, svh, "mcg", splits=4)) < SAME_TOL
 
 
 def test_single_matrix_multi_launch() -> None:
     in_f, _ = CONFIGS["8b_qkv"]
     t, suh, svh = _layers("8b_qkv")[0]
     x = _x(3, in_f)
-    (y,) = ops.exl3_gemv_multi(x, [t], [suh], [svh], "3inst", splits=8)
-    assert _rel(y, ops.exl3_gemv(x, t, suh, svh, "3inst", splits=8)) < SAME_TOL
+    (y,) = gemv.exl3_gemv_multi(x, [t], [suh], [svh], "3inst", splits=8)
+    assert _rel(y, gemv.exl3_gemv(x, t, suh, svh, "3inst", splits=8)) < SAME_TOL
 
 
 @pytest.mark.parametrize("config", ["8b_qkv", "8b_gate_up"])
@@ -121,19 +125,15 @@ def test_multi_graph_replay_equals_eager(config: str) -> None:
     layers = _layers(config)
     ts, suhs, svhs = zip(*layers)
     x_static = _x(4, in_f)
-    eager_first = ops.exl3_gemv_multi(
+    eager_first = gemv.exl3_gemv_multi(
         x_static, list(ts), list(suhs), list(svhs), "mcg"
     )  # sizes the workspace
-    # Imported here: a test below imports this module as ``tests.cuda...`` in a subprocess, where
-    # the sibling helper module is not on the path.
-    from cuda_helpers import capture
-
-    graph, ys_graph = capture(lambda: ops.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg"))
+    graph, ys_graph = capture(lambda: gemv.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg"))
     for seed in (7, 8, 9):
         x_static.copy_(_x(4, in_f, seed=seed))
         graph.replay()
         torch.cuda.synchronize()
-        eager = ops.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg")
+        eager = gemv.exl3_gemv_multi(x_static, list(ts), list(suhs), list(svhs), "mcg")
         for a, b in zip(ys_graph, eager):
             assert _rel(a, b) < SAME_TOL
     assert _counters_zero()
@@ -168,9 +168,9 @@ def test_projection_group_uses_one_launch(monkeypatch, config: str) -> None:
     group = ProjectionGroup([(lin, [lin.out_features]) for lin in linears])
     x = _x(2, in_f).reshape(1, 2, in_f)
     expected = [lin(x) for lin in linears]
-    multi, single = _Spy(ops.exl3_gemv_multi), _Spy(ops.exl3_gemv)
-    monkeypatch.setattr(ops, "exl3_gemv_multi", multi)
-    monkeypatch.setattr(ops, "exl3_gemv", single)
+    multi, single = _Spy(gemv.exl3_gemv_multi), _Spy(gemv.exl3_gemv)
+    monkeypatch.setattr(gemv, "exl3_gemv_multi", multi)
+    monkeypatch.setattr(gemv, "exl3_gemv", single)
     outs = group(x)
     assert multi.calls == 1 and single.calls == 0
     assert [o.shape for o in outs] == [e.shape for e in expected]
@@ -182,17 +182,14 @@ def test_projection_group_falls_back(monkeypatch) -> None:
     layers = _layers("1b_qkv")
     in_f, _ = CONFIGS["1b_qkv"]
     mixed = [_exl3_linear(*layers[0], "mcg"), _exl3_linear(*layers[1], "mul1")]  # codebooks differ
-    multi = _Spy(ops.exl3_gemv_multi)
-    monkeypatch.setattr(ops, "exl3_gemv_multi", multi)
+    multi = _Spy(gemv.exl3_gemv_multi)
+    monkeypatch.setattr(gemv, "exl3_gemv_multi", multi)
     group = ProjectionGroup([(lin, [lin.out_features]) for lin in mixed])
     outs = group(_x(1, in_f))
     assert multi.calls == 0 and len(outs) == 2
     same = ProjectionGroup([(_exl3_linear(*layer, "mcg"), [layer[0].shape[1] * 16]) for layer in layers])
-    outs = same(_x(1, in_f).repeat(9, 1))  # 9 rows: above the GEMV's 8, per-matrix path
+    outs = same(_x(1, in_f).repeat(9, 1))  # 9 rows: above the GEMV's 8, the whole-weight path
     assert multi.calls == 0 and outs[0].shape == (9, 2048)
-    monkeypatch.setattr(ops, "GEMV_MULTI", False)
-    same(_x(1, in_f))
-    assert multi.calls == 0
 
 
 def test_multi_rejects_bad_input() -> None:
@@ -200,64 +197,9 @@ def test_multi_rejects_bad_input() -> None:
     ts, suhs, svhs = zip(*layers)
     x = _x(1, 2048)
     with pytest.raises(ValueError):
-        ops.exl3_gemv_multi(x, list(ts) + [ts[0]], list(suhs) + [suhs[0]], list(svhs) + [svhs[0]], "mcg")
+        gemv.exl3_gemv_multi(x, list(ts) + [ts[0]], list(suhs) + [suhs[0]], list(svhs) + [svhs[0]], "mcg")
     with pytest.raises(ValueError):
-        ops.exl3_gemv_multi(_x(9, 2048), list(ts), list(suhs), list(svhs), "mcg")
+        gemv.exl3_gemv_multi(_x(9, 2048), list(ts), list(suhs), list(svhs), "mcg")
     small_t, small_suh, small_svh = _layers("small")[0]
     with pytest.raises(ValueError):  # in features differ
-        ops.exl3_gemv_multi(x, [ts[0], small_t], [suhs[0], small_suh], [svhs[0], small_svh], "mcg")
-
-
-_ILP_SCRIPT = """
-import sys, torch
-sys.path.insert(0, sys.argv[1])
-from engine import ops
-from tests.cuda.test_exl3_multi_gemv import _layers, _x, CONFIGS
-out = {}
-for cb in ("3inst", "mcg", "mul1"):
-    for config in ("8b_qkv", "small"):
-        layers = _layers(config)
-        ts, suhs, svhs = zip(*layers)
-        for m in (1, 8):
-            x = _x(m, CONFIGS[config][0])
-            out[(cb, config, m, "multi")] = [
-                y.cpu() for y in ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), cb, fast=True)
-            ]
-            out[(cb, config, m, "single")] = [
-                ops.exl3_gemv(x, t, s, v, cb, fast=True).cpu() for t, s, v in layers
-            ]
-torch.save(out, sys.argv[2])
-"""
-
-
-def test_ilp_variant_matches(tmp_path) -> None:
-    """TRELLIS_GEMV_ILP=1 (read once per process, so in a child process) gives the same outputs
-    within fp32 summation order: only the fast 3INST/MCG kernels change (two accumulators)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    dest = tmp_path / "ilp.pt"
-    env = dict(os.environ, TRELLIS_GEMV_ILP="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", _ILP_SCRIPT, str(root), str(dest)],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = torch.load(dest)
-    for (cb, config, m, kind), ys in got.items():
-        layers = _layers(config)
-        x = _x(m, CONFIGS[config][0])
-        if kind == "multi":
-            ts, suhs, svhs = zip(*layers)
-            ref = ops.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), cb, fast=True)
-        else:
-            ref = [ops.exl3_gemv(x, t, s, v, cb, fast=True) for t, s, v in layers]
-        for y, r in zip(ys, ref):
-            assert _rel(y.cuda(), r) < 2e-3, (cb, config, m, kind)  # split counts may differ (2 blocks/SM)
+        gemv.exl3_gemv_multi(x, [ts[0], small_t], [suhs[0], small_suh], [svhs[0], small_svh], "mcg")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from cuda_helpers import rel_fro
 
-from engine import ops
+from engine.kernels import gemv
 from engine.modules.linear import ProjectionGroup
 from engine.quant import EXL3Linear
 from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES
@@ -46,15 +46,14 @@ def _exact_w(layer: EXL3Linear) -> torch.Tensor:
     return apply_scales(q, layer.suh.cpu(), layer.svh.cpu(), torch.float64)
 
 
-@pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("codebook", CODEBOOKS)
 @pytest.mark.parametrize("k", range(1, 9))
 @pytest.mark.parametrize("shape", [(128, 128), (256, 384), (384, 256), (1024, 640)])
-def test_weight_matches_reference(version: int, codebook: str, k: int, shape: tuple[int, int]) -> None:
+def test_weight_matches_reference(codebook: str, k: int, shape: tuple[int, int]) -> None:
     layer = _layer(*shape, k, codebook, seed=k * 7 + shape[0])
     exact = _exact_w(layer)
     for dtype, tol in W_TOL.items():
-        w = ops.exl3_weight([layer], dtype, version=version)
+        w = gemv.exl3_weight([layer], dtype)
         assert w.shape == shape and w.dtype == dtype
         assert rel_fro(w, exact) < tol, dtype
         # Element-wise too: a misplaced piece would hide in a Frobenius norm only if tiny.
@@ -62,19 +61,17 @@ def test_weight_matches_reference(version: int, codebook: str, k: int, shape: tu
         assert err < 8 * tol, dtype
 
 
-def test_weight_versions_agree_on_a_large_layer() -> None:
+def test_weight_of_a_large_layer() -> None:
     layer = _layer(4096, 1024, 4, "mul1", 11)
+    exact = _exact_w(layer)
     for dtype, tol in W_TOL.items():
-        assert (
-            rel_fro(ops.exl3_weight([layer], dtype, version=2), ops.exl3_weight([layer], dtype, version=1))
-            < 2 * tol
-        )
+        assert rel_fro(gemv.exl3_weight([layer], dtype), exact) < tol, dtype
 
 
 def test_weights_side_by_side_in_one_buffer() -> None:
     # Different K, codebooks and widths (incl. a padded one) share one buffer, column blocks in order.
     layers = [_layer(256, 256, 4, "mul1", 1), _layer(256, 100, 2, "mcg", 2), _layer(256, 384, 6, "3inst", 3)]
-    w = ops.exl3_weight(layers, torch.float32)
+    w = gemv.exl3_weight(layers, torch.float32)
     assert w.shape == (256, 256 + 128 + 384)
     col = 0
     for layer in layers:
@@ -83,9 +80,10 @@ def test_weights_side_by_side_in_one_buffer() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_prefill_through_the_weight_matches_the_old_path(dtype: torch.dtype, monkeypatch) -> None:
-    # Single linears and a q/k/v-like group at prefill sizes: the new path (one W, one GEMM) against
-    # the torch reference and against the rotate-x / decode-Q / rotate-y path it replaces.
+def test_prefill_through_the_weight_matches_the_torch_path(dtype: torch.dtype) -> None:
+    # Single linears and a q/k/v-like group at prefill sizes: the kernel path (one W, one GEMM)
+    # against the torch reference and against the layer's own torch path (rotate x, decode Q,
+    # rotate y).
     layers = [
         _layer(200, 300, 4, "mcg", 4, bias=True),
         _layer(200, 100, 4, "mcg", 5),
@@ -95,8 +93,7 @@ def test_prefill_through_the_weight_matches_the_old_path(dtype: torch.dtype, mon
     x = torch.randn(3, 40, 200, device="cuda").to(dtype)
     new_single = [layer(x) for layer in layers]
     new_group = group(x)
-    monkeypatch.setattr(ops, "WEIGHT_PREFILL", False)
-    old_single = [layer(x) for layer in layers]
+    old_single = [layer._forward_streaming(x) for layer in layers]
     tol = 1e-5 if dtype == torch.float32 else (3e-3 if dtype == torch.float16 else 1.2e-2)
     for layer, a, b, old in zip(layers, new_single, new_group, old_single, strict=True):
         ref = (x.double().cpu() @ layer.reconstruct().double().cpu().t())[..., : layer.out_features]
@@ -110,10 +107,10 @@ def test_prefill_through_the_weight_matches_the_old_path(dtype: torch.dtype, mon
 def test_group_falls_back_per_layer_above_the_size_cap(monkeypatch) -> None:
     layers = [_layer(256, 256, 4, "mul1", 7), _layer(256, 128, 4, "mul1", 8)]
     x = torch.randn(64, 256, device="cuda", dtype=torch.float16)
-    fused = ops.exl3_gemm_multi(x, layers)
+    fused = gemv.exl3_gemm_multi(x, layers)
     assert fused is not None
-    monkeypatch.setattr(ops, "FUSED_WEIGHT_BYTES", 1024)
-    assert ops.exl3_gemm_multi(x, layers) is None
+    monkeypatch.setattr(gemv, "FUSED_WEIGHT_BYTES", 1024)
+    assert gemv.exl3_gemm_multi(x, layers) is None
     group = ProjectionGroup([(layer, [layer.out_features]) for layer in layers])
     for a, b in zip(group(x), fused, strict=True):
         assert rel_fro(a, b) < 1e-3
@@ -124,8 +121,6 @@ def test_weight_rejects_bad_input() -> None:
     # machine instead of raising; not reproduced since, docs/KERNELS.md).
     a, b = _layer(128, 128, 4, "mul1", 9), _layer(256, 128, 4, "mul1", 10)
     with pytest.raises(ValueError, match="in features"):
-        ops.exl3_weight([a, b], torch.float16)
+        gemv.exl3_weight([a, b], torch.float16)
     with pytest.raises(ValueError, match="fp16, bf16 or fp32"):
-        ops.exl3_weight([a], torch.int32)
-    with pytest.raises(ValueError, match="version"):
-        ops.exl3_weight([a], torch.float16, version=3)
+        gemv.exl3_weight([a], torch.int32)

@@ -6,9 +6,11 @@ import pytest
 import torch
 from cuda_helpers import capture
 
-from engine import ops
+from engine import kernels
 from engine.cache.paged import KVCacheLayer
 from engine.cache.quantized import DenseStore, QuantizedStore
+from engine.kernels import attention, loader
+from engine.kernels import fused as fused_ops
 from engine.modules.mlp import ACTIVATIONS
 from engine.modules.norms import RMSNorm, add_and_norm
 from engine.modules.rope import RopeSpec, RotaryEmbedding
@@ -30,18 +32,18 @@ def _tol(dtype: torch.dtype) -> dict:
 
 def _torch_path(module, *args):
     """The module's own torch code on the GPU (the fused op switched off)."""
-    saved = ops._kernel_ready
-    ops._kernel_ready = lambda *t: None
+    saved = loader.kernel_ready
+    loader.kernel_ready = lambda *t: None
     try:
         return module(*args)
     finally:
-        ops._kernel_ready = saved
+        loader.kernel_ready = saved
 
 
 @pytest.fixture(autouse=True)
 def _need_extension():
-    if ops.extension() is None:
-        pytest.skip(f"CUDA extension unavailable: {ops.status()['reason']}")
+    if kernels.extension() is None:
+        pytest.skip(f"CUDA extension unavailable: {kernels.status()['reason']}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -55,7 +57,7 @@ def test_rms_norm_matches_module(dtype, width, offset, rows) -> None:
     weight = (torch.randn(width, device="cuda") * 0.2 + (0.0 if offset else 1.0)).to(dtype)
     norm = RMSNorm(weight, 1e-6, offset)
     x = (torch.randn(rows, width, device="cuda") * 3).to(dtype)
-    fused = ops.rms_norm(x, norm.weight, norm.eps, norm.offset)
+    fused = fused_ops.rms_norm(x, norm.weight, norm.eps, norm.offset)
     assert fused is not None and fused.dtype == dtype and fused.shape == x.shape
     torch.testing.assert_close(fused, _torch_path(norm, x), **_tol(dtype))
     # The module takes the fused path on its own.
@@ -95,7 +97,7 @@ def test_act_mul_matches_torch(dtype, activation, rows, width) -> None:
     torch.manual_seed(rows)
     gate_up = (torch.randn(rows, 2 * width, device="cuda") * 2).to(dtype)
     gate, up = gate_up[:, :width], gate_up[:, width:]
-    fused = ops.act_mul(gate, up, activation)
+    fused = fused_ops.act_mul(gate, up, activation)
     assert fused is not None
     expected = ACTIVATIONS[activation](gate) * up
     torch.testing.assert_close(fused, expected, **_tol(dtype))
@@ -129,14 +131,14 @@ def test_add_rms_norm_matches_add_then_norm(dtype, width, offset, rows) -> None:
     norm = RMSNorm(weight, 1e-6, offset)
     h = (torch.randn(rows, width, device="cuda") * 3).to(dtype)
     delta = (torch.randn(rows, width, device="cuda") * 2).to(dtype)
-    fused = ops.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
+    fused = fused_ops.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
     assert fused is not None
     s, y = fused
     assert s.dtype == y.dtype == dtype and s.shape == y.shape == h.shape
     # The sum is exactly what torch's add stores (the CPU path and the decoder's numerics rely on it)
     assert torch.equal(s, h + delta)
     # ... and the norm is the rms_norm kernel's arithmetic on it, bit for bit ...
-    assert torch.equal(y, ops.rms_norm(h + delta, norm.weight, norm.eps, norm.offset))
+    assert torch.equal(y, fused_ops.rms_norm(h + delta, norm.weight, norm.eps, norm.offset))
     # ... so within one rounding of the torch module.
     torch.testing.assert_close(y, _torch_path(norm, h + delta), **_tol(dtype))
     # add_and_norm (what the decoder calls) takes the fused path on its own.
@@ -149,13 +151,13 @@ def test_add_rms_norm_strided_rows_and_leading_dims() -> None:
     big_d = torch.randn(6, 2 * 512, device="cuda", dtype=torch.bfloat16)
     h, delta = big_h[:, 512:1024], big_d[:, 512:]  # row strides 1536 and 1024
     norm = RMSNorm(torch.rand(512, device="cuda", dtype=torch.bfloat16) + 0.5, 1e-5)
-    s, y = ops.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
+    s, y = fused_ops.add_rms_norm(h, delta, norm.weight, norm.eps, norm.offset)
     assert torch.equal(s, h + delta) and torch.equal(y, norm(h + delta))
     h3, d3 = h.contiguous().view(2, 3, 512), delta.contiguous().view(2, 3, 512)
-    s3, y3 = ops.add_rms_norm(h3, d3, norm.weight, norm.eps, norm.offset)
+    s3, y3 = fused_ops.add_rms_norm(h3, d3, norm.weight, norm.eps, norm.offset)
     assert s3.shape == y3.shape == (2, 3, 512) and torch.equal(y3.view(6, 512), y)
     # Nothing to do for zero rows.
-    s0, y0 = ops.add_rms_norm(h[:0], delta[:0], norm.weight, norm.eps, norm.offset)
+    s0, y0 = fused_ops.add_rms_norm(h[:0], delta[:0], norm.weight, norm.eps, norm.offset)
     assert s0.shape == y0.shape == (0, 512)
 
 
@@ -206,7 +208,7 @@ def test_kv_cache_write_matches_index_copy(dtype, kv_heads, head_dim, tokens, fu
     ref.values.data.copy_(layer.values.data)
     k, v = _kv(tokens, kv_heads, head_dim, dtype, fused_qkv)
     slots = torch.randperm(2048, device="cuda")[:tokens]
-    assert ops.kv_cache_write(layer.keys, layer.values, slots, k, v)
+    assert attention.kv_cache_write(layer.keys, layer.values, slots, k, v) is not None
     ref.keys.data.index_copy_(0, slots, k)
     ref.values.data.index_copy_(0, slots, v)
     assert torch.equal(layer.keys.data, ref.keys.data) and torch.equal(layer.values.data, ref.values.data)
@@ -217,10 +219,10 @@ def test_kv_cache_layer_write_takes_the_fused_path(monkeypatch) -> None:
     k, v = _kv(4, 8, 128, torch.float16, True)
     slots = torch.tensor([5, 900, 17, 2047], device="cuda", dtype=torch.int32)
     calls = []
-    real = ops.kv_cache_write
-    monkeypatch.setattr(ops, "kv_cache_write", lambda *a: calls.append(real(*a)) or calls[-1])
+    real = attention.kv_cache_write
+    monkeypatch.setattr(attention, "kv_cache_write", lambda *a: calls.append(real(*a)) or calls[-1])
     layer.write(slots, k, v)
-    assert calls == [True]
+    assert len(calls) == 1 and calls[0] is not None  # the kernel wrote both sides
     keys, values = layer.read(slots.long())
     assert torch.equal(keys, k) and torch.equal(values, v)
 
@@ -261,8 +263,8 @@ def test_kv_cache_write_in_a_cuda_graph() -> None:
 @pytest.mark.parametrize(("head_dim", "partial"), [(128, 1.0), (64, 1.0), (96, 0.5), (80, 0.25)])
 @pytest.mark.parametrize("tokens", [1, 3, 8, 300])
 def test_rope_kv_write_equals_rope_then_kv_write(dtype, head_dim, partial, tokens) -> None:
-    """q rotated, the rotated keys and the values in the cache: bit for bit what ops.rope then
-    ops.kv_cache_write give, with q/k/v as column slices of one fused projection output."""
+    """q rotated, the rotated keys and the values in the cache: bit for bit what fused_ops.rope then
+    attention.kv_cache_write give, with q/k/v as column slices of one fused projection output."""
     torch.manual_seed(head_dim + tokens)
     rope = RotaryEmbedding(RopeSpec(theta=10000.0, partial_rotary_factor=partial), head_dim, 4096).cuda()
     tables = rope.tables(torch.randint(0, 4000, (tokens,), device="cuda"), dtype)
@@ -276,8 +278,8 @@ def test_rope_kv_write_equals_rope_then_kv_write(dtype, head_dim, partial, token
     slots = torch.randperm(2048, device="cuda")[:tokens]
     q_fused = layer.write_rotated(slots, q, k, v, tables)
     assert q_fused is not None
-    q_ref, k_ref = ops.rope(q, k, *tables)
-    assert ops.kv_cache_write(ref.keys, ref.values, slots, k_ref, v)
+    q_ref, k_ref = fused_ops.rope(q, k, *tables)
+    assert attention.kv_cache_write(ref.keys, ref.values, slots, k_ref, v) is not None
     assert torch.equal(q_fused, q_ref)
     assert torch.equal(layer.keys.data, ref.keys.data) and torch.equal(layer.values.data, ref.values.data)
 
@@ -290,7 +292,7 @@ def test_rope_kv_write_skips_slots_outside_the_cache_and_falls_back_for_quantize
     layer = _kv_layer(torch.bfloat16, 2, 64, slots=64)
     before_k, before_v = layer.keys.data.clone(), layer.values.data.clone()
     q_fused = layer.write_rotated(torch.tensor([-1, 64, 10], device="cuda"), q, k, v, tables)
-    q_ref, k_ref = ops.rope(q, k, *tables)
+    q_ref, k_ref = fused_ops.rope(q, k, *tables)
     assert torch.equal(q_fused, q_ref)  # every query rotates, whatever its slot
     before_k[10], before_v[10] = k_ref[2], v[2]
     assert torch.equal(layer.keys.data, before_k) and torch.equal(layer.values.data, before_v)
@@ -334,11 +336,11 @@ def test_rope_tables_equal_torch_formula_bit_for_bit(spec, head_dim, dtype, monk
     rope = RotaryEmbedding(spec, head_dim, 131072).cuda()
     positions = torch.cat([torch.arange(0, 4096), torch.randint(4096, 131072, (2048,))]).cuda()
     assert (
-        ops.rope_tables(positions, rope.inv_freq, rope.attention_factor, dtype) is not None
+        fused_ops.rope_tables(positions, rope.inv_freq, rope.attention_factor, dtype) is not None
     )  # the kernel runs
     cos, sin = rope.tables(positions, dtype)
     with monkeypatch.context() as m:
-        m.setattr(ops, "rope_tables", lambda *args: None)
+        m.setattr(fused_ops, "rope_tables", lambda *args: None)
         ref_cos, ref_sin = rope.tables(positions, dtype)
     assert cos.shape == ref_cos.shape == (positions.numel(), 1, rope.rotary_dim)
     assert cos.dtype == sin.dtype == dtype

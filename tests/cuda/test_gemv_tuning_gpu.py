@@ -1,5 +1,5 @@
-"""The v5 GEMV's measured split count (engine.gemv_tuning) on the GPU: chosen once per launch
-shape, outside graph captures, and a tuned call equals a call forced to that count."""
+"""The cluster GEMV's measured split count (engine.kernels.tuning) on the GPU: chosen once per
+launch shape, outside graph captures, and a tuned call equals a call forced to that count."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 from cuda_helpers import capture
 
-from engine import gemv_tuning, ops
+from engine.kernels import gemv
+from engine.kernels import tuning as gemv_tuning
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
@@ -17,8 +18,8 @@ pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
     if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("GEMV v5 needs sm_90")
-    monkeypatch.setattr(gemv_tuning, "TUNE", True)
+        pytest.skip("the cluster GEMV needs sm_90")
+    monkeypatch.setattr(gemv_tuning, "_enabled", True)
     gemv_tuning.forget()
     yield
     gemv_tuning.forget()
@@ -45,10 +46,10 @@ def _chosen() -> dict:
 def test_tuned_call_equals_the_forced_split_count(m):
     ts, suhs, svhs = _layer(4096, [4096, 1024, 1024], 4, m)
     x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
-    tuned = ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", fast=True)
+    tuned = gemv.exl3_gemv_multi(x, ts, suhs, svhs, "mul1")
     (chosen,) = _chosen().values()
     assert chosen in gemv_tuning.split_range(4096, 16, 16)
-    forced = ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=chosen, fast=True)
+    forced = gemv.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=chosen)
     for a, b in zip(tuned, forced):
         assert torch.equal(a, b)
 
@@ -56,15 +57,15 @@ def test_tuned_call_equals_the_forced_split_count(m):
 def test_each_launch_shape_is_timed_once(monkeypatch):
     ts, suhs, svhs = _layer(2048, [2048], 2, 0)
     x = torch.randn(1, 2048, device="cuda", dtype=torch.float16)
-    ops.exl3_gemv(x, ts[0], suhs[0], svhs[0], "mcg", fast=True)
+    gemv.exl3_gemv(x, ts[0], suhs[0], svhs[0], "mcg")
     first = _chosen()
     assert len(first) == 1
     timed = []
     monkeypatch.setattr(gemv_tuning, "_measure", lambda *a: timed.append(a) or {})
-    ops.exl3_gemv(x, ts[0], suhs[0], svhs[0], "mcg", fast=True)  # same shape: cached
+    gemv.exl3_gemv(x, ts[0], suhs[0], svhs[0], "mcg")  # same shape: cached
     assert timed == [] and _chosen() == first
     x2 = torch.randn(2, 2048, device="cuda", dtype=torch.float16)
-    ops.exl3_gemv(x2, ts[0], suhs[0], svhs[0], "mcg", fast=True)  # two rows: another shape
+    gemv.exl3_gemv(x2, ts[0], suhs[0], svhs[0], "mcg")  # two rows: another shape
     assert len(timed) == 1
 
 
@@ -82,10 +83,10 @@ def test_no_timing_inside_a_graph_capture(monkeypatch):
     monkeypatch.setattr(gemv_tuning, "tuned_splits", spy)
     gemv_tuning.forget()
     # The capture helper warms up eagerly first: that call tunes, the captured one reuses it.
-    graph, y = capture(lambda: ops.exl3_gemv(x, ts[0], suhs[0], svhs[0], "3inst", fast=True))
+    graph, y = capture(lambda: gemv.exl3_gemv(x, ts[0], suhs[0], svhs[0], "3inst"))
     assert [c for c, _ in seen] == [False, True]
     assert seen[0][1] == seen[1][1] != 0
-    eager = ops.exl3_gemv(x, ts[0], suhs[0], svhs[0], "3inst", fast=True)
+    eager = gemv.exl3_gemv(x, ts[0], suhs[0], svhs[0], "3inst")
     graph.replay()
     assert torch.equal(y, eager)
     # A shape first met inside a capture is not timed there: the kernel's choice (0).
@@ -98,7 +99,7 @@ def test_no_timing_inside_a_graph_capture(monkeypatch):
         x3 = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
         torch.cuda.synchronize()
         with torch.cuda.graph(g2):
-            ops.exl3_gemv(x3, ts[0], suhs[0], svhs[0], "3inst", fast=True)
+            gemv.exl3_gemv(x3, ts[0], suhs[0], svhs[0], "3inst")
     assert seen[-1] == (True, 0)
     assert _chosen() == {}
 
@@ -110,7 +111,7 @@ def test_no_garbage_collection_inside_the_timing_captures():
     ts, suhs, svhs = _layer(512, [512, 128, 128], 4, 2)
     x = torch.randn(2, 512, device="cuda", dtype=torch.float16)
     for _ in range(3):  # forced split counts: no tuning here
-        graph, _ = capture(lambda: ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=1, fast=True))
+        graph, _ = capture(lambda: gemv.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=1))
         cycle = {"graph": graph}
         cycle["self"] = cycle
     del graph, cycle
@@ -124,12 +125,12 @@ def test_no_garbage_collection_inside_the_timing_captures():
     gc.callbacks.append(watch)
     gc.set_threshold(1)
     try:
-        tuned = ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", fast=True)  # times in captures
+        tuned = gemv.exl3_gemv_multi(x, ts, suhs, svhs, "mul1")  # times in captures
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(watch)
     assert during_capture and not any(during_capture)  # it ran, and never inside a capture
     (chosen,) = _chosen().values()
-    forced = ops.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=chosen, fast=True)
+    forced = gemv.exl3_gemv_multi(x, ts, suhs, svhs, "mul1", splits=chosen)
     for a, b in zip(tuned, forced):
         assert torch.equal(a, b)

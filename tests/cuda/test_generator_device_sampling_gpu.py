@@ -11,6 +11,7 @@ from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
 from engine.model import load_model
+from engine.options import EngineOptions
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from tiny_models import build_tiny_model  # noqa: E402
@@ -26,9 +27,8 @@ SETTINGS = [
 
 
 def _generate(model, graphs: bool, device_sampling: bool):
-    gen = Generator(
-        model, cache_tokens=1024, page_size=16, cuda_graphs=graphs, device_sampling=device_sampling
-    )
+    options = EngineOptions(cuda_graphs=graphs, sampling_on_device=device_sampling)
+    gen = Generator(model, cache_tokens=1024, page_size=16, options=options)
     jobs = [
         Job(list(range(3 + i, 3 + i + n)), max_new_tokens=24, sampling=s, stop_token_ids=())
         for i, (n, s) in enumerate(zip((5, 16, 29, 9), SETTINGS))
@@ -62,7 +62,8 @@ def test_a_logit_bias_job_sends_its_steps_to_the_host(tmp_path, monkeypatch):
     monkeypatch.setattr(generator_mod, "_draw_rows", lambda *a: calls.append(1) or original(*a))
 
     def run(device_sampling: bool, settings):
-        gen = Generator(model, cache_tokens=1024, page_size=16, device_sampling=device_sampling)
+        options = EngineOptions(sampling_on_device=device_sampling)
+        gen = Generator(model, cache_tokens=1024, page_size=16, options=options)
         jobs = [
             Job(list(range(3 + i, 3 + i + n)), max_new_tokens=12, sampling=s, stop_token_ids=())
             for i, (n, s) in enumerate(zip((5, 16), settings))
@@ -91,7 +92,8 @@ def test_wide_decode_steps_take_the_batched_path_with_the_same_tokens(tmp_path, 
     )
 
     def run(batched):
-        gen = Generator(model, cache_tokens=2048, page_size=16, max_batch_size=12, batched_decode=batched)
+        options = EngineOptions(batched_decode=batched)
+        gen = Generator(model, cache_tokens=2048, page_size=16, max_batch_size=12, options=options)
         jobs = [Job(list(range(3 + i, 10 + 2 * i)), max_new_tokens=16, stop_token_ids=()) for i in range(12)]
         return [r.token_ids for r in gen.generate(jobs)]
 

@@ -6,10 +6,11 @@ import pytest
 import torch
 from cuda_helpers import capture, rel_fro
 
-from engine import ops
+from engine import kernels
 from engine.cache.decode_attention import paged_decode_attention_reference
 from engine.cache.paged import KVCacheLayer, PagedKVCache
 from engine.cache.quantized import QuantizedStore
+from engine.kernels import attention
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
@@ -40,9 +41,11 @@ def _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=PAGE, se
     return layer, tables, torch.tensor(lengths, dtype=torch.int32, device="cuda"), q
 
 
-def _check(layer, tables, lengths, q, page=PAGE, window=None, softcap=None, tol=None):
+def _check(layer, tables, lengths, q, page=PAGE, window=None, softcap=None, tol=None, tensor_cores=True):
     scale = q.shape[-1] ** -0.5
-    got = ops.paged_decode_attention(q, layer, tables, lengths, page, scale, window, softcap)
+    got = attention.paged_decode_attention(
+        q, layer, tables, lengths, page, scale, window, softcap, tensor_cores
+    )
     assert got is not None, "the kernel did not take this case"
     # fp32 reference over the same stored cache (dequantized in fp32, so only the kernel rounds)
     exact = KVCacheLayer(layer.keys, layer.values, torch.float32)
@@ -95,7 +98,7 @@ def test_page_size_one_and_large_padding():
 
 
 # Version 3 (tensor cores) takes keys and values quantized to the same 2, 4 or 8 bits; every test
-# above runs it for those widths. TRELLIS_ATTN_V2=1 keeps version 2 selectable for them.
+# above runs it for those widths. ``tensor_cores=False`` keeps version 2 selectable for them.
 V3_BITS = [(2, 2), (4, 4), (8, 8)]
 # Version 3 also takes dense fp16/bf16 caches (head_dim <= 128).
 V3_ALL = V3_BITS + [(16, 16)]
@@ -105,9 +108,7 @@ V3_ALL = V3_BITS + [(16, 16)]
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("heads,kv_heads", [(32, 8), (8, 8), (24, 2), (7, 1)])
 @pytest.mark.parametrize("kbits,vbits", V3_ALL)
-def test_version_2_still_right_where_version_3_runs(
-    kbits, vbits, heads, kv_heads, head_dim, dtype, monkeypatch
-):
+def test_version_2_still_right_where_version_3_runs(kbits, vbits, heads, kv_heads, head_dim, dtype):
     """Both versions against the reference on the same case, and against each other. They must not
     be bit-equal: version 3 computes in fp16 on the tensor cores, so equality would mean the switch
     did not switch."""
@@ -115,8 +116,7 @@ def test_version_2_still_right_where_version_3_runs(
     case = _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=64, seed=head_dim)
     layer, tables, lens, q = case
     v3 = _check(layer, tables, lens, q, page=64)
-    monkeypatch.setenv("TRELLIS_ATTN_V2", "1")
-    v2 = _check(layer, tables, lens, q, page=64)
+    v2 = _check(layer, tables, lens, q, page=64, tensor_cores=False)
     assert rel_fro(v3, v2) < TOL[dtype]
     if not (head_dim == 256 and kbits in (8, 16)):  # those stay on version 2 (registers)
         assert not torch.equal(v3, v2)
@@ -168,7 +168,7 @@ def test_graph_replay_with_new_lengths_equals_eager(kbits, vbits):
     lengths = [500, 1, 77, 1000]
     layer, tables, lens, q = _case(kbits, vbits, 128, 32, 8, lengths, torch.float16, seed=11)
     scale = 128**-0.5
-    run = lambda: ops.paged_decode_attention(q, layer, tables, lens, PAGE, scale, None, None)  # noqa: E731
+    run = lambda: attention.paged_decode_attention(q, layer, tables, lens, PAGE, scale, None, None)  # noqa: E731
     graph, out = capture(run)
     for new_lengths in ([501, 2, 78, 1001], [1, 1024, 16, 17], [1000, 999, 1, 64]):
         lens.copy_(torch.tensor(new_lengths, dtype=torch.int32))
@@ -200,7 +200,7 @@ def test_fused_write_equals_quantize(bits, head_dim, dtype):
     slots = torch.randperm(num_slots, generator=g, device="cuda")[:n]
     store = QuantizedStore(num_slots, kv_heads, head_dim, bits, "cuda")
     want_planes, want_scales = store.quantize(x)
-    assert ops.quantized_cache_write(store, slots, x)
+    assert attention.quantized_cache_write(store, slots, x) is not None
     got_scales = store.scales[slots]
     got = _codes_of(store.codes[slots], bits)
     want = _codes_of(want_planes, bits)
@@ -227,7 +227,7 @@ def test_store_write_uses_the_kernel_and_reads_back():
     store = QuantizedStore(256, 2, 128, 4, "cuda")
     x = torch.randn(100, 2, 128, device="cuda", dtype=torch.float16)
     slots = torch.arange(100, 200, device="cuda")
-    store.write(slots, x)  # through ops.quantized_cache_write
+    store.write(slots, x)  # through attention.quantized_cache_write
     back = store.read(slots, torch.float32)
     want = store.dequantize(*store.quantize(x), torch.float32)  # the torch path's codes, read back
     assert rel_fro(back, want) < 1e-3
@@ -235,9 +235,9 @@ def test_store_write_uses_the_kernel_and_reads_back():
 
 
 def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits=0):
-    """``ops.paged_decode_attention``'s extension call, with the binding's ``splits``."""
-    k_side, v_side = ops._cache_side(layer.keys, q), ops._cache_side(layer.values, q)
-    return ops.extension().paged_decode_attention(
+    """``attention.paged_decode_attention``'s extension call, with the binding's ``splits``."""
+    k_side, v_side = attention.cache_side(layer.keys, q), attention.cache_side(layer.values, q)
+    return kernels.extension().paged_decode_attention(
         q,
         *k_side[1:],
         *v_side[1:],

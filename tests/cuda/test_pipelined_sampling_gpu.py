@@ -2,6 +2,7 @@
 jobs give the tokens of the unpipelined path, with penalties, mixed greedy and sampled rows, stop
 tokens and jobs of different lengths; both sampling kernels."""
 
+import functools
 import sys
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from engine.generation import generator as generator_module
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
+from engine.kernels import sampling as kernel_sampling
 from engine.model import load_model
+from engine.options import EngineOptions
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from generation_cases import SAMPLED_SETTINGS  # noqa: E402
@@ -30,7 +33,8 @@ def model(tmp_path_factory):
 
 
 def _generate(model, pipeline: bool, limits, stop=()):
-    gen = Generator(model, cache_tokens=2048, page_size=16, pipeline=pipeline, device_sampling=True)
+    options = EngineOptions(pipelined_decode=pipeline, sampling_on_device=True)
+    gen = Generator(model, cache_tokens=2048, page_size=16, options=options)
     assert gen._use_graphs
     jobs = [
         Job(list(range(3 + i, 3 + i + n)), max_new_tokens=m, sampling=s, stop_token_ids=stop)
@@ -46,8 +50,9 @@ def _generate(model, pipeline: bool, limits, stop=()):
 
 @pytest.mark.parametrize("single_block", [False, True])
 def test_pipelined_sampled_decode_gives_the_unpipelined_tokens(model, single_block, monkeypatch):
-    if single_block:
-        monkeypatch.setenv("TRELLIS_SAMPLING_SINGLE_BLOCK", "1")
+    if single_block:  # the one-block-per-row kernel of older GPUs, where the cluster one would run
+        single = functools.partial(kernel_sampling.sample_tokens, cluster=False)
+        monkeypatch.setattr(kernel_sampling, "sample_tokens", single)
     limits = (40, 13, 40, 25, 33, 40)
     piped, sampled_landings = _generate(model, True, limits)
     assert sampled_landings >= 30  # the pipeline really ran, sampled
@@ -62,17 +67,15 @@ def test_pipelined_sampled_decode_gives_the_unpipelined_tokens(model, single_blo
     assert a == b and a[0][1] == "eos"
 
 
-@pytest.mark.parametrize("aside", [True, False])
-def test_sampling_inputs_uploaded_on_a_side_stream_change_no_token(model, aside, monkeypatch):
+def test_sampling_inputs_uploaded_on_a_side_stream_change_no_token(model, monkeypatch):
     """The sampled steps' settings, penalty lists and uniforms go to the GPU on a side stream
-    (generator._upload_aside) or on the compute stream: the same seeded tokens either way."""
-    monkeypatch.setattr(generator_module, "SAMPLING_UPLOAD_STREAM", aside)
+    (generator._upload_aside), the compute stream waiting for it: the seeded tokens of the
+    unpipelined run."""
     uploads = []
     real = generator_module._upload_aside
     monkeypatch.setattr(generator_module, "_upload_aside", lambda *a: uploads.append(1) or real(*a))
     limits = (40, 13, 40, 25, 33, 40)
     piped, _ = _generate(model, True, limits)
-    assert (len(uploads) >= 30) if aside else not uploads
-    monkeypatch.setattr(generator_module, "SAMPLING_UPLOAD_STREAM", not aside)
-    other, _ = _generate(model, True, limits)
-    assert piped == other
+    assert len(uploads) >= 30
+    plain, _ = _generate(model, False, limits)
+    assert piped == plain

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import ops
 from engine.cache.paged import DenseStore, KVCacheLayer, PagedKVCache
 from engine.cache.quantized import QuantizedStore
 from engine.generation.cuda_graph import DecodeGraphs
 from engine.generation.step import StepItem, run_step
+from engine.kernels import gemv
 from engine.loading.synthetic_store import synthetic_model
 from engine.modules.linear import ProjectionGroup
 from engine.modules.rope import RopeSpec, RotaryEmbedding
@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
 @pytest.fixture(autouse=True)
 def _needs_the_int8_gemv():
-    if not ops.int8_gemv_available(torch.device("cuda")):
-        pytest.skip("the int8 GEMV (sm_90+, GEMV v5) is not available here")
+    if not gemv.int8_gemv_available(torch.device("cuda")):
+        pytest.skip("the int8 GEMV (sm_90+, the cluster GEMV) is not available here")
 
 
 def _linear(in_f: int, out_f: int, k: int, g: torch.Generator, bias: bool = False) -> EXL3Linear:
@@ -176,17 +176,21 @@ def _decode_logits(model, batch: int, steps: int = 12) -> list[torch.Tensor]:
 def test_decode_steps_give_the_same_logits_with_and_without_it(monkeypatch, batch):
     model = synthetic_model(TINY, 4, "cuda", torch.bfloat16)
     taken = []
-    real = ops.exl3_qkv_rope_write
+    real = gemv.exl3_qkv_rope_write
 
     def spy(*args, **kwargs):
         q = real(*args, **kwargs)
         taken.append(q is not None)
         return q
 
-    monkeypatch.setattr(ops, "exl3_qkv_rope_write", spy)
+    monkeypatch.setattr(gemv, "exl3_qkv_rope_write", spy)
     one_launch = _decode_logits(model, batch)
     assert taken and all(taken), "the decode steps did not take the one-launch path"
-    monkeypatch.setattr(ops, "QKV_EPILOGUE", False)
+
+    def no_epilogue(*args, **kwargs):  # the caller then projects, rotates and writes apart
+        return None
+
+    real = no_epilogue  # what the spy calls from now on
     taken.clear()
     apart = _decode_logits(model, batch)
     assert not any(taken)

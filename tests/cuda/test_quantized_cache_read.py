@@ -7,8 +7,8 @@ import pytest
 import torch
 from cuda_helpers import capture
 
-from engine import ops
 from engine.cache.quantized import QuantizedStore
+from engine.kernels import attention
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
@@ -27,7 +27,7 @@ def _store(bits: int, heads: int, head_dim: int, writer: str, num_slots: int = 5
     x *= torch.rand(num_slots, 1, 1, generator=g, device="cuda") * 4  # scales differ per token
     slots = torch.randperm(num_slots, generator=g, device="cuda")  # written out of order
     if writer == "fused":
-        assert ops.quantized_cache_write(store, slots, x.half())
+        assert attention.quantized_cache_write(store, slots, x.half()) is not None
     else:
         planes, scales = store.quantize(x)
         store.codes.index_copy_(0, slots, planes)
@@ -36,7 +36,7 @@ def _store(bits: int, heads: int, head_dim: int, writer: str, num_slots: int = 5
 
 
 def _check(store: QuantizedStore, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    got = ops.quantized_cache_read(store, slots, dtype)
+    got = attention.quantized_cache_read(store, slots, dtype)
     assert got is not None, "the kernel did not take this case"
     n, heads = slots.numel(), store.codes.shape[1]
     assert got.shape == (n, heads, store.head_dim) and got.dtype == dtype and got.is_contiguous()
@@ -84,18 +84,23 @@ def test_other_head_size_multiple_of_32():
 
 def test_int32_slots_are_accepted():
     store = _store(3, 8, 128, "fused")
-    got = ops.quantized_cache_read(store, torch.arange(10, dtype=torch.int32, device="cuda"), torch.float16)
-    want = ops.quantized_cache_read(store, torch.arange(10, device="cuda"), torch.float16)
+    got = attention.quantized_cache_read(
+        store, torch.arange(10, dtype=torch.int32, device="cuda"), torch.float16
+    )
+    want = attention.quantized_cache_read(store, torch.arange(10, device="cuda"), torch.float16)
     assert torch.equal(got, want)
 
 
 def test_cases_the_kernel_does_not_take():
     store = _store(4, 2, 128, "torch", num_slots=32)
     slots = torch.arange(8, device="cuda")
-    assert ops.quantized_cache_read(store, slots, torch.float32) is None  # fp32: the torch reference
+    assert attention.quantized_cache_read(store, slots, torch.float32) is None  # fp32: the torch reference
     odd = QuantizedStore(32, 2, 48, 4, "cuda")  # group 16
-    assert ops.quantized_cache_read(odd, slots, torch.float16) is None
-    assert ops.quantized_cache_read(QuantizedStore(32, 2, 128, 4, "cpu"), slots.cpu(), torch.float16) is None
+    assert attention.quantized_cache_read(odd, slots, torch.float16) is None
+    assert (
+        attention.quantized_cache_read(QuantizedStore(32, 2, 128, 4, "cpu"), slots.cpu(), torch.float16)
+        is None
+    )
 
 
 def test_store_read_uses_the_kernel(monkeypatch):
@@ -103,14 +108,14 @@ def test_store_read_uses_the_kernel(monkeypatch):
     slots = torch.randint(0, 512, (200,), device="cuda")
     want = store.read(slots, torch.float32)  # the torch path (fp32 never goes to the kernel)
     calls = []
-    real = ops.quantized_cache_read
+    real = attention.quantized_cache_read
 
     def spy(*args):
         out = real(*args)
         calls.append(out is not None)
         return out
 
-    monkeypatch.setattr(ops, "quantized_cache_read", spy)
+    monkeypatch.setattr(attention, "quantized_cache_read", spy)
     monkeypatch.setattr(store, "dequantize", lambda *a: pytest.fail("the torch path ran"))
     got = store.read(slots, torch.float16)
     assert calls == [True]
@@ -120,7 +125,7 @@ def test_store_read_uses_the_kernel(monkeypatch):
 def test_graph_replay_with_new_slots_equals_eager():
     store = _store(4, 8, 128, "fused")
     slots = torch.randint(0, 512, (1000,), device="cuda")
-    run = lambda: ops.quantized_cache_read(store, slots, torch.bfloat16)  # noqa: E731
+    run = lambda: attention.quantized_cache_read(store, slots, torch.bfloat16)  # noqa: E731
     graph, out = capture(run)
     g = torch.Generator(device="cuda").manual_seed(5)
     for seed in range(3):

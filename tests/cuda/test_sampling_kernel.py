@@ -10,8 +10,8 @@ import pytest
 import torch
 from cuda_helpers import capture
 
-from engine import ops
 from engine.generation.sampling import Sampler, SamplingRows, SamplingSettings, pack_rows, sample_reference
+from engine.kernels import sampling as kernel_sampling
 
 pytestmark = pytest.mark.cuda
 
@@ -94,7 +94,7 @@ def _nudged(
 def _check(logits: torch.Tensor, rows: SamplingRows, u: torch.Tensor) -> int:
     """Kernel vs reference on one batch; returns how many rows differed (each only at a rounding
     boundary, else the assertion fails)."""
-    got = ops.sample_tokens(logits, rows, u)
+    got = kernel_sampling.sample_tokens(logits, rows, u)
     want = sample_reference(logits, rows, u)
     assert got.dtype == torch.int64 and got.device == logits.device
     # A drawn id must exist (a wrong draw can point past the kept tokens).
@@ -167,13 +167,13 @@ def test_ties_follow_the_documented_rule():
     rows = pack_rows(settings, [[]] * 4, [[]] * 4).to("cuda")
     for _ in range(20):
         u = torch.rand(4, generator=g).cuda()
-        assert torch.equal(ops.sample_tokens(logits, rows, u), sample_reference(logits, rows, u))
+        assert torch.equal(kernel_sampling.sample_tokens(logits, rows, u), sample_reference(logits, rows, u))
     # Top-k 2 over [3, 2, 2, 2, 1, ...]: the three tied tokens all stay.
     x = torch.full((1, 1000), -5.0)
     x[0, :5] = torch.tensor([3.0, 2.0, 2.0, 2.0, 1.0])
     rows = pack_rows([SamplingSettings(temperature=1.0, top_k=2)], [[]], [[]]).to("cuda")
     drawn = {
-        int(ops.sample_tokens(x.cuda(), rows, torch.tensor([u], device="cuda"))[0])
+        int(kernel_sampling.sample_tokens(x.cuda(), rows, torch.tensor([u], device="cuda"))[0])
         for u in torch.linspace(0, 0.999, 300).tolist()
     }
     assert drawn == {0, 1, 2, 3}
@@ -188,7 +188,7 @@ def test_the_host_sampler_takes_the_same_decision():
         for _ in range(5):
             u = float(torch.rand(1, generator=g))
             rows = pack_rows([s], [sorted(set(context))], [context[250:]]).to("cuda")
-            device = int(ops.sample_tokens(logits, rows, torch.tensor([u], device="cuda"))[0])
+            device = int(kernel_sampling.sample_tokens(logits, rows, torch.tensor([u], device="cuda"))[0])
             host = Sampler(dataclasses.replace(s, seed=0)).sample(
                 logits[0].cpu(), context, context[250:], u=u
             )
@@ -205,7 +205,7 @@ def test_int32_output_and_strided_rows():
     rows = pack_rows(SETTINGS[4:7], [[]] * 3, [[]] * 3).to("cuda")
     u = torch.rand(3, generator=g).cuda()
     out = torch.empty(3, dtype=torch.int32, device="cuda")
-    assert ops.sample_tokens(logits, rows, u, out) is out
+    assert kernel_sampling.sample_tokens(logits, rows, u, out) is out
     assert out.tolist() == sample_reference(logits, rows, u).tolist()
 
 
@@ -216,7 +216,7 @@ def test_graph_capture_and_replay_give_the_same_ids():
     rows = _rows(g, SETTINGS[-8:], vocab)
     u = torch.rand(8, generator=g).cuda()
     out = torch.empty(8, dtype=torch.int64, device="cuda")
-    graph, _ = capture(lambda: ops.sample_tokens(logits, rows, u, out))
+    graph, _ = capture(lambda: kernel_sampling.sample_tokens(logits, rows, u, out))
     for _ in range(10):
         # New inputs written in place, as a decode step does before replaying.
         logits.copy_(_logits(g, 8, vocab, torch.bfloat16))
@@ -225,29 +225,26 @@ def test_graph_capture_and_replay_give_the_same_ids():
         settings[:, 0] = torch.rand(8, generator=g).cuda() + 0.3  # new temperatures
         rows.settings.copy_(settings)
         graph.replay()
-        eager = ops.sample_tokens(logits, rows, u)
+        eager = kernel_sampling.sample_tokens(logits, rows, u)
         assert torch.equal(out, eager)  # integer weights: deterministic
         assert torch.equal(out, sample_reference(logits, rows, u)) or _check(logits, rows, u) <= 1
 
 
 # The cluster kernel (sm_90+: a row over 8 blocks, each owning a slice of the vocabulary) and the
-# single-block kernel (sm_80-89, larger vocabularies, TRELLIS_SAMPLING_SINGLE_BLOCK=1) must take
+# single-block kernel (sm_80-89, larger vocabularies, ``cluster=False``) must take
 # the same decision bit for bit: the same integer weights, the same thresholds, the same draw.
 # Vocabularies: fewer tokens than blocks, not a multiple of the 8 slices, the largest common ones,
 # and one above what a cluster's shared memory holds (the fallback path on every GPU).
 @pytest.mark.parametrize("vocab", [5, 1000, 32001, 128256, 128257, 151936, 262144, 400003])
-def test_cluster_and_single_block_kernels_agree_bit_for_bit(vocab, monkeypatch):
+def test_cluster_and_single_block_kernels_agree_bit_for_bit(vocab):
     g = torch.Generator().manual_seed(200 + vocab)
     for batch in range(1, 9):
         settings = [SETTINGS[(batch + r) % len(SETTINGS)] for r in range(batch)]
         logits = _logits(g, batch, vocab, _pick(g, [torch.float32, torch.bfloat16, torch.float16]))
         rows = _rows(g, settings, vocab)
         u = torch.rand(batch, generator=g).cuda()
-        monkeypatch.delenv("TRELLIS_SAMPLING_SINGLE_BLOCK", raising=False)
-        cluster = ops.sample_tokens(logits, rows, u)
-        monkeypatch.setenv("TRELLIS_SAMPLING_SINGLE_BLOCK", "1")
-        single = ops.sample_tokens(logits, rows, u)
-        monkeypatch.delenv("TRELLIS_SAMPLING_SINGLE_BLOCK")
+        cluster = kernel_sampling.sample_tokens(logits, rows, u)
+        single = kernel_sampling.sample_tokens(logits, rows, u, cluster=False)
         assert torch.equal(cluster, single), (batch, cluster.tolist(), single.tolist())
         _check(logits, rows, u)
 
@@ -274,6 +271,6 @@ def test_flat_rows_and_masked_slices():
     g = torch.Generator().manual_seed(13)
     for _ in range(20):
         u = torch.rand(5, generator=g).cuda()
-        got = ops.sample_tokens(logits, rows, u)
+        got = kernel_sampling.sample_tokens(logits, rows, u)
         assert torch.equal(got, sample_reference(logits, rows, u))
         assert 100_000 <= int(got[3]) < 100_010 and int(got[4]) in (5, vocab - 1)

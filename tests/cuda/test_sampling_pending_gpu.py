@@ -5,16 +5,18 @@ reference's decision with ``pending``; also under CUDA graph replay with new pen
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from cuda_helpers import capture
 
-from engine import ops
 from engine.generation.sampling import Sampler, SamplingSettings, pack_rows, sample_reference
+from engine.kernels import sampling as kernel_sampling
 
 pytestmark = pytest.mark.cuda
 
-KERNELS = ["cluster", "single"]  # TRELLIS_SAMPLING_SINGLE_BLOCK unset / set
+KERNELS = ["cluster", "single"]  # sample_tokens' cluster=True / False
 CLUSTER = 8  # blocks per row of the cluster kernel
 
 
@@ -27,9 +29,8 @@ def _need_extension(cuda_extension):
 @pytest.fixture(params=KERNELS)
 def kernel(request, monkeypatch):
     if request.param == "single":
-        monkeypatch.setenv("TRELLIS_SAMPLING_SINGLE_BLOCK", "1")
-    else:
-        monkeypatch.delenv("TRELLIS_SAMPLING_SINGLE_BLOCK", raising=False)
+        single = functools.partial(kernel_sampling.sample_tokens, cluster=False)
+        monkeypatch.setattr(kernel_sampling, "sample_tokens", single)
     return request.param
 
 
@@ -112,9 +113,9 @@ def test_pending_is_the_token_appended(vocab, kernel):
             without = _pack(settings, prompts, generated)
             p = torch.tensor(pending, dtype=torch.int64, device="cuda")
             u = torch.rand(batch, generator=g).cuda()
-            got = ops.sample_tokens(logits, without, u, pending=p)
+            got = kernel_sampling.sample_tokens(logits, without, u, pending=p)
             # The same penalised logits, the same deterministic decision: bit for bit.
-            assert torch.equal(got, ops.sample_tokens(logits, appended, u)), (settings, pending)
+            assert torch.equal(got, kernel_sampling.sample_tokens(logits, appended, u)), (settings, pending)
             want = sample_reference(logits, without, u, p)
             assert torch.equal(want, sample_reference(logits, appended, u))
             greedy = torch.tensor([s.is_greedy for s in settings], device="cuda")
@@ -124,7 +125,7 @@ def test_pending_is_the_token_appended(vocab, kernel):
     assert differ <= max(1, total // 50)  # sampled rows: a draw may sit on a rounding boundary
 
 
-def test_both_kernels_agree_with_pending(monkeypatch):
+def test_both_kernels_agree_with_pending():
     g = torch.Generator().manual_seed(77)
     for vocab in (1000, 128257, 262144):
         settings, prompts, generated, pending = _batch(g, 8, vocab)
@@ -132,11 +133,8 @@ def test_both_kernels_agree_with_pending(monkeypatch):
         rows = _pack(settings, prompts, generated)
         p = torch.tensor(pending, dtype=torch.int64, device="cuda")
         u = torch.rand(8, generator=g).cuda()
-        monkeypatch.delenv("TRELLIS_SAMPLING_SINGLE_BLOCK", raising=False)
-        cluster = ops.sample_tokens(logits, rows, u, pending=p)
-        monkeypatch.setenv("TRELLIS_SAMPLING_SINGLE_BLOCK", "1")
-        single = ops.sample_tokens(logits, rows, u, pending=p)
-        monkeypatch.delenv("TRELLIS_SAMPLING_SINGLE_BLOCK")
+        cluster = kernel_sampling.sample_tokens(logits, rows, u, pending=p)
+        single = kernel_sampling.sample_tokens(logits, rows, u, pending=p, cluster=False)
         assert torch.equal(cluster, single), (vocab, cluster.tolist(), single.tolist())
 
 
@@ -154,11 +152,11 @@ def test_pending_alone_opens_the_penalty_gate(kernel):
     ]
     rows = pack_rows(settings, [[]] * 3, [[]] * 3).to("cuda")
     u = torch.zeros(3, device="cuda")
-    assert ops.sample_tokens(logits, rows, u).tolist() == [1234] * 3
+    assert kernel_sampling.sample_tokens(logits, rows, u).tolist() == [1234] * 3
     p = torch.full((3,), 1234, dtype=torch.int64, device="cuda")
-    assert ops.sample_tokens(logits, rows, u, pending=p).tolist() == [99999] * 3
+    assert kernel_sampling.sample_tokens(logits, rows, u, pending=p).tolist() == [99999] * 3
     p.fill_(-1)
-    assert ops.sample_tokens(logits, rows, u, pending=p).tolist() == [1234] * 3
+    assert kernel_sampling.sample_tokens(logits, rows, u, pending=p).tolist() == [1234] * 3
 
 
 def test_graph_replay_with_new_pending_tokens(kernel):
@@ -170,9 +168,9 @@ def test_graph_replay_with_new_pending_tokens(kernel):
     u = torch.rand(8, generator=g).cuda()
     p = torch.tensor(pending, dtype=torch.int64, device="cuda")
     out = torch.empty(8, dtype=torch.int64, device="cuda")
-    graph, _ = capture(lambda: ops.sample_tokens(logits, rows, u, out, pending=p))
+    graph, _ = capture(lambda: kernel_sampling.sample_tokens(logits, rows, u, out, pending=p))
     for _ in range(8):
         p.copy_(torch.randint(-1, vocab, (8,), generator=g))
         u.copy_(torch.rand(8, generator=g))
         graph.replay()
-        assert torch.equal(out, ops.sample_tokens(logits, rows, u, pending=p))
+        assert torch.equal(out, kernel_sampling.sample_tokens(logits, rows, u, pending=p))

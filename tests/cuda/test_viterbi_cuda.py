@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import ops
+from engine import kernels
+from engine.kernels.loader import CODEBOOK_IDS
+from engine.kernels.viterbi import viterbi_encode
 from engine.quant.codebooks import CODEBOOKS, codebook_table
 from engine.quant.quantize import GAUSSIAN_SCALE
 from engine.quant.trellis import pack_states, unpack_states
-from engine.quant.viterbi import encode_tiles
+from engine.quant.viterbi import codebook_of_table, encode_tiles
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
@@ -47,7 +49,7 @@ def _assert_tail_biting(states: torch.Tensor, k: int) -> None:
 def test_matches_torch_path(k: int, codebook: str, kind: str) -> None:
     table = codebook_table(codebook, "cuda")
     x = _tiles(24, k, codebook, kind, seed=k * 31 + len(codebook))
-    got = ops.viterbi_encode(x, k, table)
+    got = viterbi_encode(x, k, codebook)
     assert got is not None and got.dtype == torch.int32 and got.shape == x.shape
     ref = encode_tiles(x, k, table, use_kernel=False)
     _assert_tail_biting(got, k)
@@ -65,15 +67,15 @@ def test_matches_torch_path(k: int, codebook: str, kind: str) -> None:
 def test_encode_tiles_uses_kernel_on_cuda() -> None:
     table = codebook_table("mul1", "cuda")
     x = _tiles(5, 4, "mul1", "gauss", seed=3)
-    assert torch.equal(encode_tiles(x, 4, table), ops.viterbi_encode(x, 4, table))
+    assert torch.equal(encode_tiles(x, 4, table), viterbi_encode(x, 4, "mul1"))
 
 
 def test_chunked_workspace_gives_same_states() -> None:
     """Tiles run in several launches when the workspace is small: same answer."""
     x = _tiles(7, 3, "mcg", "gauss", seed=5)
-    whole = ops.extension().viterbi_encode(x, 3, ops.CODEBOOK_IDS["mcg"], 1 << 30)
+    whole = kernels.extension().viterbi_encode(x, 3, CODEBOOK_IDS["mcg"], 1 << 30)
     per_tile = 255 << 13
-    chunked = ops.extension().viterbi_encode(x, 3, ops.CODEBOOK_IDS["mcg"], 2 * per_tile)
+    chunked = kernels.extension().viterbi_encode(x, 3, CODEBOOK_IDS["mcg"], 2 * per_tile)
     assert torch.equal(whole, chunked)
 
 
@@ -81,8 +83,8 @@ def test_k1_in_place_buffer_over_many_launches() -> None:
     """K=1 updates its one 128 KB cost buffer in place; its 8 MB of back-pointers per tile make
     the tiles run in several launches when the workspace is small: same states either way."""
     x = _tiles(6, 1, "mul1", "gauss", seed=9)
-    whole = ops.extension().viterbi_encode(x, 1, ops.CODEBOOK_IDS["mul1"], 1 << 30)
-    chunked = ops.extension().viterbi_encode(x, 1, ops.CODEBOOK_IDS["mul1"], 2 * (255 << 15))
+    whole = kernels.extension().viterbi_encode(x, 1, CODEBOOK_IDS["mul1"], 1 << 30)
+    chunked = kernels.extension().viterbi_encode(x, 1, CODEBOOK_IDS["mul1"], 2 * (255 << 15))
     assert torch.equal(whole, chunked)
     _assert_tail_biting(whole, 1)
 
@@ -92,7 +94,9 @@ def test_not_applicable_falls_back() -> None:
     x = _tiles(3, 1, "3inst", "gauss", seed=1)
     other = table.clone()
     other[0] = 123.0  # not a codebook
-    assert ops.viterbi_encode(_tiles(2, 4, "3inst", "gauss", seed=2), 4, other) is None
-    assert ops.viterbi_encode(x.cpu(), 4, table.cpu()) is None
+    assert codebook_of_table(other) is None  # encode_tiles then runs the torch path
+    assert viterbi_encode(x.cpu(), 4, "3inst") is None
+    assert viterbi_encode(x, 4, "no such codebook") is None
     # A copy of a codebook table (not the cached tensor) is recognised by value.
-    assert ops.viterbi_encode(_tiles(2, 4, "3inst", "gauss", seed=2), 4, table.clone()) is not None
+    assert codebook_of_table(table.clone()) == "3inst" and codebook_of_table(table) == "3inst"
+    assert viterbi_encode(_tiles(2, 4, "3inst", "gauss", seed=2), 4, "3inst") is not None

@@ -357,3 +357,19 @@ def test_a_synthetic_model_of_the_hybrid_shape_builds(counting_dir):
     assert isinstance(model.module.blocks[3].mixer.proj, torch.nn.Module)
     cache = PagedKVCache.for_model(model.spec, 32, page_size=16)
     assert torch.isfinite(score_tokens(model.module, cache, list(range(3, 19)))).all()
+
+
+@pytest.mark.cuda
+def test_decode_graphs_capture_the_counter_on_a_gpu(counting_dir):
+    """On a GPU the counting model's decode steps are captured in CUDA graphs and replayed,
+    pipelined (each row's state slot travels in the step's input buffer): the tokens are those of
+    eager steps, and every slot comes back."""
+    model = load_model(counting_dir, device="cuda", dtype="float32")
+    jobs = [Job(p, max_new_tokens=12, stop_token_ids=()) for p in _prompts()]
+    tokens = {}
+    for graphs in (False, True):
+        gen = Generator(model, cache_tokens=256, page_size=8, options=EngineOptions(cuda_graphs=graphs))
+        tokens[graphs] = [r.token_ids for r in gen.generate(jobs)]
+        assert gen.cache.state_slots.available == gen.cache.state_slots.count
+    assert gen._graphs is not None and gen._graphs.failed is None and gen._graphs.captured
+    assert tokens[True] == tokens[False]

@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from engine import ops
+from engine.kernels import attention, fused, loader
 from engine.cache.paged import KVCacheLayer, PagedKVCache
 from engine.cache.quantized import DenseStore, QuantizedStore
 from engine.generation.step import StepItem, run_step
@@ -161,7 +161,7 @@ class FakeExtension(types.SimpleNamespace):
     def __init__(self) -> None:
         super().__init__(calls=[])
 
-    def rms_norm(self, x, weight, eps, offset):  # makes ops._fused_ready accept it
+    def rms_norm(self, x, weight, eps, offset):  # makes kernels.fused._fused_ready accept it
         raise AssertionError("not expected here")
 
     def add_rms_norm(self, h, delta, weight, eps, offset):
@@ -182,7 +182,7 @@ class FakeExtension(types.SimpleNamespace):
 @pytest.fixture
 def fake(monkeypatch) -> FakeExtension:
     ext = FakeExtension()
-    monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: ext)
+    monkeypatch.setattr(loader, "kernel_ready", lambda *tensors: ext)
     return ext
 
 
@@ -191,7 +191,7 @@ def test_add_rms_norm_gets_rows_and_returns_the_callers_shape(fake):
     h = torch.randn(2, 3, 48, generator=gen).half()
     d = torch.randn(2, 3, 48, generator=gen).half()
     w = torch.rand(48, generator=gen).half()
-    s, y = ops.add_rms_norm(h, d, w, 1e-5, 1.0)
+    s, y = fused.add_rms_norm(h, d, w, 1e-5, 1.0)
     assert s.shape == y.shape == h.shape and torch.equal(s, h + d)
     assert torch.equal(y, RMSNorm(w, 1e-5, 1.0)(h + d))
     ((_, rh, rd, rw, eps, offset),) = fake.calls
@@ -200,18 +200,18 @@ def test_add_rms_norm_gets_rows_and_returns_the_callers_shape(fake):
 
 def test_add_rms_norm_leaves_other_cases_to_torch(fake, monkeypatch):
     h, w = torch.randn(4, 16).half(), torch.ones(16).half()
-    assert ops.add_rms_norm(h, torch.randn(4, 16).float(), w, 1e-5, 0.0) is None  # mixed dtypes
-    assert ops.add_rms_norm(h, torch.randn(4, 16).half(), w.float(), 1e-5, 0.0) is None
-    assert ops.add_rms_norm(h, torch.randn(1, 16).half(), w, 1e-5, 0.0) is None  # broadcast
-    assert ops.add_rms_norm(h, torch.randn(16, 4).half().t(), w, 1e-5, 0.0) is None  # strided inner dim
-    assert ops.add_rms_norm(h, h, torch.ones(8).half(), 1e-5, 0.0) is None  # weight width
+    assert fused.add_rms_norm(h, torch.randn(4, 16).float(), w, 1e-5, 0.0) is None  # mixed dtypes
+    assert fused.add_rms_norm(h, torch.randn(4, 16).half(), w.float(), 1e-5, 0.0) is None
+    assert fused.add_rms_norm(h, torch.randn(1, 16).half(), w, 1e-5, 0.0) is None  # broadcast
+    assert fused.add_rms_norm(h, torch.randn(16, 4).half().t(), w, 1e-5, 0.0) is None  # strided inner dim
+    assert fused.add_rms_norm(h, h, torch.ones(8).half(), 1e-5, 0.0) is None  # weight width
     # A strided weight: its contiguous copy would be a kernel's output, which a chained norm reads
     # before it waits for the kernels before it (ext/chained_launch.cuh): torch computes it.
-    assert ops.add_rms_norm(h, h, torch.ones(32).half()[::2], 1e-5, 0.0) is None
-    assert ops.add_rms_norm(h.to(torch.float64), h.to(torch.float64), w.double(), 1e-5, 0.0) is None
+    assert fused.add_rms_norm(h, h, torch.ones(32).half()[::2], 1e-5, 0.0) is None
+    assert fused.add_rms_norm(h.to(torch.float64), h.to(torch.float64), w.double(), 1e-5, 0.0) is None
     assert fake.calls == []
-    monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: types.SimpleNamespace(rms_norm=None))
-    assert ops.add_rms_norm(h, h, w, 1e-5, 0.0) is None  # an extension built before the kernel
+    monkeypatch.setattr(loader, "kernel_ready", lambda *tensors: types.SimpleNamespace(rms_norm=None))
+    assert fused.add_rms_norm(h, h, w, 1e-5, 0.0) is None  # an extension built before the kernel
 
 
 def _dense_layer(dtype=torch.float16, heads=2, head_dim=8) -> KVCacheLayer:
@@ -245,14 +245,14 @@ def test_kv_write_leaves_other_cases_to_the_stores(fake, monkeypatch):
     layer.write(slots, k.float(), k.float())  # needs a dtype conversion
     assert torch.equal(layer.read(slots)[0], k.float().half())
     layer.write(slots, torch.randn(2, 8, 2).half().transpose(1, 2), k)  # heads not contiguous
-    assert ops.kv_cache_write(layer.keys, layer.values, slots, k[:, :1], k) is False  # wrong head count
-    assert ops.kv_cache_write(layer.keys, layer.values, slots[:1], k, k) is False  # one slot per row
+    assert attention.kv_cache_write(layer.keys, layer.values, slots, k[:, :1], k) is None  # wrong head count
+    assert attention.kv_cache_write(layer.keys, layer.values, slots[:1], k, k) is None  # one slot per row
     assert fake.calls == []
-    monkeypatch.setattr(ops, "_kernel_ready", lambda *tensors: types.SimpleNamespace())
-    assert ops.kv_cache_write(layer.keys, layer.values, slots, k, k) is False  # an older extension
+    monkeypatch.setattr(loader, "kernel_ready", lambda *tensors: types.SimpleNamespace())
+    assert attention.kv_cache_write(layer.keys, layer.values, slots, k, k) is None  # an older extension
 
 
-def test_rope_kv_write_dispatch_and_what_it_leaves_to_two_launches(fake, monkeypatch):
+def test_rope_kv_write_dispatch_and_what_it_leaves_to_two_launches(fake):
     layer = _dense_layer()
     qkv = torch.randn(3, (4 + 2 + 2) * 8).half()  # q, k and v as column slices of one output
     q, k, v = qkv[:, :32].view(3, 4, 8), qkv[:, 32:48].view(3, 2, 8), qkv[:, 48:].view(3, 2, 8)
@@ -272,8 +272,6 @@ def test_rope_kv_write_dispatch_and_what_it_leaves_to_two_launches(fake, monkeyp
     assert layer.write_rotated(slots[:2], q, k, v, (cos, sin)) is None  # one slot per token
     assert layer.write_rotated(slots, q, k, v[:, :1], (cos, sin)) is None  # v is not k's shape
     assert layer.write_rotated(slots, q.transpose(1, 2), k, v, (cos, sin)) is None  # q's heads strided
-    monkeypatch.setattr(ops, "ROPE_KV_FUSED", False)
-    assert layer.write_rotated(slots, q, k, v, (cos, sin)) is None  # TRELLIS_ROPE_KV_FUSED=0
     assert fake.calls == []
 
 
@@ -281,6 +279,6 @@ def test_kv_write_on_the_cpu_is_index_copy():
     layer = _dense_layer(torch.bfloat16)
     k, v = torch.randn(4, 2, 8).bfloat16(), torch.randn(4, 2, 8).bfloat16()
     slots = torch.tensor([3, 1, 30, 7])
-    assert ops.kv_cache_write(layer.keys, layer.values, slots, k, v) is False
+    assert attention.kv_cache_write(layer.keys, layer.values, slots, k, v) is None
     layer.write(slots, k, v)
     assert torch.equal(layer.keys.data[slots], k) and torch.equal(layer.values.data[slots], v)

@@ -9,6 +9,7 @@ from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import SamplingSettings
 from engine.generation.step import score_tokens
+from engine.options import EngineOptions
 
 
 def prompts(n, lengths, seed=0):
@@ -189,7 +190,8 @@ def test_batched_decode_steps_give_the_same_tokens(llama, monkeypatch, sampled):
     sampling = SamplingSettings(temperature=0.9, top_p=0.95, seed=11) if sampled else greedy
 
     def run(batched):
-        gen = Generator(llama, cache_tokens=1024, page_size=16, max_batch_size=4, batched_decode=batched)
+        options = EngineOptions(batched_decode=batched)
+        gen = Generator(llama, cache_tokens=1024, page_size=16, max_batch_size=4, options=options)
         return [r.token_ids for r in gen.generate([Job(p, 10, sampling, stop_token_ids=()) for p in ps])]
 
     row_by_row = run(False)

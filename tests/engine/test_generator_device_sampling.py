@@ -9,6 +9,7 @@ from engine.generation import generator as generator_mod
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.sampling import Sampler, SamplingSettings
+from engine.options import EngineOptions
 
 SETTINGS = [
     SamplingSettings(temperature=0.9, seed=1),
@@ -29,7 +30,8 @@ def _jobs():
 
 
 def _run(llama, device_sampling: bool):
-    gen = Generator(llama, cache_tokens=1024, page_size=16, max_batch_size=4, device_sampling=device_sampling)
+    options = EngineOptions(sampling_on_device=device_sampling)
+    gen = Generator(llama, cache_tokens=1024, page_size=16, max_batch_size=4, options=options)
     return [(r.token_ids, r.stop_reason) for r in gen.generate(_jobs())]
 
 
@@ -48,10 +50,11 @@ def test_device_sampling_gives_the_host_samplers_tokens(llama, monkeypatch):
     assert all(len(ids) == n for (ids, _), n in zip(on_device, (12, 7, 15, 10, 9)))
 
 
-def test_host_sampling_env_turns_it_off(llama, monkeypatch):
-    monkeypatch.setenv(generator_mod.HOST_SAMPLING_ENV, "1")
-    assert Generator(llama, cache_tokens=256, page_size=16)._device_sampling is False
-    monkeypatch.delenv(generator_mod.HOST_SAMPLING_ENV)
+def test_host_sampling_option_turns_it_off(llama):
+    host = EngineOptions.from_environment({"TRELLIS_HOST_SAMPLING": "1"})
+    assert host.sampling_on_device is False
+    assert Generator(llama, cache_tokens=256, page_size=16, options=host)._device_sampling is False
     # A CPU model samples on the host unless asked.
     assert Generator(llama, cache_tokens=256, page_size=16)._device_sampling is False
-    assert Generator(llama, cache_tokens=256, page_size=16, device_sampling=True)._device_sampling
+    forced = EngineOptions(sampling_on_device=True)
+    assert Generator(llama, cache_tokens=256, page_size=16, options=forced)._device_sampling

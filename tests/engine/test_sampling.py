@@ -66,13 +66,11 @@ def _plain_kept(x: torch.Tensor, s: SamplingSettings, top_p: float, min_p: float
     if min_p > 0:
         keep &= p >= min_p * p.max()
     if top_p < 1:
-        order = x.argsort(descending=True)
-        before = torch.zeros_like(p)
-        before[order] = p[order].cumsum(0) - p[order]
-        for v in x[order].unique():  # a tie group shares the mass before its first member
-            group = x == v
-            before[group] = before[group].min()
-        keep &= before < top_p
+        xs, order = x.sort(descending=True)
+        before = p[order].cumsum(0) - p[order]
+        # A tie group shares the mass before its first member.
+        before = before[torch.searchsorted(-xs, -xs, side="left")]
+        keep[order] &= before < top_p
     return set(keep.nonzero().squeeze(1).tolist())
 
 
@@ -91,15 +89,20 @@ def _plain_kept(x: torch.Tensor, s: SamplingSettings, top_p: float, min_p: float
 @pytest.mark.parametrize("spread", [0.3, 3.0])  # nearly flat (wide top-p windows) or peaked
 def test_truncation_is_the_plain_definition(settings, spread):
     # The reference keeps what the plain definition keeps, up to float rounding exactly at a
-    # boundary: between what it keeps with top_p and min_p nudged by 1e-6 either way.
-    eps = 1e-6
+    # boundary: between what it keeps with top_p and min_p nudged by 1e-6 either way (a long
+    # top-p tail, 10k tokens of ~1e-7 each, puts a few tokens inside that margin).
+    s = settings
+
+    def top_p(f: float) -> float:
+        return min(1.0, s.top_p * f) if s.top_p < 1.0 else 1.0
+
     for seed in range(5):
         x = torch.randn(20000, generator=torch.Generator().manual_seed(seed)) * spread
-        kept = set(torch.isfinite(truncate(x, settings)).nonzero().squeeze(1).tolist())
-        fewest = _plain_kept(x, settings, settings.top_p * (1 - eps), settings.min_p * (1 + eps))
-        most = _plain_kept(x, settings, min(1.0, settings.top_p * (1 + eps)), settings.min_p * (1 - eps))
+        kept = set(torch.isfinite(truncate(x, s)).nonzero().squeeze(1).tolist())
+        fewest = _plain_kept(x, s, top_p(1 - 1e-6), s.min_p * (1 + 1e-6))
+        most = _plain_kept(x, s, top_p(1 + 1e-6), s.min_p * (1 - 1e-6))
         assert fewest <= kept <= most
-        assert len(most) - len(fewest) <= 2
+        assert len(most) - len(fewest) <= 8
 
 
 def test_truncation_never_revives_masked_out_tokens():
@@ -115,15 +118,16 @@ def test_truncation_never_revives_masked_out_tokens():
 
 
 def test_sampling_matches_the_truncated_softmax():
-    # Frequencies over 20000 draws against the probabilities truncate + softmax define.
+    # Frequencies over 8000 draws against the probabilities truncate + softmax define (a
+    # frequency's standard deviation is at most 0.0056: 0.02 is 3.5 of them).
     x = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -3.0, -9.0])
     settings = SamplingSettings(temperature=0.7, top_p=0.95, min_p=0.02, seed=5)
     sampler = Sampler(settings)
     expected = torch.softmax(truncate(x / 0.7, settings), -1)
-    counts = torch.bincount(torch.tensor([sampler.sample(x, [], []) for _ in range(20000)]), minlength=7)
-    freq = counts.float() / 20000
+    counts = torch.bincount(torch.tensor([sampler.sample(x, [], []) for _ in range(8000)]), minlength=7)
+    freq = counts.float() / 8000
     assert (counts[expected == 0] == 0).all()
-    assert torch.allclose(freq, expected, atol=0.015)
+    assert torch.allclose(freq, expected, atol=0.02)
 
 
 def test_invalid_settings_are_rejected():

@@ -21,6 +21,7 @@ from engine.generation.sampling import (
     pack_rows,
     sample_reference,
 )
+from engine.options import EngineOptions
 
 
 def test_every_processor_says_whether_the_kernel_applies_it():
@@ -126,9 +127,8 @@ def test_the_generator_samples_a_biased_job_on_the_host(llama, monkeypatch, pipe
     device, host = _counting(monkeypatch)
 
     def run(device_sampling: bool, settings):
-        gen = Generator(
-            llama, cache_tokens=1024, page_size=16, device_sampling=device_sampling, pipeline=pipeline
-        )
+        options = EngineOptions(sampling_on_device=device_sampling, pipelined_decode=pipeline)
+        gen = Generator(llama, cache_tokens=1024, page_size=16, options=options)
         jobs = [
             Job(list(range(5 + 3 * i, 14 + 3 * i)), max_new_tokens=8, sampling=s, stop_token_ids=())
             for i, s in enumerate(settings)

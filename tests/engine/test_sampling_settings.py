@@ -80,3 +80,50 @@ def test_accepted_edges_sample_sensibly() -> None:
     logits = torch.tensor([0.0, 3.0, 1.0, 3.0 - 1e-3])
     sampler = Sampler(SamplingSettings(temperature=1.0, min_p=1.0, seed=2**64 - 1))
     assert {sampler.sample(logits, [], []) for _ in range(20)} == {1}
+
+
+BAD_BIAS = [{-1: 1.0}, {"5": 1.0}, {True: 1.0}, {2.0: 1.0}, {5: 100.5}, {5: -101}, {5: NAN}, {5: "1"}]
+
+
+@pytest.mark.parametrize("bias", BAD_BIAS + [[(5, 1.0)], "5:1"])
+def test_a_bad_logit_bias_is_refused_naming_the_entry(bias: object) -> None:
+    with pytest.raises(SamplingSettingError) as caught:
+        SamplingSettings(logit_bias=bias).validate()
+    err = caught.value
+    assert err.field == "logit_bias" and "token ids (whole numbers >= 0)" in str(err)
+    if isinstance(bias, dict):
+        assert err.value == bias  # the offending entry, not the whole mapping
+
+
+@pytest.mark.parametrize("bias", [None, {}, {0: -100.0}, {2**40: 100}, {np.int64(3): np.float32(0.5)}])
+def test_logit_bias_accepts_openai_ranges(bias: dict) -> None:
+    SamplingSettings(logit_bias=bias).validate()
+
+
+def test_validate_and_the_app_read_one_description_of_each_setting() -> None:
+    # The accepted ranges are the descriptions' (no second copy to drift), and what an editor
+    # offers, and each default, lies inside them.
+    from engine.generation.sampling_settings import SETTINGS
+
+    assert [s.name for s in SETTINGS] == [f for f in ALLOWED_WORDS]
+    for setting in SETTINGS:
+        with pytest.raises(SamplingSettingError) as caught:
+            SamplingSettings(**{setting.name: BAD[setting.name][0]}).validate()
+        assert caught.value.allowed == setting.allowed
+        assert setting.default == getattr(SamplingSettings(), setting.name)
+        assert setting.accepts(setting.default)
+        if setting.editor is not None:
+            low, high = setting.editor
+            assert setting.accepts(low) and setting.accepts(high) and low < high
+            assert 0 < setting.step <= high - low
+            assert isinstance(low, int) == isinstance(setting.step, int) == setting.whole
+
+
+def test_the_descriptions_import_no_torch() -> None:
+    # The GUI reads them at start-up; torch takes seconds to import and is not needed there.
+    import subprocess
+    import sys
+
+    code = "import sys, engine.generation.sampling_settings; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr

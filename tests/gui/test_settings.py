@@ -6,9 +6,10 @@ import subprocess
 import sys
 
 from app.chat.conversation_settings import ConversationSettingsDialog
-from app.chat.presets import effective_sampling, split_generation_limits
+from app.chat.presets import PRESETS, SAMPLING_DEFAULTS, effective_sampling, split_generation_limits
 from app.settings.dialog import SettingsDialog
 from app.settings.schema import BY_KEY, SETTINGS
+from engine.generation.sampling_settings import BY_NAME
 
 
 def test_schema_validation_coerces_or_falls_back() -> None:
@@ -51,6 +52,36 @@ def test_conversation_settings_dialog_keeps_only_real_overrides(qtbot) -> None:
     assert (prompt, preset, overrides) == ("sys", "precise", {"top_k": 40, "max_new_tokens": 64})
     dialog.preset.setCurrentIndex(dialog.preset.findData("creative"))  # a new preset starts clean
     assert dialog.result_values()[2] == {}
+
+
+def test_the_sampling_editors_follow_the_engines_descriptions(qtbot) -> None:
+    # Defaults, ranges, steps and labels come from engine.generation.sampling_settings: the app
+    # restates none of them, and every preset is a value the engine accepts.
+    from engine.generation.sampling import SamplingSettings
+    from engine.generation.sampling_settings import SETTINGS
+
+    dialog = ConversationSettingsDialog("", "greedy", {})
+    qtbot.addWidget(dialog)
+    for setting in SETTINGS:
+        assert SAMPLING_DEFAULTS[setting.name] == setting.default
+        if setting.editor is None:
+            assert setting.name not in dialog.fields
+            continue
+        box = dialog.fields[setting.name]
+        assert (box.minimum(), box.maximum(), box.singleStep()) == (*setting.editor, setting.step)
+        assert box.accessibleName() == setting.label
+    for name, values in PRESETS.items():
+        sampler, _ = split_generation_limits(effective_sampling(name))
+        SamplingSettings(**sampler).validate()
+        for key, value in values.items():
+            low, high = BY_NAME[key].editor
+            assert low <= value <= high, (name, key)
+
+
+def test_the_presets_import_no_torch() -> None:
+    code = "import sys, app.chat.presets; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_effective_sampling_layers_defaults_preset_overrides() -> None:

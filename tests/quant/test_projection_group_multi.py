@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import ops
+from engine.kernels import gemv
 from engine.modules.linear import ProjectionGroup
 from engine.quant import EXL3Linear
 
@@ -20,7 +20,7 @@ def _linear(in_f: int, out_f: int, k: int, seed: int) -> EXL3Linear:
 def test_multi_gemm_not_used_on_cpu() -> None:
     linears = [_linear(128, 256, 3, 0), _linear(128, 128, 4, 1)]
     x = torch.randn(2, 128)
-    assert ops.exl3_gemm_multi(x, linears) is None
+    assert gemv.exl3_gemm_multi(x, linears) is None
     outs = ProjectionGroup([(lin, [lin.out_features]) for lin in linears])(x)
     for out, lin in zip(outs, linears):
         assert torch.equal(out, lin(x))
