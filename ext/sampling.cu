@@ -3,7 +3,7 @@
 // Why: without it every sampled token copies a [vocab] fp32 row to the host (1 MB for a 262k
 // vocabulary) and runs the host sampler there. Here the GPU takes the same decision as the host
 // sampler (engine/generation/sampling.py) and the torch reference
-// (engine/generation/device_sampling.py, the test oracle) and writes one token id; the row never
+// (sample_reference in engine/generation/sampling.py, the test oracle) and writes one token id; the row never
 // leaves the device. Two kernels take it, bit for bit alike: on sm_90+ a cluster of 8 blocks per
 // row (the second half of this file: the row's x computed once and kept in shared memory), and
 // elsewhere one block per row (the first half). Every input is a device tensor (the per-row
