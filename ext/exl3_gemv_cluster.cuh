@@ -2,13 +2,14 @@
 // without its serial fixed costs. It runs wherever the GPU has thread-block clusters; the
 // workspace GEMV stays the portable one for older GPUs.
 //
-// Why: the workspace GEMV spends most of a 4096x4096 launch outside the decode loop. A launch is one wave of
-// small blocks (2-3 input chunks each), and every block runs its phases in series: (1) the input
-// rotation, all of it in warp n for batch row n (m = 1: one warp rotates every chunk, one L2
-// round trip each); (2) decode + MMA; (3) 32 shared-memory float atomicAdds per lane from 8
-// warps onto the same 128 columns (no native instruction: ATOMS.CAS spin loops, contended);
-// (4) partial sums to global, __threadfence (MEMBAR.SC.GPU), an atomic ticket, the last block
-// reading every split back from L2. Only (2) scales with the bytes; so time did not depend on K.
+// Why: the workspace GEMV spends most of a 4096x4096 launch outside the decode loop. A launch is
+// one wave of small blocks (2-3 input chunks each), and every block runs its phases in series:
+// (1) the input rotation, all of it in warp n for batch row n (m = 1: one warp rotates every
+// chunk, one L2 round trip each); (2) decode + MMA; (3) 32 shared-memory float atomicAdds per
+// lane from 8 warps onto the same 128 columns (no native instruction: ATOMS.CAS spin loops,
+// contended); (4) partial sums to global, __threadfence (MEMBAR.SC.GPU), an atomic ticket, the
+// last block reading every split back from L2. Only (2) scales with the bytes; so time did not
+// depend on K.
 // This kernel keeps the decode loop and the math, and changes the rest:
 //  - the input rotation is spread over all warps (items = live (chunk, row) pairs only) and each
 //    warp loads its next 4 items before rotating them: one L2 round trip instead of up to 16;
@@ -40,9 +41,9 @@
 
 namespace trellis {
 
-constexpr int kClusterMaxSize = 16;   // non-portable cluster size (Hopper); 8 is always allowed
-constexpr int kClusterRedStride = 132;   // padded row of a warp's partial sums (fewer bank conflicts)
-constexpr int kClusterPrefetchItems = 4; // rotation items a warp loads before rotating them (at most)
+constexpr int kClusterMaxSize = 16;        // non-portable cluster size (Hopper); 8 is always allowed
+constexpr int kClusterRedStride = 132;     // padded row of a warp's partial sums (fewer bank conflicts)
+constexpr int kClusterPrefetchItems = 4;   // rotation items a warp loads before rotating them (at most)
 
 // Dynamic shared memory of a block (host and device agree on it):
 //   [0, u_bytes): u_s, (tile row, batch row n < m, quad) -> uint2 B fragment (4 fp16)

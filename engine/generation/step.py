@@ -42,6 +42,8 @@ def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) ->
     rope_positions: list[torch.Tensor] = []  # multimodal RoPE rows, when any item has them
     row = 0
     for item in items:
+        if item.state_slot is None and cache.state_slots.count:
+            raise ValueError("a model with recurrent layers needs each sequence's state slot")
         n = len(item.tokens)
         end = item.past + n
         slots = cache.slots(item.block_table, 0, end)

@@ -51,9 +51,8 @@ class DecoderBlock(nn.Module):
     def dynamic_decode(self) -> str | None:
         """What makes a decode step's work depend on its tokens (a name, e.g. mixture-of-experts),
         or None: then a CUDA graph can replay it."""
-        return getattr(self.mixer, "dynamic_decode", None) or getattr(
-            self.feed_forward, "dynamic_decode", None
-        )
+        mixer = getattr(self.mixer, "dynamic_decode", None)
+        return mixer or getattr(self.feed_forward, "dynamic_decode", None)
 
     def quantizable_linears(self) -> list[LinearSite]:
         return self.mixer.quantizable_linears() + self.feed_forward.quantizable_linears()

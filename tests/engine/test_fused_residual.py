@@ -12,10 +12,10 @@ import types
 import pytest
 import torch
 
-from engine.kernels import attention, fused, loader
 from engine.cache.paged import KVCacheLayer, PagedKVCache
 from engine.cache.quantized import DenseStore, QuantizedStore
 from engine.generation.step import StepItem, run_step
+from engine.kernels import attention, fused, loader
 from engine.model import load_model
 from engine.modules.batch import BatchLayout, SequenceSlice
 from engine.modules.decoder import CausalLM

@@ -539,7 +539,11 @@ def test_tiny_round_trip_gives_transformers_logits(tmp_path, tiny_vocab, arch):
         torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-4)
     if arch in _EXPERT_HF:  # the engine reads the experts' names and the MoE config fields too
         engine_model = load_model(out, device="cpu")
-        moe = engine_model.spec.layers[0].feed_forward
+        moe = next(
+            layer.feed_forward
+            for layer in engine_model.spec.layers
+            if layer.feed_forward.kind == "sparse_moe"
+        )
         assert moe.num_experts == 4 and moe.experts_per_token == 2
         cache = PagedKVCache.for_model(engine_model.spec, 64, page_size=16)
         got = score_tokens(engine_model.module, cache, ids[0].tolist())

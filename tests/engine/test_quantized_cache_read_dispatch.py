@@ -7,8 +7,8 @@ import types
 
 import torch
 
-from engine.kernels import attention, loader
 from engine.cache.quantized import QuantizedStore
+from engine.kernels import attention, loader
 
 
 def _filled(head_dim: int = 64, bits: int = 4) -> QuantizedStore:

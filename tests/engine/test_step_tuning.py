@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels import tuning
 from engine.bench.speed import format_table
+from engine.kernels import tuning
 from engine.options import EngineOptions
 
 
