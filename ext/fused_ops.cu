@@ -349,16 +349,6 @@ __global__ void rope_tables_kernel(const int64_t* __restrict__ positions, const 
   }
 }
 
-template <typename F>
-void by_dtype(const at::Tensor& t, F&& f) {
-  switch (t.scalar_type()) {
-    case at::kHalf: f(__half{}); break;
-    case at::kBFloat16: f(__nv_bfloat16{}); break;
-    case at::kFloat: f(float{}); break;
-    default: TORCH_CHECK(false, "unsupported dtype ", t.scalar_type(), " (fp16, bf16 or fp32)");
-  }
-}
-
 void check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda() && t.dim() == 2 && t.stride(1) == 1, name, " must be a 2-D CUDA tensor with unit inner stride");
 }
@@ -406,7 +396,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, d
   at::Tensor y = at::empty({x.size(0), n}, x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x.size(0) == 0) return y;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  by_dtype(x, [&](auto tag) {
+  by_dtype(x.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const bool vec = vector_ok<T>({x.data_ptr(), weight.data_ptr(), y.data_ptr()}, {x.stride(0), n});
     launch_norm<T>(vec, n, [&](auto v, int threads) {
@@ -434,7 +424,7 @@ std::vector<at::Tensor> add_rms_norm(const at::Tensor& h, const at::Tensor& delt
   at::Tensor y = at::empty({h.size(0), n}, opts);
   if (h.size(0) == 0 || n == 0) return {h_out, y};
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  by_dtype(h, [&](auto tag) {
+  by_dtype(h.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     const bool vec = vector_ok<T>({h.data_ptr(), delta.data_ptr(), weight.data_ptr(), h_out.data_ptr(), y.data_ptr()},
                                   {h.stride(0), delta.stride(0), n});
@@ -532,7 +522,7 @@ void launch_rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos
   const int d = static_cast<int>(q.size(2));
   const int hq = static_cast<int>(q.size(1)), hk = static_cast<int>(k.size(1));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  by_dtype(q, [&](auto tag) {
+  by_dtype(q.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int kV = 16 / sizeof(T);
     const long long v_stride = cache ? cache->v_stride : 0;
@@ -615,7 +605,7 @@ std::vector<at::Tensor> rope_tables(const at::Tensor& positions, const at::Tenso
   if (tokens == 0) return {cos, sin};
   const int threads = static_cast<int>(std::min<int64_t>(1024, ((2 * half + 31) / 32) * 32));
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  by_dtype(cos, [&](auto tag) {
+  by_dtype(cos.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     launch_chained(rope_tables_kernel<T>, dim3(static_cast<unsigned>(tokens)), dim3(threads), 0, stream,
                    positions.data_ptr<int64_t>(), inv_freq.data_ptr<float>(), static_cast<int>(half),
@@ -636,7 +626,7 @@ at::Tensor act_mul(const at::Tensor& gate, const at::Tensor& up, int64_t act) {
   if (gate.size(0) == 0 || n == 0) return out;
   const int threads = 256;
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  by_dtype(gate, [&](auto tag) {
+  by_dtype(gate.scalar_type(), [&](auto tag) {
     using T = decltype(tag);
     constexpr int kV = 16 / sizeof(T);
     const bool vec = vector_ok<T>({gate.data_ptr(), up.data_ptr(), out.data_ptr()}, {gate.stride(0), up.stride(0), n});

@@ -46,6 +46,7 @@ SOURCES = (
     "paged_attention.cu",
     "viterbi.cu",
     "fused_ops.cu",
+    "recurrent_step.cu",
     "quantized_cache_read.cu",
     "exl3_weight.cu",
     "sampling.cu",
