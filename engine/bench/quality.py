@@ -360,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
         rows_file.write_text(json.dumps({"job": job, "rows": saved}, indent=1))
 
     log(f" -- unquantized: {src}")
-    model = load_model(src, device=device, dtype=args.dtype, context=args.ctx)
+    model = load_model(src, device=device, dtype=args.dtype, context=args.ctx, options=args.options)
     dtype_name = str(model.dtype).replace("torch.", "")
     reference = reference_logprobs(model, windows)
     base = score(model, windows, reference)
@@ -380,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
             row = Row(**saved[name])
         else:
             log(f" -- {name}: scoring {model_dir}")
-            m = load_model(model_dir, device=device, dtype=args.dtype, context=args.ctx)
+            m = load_model(model_dir, device=device, dtype=args.dtype, context=args.ctx, options=args.options)
             s = score(m, windows, reference)
             delta = (s["ppl"] / base_row.ppl - 1) * 100
             row = Row(name, kind, bpw, head, s["ppl"], delta, s["mean_kl"], s["top1_agree"], s["tokens"])

@@ -52,7 +52,9 @@ def run(args: argparse.Namespace) -> int:
     ids = parse_ids(args.ids)
     if not ids:
         raise UsageError("--ids is empty")
-    model = load_model(args.model, device=args.device, dtype=args.dtype, context=len(ids))
+    model = load_model(
+        args.model, device=args.device, dtype=args.dtype, context=len(ids), options=args.options
+    )
     if len(ids) > model.spec.max_position_embeddings:
         raise UsageError(
             f"--ids holds {len(ids)} tokens, more than the model's context of "
@@ -85,7 +87,7 @@ def run_chat(args: argparse.Namespace) -> int:
     check_files_exist(args.image, "image")
     require_model_dir(args.model)  # a wrong path is named as such, not as a missing tokenizer
     tokenizer = Tokenizer.from_dir(args.model)
-    model = load_model(args.model, device=args.device, dtype=args.dtype)
+    model = load_model(args.model, device=args.device, dtype=args.dtype, options=args.options)
     # Without images the content stays a plain string, which every chat template accepts.
     messages = [
         user_message(args.prompt, len(args.image)) if args.image else {"role": "user", "content": args.prompt}

@@ -143,10 +143,14 @@ def run(args: argparse.Namespace) -> int:
                 f"error: the reference {args.reference} tokenizes the text differently from {args.model}: "
                 "KL needs the same tokenizer"
             )
-        ref_model = load_model(args.reference, device=args.device, dtype=args.dtype, context=args.ctx)
+        ref_model = load_model(
+            args.reference, device=args.device, dtype=args.dtype, context=args.ctx, options=args.options
+        )
         reference = reference_logprobs(ref_model, windows)
         del ref_model
-    model = load_model(args.model, device=args.device, dtype=args.dtype, context=args.ctx)
+    model = load_model(
+        args.model, device=args.device, dtype=args.dtype, context=args.ctx, options=args.options
+    )
     try:
         result = score(model, windows, reference, bits)
     except ValueError as exc:  # the reference's vocabulary differs
