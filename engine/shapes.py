@@ -34,6 +34,30 @@ _LLAMA31 = {
     "eos_token_id": 128001,
 }
 
+
+def _qwen35_layers(n: int) -> list[str]:
+    """Qwen3.5's hybrid schedule: three gated-delta-net layers, then one of full attention."""
+    return ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
+
+
+# Qwen3.5 (text): the fields its dense and MoE configs share.
+_QWEN35_TEXT = {
+    "num_attention_heads": 16,
+    "head_dim": 256,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "vocab_size": 248320,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "attention_bias": False,
+}
+
 SHAPES: dict[str, dict[str, Any]] = {
     "llama3.1-8b": {
         **_LLAMA31,
@@ -86,6 +110,61 @@ SHAPES: dict[str, dict[str, Any]] = {
         "attention_bias": False,
         "bos_token_id": 151643,
         "eos_token_id": 151645,
+    },
+    "qwen3.5-9b": {
+        **_QWEN35_TEXT,
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 4,
+        "layer_types": _qwen35_layers(32),
+    },
+    "qwen3.5-35b-a3b": {
+        **_QWEN35_TEXT,
+        "architectures": ["Qwen3_5MoeForCausalLM"],
+        "model_type": "qwen3_5_moe_text",
+        "hidden_size": 2048,
+        "num_hidden_layers": 40,
+        "num_key_value_heads": 2,
+        "layer_types": _qwen35_layers(40),
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 512,
+        "shared_expert_intermediate_size": 512,
+    },
+    # Nemotron-H 8B: 24 Mamba-2, 4 attention and 24 MLP layers, one block each.
+    "nemotron-h-8b": {
+        "architectures": ["NemotronHForCausalLM"],
+        "model_type": "nemotron_h",
+        "hidden_size": 4096,
+        "intermediate_size": 21504,
+        "num_hidden_layers": 52,
+        "hybrid_override_pattern": "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "mamba_num_heads": 128,
+        "mamba_head_dim": 64,
+        "ssm_state_size": 128,
+        "n_groups": 8,
+        "conv_kernel": 4,
+        "expand": 2,
+        "use_conv_bias": True,
+        "mamba_hidden_act": "silu",
+        "mlp_hidden_act": "relu2",
+        "time_step_limit": [0.0, float("inf")],
+        "vocab_size": 131072,
+        "max_position_embeddings": 8192,
+        "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "use_bias": False,
+        "residual_in_fp32": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     },
 }
 
