@@ -14,6 +14,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.cache_footprint import CacheFootprint
+from engine.cache_footprint import kv_bytes_per_token as kv_bytes_per_token  # the app's name for it
+from engine.config_footprint import config_footprint
 from engine.safe_paths import UnsafePathError, safe_join
 from engine.supported import SUPPORTED_ARCHITECTURES
 
@@ -50,25 +53,6 @@ _RUNTIME_OVERHEAD_RATIO = 0.10
 CACHE_BITS_CHOICES: tuple[int, ...] = (16, 8, 6, 5, 4, 3, 2)
 
 
-def _kv_group_size(head_dim: int) -> int:
-    for group in (32, 16, 8):
-        if head_dim % group == 0:
-            return group
-    raise ValueError(f"quantized cache needs a head size divisible by 8, got {head_dim}")
-
-
-def kv_bytes_per_token(heads: int, head_dim: int, bits: int, dense_bytes: int = 2) -> int:
-    """Cache bytes one token of one layer's keys (or values) takes at ``bits`` (16: dense).
-
-    A torch-free copy of ``engine.cache.quantized.bytes_per_token`` (which imports torch, and the
-    GUI thread must not): ``bits`` bit planes per number plus one fp16 scale per group of 32 (or
-    16, or 8) numbers. tests/app/test_inspect.py holds the two equal.
-    """
-    if bits >= 16:
-        return heads * head_dim * dense_bytes
-    return heads * (head_dim * bits // 8 + head_dim // _kv_group_size(head_dim) * 2)
-
-
 @dataclass
 class ModelInfo:
     """What the library knows about one model directory."""
@@ -87,6 +71,9 @@ class ModelInfo:
     num_layers: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    # What each layer keeps per sequence (keys and values, or a recurrent state), from
+    # config.json (``engine.config_footprint``); None: each of ``num_layers`` layers attends.
+    footprint: CacheFootprint | None = None
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -97,18 +84,18 @@ class ModelInfo:
     def kv_cache_bytes(
         self, context_length: int, bytes_per_element: int = 2, cache_bits: tuple[int, int] = (16, 16)
     ) -> int:
-        """Bytes of a KV cache holding ``context_length`` tokens (0 if the config lacks shapes).
+        """Bytes of the cache for ``context_length`` tokens (0 if the config lacks shapes): keys
+        and values of the attention layers, and for a model with recurrent layers their state per
+        sequence and the snapshot pool (``engine.cache_footprint``).
 
         ``cache_bits`` are the key and value widths (16: unquantized, ``bytes_per_element`` each);
         quantized widths follow the engine's packed layout (:func:`kv_bytes_per_token`)."""
-        if not (self.num_layers and self.num_kv_heads and self.head_dim):
-            return 0
-        heads, dim = self.num_kv_heads, self.head_dim
-        try:
-            per_token = sum(kv_bytes_per_token(heads, dim, bits, bytes_per_element) for bits in cache_bits)
-        except ValueError:  # a head size the quantized cache cannot pack (loading will say so)
-            per_token = 2 * heads * dim * bytes_per_element
-        return self.num_layers * per_token * context_length
+        footprint = self.footprint
+        if footprint is None:
+            if not (self.num_layers and self.num_kv_heads and self.head_dim):
+                return 0
+            footprint = CacheFootprint.uniform(self.num_layers, self.num_kv_heads, self.head_dim)
+        return footprint.cache_bytes(context_length, cache_bits, bytes_per_element)
 
     @property
     def is_exl3(self) -> bool:
@@ -252,6 +239,7 @@ def _apply_config(info: ModelInfo, config: dict) -> None:
     info.num_kv_heads = text.get("num_key_value_heads") or heads
     hidden = text.get("hidden_size")
     info.head_dim = text.get("head_dim") or (hidden // heads if hidden and heads else None)
+    info.footprint = config_footprint(config)
     if info.architecture is None:
         info.problems.append("config.json does not name an architecture ('architectures' is missing)")
     elif info.architecture not in SUPPORTED_ARCHITECTURES:

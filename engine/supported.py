@@ -33,6 +33,16 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
         "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration",
         "Mistral3ForConditionalGeneration",
+        # hybrids of attention and recurrent layers
+        "NemotronHForCausalLM",
+        "Lfm2ForCausalLM",
+        "Lfm2MoeForCausalLM",
+        "Qwen3NextForCausalLM",
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "OlmoHybridForCausalLM",
     }
 )
 

@@ -1,4 +1,4 @@
-"""Sizes and counts as people read them: the one convention of the GUI, the CLI and error messages.
+"""Sizes, counts and durations as people read them: the one convention of the GUI, the CLI and error messages.
 
 Bytes are shown in binary multiples with their IEC names (KiB, MiB, GiB, TiB): the numbers are
 powers of 1024 everywhere in the engine (memory, files, downloads), and calling 2**30 bytes a "GB"
@@ -48,3 +48,13 @@ def parse_count(text: str) -> float:
         raise ValueError(f"not a parameter count: {text!r} (use e.g. 500M, 7B)")
     scales = {suffix.lower(): scale for scale, suffix in COUNT_SUFFIXES}
     return float(m.group(1)) * scales.get(m.group(2).lower(), 1.0)
+
+
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``, ``1 h 02 min`` (an ETA or an elapsed time, whole seconds)."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"

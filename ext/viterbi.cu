@@ -1,6 +1,6 @@
 // Tail-biting Viterbi encoder for EXL3 tiles (the converter's hot loop; issue 3).
 //
-// Same search as engine/quant/viterbi.py, which stays the definition:
+// Same search as engine/convert/viterbi.py, which stays the definition:
 //  - 65 536 16-bit states; step i shifts in K bits, so the predecessors of s are
 //    h * 2^(16-K) + (s >> K) for h < 2^K;
 //  - pass 1 runs over the tile rotated by 128 values and backtracks only to the state of value

@@ -6,16 +6,23 @@ from engine.architectures.base import Architecture, TensorNames
 from engine.architectures.gemma2 import Gemma2
 from engine.architectures.gemma3 import Gemma3
 from engine.architectures.gemma3_vl import Gemma3VL
+from engine.architectures.lfm2 import Lfm2
+from engine.architectures.lfm2_moe import Lfm2Moe
 from engine.architectures.llama import Llama
 from engine.architectures.mistral import Mistral
 from engine.architectures.mistral3 import Mistral3
 from engine.architectures.mixtral import Mixtral
+from engine.architectures.nemotron_h import NemotronH
+from engine.architectures.olmo_hybrid import OlmoHybrid
 from engine.architectures.phi3 import Phi3
 from engine.architectures.qwen2 import Qwen2
 from engine.architectures.qwen2_5_vl import Qwen2_5_VL
 from engine.architectures.qwen2_moe import Qwen2Moe
 from engine.architectures.qwen3 import Qwen3
+from engine.architectures.qwen3_5 import Qwen3_5, Qwen3_5VL
+from engine.architectures.qwen3_5_moe import Qwen3_5Moe, Qwen3_5MoeVL
 from engine.architectures.qwen3_moe import Qwen3Moe
+from engine.architectures.qwen3_next import Qwen3Next
 from engine.architectures.qwen3_vl import Qwen3VL
 from engine.architectures.smollm3 import SmolLM3
 from engine.errors import UnsupportedArchitectureError
@@ -24,8 +31,11 @@ from engine.layers import LayerSpec, ModelSpec
 _FAMILIES: list[type[Architecture]] = [Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3]
 _FAMILIES += [Qwen3Moe, Qwen2Moe, Mixtral]  # mixture of experts
 _FAMILIES += [Gemma3VL, Qwen2_5_VL, Qwen3VL, Mistral3]  # vision-language
+_FAMILIES += [NemotronH]  # hybrids of attention and Mamba-2
+_FAMILIES += [Lfm2, Lfm2Moe]  # hybrids of attention and short convolutions
+# hybrids of attention and gated delta nets
+_FAMILIES += [Qwen3Next, Qwen3_5, Qwen3_5Moe, Qwen3_5VL, Qwen3_5MoeVL, OlmoHybrid]
 REGISTRY: dict[str, type[Architecture]] = {name: cls for cls in _FAMILIES for name in cls.hf_names}
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(REGISTRY)
 
 
 def architecture_for(name: str) -> Architecture:
@@ -39,7 +49,6 @@ def architecture_for(name: str) -> Architecture:
 
 
 __all__ = [
-    "SUPPORTED_ARCHITECTURES",
     "Architecture",
     "LayerSpec",
     "ModelSpec",

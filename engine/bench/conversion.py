@@ -2,17 +2,17 @@
 
 Writes a random-weight Hugging Face directory of ``--shape`` (``engine.shapes``; bf16
 safetensors, no tokenizer: calibration uses random-token rows only), runs the real converter
-(:func:`engine.quant.convert.convert_model`) on it with its progress log, and reports wall time
+(:func:`engine.convert.pipeline.convert_model`) on it with its progress log, and reports wall time
 in total and per stage:
 
-- ``sensitivity``: the bit-allocation pre-pass (:mod:`engine.quant.sensitivity`), all of it
+- ``sensitivity``: the bit-allocation pre-pass (:mod:`engine.convert.sensitivity`), all of it
   (its own block forwards and LDL factorisations are not counted in the stages below);
 - ``hessian_forward``: the unquantized block forwards that record the input Hessians (and with
   ``--sequential`` the partial forwards that record them again after each input group);
 - ``ldl``: the block-LDL factorisations; ``viterbi``: the trellis encoder (plus its tiles/s);
-- ``packing``: state packing; ``refit``: the scale refit (:mod:`engine.quant.refit`);
+- ``packing``: state packing; ``refit``: the scale refit (:mod:`engine.convert.refit`);
   ``quantized_forward``: the quantized block forwards (and, with ``--tune-target model``, the
-  unquantized model's own); ``tune``: the scale tuning (:mod:`engine.quant.finetune`);
+  unquantized model's own); ``tune``: the scale tuning (:mod:`engine.convert.finetune`);
 - ``quantize_other``: the rest of ``quantize_weights`` (rotations, LDLQ feedback, scale search).
 
 ``--layers N`` converts only the first N decoder layers (plus the head) and extrapolates the
@@ -182,7 +182,8 @@ class StageTimer:
         self._undo.append(lambda: setattr(module, name, original))
 
     def install(self) -> None:
-        from engine.quant import convert, quantize, sensitivity
+        """Wrap each timed function where the converter looks it up (the module that calls it)."""
+        from engine.convert import bit_plan, block_quantizer, head, pipeline, quantize
 
         def forward_stage(args: tuple) -> str:
             # convert_model runs each block unquantized with the Hessian hooks on, then quantized
@@ -195,17 +196,18 @@ class StageTimer:
             self.viterbi_tiles += int(args[0].shape[0])
             return "viterbi"
 
-        self.wrap(sensitivity, "measure_sensitivity", lambda a: "sensitivity", exclusive=True)
-        self.wrap(convert, "_run_block", forward_stage)
-        self.wrap(convert, "capture_hessians", lambda a: "hessian_forward")  # --sequential's
+        self.wrap(bit_plan, "measure_sensitivity", lambda a: "sensitivity", exclusive=True)
+        self.wrap(block_quantizer, "run_block", forward_stage)  # the Hessian forward
+        self.wrap(pipeline, "run_block", forward_stage)  # the quantized (and the exact model's) forward
+        self.wrap(block_quantizer, "capture_hessians", lambda a: "hessian_forward")  # --sequential's
         # a block's linears, and the head
-        self.wrap(convert, "quantize_weights", lambda a: "quantize_total", peak="quantize_block")
-        self.wrap(convert, "quantize_weight", lambda a: "quantize_total", peak="quantize_head")
+        self.wrap(block_quantizer, "quantize_weights", lambda a: "quantize_total", peak="quantize_block")
+        self.wrap(head, "quantize_weight", lambda a: "quantize_total", peak="quantize_head")
         self.wrap(quantize, "encode_tiles", viterbi_stage)
         self.wrap(quantize, "block_ldl", lambda a: "ldl")
         self.wrap(quantize, "pack_states", lambda a: "packing")
         self.wrap(quantize, "_refit", lambda a: "refit")
-        self.wrap(convert, "_tune_block", lambda a: "tune")
+        self.wrap(block_quantizer, "tune_block", lambda a: "tune")
 
     def uninstall(self) -> None:
         for undo in reversed(self._undo):
@@ -224,10 +226,10 @@ def kernel_throughput(
     device: torch.device, codebook: str, tiles: int, torch_tiles: int
 ) -> list[dict[str, Any]]:
     """Viterbi tiles/s, CUDA kernel vs torch path, at K = 1, 2, 4, 6 on random Gaussian tiles."""
+    from engine.convert.quantize import GAUSSIAN_SCALE
+    from engine.convert.viterbi import encode_tiles
+    from engine.exl3.codebooks import codebook_table
     from engine.kernels.viterbi import viterbi_encode
-    from engine.quant.codebooks import codebook_table
-    from engine.quant.quantize import GAUSSIAN_SCALE
-    from engine.quant.viterbi import encode_tiles
 
     table = codebook_table(codebook, device)
     std = float(table.float().std())
@@ -271,7 +273,8 @@ def peak_host_bytes() -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     from engine.commands.convert import quantizer_options
-    from engine.quant.convert import ConvertOptions, convert_model
+    from engine.convert.options import ConvertOptions
+    from engine.convert.pipeline import convert_model
     from engine.shapes import shape_config
 
     args.options.configure_kernels()
@@ -376,8 +379,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     from engine.commands.convert import add_quantizer_args, add_states_arg, add_tf32_arg
-    from engine.quant.codebooks import CODEBOOKS
-    from engine.quant.convert import ALLOCATIONS
+    from engine.convert.options import ALLOCATIONS
+    from engine.exl3.codebooks import CODEBOOKS
 
     p = sub.add_parser("convert-bench", help=help_for("convert-bench"), description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="llama3.2-1b", help="model shape (engine.shapes)")

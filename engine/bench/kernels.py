@@ -18,7 +18,7 @@ import sys
 
 from engine.bench import help_for
 from engine.commands.common import run_alone
-from engine.quant.codebooks import CODEBOOKS
+from engine.exl3.codebooks import CODEBOOKS
 
 LLAMA8B_SHAPES = ["4096x4096", "4096x14336", "14336x4096", "4096x1024"]
 # Projections of one input (in features, out features per matrix): separate launches vs one

@@ -4,7 +4,7 @@ Rows of the table (issue 3, acceptance 3):
 
 * ``unquantized``: the source HF directory as given (for the starter model that is SmolLM2
   dequantized from its Q4_1 GGUF to float32: the only "unquantized" weights available offline);
-* ``exl3 B``: our converter (:mod:`engine.quant.convert`) at B bits per weight, on ``--device``,
+* ``exl3 B``: our converter (:mod:`engine.convert.pipeline`) at B bits per weight, on ``--device``,
   with the bits per linear chosen by ``--allocation`` (``sensitivity`` by default, or ``uniform``);
 * ``gguf T``: the same tensors quantized and dequantized back by the ``gguf`` package's own
   quantizers (``gguf.quants``), i.e. llama.cpp's reference ``quantize_row_*_ref`` without an
@@ -85,8 +85,8 @@ def quantized_tensor_names(model_dir: Path) -> tuple[list[str], str, bool]:
     """
     from engine.architectures import architecture_for
     from engine.config import ModelConfig
+    from engine.convert.source_model import quantizable_keys
     from engine.loading.safetensors_store import WeightStore
-    from engine.quant.source_model import quantizable_keys
 
     config = ModelConfig.from_dir(model_dir)
     names = architecture_for(config.architecture).names
@@ -215,7 +215,9 @@ def convert_exl3(src: Path, dst: Path, bpw: float, seed: int, args: argparse.Nam
 
     A finished conversion is reused: its time is kept in ``dst/quality_convert.json``.
     """
-    from engine.quant.convert import WORK_DIR, ConvertOptions, convert_model
+    from engine.convert.checkpoints import WORK_DIR
+    from engine.convert.options import ConvertOptions
+    from engine.convert.pipeline import convert_model
 
     stamp = dst / "quality_convert.json"
     if stamp.is_file() and (dst / "config.json").is_file() and not (dst / WORK_DIR).exists():
@@ -472,7 +474,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from engine.quant.codebooks import CODEBOOKS
+    from engine.exl3.codebooks import CODEBOOKS
 
     p = sub.add_parser("quality", help=help_for("quality"))
     p.add_argument("-m", "--model", required=True, help=f"unquantized HF model directory, or '{STARTER}'")

@@ -39,8 +39,8 @@ from engine.bench import help_for
 from engine.bench.roofline import DecodeBytes, module_decode_bytes
 from engine.bench.timing import copy_bandwidth, median_of
 from engine.commands.common import add_cache_args, add_model_args, cache_bits, run_alone
+from engine.exl3.codebooks import CODEBOOKS
 from engine.generation.sampling import SamplingSettings
-from engine.quant.codebooks import CODEBOOKS
 
 
 def register(sub) -> None:
@@ -234,7 +234,7 @@ def _graphs_on(args, device: torch.device) -> bool:
 def _exl3_mode(model) -> str | None:
     """ "streaming" (packed, decoded by the kernels) or "dense" (reconstructed at load: no CUDA
     extension, or the CPU): a dense EXL3 row measures dense weights, whatever its bits."""
-    from engine.quant import EXL3Linear
+    from engine.exl3 import EXL3Linear
 
     modes = {m.mode for m in model.module.modules() if isinstance(m, EXL3Linear)}
     return ",".join(sorted(modes)) or None

@@ -17,7 +17,7 @@ from engine.units import format_bytes
 
 
 def register(sub) -> None:
-    from engine.quant.codebooks import CODEBOOKS
+    from engine.exl3.codebooks import CODEBOOKS
 
     p = sub.add_parser(
         "synthetic",

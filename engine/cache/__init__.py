@@ -1,9 +1,10 @@
 """The cache of per-sequence state shared by every job of a generator: fixed-size pages of
-key/value slots, and recurrent-state slots."""
+key/value slots, recurrent-state slots, and snapshots of that state for prefix reuse."""
 
 from engine.cache.paged import KVCacheLayer, PagedKVCache
 from engine.cache.pages import PageAllocator, page_keys
 from engine.cache.recurrent import RecurrentStateLayer, StateSlots
+from engine.cache.snapshots import SnapshotPool
 from engine.cache.state import KVPages, RecurrentState
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "PagedKVCache",
     "RecurrentState",
     "RecurrentStateLayer",
+    "SnapshotPool",
     "StateSlots",
     "page_keys",
 ]

@@ -8,13 +8,15 @@ turns positions into slots. A recurrent layer keeps one row per *state slot* ins
 (``engine.cache.recurrent``); a sequence holds the same state slot in every such layer.
 
 Prefix reuse (``engine.cache.pages``) hands a new sequence the pages of a prompt prefix another
-sequence computed. A recurrent layer's state after that prefix is nowhere to be found (it was
-overwritten as the other sequence went on), so a cache with any recurrent layer does not reuse
-prefixes: every sequence computes its whole prompt.
+sequence computed. A recurrent layer's state after that prefix was overwritten as the other
+sequence went on, so a cache with recurrent layers also keeps snapshots of that state at page
+boundaries (``engine.cache.snapshots``), and a sequence resumes where a snapshot is. A cache
+without recurrent layers has no snapshot pool.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -23,11 +25,9 @@ from engine import kernels
 from engine.cache.pages import PageAllocator
 from engine.cache.quantized import SUPPORTED_BITS, DenseStore, QuantizedStore, bytes_per_token
 from engine.cache.recurrent import RecurrentStateLayer, StateSlots
+from engine.cache.snapshots import SnapshotPool
 from engine.cache.state import KVPages, RecurrentState, SequenceState
-
-# Sequences a cache keeps recurrent state for at once, unless told otherwise (the Generator's
-# default batch).
-DEFAULT_MAX_SEQUENCES = 16
+from engine.cache_footprint import DEFAULT_MAX_SEQUENCES, CacheFootprint, snapshot_capacity
 
 
 class KVCacheLayer:
@@ -126,6 +126,25 @@ def kv_bytes_per_token(spec, bits: tuple[int, int] = (16, 16), dense_bytes: int 
     return sum(bytes_per_token(s.kv_heads, s.head_dim, b, dense_bytes) for s in pages for b in bits)
 
 
+def footprint_of(states: Sequence[SequenceState | None]) -> CacheFootprint:
+    """The memory footprint of layers that keep ``states`` per sequence (one entry per layer)."""
+    kv = tuple((s.kv_heads, s.head_dim) for s in states if isinstance(s, KVPages))
+    recurrent = tuple(
+        (sum(math.prod(shape) for shape in s.shapes.values()), s.dtype.itemsize if s.dtype else None)
+        for s in states
+        if isinstance(s, RecurrentState)
+    )
+    return CacheFootprint(kv, recurrent)
+
+
+def cache_footprint(spec) -> CacheFootprint:
+    """The memory footprint of the model ``spec`` (an ``engine.layers.ModelSpec``), from what its
+    layers' kinds declare: what the app's estimate (``engine.inspect``) must agree with."""
+    from engine.layers import sequence_states
+
+    return footprint_of(sequence_states(spec))
+
+
 class PagedKVCache:
     def __init__(
         self,
@@ -153,12 +172,15 @@ class PagedKVCache:
         device: torch.device | str = "cpu",
         bits: tuple[int, int] = (16, 16),
         max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        snapshots: int | None = None,
     ) -> PagedKVCache:
         """A cache for layers that keep ``states`` per sequence (one entry per layer, as their
         mixer kinds declare them): ``num_pages`` pages for the KV layers, ``max_sequences``
-        state slots for the recurrent ones."""
+        state slots for the recurrent ones, and a pool of ``snapshots`` state snapshots for
+        prefix reuse (None: ``engine.cache_footprint.snapshot_capacity`` of this budget; a cache
+        without recurrent layers has none)."""
         cache = cls.__new__(cls)
-        cache._allocate(states, num_pages, page_size, dtype, device, bits, max_sequences)
+        cache._allocate(states, num_pages, page_size, dtype, device, bits, max_sequences, snapshots)
         return cache
 
     @classmethod
@@ -171,15 +193,18 @@ class PagedKVCache:
         device="cpu",
         bits: tuple[int, int] = (16, 16),
         max_sequences: int = DEFAULT_MAX_SEQUENCES,
+        snapshots: int | None = None,
     ) -> PagedKVCache:
         """A cache holding ``max_tokens`` positions in total (and recurrent state for
-        ``max_sequences`` sequences, where the model has recurrent layers), shaped for the model
-        ``spec`` (an ``engine.layers.ModelSpec``)."""
+        ``max_sequences`` sequences and ``snapshots`` snapshots of it, where the model has
+        recurrent layers: see :meth:`for_layers`), shaped for the model ``spec`` (an
+        ``engine.layers.ModelSpec``)."""
         from engine.layers import sequence_states  # the layer kinds import the cache's modules
 
         num_pages = max(1, -(-max_tokens // page_size))
         dtype = dtype or torch.float32
-        return cls.for_layers(sequence_states(spec), num_pages, page_size, dtype, device, bits, max_sequences)
+        states = sequence_states(spec)
+        return cls.for_layers(states, num_pages, page_size, dtype, device, bits, max_sequences, snapshots)
 
     def _allocate(
         self,
@@ -190,11 +215,12 @@ class PagedKVCache:
         device: torch.device | str,
         bits: tuple[int, int],
         max_sequences: int,
+        snapshots: int | None = None,
     ) -> None:
         self.page_size, self.num_pages, self.bits = page_size, num_pages, bits
         self.device = torch.device(device)
         recurrent = any(isinstance(state, RecurrentState) for state in states)
-        self.pages = PageAllocator(num_pages, page_size, reuse_prefixes=not recurrent)
+        self.pages = PageAllocator(num_pages, page_size)
         self.state_slots = StateSlots(max_sequences if recurrent else 0)
         slots = num_pages * page_size
         self._layers: list[KVCacheLayer | RecurrentStateLayer | None] = []
@@ -207,6 +233,16 @@ class PagedKVCache:
                 self._layers.append(RecurrentStateLayer(state, self.state_slots.count, dtype, self.device))
             else:
                 self._layers.append(None)
+        # Snapshots of the recurrent layers' state for prefix reuse, dropped with their pages.
+        self.snapshots: SnapshotPool | None = None
+        if recurrent:
+            layers = [layer for layer in self._layers if isinstance(layer, RecurrentStateLayer)]
+            if snapshots is None:
+                kv_bytes = sum(layer.nbytes for layer in self._layers if isinstance(layer, KVCacheLayer))
+                state_bytes = sum(layer.nbytes for layer in layers) // (self.state_slots.count + 1)
+                snapshots = snapshot_capacity(num_pages, max_sequences, kv_bytes, state_bytes)
+            self.snapshots = SnapshotPool(layers, snapshots)
+            self.pages.on_forget = self.snapshots.discard
 
     @property
     def capacity(self) -> int:
@@ -224,4 +260,5 @@ class PagedKVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.nbytes for layer in self._layers if layer is not None)
+        snapshots = self.snapshots.nbytes if self.snapshots is not None else 0
+        return snapshots + sum(layer.nbytes for layer in self._layers if layer is not None)

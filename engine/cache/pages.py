@@ -7,9 +7,10 @@ prefix get the same keys for the full pages of that prefix, and the second one c
 first one's pages instead of computing them again (a chat's next turn, a shared system prompt).
 
 Pages whose last user has finished stay cached, unreferenced, in least-recently-used order;
-allocation takes never-used pages first and evicts cached ones only when it must. Without
-``reuse_prefixes`` (a model with recurrent layers: their state after a prefix is not kept) no
-page is ever named or matched.
+allocation takes never-used pages first and evicts cached ones only when it must. Whoever keeps
+something per named page (the state snapshots of a model with recurrent layers,
+``engine.cache.snapshots``) hears of each name the allocator forgets through ``on_forget``.
+Without ``reuse_prefixes`` no page is ever named or matched.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from engine.errors import ContextOverflowError
 
@@ -51,6 +52,8 @@ class PageAllocator:
         self._cached: OrderedDict[int, None] = OrderedDict()  # unreferenced pages with a key, LRU first
         self._key_of: dict[int, bytes] = {}
         self._page_of: dict[bytes, int] = {}
+        # Called with a page's key when the page is evicted and its name forgotten.
+        self.on_forget: Callable[[bytes], None] | None = None
 
     @property
     def available(self) -> int:
@@ -60,6 +63,10 @@ class PageAllocator:
     @property
     def cached_pages(self) -> int:
         return len(self._cached)
+
+    def holds(self, key: bytes) -> bool:
+        """Whether a page named ``key`` is known (in use or cached)."""
+        return key in self._page_of
 
     def match_prefix(self, keys: Sequence[bytes]) -> list[int]:
         """Take a reference on the cached pages of the longest known prefix of ``keys``."""
@@ -84,7 +91,7 @@ class PageAllocator:
                 page = heapq.heappop(self._free)
             else:
                 page, _ = self._cached.popitem(last=False)
-                del self._page_of[self._key_of.pop(page)]
+                self._forget(page)
             self.refcount[page] = 1
             pages.append(page)
         return pages
@@ -115,5 +122,11 @@ class PageAllocator:
         """Forget every unreferenced cached page (e.g. after the model changed)."""
         while self._cached:
             page, _ = self._cached.popitem(last=False)
-            del self._page_of[self._key_of.pop(page)]
+            self._forget(page)
             heapq.heappush(self._free, page)
+
+    def _forget(self, page: int) -> None:
+        key = self._key_of.pop(page)
+        del self._page_of[key]
+        if self.on_forget is not None:
+            self.on_forget(key)

@@ -1,4 +1,4 @@
-"""``convert``: quantize an HF model directory to EXL3 (engine.quant.convert)."""
+"""``convert``: quantize an HF model directory to EXL3 (engine.convert.pipeline)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from engine.commands.common import ProgressLog, finite_float, non_negative_int, positive_int, probability
-from engine.quant.codebooks import CODEBOOKS
+from engine.exl3.codebooks import CODEBOOKS
 
 
 def register(sub) -> None:
@@ -49,7 +49,7 @@ def add_head_bits_arg(p: argparse.ArgumentParser, help: str) -> None:
 
 def add_states_arg(p: argparse.ArgumentParser) -> None:
     """``--states`` (shared with ``convert-bench``)."""
-    from engine.quant.convert import STATE_PLACES
+    from engine.convert.options import STATE_PLACES
 
     p.add_argument(
         "--states",
@@ -63,7 +63,7 @@ def add_states_arg(p: argparse.ArgumentParser) -> None:
 
 def add_allocation_args(p: argparse.ArgumentParser) -> None:
     """``--allocation`` and ``--sensitivity-rows`` (shared with the ``quality`` command)."""
-    from engine.quant.convert import ALLOCATIONS
+    from engine.convert.options import ALLOCATIONS
 
     p.add_argument(
         "--allocation",
@@ -143,7 +143,7 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
 
 
 def quantizer_options(args: argparse.Namespace) -> dict:
-    """The :class:`~engine.quant.convert.ConvertOptions` fields :func:`add_quantizer_args` sets."""
+    """The :class:`~engine.convert.options.ConvertOptions` fields :func:`add_quantizer_args` sets."""
     return {
         "damping": args.damping,
         "refit": not args.no_refit,
@@ -171,7 +171,9 @@ def add_tf32_arg(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from engine.quant.convert import WORK_DIR, ConvertOptions, convert_model, finished_blocks
+    from engine.convert.checkpoints import WORK_DIR, finished_blocks
+    from engine.convert.options import ConvertOptions
+    from engine.convert.pipeline import convert_model
 
     options = ConvertOptions(
         bits=args.bits,

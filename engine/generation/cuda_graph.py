@@ -170,7 +170,18 @@ class DecodeGraphs:
     def _capture(self, entry: _Graph) -> bool:
         """Warm up on a side stream, then capture (torch's documented recipe). The inputs
         already hold a real step: the warm-up computes it, writing the same keys and values the
-        replay then writes again."""
+        replay then writes again. Recurrent state is not idempotent (a step advances it), so
+        while warming up, tuning and capturing every row's state slot is the scratch slot; the
+        real slots are back in the inputs for the replay that follows."""
+        slots = entry.inputs.state_slots()
+        real_slots = slots.clone()
+        slots.fill_(self.cache.state_slots.scratch)
+        try:
+            return self._warm_up_and_capture(entry)
+        finally:
+            slots.copy_(real_slots)
+
+    def _warm_up_and_capture(self, entry: _Graph) -> bool:
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))

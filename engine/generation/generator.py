@@ -5,7 +5,10 @@ jobs still reading their prompt contribute a chunk of it (prefill), the others o
 (decode). New jobs join as soon as pages are free; finished or cancelled jobs leave and free
 their pages at once. Full pages are registered by content (see ``engine.cache.pages``), so a
 job whose prompt starts with pages already computed - the previous turn of the same chat - skips
-straight past them.
+straight past them. A model with recurrent layers skips as far as a snapshot of their state goes
+(``engine.cache.snapshots``): a prompt's prefill stops on the page boundaries where a snapshot is
+due (:func:`~engine.cache.snapshots.snapshot_positions`), and the state left there is copied into
+the pool between steps, so no step or mixer needs to hand out a state from inside a chunk.
 
 Sampled jobs draw on the GPU (``engine.kernels.sampling.sample_tokens``): each job's uniform
 comes from its own seeded generator on the host, as the host sampler would draw it, and only the
@@ -42,6 +45,7 @@ import torch
 from engine import kernels
 from engine.cache.paged import PagedKVCache
 from engine.cache.pages import page_keys
+from engine.cache.snapshots import snapshot_positions
 from engine.errors import ContextOverflowError, UsageError
 from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.cuda_graph import DecodeGraphs
@@ -83,6 +87,7 @@ class _Running:
     state_slot: int | None = None  # its recurrent-state slot, where the model keeps one
     in_cache: int = 0  # positions 0 .. in_cache - 1 are in the cache
     keys: list[bytes] = field(default_factory=list)  # keys of the full pages registered so far
+    snapshot_at: list[int] = field(default_factory=list)  # prompt positions still to snapshot
     cached_tokens: int = 0
     t_enqueued: float = 0.0
     t_started: float | None = None
@@ -233,6 +238,10 @@ class Generator:
             # once per step (reconstruct + cuBLAS), so 512-token steps would decode it 8x for 4K.
             max_chunk_tokens = 4096 if model.device.type == "cuda" else 512
         self.max_batch_size, self.max_chunk_tokens = max_batch_size, max_chunk_tokens
+        # A long prompt of a model with recurrent layers leaves a state snapshot every this many
+        # pages: where a lone prompt's chunks end anyway (chunks start on page boundaries), so
+        # the checkpoints cost no extra step.
+        self.snapshot_every = max(1, max_chunk_tokens // self.cache.page_size)
         self._queue: deque[_Running] = deque()
         self._active: list[_Running] = []
         self._by_job: dict[Job, _Running] = {}
@@ -352,6 +361,11 @@ class Generator:
             # token ourselves: its logits give the first new token.
             reusable = page_keys(self._key_tokens(run, run.prompt_len - 1), ps)
             matched = self.cache.pages.match_prefix(reusable)
+            snapshots = self.cache.snapshots
+            if snapshots is not None:  # recurrent layers: resume where their state was kept
+                resume = snapshots.resume_point(reusable[: len(matched)])
+                self.cache.pages.release(matched[resume:])
+                matched = matched[:resume]
             if needed - len(matched) > self.cache.pages.available or self.cache.state_slots.exhausted:
                 self.cache.pages.release(matched)
                 return  # wait for running jobs to free pages
@@ -359,6 +373,10 @@ class Generator:
             run.state_slot = self.cache.state_slots.allocate()
             run.keys = reusable[: len(matched)]
             run.in_cache = run.cached_tokens = len(matched) * ps
+            if snapshots is not None:
+                if matched:  # the snapshot hangs on a page the run now holds: it is still there
+                    snapshots.restore(run.keys[-1], run.state_slot)
+                run.snapshot_at = snapshot_positions(run.prompt_len, run.in_cache, ps, self.snapshot_every)
             self._queue.popleft()
             self._active.append(run)
 
@@ -385,6 +403,8 @@ class Generator:
         for run in self._active:
             if run.prefilling and budget > 0:
                 end = min(run.prompt_len, run.in_cache + budget)
+                if run.snapshot_at and run.snapshot_at[0] < end:
+                    end = run.snapshot_at[0]  # the step leaves the state there to snapshot
                 if run.job.media is not None:  # never split an image attended bidirectionally
                     end = run.job.media.chunk_end(run.in_cache, end)
                 chunk = run.tokens[run.in_cache : end]
@@ -421,6 +441,8 @@ class Generator:
         for i, (run, item, row) in enumerate(zip(runs, items, logits)):
             run.in_cache += len(item.tokens)
             self._register_full_pages(run)
+            if run.snapshot_at:
+                self._take_snapshot(run)
             if row is not None:
                 results.append(self._advance(run, row[-1], chosen.get(i)))
         return results
@@ -529,6 +551,15 @@ class Generator:
             run.keys += new
             for page, key in zip(run.pages[known:full], new):
                 self.cache.pages.register(page, key)
+
+    def _take_snapshot(self, run: _Running) -> None:
+        """Snapshot the run's state if its step ended where one is due. A position its chunk went
+        past (an image is never split) gets none."""
+        while run.snapshot_at and run.snapshot_at[0] <= run.in_cache:
+            at = run.snapshot_at.pop(0)
+            key = run.keys[at // self.cache.page_size - 1]
+            if at == run.in_cache and self.cache.pages.holds(key):  # it hangs on a known page
+                self.cache.snapshots.save(key, run.state_slot)
 
     def _advance(self, run: _Running, logits, token: int | None = None) -> JobResult:
         """Sample the next token from ``logits`` (or take ``token``, already chosen as their

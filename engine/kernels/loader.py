@@ -345,7 +345,7 @@ def reset() -> None:
 def kernel_ready(*tensors: torch.Tensor) -> ModuleType | None:
     """The extension where a kernel may take ``tensors``: all on a GPU, and none that autograd
     must see through (the kernels have no backward; the converter's scale tuning,
-    engine.quant.finetune, takes the torch path). Else None."""
+    engine.convert.finetune, takes the torch path). Else None."""
     if not all(t.is_cuda for t in tensors):
         return None
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):

@@ -14,7 +14,7 @@ VITERBI_WORKSPACE_BYTES = 1 << 30
 def viterbi_encode(x: torch.Tensor, k: int, codebook: str) -> torch.Tensor | None:
     """Tail-biting Viterbi states ``(N, 256)`` int32 for tiles ``x`` ``(N, 256)`` at ``k`` bits in
     ``codebook`` (the kernel computes the codebook's values arithmetically), the same results as
-    ``engine.quant.viterbi.encode_tiles_batch`` (same float operations and first-index tie rule).
+    ``engine.convert.viterbi.encode_tiles_batch`` (same float operations and first-index tie rule).
     None where the kernel does not apply (CPU tensors, no extension, an unknown codebook): the
     caller then runs that torch path."""
     if x.ndim != 2 or x.shape[1] != 256 or not 1 <= k <= 8 or codebook not in CODEBOOK_IDS:

@@ -29,7 +29,9 @@ class AttentionSpec(MixerSpec):
     softcap: float | None = None
     qkv_bias: bool = False
     o_bias: bool = False
-    qk_norm: bool = False  # per-head RMSNorm of queries and keys
+    qk_norm: bool = False  # RMSNorm of queries and keys: per head ...
+    qk_norm_across_heads: bool = False  # ... or over all heads at once (OLMo 2/3)
+    output_gate: bool = False  # q_proj also gives a gate per head (Qwen3-Next, Qwen3.5)
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,12 @@ class AttentionNames:
 def build_attention(reader: LayerReader, spec: AttentionSpec, names: AttentionNames) -> Attention:
     h = reader.hidden_size
     q_out, kv_out = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    # A gated q_proj gives each head's query and then its gate: twice the queries' size.
+    q_proj_out = 2 * q_out if spec.output_gate else q_out
     qkv = reader.projections(
-        [names.q, names.k, names.v], h, [q_out, kv_out, kv_out], spec.qkv_bias, names.qkv_fused
+        [names.q, names.k, names.v], h, [q_proj_out, kv_out, kv_out], spec.qkv_bias, names.qkv_fused
     )
+    q_norm_dim, k_norm_dim = (q_out, kv_out) if spec.qk_norm_across_heads else (spec.head_dim, spec.head_dim)
     return Attention(
         qkv,
         reader.linear(names.o, q_out, h, spec.o_bias),
@@ -59,10 +64,12 @@ def build_attention(reader: LayerReader, spec: AttentionSpec, names: AttentionNa
         spec.head_dim,
         spec.scale,
         reader.rotary(spec.rope, spec.head_dim) if spec.rope is not None else None,
-        reader.norm(names.q_norm, spec.head_dim) if spec.qk_norm else None,
-        reader.norm(names.k_norm, spec.head_dim) if spec.qk_norm else None,
+        reader.norm(names.q_norm, q_norm_dim) if spec.qk_norm else None,
+        reader.norm(names.k_norm, k_norm_dim) if spec.qk_norm else None,
         spec.sliding_window,
         spec.softcap,
+        spec.qk_norm_across_heads,
+        spec.output_gate,
     )
 
 

@@ -1,7 +1,7 @@
 """A model as a list of layers: :class:`ModelSpec` holds what the whole model shares and one
 :class:`LayerSpec` per decoder layer, each a *mixer* (what moves information between positions:
 attention, or a recurrent kind) and a *feed-forward* (what transforms each position alone: a
-gated MLP, a mixture of experts), each with its pre-norm.
+gated MLP, a mixture of experts), each with its pre-norm; a layer may have only one of the two.
 
 Specs are plain data read from config.json by an architecture (``engine.architectures``). A
 mixer's or feed-forward's spec names its kind (``kind``), and the registry (``engine.layers``)
@@ -31,13 +31,22 @@ class FeedForwardSpec:
 class LayerSpec:
     """One decoder layer: ``h += mixer(norm(h))``, then ``h += feed_forward(norm(h))``.
 
+    Either sub-layer may be None where the layer has only the other one, with its own pre-norm
+    and residual (NemotronH's layers are each a Mamba-2, an attention, an MLP or an MoE block).
     ``sandwich_norms``: each sub-layer's output is normalised again before it joins the residual
-    stream (Gemma 2 and 3).
+    stream (Gemma 2 and 3). ``pre_norms`` False: the sub-layers read the residual stream as it is,
+    and with ``sandwich_norms`` the layer is post-norm, ``h += norm(mixer(h))`` (OLMo 2/3's
+    attention layers).
     """
 
-    mixer: MixerSpec
-    feed_forward: FeedForwardSpec
+    mixer: MixerSpec | None
+    feed_forward: FeedForwardSpec | None
     sandwich_norms: bool = False
+    pre_norms: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mixer is None and self.feed_forward is None:
+            raise ValueError("a layer needs a mixer, a feed-forward or both")
 
 
 @dataclass(frozen=True)

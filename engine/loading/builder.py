@@ -11,6 +11,7 @@ checkpoint stores under that key; every linear and norm keeps the key it was rea
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,7 +61,7 @@ class ModelBuilder:
         """A linear stored under ``key`` (``key.weight`` dense, or EXL3 tensors ``key.trellis`` ...)."""
         bias_t = self.optional(f"{key}.bias", [out_features]) if bias else None
         if self.store.has(f"{key}.trellis"):
-            from engine.quant import load_exl3_linear
+            from engine.exl3 import load_exl3_linear
 
             layer = load_exl3_linear(
                 self.store.get,
@@ -100,21 +101,27 @@ class ModelBuilder:
     # -- blocks ---------------------------------------------------------------------------
 
     def block(self, i: int, rope: SharedRotary) -> DecoderBlock:
-        """Layer ``i``: its mixer and feed-forward built by their kinds, with their norms."""
+        """Layer ``i``: its mixer and feed-forward built by their kinds, with their norms (a layer
+        may lack either sub-layer, and then its norms)."""
         layer, n, h = self.spec.layers[i], self.names, self.spec.hidden_size
         reader = LayerReader(self, n.prefix + n.layer.format(i=i), rope)
-        mixer = MIXERS[layer.mixer.kind]
-        feed_forward = FEED_FORWARDS[layer.feed_forward.kind]
-        sandwich = layer.sandwich_norms
-        block = DecoderBlock(
-            mixer_norm=reader.norm(n.mixer_norm, h),
-            mixer=mixer.build(reader, layer.mixer, n.part(mixer.names)),
-            feed_forward_norm=reader.norm(n.feed_forward_norm, h),
-            feed_forward=feed_forward.build(reader, layer.feed_forward, n.part(feed_forward.names)),
-            mixer_out_norm=reader.norm(n.mixer_out_norm, h) if sandwich else None,
-            feed_forward_out_norm=reader.norm(n.feed_forward_out_norm, h) if sandwich else None,
-            state=mixer.state(layer.mixer),
-        )
+        parts: dict[str, Any] = {}
+        if layer.mixer is not None:
+            mixer = MIXERS[layer.mixer.kind]
+            if layer.pre_norms:
+                parts["mixer_norm"] = reader.norm(n.mixer_norm, h)
+            parts["mixer"] = mixer.build(reader, layer.mixer, n.part(mixer.names))
+            parts["state"] = mixer.state(layer.mixer)
+            if layer.sandwich_norms:
+                parts["mixer_out_norm"] = reader.norm(n.mixer_out_norm, h)
+        if layer.feed_forward is not None:
+            feed_forward = FEED_FORWARDS[layer.feed_forward.kind]
+            if layer.pre_norms:
+                parts["feed_forward_norm"] = reader.norm(n.feed_forward_norm, h)
+            parts["feed_forward"] = feed_forward.build(reader, layer.feed_forward, n.part(feed_forward.names))
+            if layer.sandwich_norms:
+                parts["feed_forward_out_norm"] = reader.norm(n.feed_forward_out_norm, h)
+        block = DecoderBlock(**parts)
         self.kept_tensors[i] = reader.kept
         return block
 

@@ -40,8 +40,8 @@ import torch
 from engine.architectures import architecture_for
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
+from engine.exl3.trellis import MAX_BITS, TILE
 from engine.loading.safetensors_store import TensorIndex
-from engine.quant.trellis import MAX_BITS, TILE
 
 HADAMARD = 128  # stored EXL3 dims are padded to multiples of this (section 3.3)
 _FLAG_VALUES = {"mcg": -877912083, "mul1": -2082680531}  # section 3.1
@@ -263,7 +263,7 @@ def write_synthetic_model(
     quantization_config.json with ``tensor_storage``). ``files_from``: a model directory whose
     other files (tokenizer, chat template) are copied along; ExLlamaV3 needs a tokenizer to load.
     Tensors are made on ``device`` in the store's plan order, so a seed gives the same bytes."""
-    from engine.quant.convert import write_output  # deferred: the converter imports this package
+    from engine.convert.output import write_output  # deferred: the converter imports this package
 
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()):

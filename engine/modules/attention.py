@@ -1,8 +1,11 @@
 """Multi-head attention with grouped KV heads, over a paged KV cache.
 
 Variants are options, not subclasses: grouped-query attention (Ainslie et al., 2023),
-per-head RMSNorm of queries and keys (Qwen3, Gemma 3), sliding-window layers (Mistral,
-Gemma 2/3), logit soft-capping (Gemma 2), layers without positional rotation (SmolLM3's NoPE).
+RMSNorm of queries and keys per head (Qwen3, Gemma 3) or across all heads (OLMo 2/3),
+sliding-window layers (Mistral, Gemma 2/3), logit soft-capping (Gemma 2), layers without
+positional rotation (SmolLM3's NoPE), a sigmoid gate on each head's output (Qwen3-Next, Qwen3.5:
+``q_proj`` gives every head's query followed by its gate), rotation of only the first part of
+each head (``RopeSpec.partial_rotary_factor``).
 """
 
 from __future__ import annotations
@@ -130,6 +133,8 @@ class Attention(nn.Module):
         k_norm: nn.Module | None = None,
         sliding_window: int | None = None,
         softcap: float | None = None,
+        qk_norm_across_heads: bool = False,
+        output_gate: bool = False,
     ) -> None:
         super().__init__()
         self.qkv, self.o_proj = qkv, o_proj
@@ -137,14 +142,15 @@ class Attention(nn.Module):
         self.scale, self.rope = scale, rope
         self.q_norm, self.k_norm = q_norm, k_norm
         self.sliding_window, self.softcap = sliding_window, softcap
+        self.qk_norm_across_heads, self.output_gate = qk_norm_across_heads, output_gate
 
     def quantizable_linears(self) -> list[LinearSite]:
         return [*self.qkv.sites(("q", "k", "v")), LinearSite("o", self, "o_proj")]
 
     def forward(self, x: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
-        q = self._project(x, batch, cache)
+        q, gate = self._project(x, batch, cache)
         if batch.decode is not None:
-            return self.o_proj(self._decode(q, batch, cache).reshape(-1, self.num_heads * self.head_dim))
+            return self._output(self._decode(q, batch, cache), gate)
         # One sequence owning every row (a lone prompt or decode step) keeps attend's result as
         # is: no copy into a separate output (a device-to-device memcpy per layer).
         single = len(batch.sequences) == 1 and batch.sequences[0].length == q.shape[0]
@@ -175,22 +181,39 @@ class Attention(nn.Module):
                 out = o
             else:
                 out[rows] = o
-        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+        return self._output(out, gate)
 
-    def _project(self, x: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
-        """This step's queries ``[rows, heads, head_dim]``, rotated; its keys and values written to
-        the cache."""
-        if batch.decode is not None and x.is_cuda and self.rope is not None and self.q_norm is None:
+    def _output(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+        """``o_proj`` of the heads' outputs ``[rows, heads, head_dim]``, each gated first where
+        the layer has output gates."""
+        out = out.reshape(-1, self.num_heads * self.head_dim)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def _project(
+        self, x: torch.Tensor, batch: BatchLayout, cache
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This step's queries ``[rows, heads, head_dim]``, rotated, and output gates
+        ``[rows, heads * head_dim]`` (None without); its keys and values written to the cache."""
+        plain = self.q_norm is None and not self.output_gate
+        if batch.decode is not None and x.is_cuda and self.rope is not None and plain:
             # A decode step on the GPU: the q/k/v GEMV also rotates and writes (one launch).
             tables = batch.rope_tables(self.rope, x.dtype)
             q = cache.project_rotated(self.qkv, x, tables, batch.write_slots, self.head_dim)
             if q is not None:
-                return q.view(-1, self.num_heads, self.head_dim)
+                return q.view(-1, self.num_heads, self.head_dim), None
         q, k, v = self.qkv(x)
-        q = q.view(-1, self.num_heads, self.head_dim)
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(-1, self.num_heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
+            gate = gate.reshape(-1, self.num_heads * self.head_dim)
+        if self.q_norm is not None and self.qk_norm_across_heads:  # one norm over all heads
+            q, k = self.q_norm(q.reshape(q.shape[0], -1)), self.k_norm(k)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_across_heads:
             q, k = self.q_norm(q), self.k_norm(k)
         rotated = None
         if self.rope is not None:
@@ -201,8 +224,8 @@ class Attention(nn.Module):
                 q, k = self.rope.apply_pair(q, k, tables)
         if rotated is None:
             cache.write(batch.write_slots, k, v)
-            return q
-        return rotated
+            return q, gate
+        return rotated, gate
 
     def _decode(self, q: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
         """Every sequence's one query at once, from the padded block tables (no host sync)."""

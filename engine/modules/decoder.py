@@ -24,23 +24,26 @@ class DecoderBlock(nn.Module):
     """One decoder layer, pre-norm residual: ``h + mixer(norm(h))``, then ``+ feed_forward(norm(.))``.
 
     The mixer is any mixer kind's module (attention, a recurrent kind), the feed-forward any
-    feed-forward kind's (gated MLP, mixture of experts); see ``engine.layers``. ``state`` is what
-    the mixer keeps per sequence (``engine.cache.state``), for whoever makes a cache for this block
-    alone (the converter). The optional ``*_out_norm`` give Gemma's "sandwich" layout, where each
-    sub-layer's output is normalised again before it joins the residual stream.
+    feed-forward kind's (gated MLP, mixture of experts); see ``engine.layers``. A block may have
+    only one of the two (None for the other, with its norms). ``state`` is what the mixer keeps
+    per sequence (``engine.cache.state``), for whoever makes a cache for this block alone (the
+    converter). The optional ``*_out_norm`` give Gemma's "sandwich" layout, where each sub-layer's
+    output is normalised again before it joins the residual stream.
     """
 
     def __init__(
         self,
-        mixer_norm: nn.Module,
-        mixer: nn.Module,
-        feed_forward_norm: nn.Module,
-        feed_forward: nn.Module,
+        mixer_norm: nn.Module | None = None,
+        mixer: nn.Module | None = None,
+        feed_forward_norm: nn.Module | None = None,
+        feed_forward: nn.Module | None = None,
         mixer_out_norm: nn.Module | None = None,
         feed_forward_out_norm: nn.Module | None = None,
         state: SequenceState | None = None,
     ) -> None:
         super().__init__()
+        if mixer is None and feed_forward is None:
+            raise ValueError("a decoder block needs a mixer, a feed-forward or both")
         # Registered in the order they run: the converter writes a block's tensors in this order.
         self.mixer_norm, self.mixer, self.mixer_out_norm = mixer_norm, mixer, mixer_out_norm
         self.feed_forward_norm, self.feed_forward = feed_forward_norm, feed_forward
@@ -55,7 +58,12 @@ class DecoderBlock(nn.Module):
         return mixer or getattr(self.feed_forward, "dynamic_decode", None)
 
     def quantizable_linears(self) -> list[LinearSite]:
-        return self.mixer.quantizable_linears() + self.feed_forward.quantizable_linears()
+        return [
+            site
+            for part in (self.mixer, self.feed_forward)
+            if part is not None
+            for site in part.quantizable_linears()
+        ]
 
     def forward(self, h: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
         h, m = self.residual_forward(h, None, batch, cache)
@@ -70,18 +78,28 @@ class DecoderBlock(nn.Module):
         that reads its sum (:func:`add_and_norm`: one launch on the GPU instead of two). The sums
         are the very tensors the unfused block computes, so the results are bit for bit the same.
         """
-        if pending is None:
-            x = self.mixer_norm(h)
-        else:
-            h, x = add_and_norm(h, pending, self.mixer_norm)
-        a = self.mixer(x, batch, cache)
-        if self.mixer_out_norm is not None:  # Gemma's sandwich norm: before the add, not fused
-            a = self.mixer_out_norm(a)
-        h, x = add_and_norm(h, a, self.feed_forward_norm)
-        m = self.feed_forward(x)
-        if self.feed_forward_out_norm is not None:
-            m = self.feed_forward_out_norm(m)
-        return h, m
+        if self.mixer is not None:
+            h, x = _add_and_norm(h, pending, self.mixer_norm)
+            pending = self.mixer(x, batch, cache)
+            if self.mixer_out_norm is not None:  # Gemma's sandwich norm: before the add, not fused
+                pending = self.mixer_out_norm(pending)
+        if self.feed_forward is not None:
+            h, x = _add_and_norm(h, pending, self.feed_forward_norm)
+            pending = self.feed_forward(x)
+            if self.feed_forward_out_norm is not None:
+                pending = self.feed_forward_out_norm(pending)
+        return h, pending
+
+
+def _add_and_norm(
+    h: torch.Tensor, pending: torch.Tensor | None, norm: nn.Module | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(h + pending, norm(h + pending))``, or ``(h, norm(h))`` where nothing is pending; a
+    sub-layer without a pre-norm (None) reads the sum itself."""
+    if norm is None:
+        h = h if pending is None else h + pending
+        return h, h
+    return (h, norm(h)) if pending is None else add_and_norm(h, pending, norm)
 
 
 class CausalLM(nn.Module):

@@ -1,10 +1,13 @@
-"""The plain two-layer feed-forward block of ViT-style towers and projectors: ``fc2(act(fc1(x)))``."""
+"""The plain two-layer feed-forward block, ``fc2(act(fc1(x)))``: ViT-style towers and projectors,
+and the non-gated experts of a mixture (NemotronH's squared-ReLU experts: ``fc1`` is their
+``up_proj``, ``fc2`` their ``down_proj``)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from engine.modules.linear import LinearSite
 from engine.modules.mlp import ACTIVATIONS
 
 
@@ -15,6 +18,9 @@ class FeedForward(nn.Module):
             raise ValueError(f"unsupported activation '{activation}'")
         self.fc1, self.fc2 = fc1, fc2
         self.act = ACTIVATIONS[activation]
+
+    def quantizable_linears(self) -> list[LinearSite]:
+        return [LinearSite("up", self, "fc1"), LinearSite("down", self, "fc2")]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))

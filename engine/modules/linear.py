@@ -3,7 +3,7 @@
 Every projection in the module library is a ``Linear``-like module with ``in_features``,
 ``out_features``, ``key`` (the checkpoint key it was read from, "" for one made otherwise) and
 ``forward(x) = x @ W.T + b``. Dense weights use :class:`DenseLinear`; EXL3 weights use
-``engine.quant.exl3_linear.EXL3Linear``; the builder picks per tensor. :class:`ProjectionGroup`
+``engine.exl3.exl3_linear.EXL3Linear``; the builder picks per tensor. :class:`ProjectionGroup`
 runs projections that share an input (q/k/v, gate/up), whether the checkpoint stores them as
 separate matrices or as one fused matrix. A module lists the linears a converter may quantize as
 :class:`LinearSite` entries.

@@ -1,5 +1,12 @@
-"""The sparse mixture-of-experts block (Shazeer et al., 2017; Mixtral, Qwen-MoE): a router picks
-``top_k`` of ``n`` gated-MLP experts per token and mixes their outputs by its probabilities."""
+"""The sparse mixture-of-experts block (Shazeer et al., 2017): a router scores ``n`` experts per
+token, the best ``top_k`` run, and their outputs are mixed by the scores.
+
+The families differ only in how the router's logits become choices and weights (all data
+here): Mixtral and Qwen-MoE take a softmax over the experts; DeepSeek-V3, GLM-4.5, LFM2-MoE and
+NemotronH a sigmoid per expert, choose with a learned per-expert bias added to the scores, and
+may limit each token to its best groups of experts. Experts are gated MLPs (SwiGLU) or plain
+two-layer ones (NemotronH's squared ReLU), any module of ``[tokens, d] -> [tokens, d]``.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +17,26 @@ from torch import nn
 
 from engine.modules.linear import LinearSite
 
+SCORINGS = ("softmax", "sigmoid")
+
 
 class SparseMoE(nn.Module):
-    """``sum_{e in topk(p)} w_e * expert_e(x)`` with ``p = softmax(router(x))``.
+    """``sum_{e in chosen} w_e * expert_e(x)``, plus a shared expert every token goes through.
 
-    ``w`` is ``p`` at the chosen experts, renormalised to sum to one where ``normalize`` is set
-    (Qwen-MoE's ``norm_topk_prob``; Mixtral's softmax over the top-k logits is the same thing).
-    Experts are any modules of ``[tokens, hidden] -> [tokens, hidden]`` (``GatedMLP`` over dense
-    or EXL3 linears). ``shared`` (Qwen2-MoE) is an expert every token goes through, scaled by
-    ``sigmoid(shared_gate(x))``.
+    Routing, from the router's logits ``r(x)`` (:meth:`route`):
+
+    1. ``s = softmax(r)`` over the experts, or ``sigmoid(r)`` per expert (``scoring``);
+    2. the experts are chosen by the top ``top_k`` of ``s + selection_bias`` (the bias, where
+       there is one, steers the choice only: it is not part of the weights);
+       with ``num_groups > 1`` the experts form that many equal groups, a group is worth the sum
+       of its two best biased scores, and only the best ``groups_per_token`` groups compete;
+    3. ``w = s`` at the chosen experts, renormalised to sum to one where ``normalize`` is set
+       (Mixtral's softmax over the top-k logits is the same thing), times ``scale``.
+
+    ``latent_in`` / ``latent_out`` (NemotronH's latent MoE): the routed experts work in a
+    smaller width, entered and left through these linears; the router and the shared expert read
+    ``x`` itself. ``shared`` is scaled by ``sigmoid(shared_gate(x))`` where there is such a gate
+    (Qwen2-MoE).
     """
 
     # Which experts run, and on how many rows, depends on the router's choice: a decode step has
@@ -33,38 +51,96 @@ class SparseMoE(nn.Module):
         normalize: bool,
         shared: nn.Module | None = None,
         shared_gate: nn.Module | None = None,
+        *,
+        scoring: str = "softmax",
+        selection_bias: torch.Tensor | None = None,
+        scale: float = 1.0,
+        num_groups: int = 1,
+        groups_per_token: int = 1,
+        latent_in: nn.Module | None = None,
+        latent_out: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        if not 1 <= top_k <= len(experts):
-            raise ValueError(f"top_k must be within 1..{len(experts)} experts, got {top_k}")
+        n = len(experts)
+        if not 1 <= top_k <= n:
+            raise ValueError(f"top_k must be within 1..{n} experts, got {top_k}")
+        if scoring not in SCORINGS:
+            raise ValueError(f"unsupported router scoring '{scoring}' (one of {', '.join(SCORINGS)})")
+        if n % num_groups or not 1 <= groups_per_token <= num_groups:
+            raise ValueError(
+                f"{n} experts cannot form {num_groups} groups of which {groups_per_token} are kept"
+            )
+        if top_k > groups_per_token * (n // num_groups):
+            raise ValueError(f"top_k {top_k} exceeds the experts of {groups_per_token} groups")
+        if (latent_in is None) != (latent_out is None):
+            raise ValueError("a latent MoE needs both its input and its output projection")
         self.router = router
         self.experts = nn.ModuleList(experts)
-        self.top_k, self.normalize = top_k, normalize
+        self.top_k, self.normalize, self.scale = top_k, normalize, scale
+        self.scoring = scoring
+        self.num_groups, self.groups_per_token = num_groups, groups_per_token
+        self.register_buffer("selection_bias", selection_bias)
+        self.latent_in, self.latent_out = latent_in, latent_out
         self.shared, self.shared_gate = shared, shared_gate
 
     def quantizable_linears(self) -> list[LinearSite]:
-        """Every expert's linears and the shared expert's; the router (and the shared expert's
-        gate) stay as they are, as ExLlamaV3 keeps them."""
-        routed = [
+        """Every expert's linears, the latent projections and the shared expert's; the router
+        (and the shared expert's gate) stay as they are, as ExLlamaV3 keeps them."""
+        sites = [LinearSite("latent_in", self, "latent_in")] if self.latent_in is not None else []
+        sites += [
             replace(site, routed=True) for expert in self.experts for site in expert.quantizable_linears()
         ]
-        return routed + (self.shared.quantizable_linears() if self.shared is not None else [])
+        if self.latent_out is not None:
+            sites.append(LinearSite("latent_out", self, "latent_out"))
+        return sites + (self.shared.quantizable_linears() if self.shared is not None else [])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights, experts)``, both ``[tokens, top_k]``: float32 mixing weights and the
         chosen experts' indices."""
-        # The softmax runs in float32 whatever the activations are: in bf16 the probabilities of
-        # close experts would round together and the top-k choice would flip between runs.
-        probs = self.router(x).float().softmax(dim=-1)
-        weights, chosen = probs.topk(self.top_k, dim=-1)
+        # Scores in float32 whatever the activations are: in bf16 close experts' scores would
+        # round together and the top-k choice would flip between runs.
+        logits = self.router(x).float()
+        scores = logits.softmax(dim=-1) if self.scoring == "softmax" else logits.sigmoid()
+        if self.selection_bias is None and self.num_groups == 1:
+            weights, chosen = scores.topk(self.top_k, dim=-1)
+        else:
+            chosen = self._choose(scores)
+            weights = scores.gather(-1, chosen)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        if self.scale != 1.0:
+            weights = weights * self.scale
         return weights, chosen
+
+    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
+        """The top ``top_k`` experts by biased score, among the best groups' experts only."""
+        biased = scores if self.selection_bias is None else scores + self.selection_bias.float()
+        if self.num_groups > 1:
+            grouped = biased.reshape(-1, self.num_groups, biased.shape[-1] // self.num_groups)
+            worth = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+            best = worth.topk(self.groups_per_token, dim=-1).indices
+            keep = torch.zeros_like(worth, dtype=torch.bool).scatter_(-1, best, True)
+            biased = grouped.masked_fill(~keep[..., None], float("-inf")).reshape(biased.shape)
+        return biased.topk(self.top_k, dim=-1).indices
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         weights, chosen = self.route(x)
+        inner = self.latent_in(x) if self.latent_in is not None else x
+        out = self._dispatch(inner, weights, chosen)
+        if self.latent_out is not None:
+            out = self.latent_out(out.to(x.dtype)).float()
+        if self.shared is not None:
+            shared = self.shared(x).float()
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x).float()) * shared
+            out += shared
+        return out.to(x.dtype).reshape(shape)
+
+    def _dispatch(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The routed experts' mix, in float32 (a token's top-k contributions are added one
+        expert at a time)."""
         # Sort the (token, slot) pairs by expert so each expert runs once over a contiguous list
         # of its tokens; an expert nobody chose is skipped. The per-expert counts are read on the
         # host (one sync per layer): the loop needs them to slice, which is also why a MoE model
@@ -74,7 +150,6 @@ class SparseMoE(nn.Module):
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
         tokens = order // self.top_k
         mix = weights.reshape(-1)[order].unsqueeze(1)
-        # Summed in float32: a token's top-k contributions are added one expert at a time.
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         start = 0
         for expert, n in zip(self.experts, counts):
@@ -83,7 +158,4 @@ class SparseMoE(nn.Module):
                 y = expert(x.index_select(0, rows))
                 out.index_add_(0, rows, y.float() * mix[start : start + n])
             start += n
-        if self.shared is not None:
-            gate = torch.sigmoid(self.shared_gate(x).float())
-            out += gate * self.shared(x).float()
-        return out.to(x.dtype).reshape(shape)
+        return out

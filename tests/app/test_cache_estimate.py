@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from engine.inspect import CACHE_BITS_CHOICES, ModelInfo, kv_bytes_per_token
+from engine.cache_footprint import snapshot_capacity
+from engine.inspect import CACHE_BITS_CHOICES, ModelInfo, inspect_model, kv_bytes_per_token
 
 
 @pytest.mark.parametrize("heads,head_dim", [(1, 64), (2, 80), (4, 128), (8, 96), (3, 72), (2, 256), (1, 8)])
@@ -46,3 +49,47 @@ def test_estimate_shrinks_with_the_cache_bits() -> None:
 def test_head_size_the_quantized_cache_cannot_pack_is_estimated_unquantized() -> None:
     info = ModelInfo(path=None, name="m", num_layers=1, num_kv_heads=1, head_dim=36)
     assert info.kv_cache_bytes(10, 2, (4, 4)) == info.kv_cache_bytes(10, 2)
+
+
+# LFM2's layout: attention at ``full_attn_idxs``, short convolutions elsewhere.
+LFM2 = {
+    "architectures": ["Lfm2ForCausalLM"],
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "full_attn_idxs": [3],
+    "conv_L_cache": 3,
+}
+
+
+def _inspect(tmp_path, config: dict) -> ModelInfo:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return inspect_model(tmp_path)
+
+
+def test_a_hybrid_counts_kv_for_its_attention_layers_and_state_per_sequence(tmp_path) -> None:
+    """Keys and values only for the attention layer; each convolution's window once per sequence
+    slot (16), the scratch slot and the snapshot pool (two per slot, one per page at most)."""
+    info = _inspect(tmp_path, LFM2)
+    attention = 2 * 2 * 16 * 2  # one layer's keys and values: 2 heads x 16, fp16
+    state = 3 * 64 * 2 * 2  # three convolutions' last 2 inputs of 64, fp16 (the cache's dtype)
+    assert info.kv_cache_bytes(4096, 2) == 4096 * attention + (16 + 1 + 32) * state  # 64 pages
+    assert info.kv_cache_bytes(128, 2) == 128 * attention + (16 + 1 + 2) * state  # 2 pages
+    # Quantized widths shrink only the keys and values: 16 numbers -> 8 bytes of codes + a scale.
+    assert info.kv_cache_bytes(4096, 2, (4, 4)) == 4096 * 2 * 2 * (8 + 2) + (16 + 1 + 32) * state
+    assert info.memory_needed(4096, "cuda") > info.memory_needed(1024, "cuda")
+
+
+def test_the_snapshot_pool_never_outweighs_the_kv_pages() -> None:
+    assert snapshot_capacity(64, 16, kv_bytes=10**9, state_bytes=1000) == 32  # two per sequence
+    assert snapshot_capacity(8, 16, kv_bytes=10**9, state_bytes=1000) == 8  # one per page
+    assert snapshot_capacity(64, 16, kv_bytes=10_500, state_bytes=1000) == 10  # the KV's bytes
+    assert snapshot_capacity(64, 16, kv_bytes=10, state_bytes=1000) == 1  # but at least one
+    assert snapshot_capacity(64, 0, kv_bytes=10**9, state_bytes=1000) == 0  # no recurrent state
+
+
+def test_a_layout_of_an_unknown_family_is_estimated_as_attention(tmp_path) -> None:
+    mystery = _inspect(tmp_path, dict(LFM2, architectures=["LlamaForCausalLM"], layer_types=["conv"] * 4))
+    plain = ModelInfo(path=None, name="m", num_layers=4, num_kv_heads=2, head_dim=16)
+    assert mystery.kv_cache_bytes(4096, 2) == plain.kv_cache_bytes(4096, 2) == 4 * 4096 * 2 * 2 * 16 * 2

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.cuda
 def test_states_on_the_host_convert_as_on_the_device(
     exl3_dir: Path, tmp_path: Path, tune_target: str
 ) -> None:
-    from engine.quant.convert import ConvertOptions, convert_model
+    from engine.convert.options import ConvertOptions
+    from engine.convert.pipeline import convert_model
 
     out, rfn = {}, {}
     for place in ("device", "host"):
@@ -48,8 +49,10 @@ def test_states_on_the_host_convert_as_on_the_device(
 def test_a_six_bit_head_from_host_states_matches_closely(exl3_dir: Path, tmp_path: Path) -> None:
     """With the states on the host the head's Hessian is summed a chunk at a time: the same sum,
     rounded differently, so the head is near (not bit-) identical."""
-    from engine.quant import EXL3Linear
-    from engine.quant.convert import ConvertOptions, convert_model, linear_tensors
+    from engine.convert.block_quantizer import linear_tensors
+    from engine.convert.options import ConvertOptions
+    from engine.convert.pipeline import convert_model
+    from engine.exl3 import EXL3Linear
 
     heads = {}
     for place in ("device", "host"):
@@ -66,7 +69,7 @@ def test_a_six_bit_head_from_host_states_matches_closely(exl3_dir: Path, tmp_pat
 def test_host_pins_register_and_unregister_on_cuda() -> None:
     """cudaHostRegister through torch.cuda.cudart() pins a tensor's own pages: copies from it are
     asynchronous-capable, and unregistering leaves it an ordinary tensor."""
-    from engine.quant.convert import HostPins
+    from engine.convert.host_states import HostPins
 
     notes: list[str] = []
     t = torch.arange(1 << 20, dtype=torch.float32)

@@ -9,9 +9,9 @@ import torch
 
 from engine import kernels
 from engine.cli import build_parser, main
+from engine.exl3 import EXL3Linear
 from engine.kernels import gemv, loader
 from engine.options import EngineOptions
-from engine.quant import EXL3Linear
 
 
 @pytest.fixture(autouse=True)
@@ -201,9 +201,9 @@ def test_build_ext_command_builds_into_the_configured_folders(monkeypatch, tmp_p
 
 
 def test_viterbi_tables_are_told_apart_by_codebook() -> None:
+    from engine.convert.viterbi import codebook_of_table
+    from engine.exl3.codebooks import CODEBOOKS, codebook_table
     from engine.kernels.viterbi import viterbi_encode
-    from engine.quant.codebooks import CODEBOOKS, codebook_table
-    from engine.quant.viterbi import codebook_of_table
 
     for name in CODEBOOKS:
         table = codebook_table(name, "cpu")

@@ -8,10 +8,10 @@ import torch
 from cuda_helpers import GemvClusterSpy, capture, rel_fro
 
 from engine import kernels
+from engine.exl3.codebooks import CODEBOOKS
+from engine.exl3.hadamard import blockwise_hadamard
+from engine.exl3.reconstruct import apply_scales, decode_trellis
 from engine.kernels import gemv, loader, tuning
-from engine.quant.codebooks import CODEBOOKS
-from engine.quant.hadamard import blockwise_hadamard
-from engine.quant.reconstruct import apply_scales, decode_trellis
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 from cuda_helpers import capture, rel_fro
 
-import engine.quant
+import engine.exl3
 from engine import kernels
+from engine.exl3 import EXL3Linear
+from engine.exl3.codebooks import CODEBOOKS, FLAG_VALUES
+from engine.exl3.hadamard import blockwise_hadamard
+from engine.exl3.reconstruct import apply_scales, decode_trellis
 from engine.kernels import gemv, loader
-from engine.quant import EXL3Linear
-from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES
-from engine.quant.hadamard import blockwise_hadamard
-from engine.quant.reconstruct import apply_scales, decode_trellis
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 
@@ -176,7 +176,7 @@ def test_fixture_model_logits_on_gpu(exl3_dir: Path, ref, monkeypatch, variant: 
     from engine.model import load_model
 
     monkeypatch.setattr(
-        engine.quant, "load_exl3_linear", functools.partial(engine.quant.load_exl3_linear, mode="streaming")
+        engine.exl3, "load_exl3_linear", functools.partial(engine.exl3.load_exl3_linear, mode="streaming")
     )
     ids = ref("logits")["input_ids"][0].tolist()
     model = load_model(exl3_dir / f"tiny-llama-exl3-{variant}", device="cuda", dtype=torch.float32)

@@ -8,10 +8,10 @@ import pytest
 import torch
 from cuda_helpers import capture
 
+from engine.exl3 import EXL3Linear
+from engine.exl3.codebooks import CODEBOOKS
 from engine.kernels import gemv
 from engine.modules.linear import ProjectionGroup
-from engine.quant import EXL3Linear
-from engine.quant.codebooks import CODEBOOKS
 
 pytestmark = pytest.mark.cuda
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 from cuda_helpers import rel_fro
 
+from engine.exl3 import EXL3Linear
+from engine.exl3.codebooks import CODEBOOKS, FLAG_VALUES
+from engine.exl3.reconstruct import apply_scales, decode_trellis
 from engine.kernels import gemv
 from engine.modules.linear import ProjectionGroup
-from engine.quant import EXL3Linear
-from engine.quant.codebooks import CODEBOOKS, FLAG_VALUES
-from engine.quant.reconstruct import apply_scales, decode_trellis
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 

@@ -8,13 +8,13 @@ import torch
 
 from engine.cache.paged import DenseStore, KVCacheLayer, PagedKVCache
 from engine.cache.quantized import QuantizedStore
+from engine.exl3 import EXL3Linear
 from engine.generation.cuda_graph import DecodeGraphs
 from engine.generation.step import StepItem, run_step
 from engine.kernels import gemv
 from engine.loading.synthetic_store import synthetic_model
 from engine.modules.linear import ProjectionGroup
 from engine.modules.rope import RopeSpec, RotaryEmbedding
-from engine.quant import EXL3Linear
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 

@@ -1,4 +1,4 @@
-"""Scale tuning on the GPU (engine.quant.finetune): the fused kernels have no backward, so ops that
+"""Scale tuning on the GPU (engine.convert.finetune): the fused kernels have no backward, so ops that
 need gradients take the torch path, and the gradients equal the CPU's."""
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def test_conversion_with_scale_tuning_on_the_gpu(exl3_dir: Path, tmp_path: Path)
     block the conversion is the untuned one (a dropped tuning restores the scales); from there on it
     differs, since later blocks see the tuned block's output. The tuning may decline a block (on
     this model it declined the first one, 2026-12-01), so not every block must change."""
-    from engine.quant.convert import ConvertOptions, convert_model
+    from engine.convert.options import ConvertOptions
+    from engine.convert.pipeline import convert_model
 
     src = exl3_dir / "tiny-llama-hf"
     rfn, verdicts = {}, {}

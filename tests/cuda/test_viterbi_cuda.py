@@ -1,4 +1,4 @@
-"""The CUDA tail-biting Viterbi (ext/viterbi.cu) against the torch path (engine.quant.viterbi)."""
+"""The CUDA tail-biting Viterbi (ext/viterbi.cu) against the torch path (engine.convert.viterbi)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from engine import kernels
+from engine.convert.quantize import GAUSSIAN_SCALE
+from engine.convert.viterbi import codebook_of_table, encode_tiles
+from engine.exl3.codebooks import CODEBOOKS, codebook_table
+from engine.exl3.trellis import pack_states, unpack_states
 from engine.kernels.loader import CODEBOOK_IDS
 from engine.kernels.viterbi import viterbi_encode
-from engine.quant.codebooks import CODEBOOKS, codebook_table
-from engine.quant.quantize import GAUSSIAN_SCALE
-from engine.quant.trellis import pack_states, unpack_states
-from engine.quant.viterbi import codebook_of_table, encode_tiles
 
 pytestmark = [pytest.mark.cuda, pytest.mark.usefixtures("cuda_extension")]
 

@@ -12,8 +12,8 @@ import torch
 
 from engine.bench import speed as bench
 from engine.bench.roofline import DecodeBytes, kv_bytes_per_token, module_decode_bytes
+from engine.exl3 import EXL3Linear
 from engine.loading.synthetic_store import SyntheticWeightStore, check_bits, synthetic_config, synthetic_model
-from engine.quant import EXL3Linear
 
 # Tiny Llama: intermediate 200 and 2 KV heads of 32 make padded EXL3 dims (256, 128).
 TINY = {

@@ -22,13 +22,16 @@ from torch import nn
 
 from engine.architectures import REGISTRY
 from engine.architectures.llama import Llama
-from engine.cache.paged import KVCacheLayer, PagedKVCache
+from engine.cache.paged import KVCacheLayer, PagedKVCache, cache_footprint
 from engine.cache.recurrent import RecurrentStateLayer
 from engine.cache.state import RecurrentState
+from engine.cache_footprint import CacheFootprint
 from engine.config import ModelConfig
+from engine.config_footprint import HYBRID_FOOTPRINTS, layer_type_footprint
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.step import StepItem, run_step, score_tokens
+from engine.inspect import inspect_model
 from engine.layers import MIXERS, MixerKind, MixerSpec
 from engine.loading.builder import LayerReader
 from engine.model import load_model
@@ -118,11 +121,21 @@ class CountingLlama(Llama):
         return super().mixer(cfg, layer_type, rope)
 
 
+def counting_footprint(cfg) -> CacheFootprint:
+    """The family's layers as the app's torch-free memory estimate reads them from config.json:
+    one float32 count per counting layer, keys and values in the others."""
+    heads = cfg["num_attention_heads"]
+    kv = (cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or cfg["hidden_size"] // heads)
+    return layer_type_footprint(cfg["layer_types"], {COUNTER: (1, 4)}, kv)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def registered():
-    """The kind's one registry line, and the family's."""
+    """The kind's one registry line, the family's, and the family's torch-free footprint for the
+    app's memory estimate (``engine.config_footprint``)."""
     with pytest.MonkeyPatch.context() as m:
         m.setitem(MIXERS, COUNTER, TOKEN_COUNTER)
+        m.setitem(HYBRID_FOOTPRINTS, "CountingLlamaForCausalLM", counting_footprint)
         m.setitem(REGISTRY, "CountingLlamaForCausalLM", CountingLlama)
         yield
 
@@ -191,7 +204,9 @@ def test_layers_of_both_kinds_get_their_own_state(counting):
     kinds = [type(cache.layer(i)) for i in range(4)]
     assert kinds == [KVCacheLayer, RecurrentStateLayer, KVCacheLayer, RecurrentStateLayer]
     assert cache.layer(1)["count"].shape == (3 + 1, 1)  # a slot per sequence and a scratch row
-    assert cache.state_slots.available == 3 and not cache.pages.reuse_prefixes
+    assert cache.state_slots.available == 3 and cache.pages.reuse_prefixes
+    # Snapshots of the counters' state for prefix reuse: two per sequence, one per page at most.
+    assert cache.snapshots.capacity == 6 and len(cache.snapshots) == 0
 
 
 def test_the_state_is_carried_across_chunks_and_steps(counting, reference):
@@ -262,12 +277,139 @@ def test_a_freed_slot_starts_its_next_sequence_from_zero(counting, reference):
     assert counts == sorted(len(p) + 6 - 1 for p in prompts[1:])
 
 
-def test_no_prefix_reuse_across_recurrent_layers(counting):
-    """A prompt seen before is computed again: the counters' state after its prefix is gone."""
-    prompt = list(range(3, 40))
+def _record_logits(gen: Generator, monkeypatch) -> dict[Job, list[torch.Tensor]]:
+    """Each job's logits rows, one per new token, of the steps ``gen`` runs from now on (a CPU
+    generator without CUDA graphs runs every step through ``_eager_step``)."""
+    rows: dict[Job, list[torch.Tensor]] = {}
+    step = gen._eager_step
+
+    def recording(items):
+        out = step(items)
+        job_of = {run.state_slot: run.job for run in gen._active}
+        for item, row in zip(items, out):
+            if row is not None:
+                rows.setdefault(job_of[item.state_slot], []).append(row[-1])
+        return out
+
+    monkeypatch.setattr(gen, "_eager_step", recording)
+    return rows
+
+
+def _assert_cold_logits(reference, prompt: list[int], result, rows: list[torch.Tensor]) -> None:
+    """The logits a job's tokens were chosen from are those of a cold run of the stateless
+    reference (a state restored from the wrong snapshot, or not at all, shifts the counts)."""
+    sequence = prompt + result.token_ids
+    cache = PagedKVCache.for_model(reference.spec, 128, page_size=8)
+    expected = score_tokens(reference.module, cache, sequence[:-1])[len(prompt) - 1 :]
+    torch.testing.assert_close(torch.stack(rows), expected, rtol=1e-5, atol=1e-5)
+
+
+def _run_alone(gen: Generator, prompt: list[int], logits: dict, new_tokens: int = 4):
+    """One job's result and the prompt tokens it actually computed."""
+    before = gen.prefilled_tokens
+    (result,) = gen.generate([Job(prompt, max_new_tokens=new_tokens, stop_token_ids=())])
+    return result, gen.prefilled_tokens - before
+
+
+def _dirty_free_slots(gen: Generator) -> None:
+    """What a freed slot may hold: counts no sequence resumes from."""
+    for i in COUNTING_LAYERS:
+        gen.cache.layer(i)["count"].fill_(1000.0)
+
+
+@pytest.mark.parametrize("batched_decode", [False, True])
+def test_a_repeated_prompt_resumes_from_the_snapshot_at_its_last_full_page(
+    counting, reference, monkeypatch, batched_decode
+):
+    prompt = list(range(3, 40))  # 37 tokens: four full pages of 8, a snapshot after them
+    options = EngineOptions(batched_decode=batched_decode)
+    gen = Generator(counting, cache_tokens=256, page_size=8, options=options)
+    logits = _record_logits(gen, monkeypatch)
+    first, computed = _run_alone(gen, prompt, logits)
+    assert (first.cached_tokens, computed) == (0, 37)
+    _dirty_free_slots(gen)
+    second, computed = _run_alone(gen, prompt, logits)
+    assert (second.cached_tokens, computed) == (32, 5)
+    assert second.token_ids == first.token_ids
+    for result in (first, second):
+        _assert_cold_logits(reference, prompt, result, logits[result.job])
+
+
+def test_a_chats_next_turn_resumes_from_the_last_prompt_snapshot(counting, reference, monkeypatch):
+    """Turn two (turn one's prompt and reply, then a new message) resumes at the end of turn
+    one's last full prompt page: the reply's tokens were decoded, and decode steps leave no
+    snapshot, so they are computed again with the new ones. Turn three resumes after turn two's
+    prompt in the same way."""
     gen = Generator(counting, cache_tokens=256, page_size=8)
-    first, second = (gen.generate([Job(prompt, max_new_tokens=2, stop_token_ids=())])[0] for _ in range(2))
-    assert first.cached_tokens == second.cached_tokens == 0 and first.token_ids == second.token_ids
+    logits = _record_logits(gen, monkeypatch)
+    turn = _prompts()[1] + list(range(50, 64))  # 37 tokens, then 37 + 6 + 10 = 53
+    for cached in (0, 32, 48):
+        _dirty_free_slots(gen)
+        result, computed = _run_alone(gen, turn, logits, new_tokens=6)
+        assert result.cached_tokens == cached and computed == len(turn) - cached
+        _assert_cold_logits(reference, turn, result, logits[result.job])
+        turn = turn + result.token_ids + [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+
+
+def test_a_prompt_shorter_than_a_page_leaves_no_snapshot(counting, reference, monkeypatch):
+    gen = Generator(counting, cache_tokens=256, page_size=8)
+    logits = _record_logits(gen, monkeypatch)
+    prompt = [5, 6, 7, 8, 9]
+    for _ in range(2):
+        result, computed = _run_alone(gen, prompt, logits)
+        assert (result.cached_tokens, computed) == (0, 5)
+        _assert_cold_logits(reference, prompt, result, logits[result.job])
+    assert len(gen.cache.snapshots) == 0
+
+
+def test_a_cancelled_prefill_leaves_the_snapshots_it_completed(counting, reference, monkeypatch):
+    """Chunks of one page leave a snapshot at every page boundary (the checkpoints of a long
+    prompt); a job cancelled after two chunks leaves two, and the next run of its prompt resumes
+    after the second."""
+    gen = Generator(counting, cache_tokens=256, page_size=8, max_chunk_tokens=8)
+    assert gen.snapshot_every == 1
+    prompt = list(range(3, 40))
+    job = Job(prompt, max_new_tokens=4, stop_token_ids=())
+    gen.enqueue(job)
+    gen.iterate()
+    gen.iterate()
+    gen.cancel(job)
+    assert len(gen.cache.snapshots) == 2 and gen.cache.state_slots.available == gen.cache.state_slots.count
+    _dirty_free_slots(gen)
+    logits = _record_logits(gen, monkeypatch)
+    result, computed = _run_alone(gen, prompt, logits)
+    assert (result.cached_tokens, computed) == (16, 21)
+    _assert_cold_logits(reference, prompt, result, logits[result.job])
+
+
+@pytest.mark.parametrize("batched_decode", [False, True])
+def test_jobs_batched_together_resume_from_a_shared_prefix(counting, reference, monkeypatch, batched_decode):
+    """A system prompt's snapshot serves three jobs prefilled (in chunks beside each other's
+    decode steps) and decoded together: each restores it into its own slot."""
+    system = list(range(100, 120))  # 20 tokens: checkpoints after pages 1 and 2
+    options = EngineOptions(batched_decode=batched_decode)
+    gen = Generator(counting, cache_tokens=512, page_size=8, max_chunk_tokens=8, options=options)
+    gen.generate([Job(system + [1, 2], max_new_tokens=2, stop_token_ids=())])
+    _dirty_free_slots(gen)
+    logits = _record_logits(gen, monkeypatch)
+    prompts = [system + p for p in _prompts()]
+    results = gen.generate([Job(p, max_new_tokens=6, stop_token_ids=()) for p in prompts])
+    for prompt, result in zip(prompts, results):
+        assert result.cached_tokens == 16
+        _assert_cold_logits(reference, prompt, result, logits[result.job])
+    assert gen.cache.state_slots.available == gen.cache.state_slots.count
+
+
+def test_the_memory_estimate_counts_what_the_cache_allocates(counting_dir, counting):
+    """The app's torch-free estimate (config.json only) sees the counters as recurrent layers:
+    keys and values of the two attention layers, the counters' state per sequence and the
+    snapshot pool, exactly what the engine's cache of the model takes."""
+    info = inspect_model(counting_dir)
+    assert info.footprint == cache_footprint(counting.spec)
+    assert len(info.footprint.kv_layers) == 2 and info.footprint.state_layers == ((1, 4), (1, 4))
+    for tokens, bits in ((64, (16, 16)), (4096, (16, 16)), (4096, (4, 6))):
+        cache = PagedKVCache.for_model(counting.spec, tokens, page_size=64, dtype=torch.float32, bits=bits)
+        assert info.kv_cache_bytes(tokens, 4, bits) == cache.nbytes
 
 
 def test_padding_rows_of_a_decode_graph_keep_off_the_sequences_state(counting, reference, monkeypatch):
@@ -322,9 +464,10 @@ def test_the_converter_quantizes_the_counters_linear_and_copies_its_scale(
     sys.path.insert(0, str(Path(__file__).parents[1] / "quant"))
     from quant_helpers import cheap_encoder
 
-    import engine.quant.quantize as quantize_mod
-    from engine.quant import EXL3Linear
-    from engine.quant.convert import ConvertOptions, convert_model
+    import engine.convert.quantize as quantize_mod
+    from engine.convert.options import ConvertOptions
+    from engine.convert.pipeline import convert_model
+    from engine.exl3 import EXL3Linear
 
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     options = ConvertOptions(
@@ -373,3 +516,20 @@ def test_decode_graphs_capture_the_counter_on_a_gpu(counting_dir):
         assert gen.cache.state_slots.available == gen.cache.state_slots.count
     assert gen._graphs is not None and gen._graphs.failed is None and gen._graphs.captured
     assert tokens[True] == tokens[False]
+
+
+@pytest.mark.cuda
+def test_a_chats_next_turn_resumes_from_a_snapshot_on_a_gpu(counting_dir):
+    """On a GPU (CUDA graphs, pipelined decode) the snapshot is copied on the stream between the
+    prefill steps: turn two resumes from it and gives a cold generator's tokens."""
+    model = load_model(counting_dir, device="cuda", dtype="float32")
+    turn1 = list(range(3, 40))
+    gen = Generator(model, cache_tokens=256, page_size=8)
+    (first,) = gen.generate([Job(turn1, max_new_tokens=6, stop_token_ids=())])
+    turn2 = turn1 + first.token_ids + [11, 12, 13, 14, 15]
+    (warm,) = gen.generate([Job(turn2, max_new_tokens=12, stop_token_ids=())])
+    (cold,) = Generator(model, cache_tokens=256, page_size=8).generate(
+        [Job(turn2, max_new_tokens=12, stop_token_ids=())]
+    )
+    assert (warm.cached_tokens, cold.cached_tokens) == (32, 0)
+    assert warm.token_ids == cold.token_ids

@@ -239,8 +239,8 @@ def test_moe_model_decodes_without_cuda_graphs(tiny_model_factory, capsys):
 
 def test_synthetic_moe_model_builds_with_quantized_experts_and_a_dense_router():
     """``bench --synthetic`` shapes may be MoE: random EXL3 experts (shared one too), dense routers."""
+    from engine.exl3 import EXL3Linear
     from engine.loading.synthetic_store import synthetic_model
-    from engine.quant import EXL3Linear
 
     shape = {
         "architectures": ["Qwen2MoeForCausalLM"],

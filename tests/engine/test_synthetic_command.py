@@ -11,7 +11,7 @@ import torch
 from safetensors import safe_open
 
 from engine.cli import main as cli_main
-from engine.quant import EXL3Linear, load_quantization_config
+from engine.exl3 import EXL3Linear, load_quantization_config
 
 
 def _tensors(directory: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

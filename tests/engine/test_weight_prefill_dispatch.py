@@ -9,10 +9,10 @@ import types
 import pytest
 import torch
 
+from engine.exl3 import EXL3Linear
+from engine.exl3.codebooks import FLAG_VALUES
+from engine.exl3.reconstruct import apply_scales, decode_trellis
 from engine.kernels import gemv, loader
-from engine.quant import EXL3Linear
-from engine.quant.codebooks import FLAG_VALUES
-from engine.quant.reconstruct import apply_scales, decode_trellis
 
 CODEBOOK_NAMES = {v: k for k, v in loader.CODEBOOK_IDS.items()}
 

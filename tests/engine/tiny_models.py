@@ -20,6 +20,21 @@ COMMON = dict(
 )
 
 
+# The gated-delta-net hybrids' layers and their mixtures of experts.
+_DELTA_NET = dict(
+    head_dim=16,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+)
+_EXPERTS = dict(
+    num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[2]
+)
+
+
 def _configs():
     import transformers as tf
 
@@ -82,6 +97,79 @@ def _configs():
             moe_intermediate_size=32,
             shared_expert_intermediate_size=48,
             decoder_sparse_step=2,
+        ),
+        # One block per layer: Mamba-2 (two groups of B/C, scanned in chunks of 16 tokens),
+        # attention, squared-ReLU MLP.
+        "NemotronHForCausalLM": tf.NemotronHConfig(
+            **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"},
+            head_dim=16,
+            layers_block_type=[
+                "linear_attention",
+                "full_attention",
+                "mlp",
+                "linear_attention",
+                "mlp",
+                "full_attention",
+            ],
+            mamba_num_heads=8,
+            mamba_head_dim=8,
+            n_groups=2,
+            ssm_state_size=16,
+            conv_kernel=4,
+            chunk_size=16,
+        ),
+        # Nemotron 3: MoE blocks of 8 squared-ReLU experts in two groups (each token's best group
+        # only), a latent width of 32 and a shared expert; sigmoid router scaled by 2.5.
+        "NemotronHForCausalLM-moe": tf.NemotronHConfig(
+            **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"},
+            head_dim=16,
+            layers_block_type=["linear_attention", "moe", "full_attention", "linear_attention", "moe", "mlp"],
+            mamba_num_heads=8,
+            mamba_head_dim=8,
+            n_groups=2,
+            ssm_state_size=16,
+            chunk_size=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=48,
+            moe_latent_size=32,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+        ),
+        # Short convolutions and attention; the MLP width goes through LFM2's 2/3 and rounding
+        # (192 -> 128 -> 144). The MoE's layer 0 is dense, the others sparse.
+        "Lfm2ForCausalLM": tf.Lfm2Config(
+            **{**COMMON, "intermediate_size": 192},
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            block_multiple_of=48,
+        ),
+        "Lfm2MoeForCausalLM": tf.Lfm2MoeConfig(
+            **COMMON,
+            layer_types=["conv", "full_attention", "conv", "conv"],
+            num_dense_layers=1,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            routed_scaling_factor=1.5,
+            tie_word_embeddings=False,
+        ),
+        # Gated delta nets (layers 0, 2, 3: two key heads each serving two value heads) beside one
+        # gated attention layer with RoPE on half of each head; Qwen3-Next's layer 2 is a dense MLP.
+        "Qwen3NextForCausalLM": tf.Qwen3NextConfig(**COMMON, **_DELTA_NET, num_experts=4, **_EXPERTS),
+        "Qwen3_5ForCausalLM": tf.Qwen3_5TextConfig(**COMMON, **_DELTA_NET),
+        "Qwen3_5MoeForCausalLM": tf.Qwen3_5MoeTextConfig(
+            **COMMON,
+            **_DELTA_NET,
+            num_experts=4,
+            **{k: v for k, v in _EXPERTS.items() if k != "mlp_only_layers"},
+        ),
+        # Post-norm attention layers with their q/k norms across heads; beta in (0, 2).
+        "OlmoHybridForCausalLM": tf.OlmoHybridConfig(
+            **COMMON,
+            **{k: v for k, v in _DELTA_NET.items() if k not in ("head_dim", "rope_parameters")},
+            pad_token_id=0,
         ),
     }
 

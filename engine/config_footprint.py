@@ -1,0 +1,113 @@
+"""A model's cache footprint (``engine.cache_footprint``) from its config.json alone, torch-free:
+what the app's library estimates before a model is loaded (``engine.inspect``).
+
+A family whose every layer attends needs nothing here: each of its layers keeps keys and values
+of ``num_key_value_heads`` x ``head_dim``. A hybrid family lays its layers out in its own way
+(``layer_types`` with names of its own, an interval, a pattern string, layers with no mixer), so
+it lists a torch-free mirror of that layout in :data:`HYBRID_FOOTPRINTS`. The engine's truth is
+``engine.cache.paged.cache_footprint(spec)``, from the kinds' declared states;
+tests/engine/test_config_footprint.py holds every family's mirror equal to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from engine.cache_footprint import CacheFootprint, StateSize
+
+Config = Mapping[str, Any]
+
+
+def _kv_shape(cfg: Config, head_dim_keys: Sequence[str] = ("head_dim",)) -> tuple[int, int]:
+    """An attention layer's (kv_heads, head_dim), as ``Architecture.attention`` reads them."""
+    heads = int(cfg["num_attention_heads"])
+    head_dim = next((cfg[k] for k in head_dim_keys if cfg.get(k)), None)
+    return int(cfg.get("num_key_value_heads") or heads), int(head_dim or int(cfg["hidden_size"]) // heads)
+
+
+def layer_type_footprint(
+    types: Sequence[str], states: Mapping[str, StateSize], kv_shape: tuple[int, int]
+) -> CacheFootprint:
+    """Layers of ``types``: those of a type in ``states`` keep that state, the others attend."""
+    kv = tuple(kv_shape for t in types if t not in states)
+    return CacheFootprint(kv, tuple(states[t] for t in types if t in states))
+
+
+def _gated_delta_net_hybrid(cfg: Config) -> CacheFootprint:
+    """Qwen3-Next and Qwen3.5: ``linear_attention`` layers are gated delta nets (a float32
+    convolution window and state matrix), every ``full_attention_interval``-th layer attends."""
+    n, interval = int(cfg["num_hidden_layers"]), int(cfg.get("full_attention_interval", 4))
+    types = cfg.get("layer_types") or [
+        "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+    ]
+    k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+    k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+    window = int(cfg.get("linear_conv_kernel_dim", 4)) - 1
+    numbers = (2 * k_heads * k_dim + v_heads * v_dim) * window + v_heads * k_dim * v_dim
+    return layer_type_footprint(types, {"linear_attention": (numbers, 4)}, _kv_shape(cfg))
+
+
+def _short_conv_hybrid(cfg: Config) -> CacheFootprint:
+    """LFM2: ``conv`` layers keep their last ``conv_L_cache - 1`` inputs (in the cache's dtype);
+    without ``layer_types``, the layers at ``full_attn_idxs`` attend."""
+    n = int(cfg["num_hidden_layers"])
+    attending = cfg.get("full_attn_idxs")
+    attending = set(range(n)) if attending is None else {int(i) for i in attending}
+    types = cfg.get("layer_types") or ["full_attention" if i in attending else "conv" for i in range(n)]
+    numbers = int(cfg["hidden_size"]) * (int(cfg.get("conv_L_cache", 3)) - 1)
+    return layer_type_footprint(types, {"conv": (numbers, None)}, _kv_shape(cfg))
+
+
+# Nemotron-H's block names, as letters of its ``hybrid_override_pattern``.
+_NEMOTRON_BLOCKS = {
+    "linear_attention": "M",
+    "mamba": "M",
+    "full_attention": "*",
+    "attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+
+
+def _mamba2_hybrid(cfg: Config) -> CacheFootprint:
+    """Nemotron-H: ``M`` layers are Mamba-2 (a float32 convolution window and state), ``*``
+    layers attend, ``-`` and ``E`` layers have no mixer (a feed-forward alone)."""
+    types = cfg.get("layers_block_type") or cfg.get("layer_types")
+    pattern = "".join(_NEMOTRON_BLOCKS[t] for t in types) if types else str(cfg["hybrid_override_pattern"])
+    heads, head_dim = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
+    groups = int(cfg.get("n_groups") or cfg.get("mamba_n_groups") or 1)
+    state_size = int(cfg["ssm_state_size"])
+    window = int(cfg.get("conv_kernel") or cfg.get("mamba_d_conv") or 4) - 1
+    numbers = (heads * head_dim + 2 * groups * state_size) * window + heads * head_dim * state_size
+    kv = _kv_shape(cfg, ("head_dim", "attention_head_dim"))
+    return CacheFootprint((kv,) * pattern.count("*"), ((numbers, 4),) * pattern.count("M"))
+
+
+# Hybrid families by config.json's architecture name: their layers' footprint from the config.
+HYBRID_FOOTPRINTS: dict[str, Callable[[Config], CacheFootprint]] = {
+    "Qwen3NextForCausalLM": _gated_delta_net_hybrid,
+    "Qwen3_5ForCausalLM": _gated_delta_net_hybrid,
+    "Qwen3_5ForConditionalGeneration": _gated_delta_net_hybrid,
+    "Qwen3_5MoeForCausalLM": _gated_delta_net_hybrid,
+    "Qwen3_5MoeForConditionalGeneration": _gated_delta_net_hybrid,
+    "Lfm2ForCausalLM": _short_conv_hybrid,
+    "Lfm2MoeForCausalLM": _short_conv_hybrid,
+    "NemotronHForCausalLM": _mamba2_hybrid,
+}
+
+
+def config_footprint(config: Config) -> CacheFootprint | None:
+    """The footprint of the model config.json ``config`` describes (its ``text_config`` where it
+    nests one); None when the config lacks the shapes (or a hybrid's config is malformed: loading
+    will say why)."""
+    inner = config.get("text_config")
+    cfg = {**config, **inner} if isinstance(inner, dict) else config
+    archs = config.get("architectures") or [None]
+    hybrid = HYBRID_FOOTPRINTS.get(archs[0]) if isinstance(archs, list) else None
+    try:
+        if hybrid is not None:
+            return hybrid(cfg)
+        return CacheFootprint.uniform(int(cfg["num_hidden_layers"]), *_kv_shape(cfg))
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None

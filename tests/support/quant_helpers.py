@@ -1,0 +1,38 @@
+"""Helpers shared by the EXL3 tests (imported as ``quant_helpers``: pytest puts this folder on the
+path; not ``conftest``, which names another module when tests/cuda is collected in the same run).
+The fixture lookup itself is in tests/conftest.py."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.exl3.trellis import pack_states, unpack_states
+
+VARIANTS = ("4.0bpw-h6-mul1", "2.5bpw-h4-mcg", "5.5bpw-h8-3inst")
+
+
+def fp16_bits(x: torch.Tensor) -> torch.Tensor:
+    """fp16 bit patterns, for bit-exact comparisons (treats -0.0 and 0.0 as different, NaNs equal)."""
+    return x.to(torch.float16).view(torch.int16)
+
+
+def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative Frobenius error of ``a`` against the reference ``b`` (both taken as float64)."""
+    a, b = a.double(), b.double()
+    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b))
+
+
+def cheap_encoder(x: torch.Tensor, k: int, table: torch.Tensor, batch: int | None = None) -> torch.Tensor:
+    """A fast, valid, low-quality stand-in for the Viterbi (``quantize.encode_tiles``): greedy
+    along the trellis (best next code for each value), made tail-biting by pack -> unpack (which
+    only changes the first few states)."""
+    values = table.float()
+    codes = torch.arange(1 << k, device=x.device)
+    state = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+    out = torch.empty(x.shape, dtype=torch.int32, device=x.device)
+    for i in range(x.shape[1]):
+        cand = ((state.unsqueeze(1) << k) | codes) & 0xFFFF
+        best = (values[cand] - x[:, i : i + 1]).abs().argmin(dim=1)
+        state = cand.gather(1, best.unsqueeze(1)).squeeze(1)
+        out[:, i] = state.to(torch.int32)
+    return unpack_states(pack_states(out, k))
