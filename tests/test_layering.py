@@ -4,7 +4,7 @@
 - Only the kernel-dispatch modules reach the compiled extension directly.
 - No import cycle among ``engine``'s module-level imports.
 - No test-only code under ``engine/``; the runtime never imports the measurement tools
-  (``engine.bench``).
+  (``engine.bench``) nor the offline converter (``engine.convert``).
 
 Imports are told apart by where they run: *top-level* ones when the module is imported (class
 bodies and ``try`` blocks included), *function-level* ones when a function first runs (often
@@ -44,6 +44,15 @@ TEST_ONLY_NAMES = ("testing", "tests", "conftest")
 TEST_ONLY_PREFIXES = ("test_", "fake", "mock")
 # Who may import the measurement tools: the tools themselves and the CLI's table of verbs.
 BENCH_IMPORTERS = ("engine/bench/", "engine/cli.py")
+# Who may import the offline converter (engine.convert): itself, the ``convert`` verb, the
+# measurement tools, and the synthetic-model writer (it writes the converter's output layout).
+# Loading and running a model needs only the format (engine.exl3).
+CONVERTER_IMPORTERS = (
+    "engine/convert/",
+    "engine/commands/convert.py",
+    "engine/bench/",
+    "engine/loading/synthetic_store.py",
+)
 
 
 @dataclass(frozen=True)
@@ -314,3 +323,16 @@ def test_the_runtime_never_imports_the_measurement_tools(top: Path) -> None:
         if imports_module(imp, "engine.bench") or (imp.target == "engine" and "bench" in imp.names)
     ]
     assert not offenders, "engine.bench is for measuring, not for running:\n" + "\n".join(offenders)
+
+
+@pytest.mark.parametrize("top", [ENGINE, APP], ids=["engine", "app"])
+def test_the_runtime_never_imports_the_converter(top: Path) -> None:
+    modules = ENGINE_MODULES if top == ENGINE else load_modules(top)
+    offenders = [
+        f"{mod.rel}:{imp.line} imports {imp.target}"
+        for mod in modules.values()
+        if not mod.rel.startswith(CONVERTER_IMPORTERS)
+        for imp in mod.imports
+        if imports_module(imp, "engine.convert") or (imp.target == "engine" and "convert" in imp.names)
+    ]
+    assert not offenders, "engine.convert is the offline converter, not the runtime:\n" + "\n".join(offenders)

@@ -19,9 +19,9 @@ python3 -m engine.commands.build_ext --force 2>&1 | tee "$OUT/jit_build.log"
 echo "rc=${PIPESTATUS[0]} wall_s=$((SECONDS - start))" | tee -a "$OUT/jit_build.log"
 
 if [ -n "$KEXPR" ]; then
-  timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda tests/quant -k "$KEXPR" 2>&1 | tee "$OUT/tests.log" | tail -25
+  timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda tests/exl3 tests/convert -k "$KEXPR" 2>&1 | tee "$OUT/tests.log" | tail -25
 else
-  timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda tests/quant 2>&1 | tee "$OUT/tests.log" | tail -25
+  timeout 240 python3 -m pytest -q -m cuda -p no:cacheprovider tests/cuda tests/exl3 tests/convert 2>&1 | tee "$OUT/tests.log" | tail -25
 fi
 timeout 200 python3 -m engine.bench.kernels --json "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/bench.log"
 # Memory checker on a few launches of each codebook (the default and the workspace GEMV): no out-of-bounds access.

@@ -104,9 +104,11 @@ def add_quantizer_args(p: argparse.ArgumentParser) -> None:
         help="after each block is quantized, N Adam steps tune its linears' channel scales to the "
         "unquantized block's output (the bits stay as chosen; 0: off, the default)",
     )
+    from engine.convert.options import TUNE_TARGETS
+
     p.add_argument(
         "--tune-target",
-        choices=("block", "model"),
+        choices=TUNE_TARGETS,
         default="block",
         help="what the tuning aims at: the unquantized block on the quantized model's inputs "
         "(block, default) or the unquantized model's hidden state (model)",

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import recurrent
 from engine.modules.batch import BatchLayout
 
 ACTIVATIONS = (None, "silu")
@@ -77,6 +78,9 @@ class CausalConv1d(nn.Module):
         ``[slots + 1, channels, K - 1]`` holds each sequence's window in its state slot: read
         (zeros at position 0) and written back after the sequence's last row."""
         if batch.decode is not None:  # one token per row, slots on the device: no host work
+            stepped = self.decode_kernel(x, batch, windows)
+            if stepped is not None:
+                return stepped
             slots = batch.decode.state_slots.long()
             fresh = (batch.positions == 0)[:, None, None]
             before = torch.where(
@@ -90,6 +94,23 @@ class CausalConv1d(nn.Module):
             before = windows[seq.state_slot] if seq.past > 0 else windows.new_zeros(windows.shape[1:])
             y[rows], windows[seq.state_slot] = causal_conv(x[rows], self.weight, before, self.bias)
         return self._activate(y)
+
+    def decode_kernel(
+        self, x: torch.Tensor, batch: BatchLayout, windows: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A fixed-shape decode step in one launch (``engine.kernels.recurrent.conv_step``), the
+        windows advanced in place; None where the kernel does not apply (nothing was changed)."""
+        if batch.positions.dtype != torch.int64:
+            return None
+        return recurrent.conv_step(
+            x.contiguous(),
+            windows,
+            self.weight,
+            self.bias,
+            batch.decode.state_slots,
+            batch.positions,
+            self.activation == "silu",
+        )
 
     def _activate(self, y: torch.Tensor) -> torch.Tensor:
         return F.silu(y) if self.activation == "silu" else y

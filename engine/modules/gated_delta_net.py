@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import recurrent
 from engine.modules.batch import BatchLayout
 from engine.modules.causal_conv import CausalConv1d
 from engine.modules.linear import LinearSite, ProjectionGroup
@@ -211,6 +212,7 @@ class GatedDeltaNet(nn.Module):
         self.norm, self.out_proj = norm, out_proj
         self.k_heads, self.v_heads, self.d_k, self.d_v = k_heads, A_log.shape[0], d_k, d_v
         self.beta_scale, self.chunk_size = beta_scale, chunk_size
+        self._float_params: dict[str, torch.Tensor] = {}
         if self.v_heads % k_heads:
             raise ValueError(f"{self.v_heads} value heads cannot share {k_heads} key heads evenly")
         qkv_channels = 2 * k_heads * d_k + self.v_heads * d_v
@@ -224,11 +226,47 @@ class GatedDeltaNet(nn.Module):
         """``cache["conv"]`` and ``cache["delta"]`` are the layer's windows ``[slots + 1, channels,
         K - 1]`` and states ``[slots + 1, v_heads, d_k, d_v]``."""
         qkv, z, b, a = self.projections(x)
+        if (
+            batch.decode is not None
+            and (normed := self._decode_kernels(qkv, z, b, a, batch, cache)) is not None
+        ):
+            return self.out_proj(normed)
         q, k, v = self._heads(self.conv(qkv, batch, cache["conv"]))
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         beta = b.sigmoid().float() * self.beta_scale
         o = self._recurrence(q, k, v, g, beta, batch, cache["delta"]).to(x.dtype)
         return self.out_proj(self.norm(o, z).reshape(x.shape[0], -1))
+
+    def _decode_kernels(
+        self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, batch: BatchLayout, cache
+    ) -> torch.Tensor | None:
+        """A fixed-shape decode step's convolution, recurrence and gated norm in two launches
+        (``engine.kernels.recurrent``): the normed outputs ``[rows, v_heads * d_v]``, or None where
+        the kernels do not apply (checked before either runs, so no state has moved)."""
+        if not recurrent.delta_heads_fit(self.d_k, self.d_v) or batch.positions.dtype != torch.int64:
+            return None
+        dtype = qkv.dtype
+        if not (b.dtype == a.dtype == z.dtype == self.norm.weight.dtype == dtype):
+            return None
+        mixed = self.conv.decode_kernel(qkv, batch, cache["conv"])
+        if mixed is None:
+            return None
+        out = recurrent.gated_delta_step(
+            mixed, a.contiguous(), b.contiguous(), z.reshape(qkv.shape[0], -1).contiguous(),
+            self._float_param("A_log"), self._float_param("dt_bias"), self.norm.weight, cache["delta"],
+            batch.decode.state_slots, batch.positions, key_heads=self.k_heads, key_dim=self.d_k,
+            beta_scale=self.beta_scale, norm_eps=self.norm.eps,
+        )  # fmt: skip
+        if out is None:  # only where the extension lacks the kernel, which conv_step found
+            raise RuntimeError("the CUDA extension has conv_step but no gated_delta_step")
+        return out
+
+    def _float_param(self, name: str) -> torch.Tensor:
+        """A float32 copy of a small parameter, made once (a decode graph reads it in place)."""
+        cached = self._float_params.get(name)
+        if cached is None:
+            cached = self._float_params[name] = getattr(self, name).detach().float().contiguous()
+        return cached
 
     def _heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries and keys ``[rows, v_heads, d_k]`` (normalised, queries scaled, each key head

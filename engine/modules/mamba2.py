@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import recurrent
 from engine.modules.batch import BatchLayout
 from engine.modules.causal_conv import CausalConv1d
 from engine.modules.linear import LinearSite
@@ -169,6 +170,8 @@ class Mamba2(nn.Module):
         K - 1]`` and states ``[slots + 1, heads, head_dim, d_state]``."""
         i, bc = self.intermediate, self.groups * self.state_size
         z, xbc, dt = self.in_proj(x).split([i, i + 2 * bc, self.heads], dim=-1)
+        if batch.decode is not None and (y := self._decode_kernels(xbc, dt, batch, cache)) is not None:
+            return self.out_proj(self.norm(y, z).to(x.dtype))
         xbc = self.conv(xbc, batch, cache["conv"])
         u, B, C = xbc.float().split([i, bc, bc], dim=-1)
         u = u.view(-1, self.heads, self.head_dim)
@@ -180,6 +183,28 @@ class Mamba2(nn.Module):
         y = self._scan(u, dt, A, B, C, batch, cache["ssm"])
         y = y + u * self.D.float()[:, None]
         return self.out_proj(self.norm(y.view(-1, i), z).to(x.dtype))
+
+    def _decode_kernels(
+        self, xbc: torch.Tensor, dt: torch.Tensor, batch: BatchLayout, cache
+    ) -> torch.Tensor | None:
+        """A fixed-shape decode step's convolution and state update in two launches
+        (``engine.kernels.recurrent``): ``y`` ``[rows, heads * head_dim]`` float32 with the ``D``
+        skip, or None where the kernels do not apply (checked before either runs)."""
+        if batch.positions.dtype != torch.int64 or dt.dtype != xbc.dtype:
+            return None
+        mixed = self.conv.decode_kernel(xbc, batch, cache["conv"])
+        if mixed is None:
+            return None
+        i, bc = self.intermediate, self.groups * self.state_size
+        u, B, C = (t.contiguous() for t in mixed.split([i, bc, bc], dim=-1))
+        y = recurrent.ssd_step(
+            u, B, C, dt.contiguous(), self.dt_bias, self.A_log, self.D, cache["ssm"],
+            batch.decode.state_slots, batch.positions, groups=self.groups,
+            dt_limit=self.dt_limit or (0.0, float("inf")),
+        )  # fmt: skip
+        if y is None:
+            raise RuntimeError("the CUDA extension has conv_step but no ssd_step")
+        return y
 
     def _scan(
         self,

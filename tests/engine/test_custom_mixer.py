@@ -75,7 +75,7 @@ class TokenCounter(nn.Module):
         for seq in batch.sequences:
             before = state[seq.state_slot, 0] if seq.past > 0 else 0.0  # a new sequence starts at 0
             rows = slice(seq.start, seq.start + seq.length)
-            counts[rows] = before + torch.arange(1, seq.length + 1, dtype=state.dtype)
+            counts[rows] = before + torch.arange(1, seq.length + 1, dtype=state.dtype, device=state.device)
             state[seq.state_slot, 0] = counts[rows][-1]
         return counts
 
@@ -459,9 +459,6 @@ def test_the_converter_quantizes_the_counters_linear_and_copies_its_scale(
 ):
     """The converter lists each layer's linears from its modules: the counter's ``proj`` is
     quantized, its ``scale`` copied as stored, and the result loads and generates."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "quant"))
     from quant_helpers import cheap_encoder
 
     import engine.convert.quantize as quantize_mod

@@ -228,13 +228,8 @@ def test_the_converter_quantizes_the_projections_and_keeps_the_recurrence_in_16_
     and out_proj are quantized under their own names, as ExLlamaV3 stores them; in_proj_ba, the
     convolution, A_log, dt_bias and the gated norm are copied in 16 bits; the result loads, its
     delta nets run on EXL3 linears, and it generates."""
-    import sys
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-
-    sys.path.insert(0, str(Path(__file__).parents[1] / "quant"))
     from quant_helpers import cheap_encoder
+    from safetensors.torch import load_file
 
     import engine.convert.quantize as quantize_mod
     from engine.convert.options import ConvertOptions
@@ -297,7 +292,12 @@ def test_on_a_gpu_the_delta_nets_match_the_cpu_and_decode_in_graphs(tiny_model_f
     expected = score_tokens(cpu.module, PagedKVCache.for_model(cpu.spec, 256, page_size=16), ids)
     model = load_model(directory, device="cuda", dtype="float32")
     assert model.module.static_decode
-    got = score_tokens(model.module, PagedKVCache.for_model(model.spec, 256, page_size=16), ids, chunk=70)
+    got = score_tokens(
+        model.module,
+        PagedKVCache.for_model(model.spec, 256, page_size=16, dtype=model.dtype, device=model.device),
+        ids,
+        chunk=70,
+    )
     assert rel_err(got.cpu(), expected) < 1e-3  # TF32 matmuls may be on
     jobs = [Job(_ids(n, seed=n), max_new_tokens=12, stop_token_ids=()) for n in (5, 23, 12)]
     tokens = {}

@@ -6,8 +6,6 @@ spellings; and their conversion to EXL3."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -213,7 +211,6 @@ def test_conversion_quantizes_the_linears_and_keeps_the_convolutions(tmp_path, m
     """``convert_model`` with the cheap encoder: every projection (the convolutions' in/out ones
     too) becomes EXL3, the convolution weights are copied as stored (16 bits), and the result
     loads and scores close to the source."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "quant"))
     from quant_helpers import cheap_encoder
 
     import engine.convert.quantize as quantize_mod

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
@@ -233,7 +232,6 @@ def test_conversion_quantizes_the_projections_and_keeps_the_small_tensors(source
     """Mamba-2's in_proj and out_proj, attention's q/k/v/o and the MLPs' up/down are quantized;
     the convolution, A_log, D, dt_bias and the norms are copied in 16 bits; the result loads,
     scores close to the source and generates."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "quant"))
     from quant_helpers import cheap_encoder
 
     import engine.convert.quantize as quantize_mod

@@ -1,6 +1,6 @@
-"""Helpers shared by the EXL3 tests (imported as ``quant_helpers``: pytest puts this folder on the
-path; not ``conftest``, which names another module when tests/cuda is collected in the same run).
-The fixture lookup itself is in tests/conftest.py."""
+"""Helpers shared by the EXL3 format and converter tests (tests/exl3, tests/convert and the
+architectures' conversion tests), imported as ``quant_helpers`` through the tests/support path
+entry that tests/conftest.py adds. The fixture lookup itself is in tests/conftest.py."""
 
 from __future__ import annotations
 
