@@ -124,14 +124,19 @@ def check_codebook(name: str) -> str:
     return key
 
 
+# The cached tables are made outside inference mode whatever mode their first caller runs in: a
+# cache outlives that mode, and an inference tensor can neither tell its version (which
+# engine.convert.viterbi reads) nor enter autograd-recorded code.
 @cache
 def _cpu_table(name: str) -> torch.Tensor:
-    return _DECODERS[name](torch.arange(65536, dtype=torch.int64))
+    with torch.inference_mode(False):
+        return _DECODERS[name](torch.arange(65536, dtype=torch.int64))
 
 
 @cache
 def _device_table(name: str, device: torch.device) -> torch.Tensor:
-    return _cpu_table(name).to(device)
+    with torch.inference_mode(False):
+        return _cpu_table(name).to(device)
 
 
 def codebook_table(name: str, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -94,3 +94,17 @@ def test_cuda_decode_matches_cpu(codebook: str) -> None:
     cpu = codebook_table(codebook)
     gpu = fn(states.cuda()).cpu()
     assert torch.equal(fp16_bits(cpu), fp16_bits(gpu))
+
+
+def test_a_table_first_asked_for_in_inference_mode_is_an_ordinary_tensor():
+    """The cache outlives the mode of its first caller: the converter reads the table's version
+    (engine.convert.viterbi.codebook_of_table) outside inference mode."""
+    from engine.convert.viterbi import codebook_of_table
+    from engine.exl3 import codebooks
+
+    codebooks._cpu_table.cache_clear()
+    codebooks._device_table.cache_clear()
+    with torch.inference_mode():
+        table = codebooks.codebook_table("mcg", "cpu")
+    assert not table.is_inference()
+    assert codebook_of_table(table) == "mcg"
