@@ -156,7 +156,7 @@ class Attention(nn.Module):
         single = len(batch.sequences) == 1 and batch.sequences[0].length == q.shape[0]
         out = None if single else torch.empty_like(q)
         for seq in batch.sequences:
-            rows = slice(seq.start, seq.start + seq.length)
+            rows = seq.rows
             first = self._first_visible(seq)
             slots = seq.slots[first : seq.end_position]
             # A decode step on the CPU reads the cache in place (the gather was most of the step

@@ -29,6 +29,15 @@ class SequenceSlice:
     def end_position(self) -> int:
         return self.past + self.length
 
+    @property
+    def rows(self) -> slice:
+        return slice(self.start, self.start + self.length)
+
+    def state_before(self, states: torch.Tensor) -> torch.Tensor:
+        """This sequence's recurrent state before the step, from ``states`` ``[slots + 1, ...]``:
+        zeros where it starts here (a slot keeps what its previous sequence left)."""
+        return states[self.state_slot] if self.past > 0 else states.new_zeros(states.shape[1:])
+
 
 @dataclass
 class DecodeTables:
@@ -78,3 +87,12 @@ class BatchLayout:
         if key not in self._key_positions:
             self._key_positions[key] = torch.arange(start, end, device=device)
         return self._key_positions[key]
+
+
+def decode_states_before(states: torch.Tensor, batch: BatchLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed-shape decode step's state slots (int64, for indexing) and each row's recurrent state
+    before the step, from ``states`` ``[slots + 1, ...]``: zeros where a row starts its sequence
+    (position 0), with no host work, so the step can be captured in a CUDA graph."""
+    slots = batch.decode.state_slots.long()
+    fresh = (batch.positions == 0).view(-1, *[1] * (states.dim() - 1))
+    return slots, torch.where(fresh, torch.zeros((), dtype=states.dtype, device=states.device), states[slots])

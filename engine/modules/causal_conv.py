@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import recurrent
-from engine.modules.batch import BatchLayout
+from engine.modules.batch import BatchLayout, decode_states_before
 
 ACTIVATIONS = (None, "silu")
 
@@ -81,17 +81,13 @@ class CausalConv1d(nn.Module):
             stepped = self.decode_kernel(x, batch, windows)
             if stepped is not None:
                 return stepped
-            slots = batch.decode.state_slots.long()
-            fresh = (batch.positions == 0)[:, None, None]
-            before = torch.where(
-                fresh, torch.zeros((), dtype=windows.dtype, device=windows.device), windows[slots]
-            )
+            slots, before = decode_states_before(windows, batch)
             y, windows[slots] = causal_conv_step(x, self.weight, before, self.bias)
             return self._activate(y)
         y = torch.empty_like(x)
         for seq in batch.sequences:
-            rows = slice(seq.start, seq.start + seq.length)
-            before = windows[seq.state_slot] if seq.past > 0 else windows.new_zeros(windows.shape[1:])
+            rows = seq.rows
+            before = seq.state_before(windows)
             y[rows], windows[seq.state_slot] = causal_conv(x[rows], self.weight, before, self.bias)
         return self._activate(y)
 

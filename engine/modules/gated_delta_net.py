@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import recurrent
-from engine.modules.batch import BatchLayout
+from engine.modules.batch import BatchLayout, decode_states_before
 from engine.modules.causal_conv import CausalConv1d
 from engine.modules.linear import LinearSite, ProjectionGroup
 
@@ -293,18 +293,13 @@ class GatedDeltaNet(nn.Module):
         """Every row's output, each sequence's state read from its slot (zeros at position 0)
         and written back after its last row."""
         if batch.decode is not None:  # one token per row: fixed shapes, slots on the device
-            slots = batch.decode.state_slots.long()
-            fresh = (batch.positions == 0)[:, None, None, None]
-            before = torch.where(fresh, torch.zeros((), device=states.device), states[slots])
+            slots, before = decode_states_before(states, batch)
             o, states[slots] = gated_delta_step(q, k, v, g, beta, before)
             return o
         o = torch.empty_like(v)
         for seq in batch.sequences:
-            rows = slice(seq.start, seq.start + seq.length)
-            if seq.past > 0:
-                before = states[seq.state_slot]
-            else:
-                before = v.new_zeros(self.v_heads, self.d_k, self.d_v)
+            rows = seq.rows
+            before = seq.state_before(states)
             if seq.length == 1:  # a decode row: the step form, as in a fixed-shape decode step
                 one, after = gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows], before[None])
                 o[rows], states[seq.state_slot] = one, after[0]

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import recurrent
-from engine.modules.batch import BatchLayout
+from engine.modules.batch import BatchLayout, decode_states_before
 from engine.modules.causal_conv import CausalConv1d
 from engine.modules.linear import LinearSite
 
@@ -219,18 +219,13 @@ class Mamba2(nn.Module):
         """Every row's scan output, each sequence's state read from its slot (zeros at position
         0) and written back after its last row."""
         if batch.decode is not None:  # one token per row: fixed shapes, slots on the device
-            slots = batch.decode.state_slots.long()
-            fresh = (batch.positions == 0)[:, None, None, None]
-            before = torch.where(fresh, torch.zeros((), device=states.device), states[slots])
+            slots, before = decode_states_before(states, batch)
             y, states[slots] = ssd_step(u, dt, A, B, C, before)
             return y
         y = torch.empty_like(u)
         for seq in batch.sequences:
-            rows = slice(seq.start, seq.start + seq.length)
-            if seq.past > 0:
-                before = states[seq.state_slot].float()
-            else:
-                before = u.new_zeros(self.heads, self.head_dim, self.state_size)
+            rows = seq.rows
+            before = seq.state_before(states).float()
             y[rows], states[seq.state_slot] = ssd_chunked(
                 u[rows], dt[rows], A, B[rows], C[rows], before, self.chunk_size
             )
