@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ragged_batch import alone_logits, ragged_batch_logits
 
 from engine.cache.paged import PagedKVCache
-from engine.generation.decode_inputs import run_decode_step
 from engine.generation.generator import Generator
 from engine.generation.job import Job
-from engine.generation.step import StepItem, run_step, score_tokens
+from engine.generation.step import score_tokens
 from engine.layers.gated_delta_net import GatedDeltaNetSpec
 from engine.model import load_model
 from engine.modules.attention import Attention
@@ -124,40 +124,9 @@ def test_ragged_batch_matches_single_runs(variant, models):
     model, _ = models(variant)
     seqs = [_ids(n, seed=10 + n) for n in (37, 5, 70)]
     decode = [_ids(4, seed=20 + i) for i in range(3)]
-    alone = []
-    for seq, extra in zip(seqs, decode):
-        cache = PagedKVCache.for_model(model.spec, 128, page_size=16)
-        alone.append(score_tokens(model.module, cache, seq + extra, chunk=512))
-
-    cache = PagedKVCache.for_model(model.spec, 512, page_size=16, max_sequences=3)
-    tables = [cache.pages.allocate(8) for _ in seqs]
-    slots = [cache.state_slots.allocate() for _ in seqs]
-    scratch_page = cache.pages.allocate(1)[0]
-    got: list[list[torch.Tensor]] = [[] for _ in seqs]
-    done = [0] * len(seqs)
-    while any(d < len(s) for d, s in zip(done, seqs)):
-        items, owners = [], []
-        for i, seq in enumerate(seqs):
-            if done[i] < len(seq):
-                piece = seq[done[i] : done[i] + 16]
-                items.append(StepItem(piece, done[i], tables[i], "all", state_slot=slots[i]))
-                owners.append(i)
-                done[i] += len(piece)
-        for i, logits in zip(owners, run_step(model.module, cache, items)):
-            got[i].append(logits)
-    for step in range(4):
-        items = [
-            StepItem([decode[i][step]], len(seqs[i]) + step, tables[i], "last", state_slot=slots[i])
-            for i in range(3)
-        ]
-        if step < 2:
-            out = run_step(model.module, cache, items)
-        else:
-            out = run_decode_step(model.module, cache, items, batch=4, scratch_page=scratch_page)
-        for i, logits in enumerate(out):
-            got[i].append(logits)
-    for i in range(3):
-        assert rel_err(torch.cat(got[i]), alone[i]) < 1e-5
+    got = ragged_batch_logits(model, seqs, decode, chunk=16)
+    for seq, extra, logits in zip(seqs, decode, got):
+        assert rel_err(logits, alone_logits(model, seq + extra)) < 1e-5
 
 
 def _check_tokens_against_alone(model, prompts, results) -> None:

@@ -9,16 +9,16 @@ import json
 
 import pytest
 import torch
+from ragged_batch import alone_logits, ragged_batch_logits
 from safetensors.torch import load_file
 from tiny_models import build_tiny_model
 
 from engine.architectures import architecture_for
 from engine.cache.paged import PagedKVCache
 from engine.config import ModelConfig
-from engine.generation.decode_inputs import run_decode_step
 from engine.generation.generator import Generator
 from engine.generation.job import Job
-from engine.generation.step import StepItem, run_step, score_tokens
+from engine.generation.step import score_tokens
 from engine.layers.attention import AttentionSpec
 from engine.layers.short_conv import ShortConvSpec
 from engine.model import load_model
@@ -145,43 +145,10 @@ def test_ragged_batch_matches_single_runs(variant, tiny):
     gen = torch.Generator().manual_seed(2)
     seqs = [torch.randint(0, 320, (n,), generator=gen).tolist() for n in (19, 5, 26)]
     decode = [torch.randint(0, 320, (4,), generator=gen).tolist() for _ in seqs]
-    alone = []
-    for seq, extra in zip(seqs, decode):
-        cache = PagedKVCache.for_model(model.spec, 64, page_size=16, max_sequences=1)
-        alone.append(score_tokens(model.module, cache, seq + extra, chunk=512))
-
-    cache = PagedKVCache.for_model(model.spec, 256, page_size=16, max_sequences=3)
-    cache.state_slots.allocate()  # the sequences take slots 1, 2 and 0, not in their order
-    slots = [cache.state_slots.allocate(), cache.state_slots.allocate()]
-    cache.state_slots.release(0)
-    slots.append(cache.state_slots.allocate())
-    tables = [cache.pages.allocate(3) for _ in seqs]
-    scratch_page = cache.pages.allocate(1)[0]
-    got: list[list[torch.Tensor]] = [[] for _ in seqs]
-    done = [0] * len(seqs)
-    while any(d < len(s) for d, s in zip(done, seqs)):
-        items, owners = [], []
-        for i, seq in enumerate(seqs):
-            if done[i] < len(seq):
-                piece = seq[done[i] : done[i] + 7]
-                items.append(StepItem(piece, done[i], tables[i], "all", state_slot=slots[i]))
-                owners.append(i)
-                done[i] += len(piece)
-        for i, logits in zip(owners, run_step(model.module, cache, items)):
-            got[i].append(logits)
-    for step in range(4):
-        items = [
-            StepItem([decode[i][step]], len(seqs[i]) + step, tables[i], "last", state_slot=slots[i])
-            for i in range(len(seqs))
-        ]
-        if step % 2 == 0:
-            rows = run_step(model.module, cache, items)
-        else:
-            rows = run_decode_step(model.module, cache, items, batch=4, scratch_page=scratch_page)
-        for i, logits in enumerate(rows):
-            got[i].append(logits)
-    for i in range(len(seqs)):
-        assert rel_err(torch.cat(got[i]), alone[i]) < 1e-5
+    # The sequences take slots 1, 2 and 0, not in their order.
+    got = ragged_batch_logits(model, seqs, decode, chunk=7, slots=[1, 2, 0])
+    for seq, extra, logits in zip(seqs, decode, got):
+        assert rel_err(logits, alone_logits(model, seq + extra)) < 1e-5
 
 
 @pytest.mark.parametrize("variant", [DENSE, MOE])

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from ragged_batch import ragged_batch_logits
 from safetensors import safe_open
 from tiny_models import build_tiny_model
 
 from engine.cache.paged import KVCacheLayer, PagedKVCache
 from engine.cache.recurrent import RecurrentStateLayer
-from engine.generation.decode_inputs import run_decode_step
 from engine.generation.generator import Generator
 from engine.generation.job import Job
-from engine.generation.step import StepItem, run_step, score_tokens
+from engine.generation.step import score_tokens
 from engine.model import load_model
 from engine.modules.attention import Attention
 from engine.modules.feed_forward import FeedForward
@@ -155,36 +155,9 @@ def test_ragged_batch_matches_single_runs(model):
     logits are those it gets alone."""
     seqs = _prompts()
     decode = _prompts((6, 6, 6), seed=9)
-    alone = [_alone(model, seq + extra) for seq, extra in zip(seqs, decode)]
-    cache = PagedKVCache.for_model(model.spec, 512, page_size=16, max_sequences=3)
-    tables = [cache.pages.allocate(6) for _ in seqs]
-    slots = [cache.state_slots.allocate() for _ in seqs]
-    scratch = cache.pages.allocate(1)[0]
-    got: list[list[torch.Tensor]] = [[] for _ in seqs]
-    done = [0] * len(seqs)
-    while any(d < len(s) for d, s in zip(done, seqs)):
-        items, owners = [], []
-        for i, seq in enumerate(seqs):
-            if done[i] < len(seq):
-                piece = seq[done[i] : done[i] + 16]
-                items.append(StepItem(piece, done[i], tables[i], "all", state_slot=slots[i]))
-                owners.append(i)
-                done[i] += len(piece)
-        for i, logits in zip(owners, run_step(model.module, cache, items)):
-            got[i].append(logits)
-    for step in range(6):
-        items = [
-            StepItem([decode[i][step]], len(seqs[i]) + step, tables[i], "last", state_slot=slots[i])
-            for i in range(len(seqs))
-        ]
-        if step % 2:
-            rows = run_decode_step(model.module, cache, items, batch=4, scratch_page=scratch)
-        else:
-            rows = run_step(model.module, cache, items)
-        for i, logits in enumerate(rows):
-            got[i].append(logits)
-    for i in range(len(seqs)):
-        assert rel_err(torch.cat(got[i]), alone[i]) < 1e-5
+    got = ragged_batch_logits(model, seqs, decode, chunk=16)
+    for seq, extra, logits in zip(seqs, decode, got):
+        assert rel_err(logits, _alone(model, seq + extra)) < 1e-5
 
 
 def _greedy_reference(model, prompt: list[int], tokens: list[int]) -> None:
