@@ -181,14 +181,6 @@ class SamplingSettings:
         """The token is the argmax of the (processed) logits: no draw, no uniform used."""
         return self.temperature <= 0.0 or self.top_k == 1
 
-    @property
-    def is_plain_greedy(self) -> bool:
-        """Greedy with no processor active: the argmax of the raw logits, wherever they are.
-        The processor list decides (it lives with the torch code, imported only when asked)."""
-        from engine.generation.sampling import active_processors
-
-        return not active_processors(self)
-
     def validate(self) -> None:
         """Raise :class:`~engine.errors.SamplingSettingError` naming the first field outside its
         range (:data:`SETTINGS` order, then ``logit_bias``). The one check of these values: the

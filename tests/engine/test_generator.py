@@ -7,7 +7,7 @@ from engine.cache.paged import PagedKVCache
 from engine.errors import ContextOverflowError, SamplingSettingError, UsageError
 from engine.generation.generator import Generator
 from engine.generation.job import Job
-from engine.generation.sampling import SamplingSettings
+from engine.generation.sampling import SamplingSettings, active_processors
 from engine.generation.step import score_tokens
 from engine.options import EngineOptions
 
@@ -170,8 +170,8 @@ def test_penalised_or_sampled_jobs_use_the_sampler(llama, monkeypatch):
     ]
     results = Generator(llama, cache_tokens=1024, page_size=16).generate(jobs)
     assert all(len(r.token_ids) == 6 for r in results)
-    assert SamplingSettings.greedy().is_plain_greedy
-    assert not SamplingSettings(temperature=0.0, presence_penalty=0.5).is_plain_greedy
+    assert not active_processors(SamplingSettings.greedy())
+    assert active_processors(SamplingSettings(temperature=0.0, presence_penalty=0.5))
 
 
 @pytest.mark.parametrize("sampled", [False, True])

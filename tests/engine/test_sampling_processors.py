@@ -38,10 +38,10 @@ def test_every_processor_says_whether_the_kernel_applies_it():
 
 
 def test_plain_greedy_means_no_active_processor():
-    assert SamplingSettings.greedy().is_plain_greedy
+    assert not active_processors(SamplingSettings.greedy())
     assert active_processors(SamplingSettings(temperature=0.0, top_p=0.5, min_p=0.1)) == []
-    assert not SamplingSettings(temperature=0.0, logit_bias={3: 1.0}).is_plain_greedy
-    assert not SamplingSettings(temperature=0.0, repetition_penalty=1.1).is_plain_greedy
+    assert active_processors(SamplingSettings(temperature=0.0, logit_bias={3: 1.0}))
+    assert active_processors(SamplingSettings(temperature=0.0, repetition_penalty=1.1))
     names = [p.name for p in active_processors(SamplingSettings(top_k=5, logit_bias={1: 2.0}), True)]
     assert names == ["logit_bias", "constraint", "temperature", "top_k"]
 
