@@ -4,20 +4,27 @@ Prefix reuse (``engine.cache.pages``) hands a new sequence the KV pages of a pro
 sequence computed. A recurrent layer keeps no such history: its state after the prefix was
 overwritten as the other sequence went on. So the generator copies a sequence's state, in every
 recurrent layer (every named tensor of ``RecurrentStateLayer.tensors``, one slot's row), into this
-pool at chosen page boundaries of its prompt (:func:`snapshot_positions`): the *snapshot* after
-the page that ends there, keyed by that page's chained key. A new sequence whose prompt matches
-cached pages resumes at the last matched page whose key has a snapshot
-(:meth:`SnapshotPool.resume_point`): it copies the snapshot into its own slot and computes the
-rest of its prompt from there.
+pool at chosen page boundaries: of its prompt (:func:`snapshot_positions`), and where a decode
+step fills a page of its reply. That is the *snapshot* after the page that ends there, keyed by
+that page's chained key. A new sequence whose prompt matches cached pages resumes at the last
+matched page whose key has a snapshot (:meth:`SnapshotPool.resume_point`): it copies the snapshot
+into its own slot and computes the rest of its prompt from there.
+
+A pipelined decode step must be copied from before the next step advances the state, which is
+before the host knows the step's input token and so the page's key: such a copy goes into a row
+*held* under no key (:meth:`SnapshotPool.hold`), filed under the key once the token is read
+(:meth:`SnapshotPool.file`) or given back if the sequence ends first (:meth:`SnapshotPool.drop`).
 
 Invariants:
 
-- A snapshot is the state after exactly the tokens its key names: it is taken between steps,
-  after a step that ended on that page boundary, so it is complete or absent (a cancelled
-  sequence leaves only the snapshots of boundaries it reached).
+- A snapshot is the state after exactly the tokens its key names: it is taken after a step that
+  ended on that page boundary and before the next step of the sequence, so it is complete or
+  absent (a cancelled sequence leaves only the snapshots of boundaries it reached; a held row of
+  a step whose tokens were never read is dropped).
 - A snapshot lives no longer than a page of its key: the page allocator tells the pool each key
   it forgets (``PageAllocator.on_forget``), since without that page no prompt can match up to it.
-- When the pool is full, saving evicts the least recently used snapshot (saved or restored).
+- When the pool is full, saving (or holding) evicts the least recently used snapshot (saved or
+  restored); held rows are not evicted.
 
 Capacity comes from the cache's budget (``engine.cache_footprint.snapshot_capacity``: two per
 sequence the cache runs at once, at most one per page, at most the KV pages' bytes) and counts in
@@ -77,22 +84,48 @@ class SnapshotPool:
                 return count
         return 0
 
+    @property
+    def held(self) -> int:
+        """Rows held for a snapshot not yet filed under its key."""
+        return self.capacity - len(self._row_of) - len(self._free)
+
     def save(self, key: bytes, slot: int) -> None:
         """Keep the state of state slot ``slot`` as the snapshot of ``key``. A key already kept
         holds the same state (the state after the same tokens): it is only marked as used."""
         if key in self._row_of:
             self._row_of.move_to_end(key)
             return
-        if self.capacity == 0:
-            return
-        if not self._free:
+        row = self.hold(slot)
+        if row is not None:
+            self.file(row, key)
+
+    def hold(self, slot: int) -> int | None:
+        """Copy the state of state slot ``slot`` into a row kept under no key yet, for a snapshot
+        whose key is not known when it must be taken; the row, to :meth:`file` or :meth:`drop`.
+        None: no row to take (no capacity, or every row is held)."""
+        if self._free:
+            row = self._free.pop()
+        elif self._row_of:
             _, row = self._row_of.popitem(last=False)
-            self._free.append(row)
-        row = self._free.pop()
+        else:
+            return None
         for layer, store in zip(self._layers, self._store):
             for name, tensor in layer.tensors.items():
                 store[name][row].copy_(tensor[slot])
-        self._row_of[key] = row
+        return row
+
+    def file(self, row: int, key: bytes) -> None:
+        """Keep held ``row`` as the snapshot of ``key``; where ``key`` is kept already (the same
+        state) that one is marked as used and the row goes back."""
+        if key in self._row_of:
+            self._row_of.move_to_end(key)
+            self._free.append(row)
+        else:
+            self._row_of[key] = row
+
+    def drop(self, row: int) -> None:
+        """Give back held ``row`` unfiled (its sequence ended before its key was known)."""
+        self._free.append(row)
 
     def restore(self, key: bytes, slot: int) -> None:
         """Write the snapshot of ``key`` into state slot ``slot`` of every recurrent layer."""

@@ -8,7 +8,10 @@ job whose prompt starts with pages already computed - the previous turn of the s
 straight past them. A model with recurrent layers skips as far as a snapshot of their state goes
 (``engine.cache.snapshots``): a prompt's prefill stops on the page boundaries where a snapshot is
 due (:func:`~engine.cache.snapshots.snapshot_positions`), and the state left there is copied into
-the pool between steps, so no step or mixer needs to hand out a state from inside a chunk.
+the pool between steps, so no step or mixer needs to hand out a state from inside a chunk. A
+decode step that fills a page leaves one too, so a chat's next turn skips the reply's full pages
+as well; a pipelined step's copy is queued right behind it, held until its tokens come back and
+name the page (``_hold_snapshots``).
 
 Sampled jobs draw on the GPU (``engine.kernels.sampling.sample_tokens``): each job's uniform
 comes from its own seeded generator on the host, as the host sampler would draw it, and only the
@@ -88,6 +91,9 @@ class _Running:
     in_cache: int = 0  # positions 0 .. in_cache - 1 are in the cache
     keys: list[bytes] = field(default_factory=list)  # keys of the full pages registered so far
     snapshot_at: list[int] = field(default_factory=list)  # prompt positions still to snapshot
+    # (page end, snapshot-pool row) of each launched decode step that fills a page, until read
+    held_snapshots: list[tuple[int, int]] = field(default_factory=list)
+    decode_snapshot: bytes | None = None  # key of the last snapshot its decode steps kept
     cached_tokens: int = 0
     t_enqueued: float = 0.0
     t_started: float | None = None
@@ -429,6 +435,7 @@ class Generator:
             ids = self._launch_greedy(items) if argmax_only else self._launch_sampled(items, runs)
             if ids is not None:
                 self._flight = _InFlight.start(runs, ids, sampled=on_device)
+                self._hold_snapshots(runs, items)
                 return []
         logits = self._decode_with_graphs(items, to_cpu=not (argmax_only or on_device))
         if logits is None:
@@ -443,6 +450,8 @@ class Generator:
             self._register_full_pages(run)
             if run.snapshot_at:
                 self._take_snapshot(run)
+            elif self._fills_page(run, item):
+                self._keep_decode_snapshot(run, run.keys[-1])
             if row is not None:
                 results.append(self._advance(run, row[-1], chosen.get(i)))
         return results
@@ -521,12 +530,16 @@ class Generator:
                 out = self._launch_greedy(items, ids)
             if out is not None:
                 following = _InFlight.start(runs, out, flight.sampled)
+                self._hold_snapshots(runs, items)
         results = []
         for run, token in zip(flight.runs, flight.tokens()):
             if run not in self._active:  # cancelled while its step ran
                 continue
             run.in_cache += 1
             self._register_full_pages(run)
+            if run.held_snapshots and run.held_snapshots[0][0] == run.in_cache:
+                _, row = run.held_snapshots.pop(0)
+                self._keep_decode_snapshot(run, run.keys[-1], row)
             results.append(self._advance(run, None, token))
         if following is not None and any(run in self._active for run in following.runs):
             self._flight = following  # rows of jobs that just ended are skipped when it lands
@@ -560,6 +573,47 @@ class Generator:
             key = run.keys[at // self.cache.page_size - 1]
             if at == run.in_cache and self.cache.pages.holds(key):  # it hangs on a known page
                 self.cache.snapshots.save(key, run.state_slot)
+
+    def _fills_page(self, run: _Running, item: StepItem) -> bool:
+        """Whether ``item``, a step of ``run``, is a decode step that fills a page whose state
+        is worth keeping: the model has recurrent layers and pages are named."""
+        return (
+            self.cache.snapshots is not None
+            and self.cache.pages.reuse_prefixes
+            and item.past >= run.prompt_len
+            and (item.past + 1) % self.cache.page_size == 0
+        )
+
+    def _hold_snapshots(self, runs: list[_Running], items: list[StepItem]) -> None:
+        """After launching a pipelined decode step: copy the state of each row that fills a page
+        into a held row of the pool, queued behind the step and before the next one advances the
+        state. The page's key needs the step's input token, still on the device: ``_land`` files
+        the row once it is read; a job that ends first drops it (``_finish``)."""
+        if self.cache.snapshots is None:
+            return
+        for run, item in zip(runs, items):
+            if self._fills_page(run, item):
+                row = self.cache.snapshots.hold(run.state_slot)
+                if row is not None:
+                    run.held_snapshots.append((item.past + 1, row))
+
+    def _keep_decode_snapshot(self, run: _Running, key: bytes, row: int | None = None) -> None:
+        """Keep the run's state after a decode step that filled the page named ``key``: held
+        ``row`` (a pipelined step), or the slot's state now. It replaces the run's previous
+        decode snapshot: a chat's next turn resumes from the reply's last full page, and a long
+        reply so takes one row of the pool instead of evicting other sequences' snapshots."""
+        pool = self.cache.snapshots
+        if key in pool or not self.cache.pages.holds(key):  # the same state kept, or no page
+            if row is not None:
+                pool.drop(row)
+            return
+        if run.decode_snapshot is not None:
+            pool.discard(run.decode_snapshot)
+        if row is None:
+            pool.save(key, run.state_slot)
+        else:
+            pool.file(row, key)
+        run.decode_snapshot = key
 
     def _advance(self, run: _Running, logits, token: int | None = None) -> JobResult:
         """Sample the next token from ``logits`` (or take ``token``, already chosen as their
@@ -637,6 +691,9 @@ class Generator:
         self._by_job.pop(run.job, None)
         self.cache.pages.release(run.pages)
         self.cache.state_slots.release(run.state_slot)
+        for _, row in run.held_snapshots:  # launched steps whose tokens it will never read
+            self.cache.snapshots.drop(row)
+        run.held_snapshots.clear()
 
     def _advance_constraint(
         self, run: _Running, token: int, reason: str | None

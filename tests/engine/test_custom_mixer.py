@@ -23,6 +23,7 @@ from torch import nn
 from engine.architectures import REGISTRY
 from engine.architectures.llama import Llama
 from engine.cache.paged import KVCacheLayer, PagedKVCache, cache_footprint
+from engine.cache.pages import page_keys
 from engine.cache.recurrent import RecurrentStateLayer
 from engine.cache.state import RecurrentState
 from engine.cache_footprint import CacheFootprint
@@ -335,20 +336,72 @@ def test_a_repeated_prompt_resumes_from_the_snapshot_at_its_last_full_page(
         _assert_cold_logits(reference, prompt, result, logits[result.job])
 
 
-def test_a_chats_next_turn_resumes_from_the_last_prompt_snapshot(counting, reference, monkeypatch):
-    """Turn two (turn one's prompt and reply, then a new message) resumes at the end of turn
-    one's last full prompt page: the reply's tokens were decoded, and decode steps leave no
-    snapshot, so they are computed again with the new ones. Turn three resumes after turn two's
-    prompt in the same way."""
-    gen = Generator(counting, cache_tokens=256, page_size=8)
+# The decode paths a CPU generator can take: row by row, the fixed-shape step, and pipelined (the
+# next step launched before the host reads the last one's tokens).
+DECODE_PATHS = {
+    "eager": EngineOptions(batched_decode=False),
+    "fixed-shape": EngineOptions(batched_decode=True),
+    "pipelined": EngineOptions(pipelined_decode=True),
+}
+
+
+@pytest.mark.parametrize("path", DECODE_PATHS)
+def test_a_chats_next_turn_resumes_after_the_last_full_page_of_the_reply(
+    counting, reference, monkeypatch, path
+):
+    """Turn two (turn one's prompt and reply, then a new message) resumes from the snapshot the
+    decode step that filled the reply's last full page left: only what follows is computed.
+    Turn three resumes after turn two's reply in the same way."""
+    gen = Generator(counting, cache_tokens=256, page_size=8, options=DECODE_PATHS[path])
     logits = _record_logits(gen, monkeypatch)
-    turn = _prompts()[1] + list(range(50, 64))  # 37 tokens, then 37 + 6 + 10 = 53
-    for cached in (0, 32, 48):
+    turn = _prompts()[1] + list(range(50, 64))  # 37 tokens, then 37 + 6 + 10 = 53, then 69
+    # Turn one computes 37 + 5 tokens (its last new token is never fed back): pages up to 40.
+    for cached in (0, 40, 56):
         _dirty_free_slots(gen)
         result, computed = _run_alone(gen, turn, logits, new_tokens=6)
         assert result.cached_tokens == cached and computed == len(turn) - cached
         _assert_cold_logits(reference, turn, result, logits[result.job])
         turn = turn + result.token_ids + [11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+    assert gen.cache.snapshots.held == 0
+
+
+def test_a_job_cancelled_with_a_page_filling_step_in_flight_leaves_no_snapshot_of_it(
+    counting, reference, monkeypatch
+):
+    """Pipelined, the step that fills a page copies the state when it is launched; the job is
+    cancelled before its tokens are read: the copy is given back, unfiled, and a next turn resumes
+    from the prompt's snapshot (the page was never registered)."""
+    gen = Generator(counting, cache_tokens=256, page_size=8, options=DECODE_PATHS["pipelined"])
+    prompt = _prompts()[1] + list(range(50, 66))  # 39 tokens: the first decode step fills page 5
+    job = Job(prompt, max_new_tokens=20, stop_token_ids=())
+    gen.enqueue(job)
+    run = gen._by_job[job]
+    while gen._flight is None:  # the prompt's steps, then the first decode step is launched
+        gen.iterate()
+    assert run.held_snapshots and gen.cache.snapshots.held == 1
+    gen.cancel(job)
+    assert gen.cache.snapshots.held == 0 and len(gen.cache.snapshots) == 1  # the prompt's, at 32
+    _dirty_free_slots(gen)
+    logits = _record_logits(gen, monkeypatch)
+    turn = run.tokens + [11, 12, 13]
+    result, computed = _run_alone(gen, turn, logits)
+    assert (result.cached_tokens, computed) == (32, len(turn) - 32)
+    _assert_cold_logits(reference, turn, result, logits[result.job])
+
+
+def test_a_long_reply_keeps_the_snapshot_of_its_last_full_page_which_goes_with_it(counting):
+    """Each page a decode step fills replaces the job's previous decode snapshot (a long reply
+    takes one row of the pool, not one per page); snapshots count in the pool and go when their
+    pages are evicted."""
+    gen = Generator(counting, cache_tokens=256, page_size=8, options=DECODE_PATHS["pipelined"])
+    prompt = _prompts()[1] + list(range(50, 64))  # 37 tokens: a snapshot after page 4
+    (result,) = gen.generate([Job(prompt, max_new_tokens=30, stop_token_ids=())])
+    keys = page_keys((prompt + result.token_ids)[:64], 8)  # 66 computed: pages up to 64 filled
+    pool = gen.cache.snapshots
+    assert [i + 1 for i, key in enumerate(keys) if key in pool] == [4, 8]
+    assert len(pool) == 2 and pool.held == 0
+    gen.cache.pages.allocate(gen.cache.pages.available)  # evicts every cached page
+    assert len(pool) == 0
 
 
 def test_a_prompt_shorter_than_a_page_leaves_no_snapshot(counting, reference, monkeypatch):
@@ -356,7 +409,7 @@ def test_a_prompt_shorter_than_a_page_leaves_no_snapshot(counting, reference, mo
     logits = _record_logits(gen, monkeypatch)
     prompt = [5, 6, 7, 8, 9]
     for _ in range(2):
-        result, computed = _run_alone(gen, prompt, logits)
+        result, computed = _run_alone(gen, prompt, logits, new_tokens=3)  # nor fills one decoding
         assert (result.cached_tokens, computed) == (0, 5)
         _assert_cold_logits(reference, prompt, result, logits[result.job])
     assert len(gen.cache.snapshots) == 0
@@ -459,23 +512,14 @@ def test_the_converter_quantizes_the_counters_linear_and_copies_its_scale(
 ):
     """The converter lists each layer's linears from its modules: the counter's ``proj`` is
     quantized, its ``scale`` copied as stored, and the result loads and generates."""
-    from quant_helpers import cheap_encoder
+    from quant_helpers import cheap_encoder, tiny_convert_options
 
     import engine.convert.quantize as quantize_mod
-    from engine.convert.options import ConvertOptions
     from engine.convert.pipeline import convert_model
     from engine.exl3 import EXL3Linear
 
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
-    options = ConvertOptions(
-        bits=6.0,
-        head_bits=8,
-        cal_rows=4,
-        cal_cols=32,
-        device="cpu",
-        allocation="uniform",
-        random_rows_fraction=1.0,
-    )
+    options = tiny_convert_options()
     convert_model(counting_dir, tmp_path / "exl3", options, log=lambda m: None)
     keys = set(load_file(str(tmp_path / "exl3" / "model.safetensors")))
     assert {"model.layers.1.counter.proj.trellis", "model.layers.3.counter.scale"} <= keys
@@ -517,16 +561,21 @@ def test_decode_graphs_capture_the_counter_on_a_gpu(counting_dir):
 
 @pytest.mark.cuda
 def test_a_chats_next_turn_resumes_from_a_snapshot_on_a_gpu(counting_dir):
-    """On a GPU (CUDA graphs, pipelined decode) the snapshot is copied on the stream between the
-    prefill steps: turn two resumes from it and gives a cold generator's tokens."""
+    """On a GPU (CUDA graphs, pipelined decode) a decode step's snapshot is copied on the stream
+    right behind the replay that fills the page, before the next one is launched: two chats'
+    second turns, run together, resume after their replies' last full pages and give a cold
+    generator's tokens."""
     model = load_model(counting_dir, device="cuda", dtype="float32")
-    turn1 = list(range(3, 40))
     gen = Generator(model, cache_tokens=256, page_size=8)
-    (first,) = gen.generate([Job(turn1, max_new_tokens=6, stop_token_ids=())])
-    turn2 = turn1 + first.token_ids + [11, 12, 13, 14, 15]
-    (warm,) = gen.generate([Job(turn2, max_new_tokens=12, stop_token_ids=())])
-    (cold,) = Generator(model, cache_tokens=256, page_size=8).generate(
-        [Job(turn2, max_new_tokens=12, stop_token_ids=())]
-    )
-    assert (warm.cached_tokens, cold.cached_tokens) == (32, 0)
-    assert warm.token_ids == cold.token_ids
+    assert gen._use_graphs and gen._pipeline
+    turn1 = [list(range(3, 40)), list(range(100, 130))]  # 37 and 30 tokens
+    first = gen.generate([Job(p, max_new_tokens=12, stop_token_ids=()) for p in turn1])
+    # Computed: 37 + 11 and 30 + 11 tokens; turn two's prompts: 54 and 47 tokens.
+    turn2 = [p + r.token_ids + [11, 12, 13, 14, 15] for p, r in zip(turn1, first)]
+    jobs = [Job(p, max_new_tokens=12, stop_token_ids=()) for p in turn2]
+    warm = gen.generate(jobs)
+    assert gen._graphs is not None and gen._graphs.failed is None and gen._graphs.captured
+    cold = Generator(model, cache_tokens=256, page_size=8).generate(jobs)
+    assert [r.cached_tokens for r in warm] == [48, 40] and [r.cached_tokens for r in cold] == [0, 0]
+    assert [r.token_ids for r in warm] == [r.token_ids for r in cold]
+    assert gen.cache.snapshots.held == 0

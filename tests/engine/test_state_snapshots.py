@@ -10,6 +10,11 @@ from engine.cache.paged import PagedKVCache
 from engine.cache.pages import page_keys
 from engine.cache.snapshots import snapshot_positions
 from engine.cache.state import KVPages, RecurrentState
+from engine.generation.generator import Generator
+from engine.generation.job import Job, JobResult
+from engine.generation.step import score_tokens
+from engine.model import load_model
+from engine.options import EngineOptions
 
 # Attention, two recurrent kinds of several tensors each (one in its own dtype), and a layer that
 # keeps nothing: the pool copies every named tensor of every recurrent layer, whatever the kind.
@@ -130,18 +135,11 @@ def test_snapshot_positions(prompt_len, start, every, expected):
     assert snapshot_positions(prompt_len, start, 8, every) == expected
 
 
-@pytest.mark.parametrize("variant", ["Qwen3NextForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM"])
-def test_a_chats_next_turn_resumes_on_the_real_recurrent_kinds(variant, tiny_model_factory):
-    """Gated delta nets, short convolutions and Mamba-2 (convolution windows and state matrices)
-    snapshot and restore with no code of their own: turn two resumes at the end of turn one's
-    last full prompt page, and its logits are a cold computation's."""
-    from engine.generation.generator import Generator
-    from engine.generation.job import Job
-    from engine.generation.step import score_tokens
-    from engine.model import load_model
-
-    model = load_model(tiny_model_factory(variant)[0], device="cpu")
-    gen = Generator(model, cache_tokens=256, page_size=8)
+def _two_turns(model, options: EngineOptions) -> tuple[JobResult, int]:
+    """A chat's second turn (the first turn's prompt and reply, then five new tokens): its
+    result and the prompt tokens it computed. Its logits must be a cold computation's (its
+    tokens are each step's argmax, so equal logits give equal tokens)."""
+    gen = Generator(model, cache_tokens=256, page_size=8, options=options)
     logits = []
     step = gen._eager_step  # every step of a CPU generator without CUDA graphs
 
@@ -157,7 +155,37 @@ def test_a_chats_next_turn_resumes_on_the_real_recurrent_kinds(variant, tiny_mod
     logits.clear()
     before = gen.prefilled_tokens
     (second,) = gen.generate([Job(turn2, max_new_tokens=5, stop_token_ids=())])
-    assert second.cached_tokens == 40 and gen.prefilled_tokens - before == len(turn2) - 40
     cache = PagedKVCache.for_model(model.spec, 128, page_size=8)
     cold = score_tokens(model.module, cache, (turn2 + second.token_ids)[:-1])[len(turn2) - 1 :]
     torch.testing.assert_close(torch.stack(logits), cold, rtol=1e-5, atol=1e-5)
+    return second, gen.prefilled_tokens - before
+
+
+# Turn one computes 45 + 4 tokens: its decode steps fill the page that ends at 48, and turn two
+# (55 tokens) resumes there.
+RESUMED_AT = 48
+
+
+@pytest.mark.parametrize("variant", ["Qwen3NextForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM"])
+def test_a_chats_next_turn_resumes_on_the_real_recurrent_kinds(variant, tiny_model_factory):
+    """Gated delta nets, short convolutions and Mamba-2 (convolution windows and state matrices)
+    snapshot and restore with no code of their own: turn two resumes at the end of turn one's
+    last full page, which a decode step filled, and its logits are a cold computation's."""
+    model = load_model(tiny_model_factory(variant)[0], device="cpu")
+    second, computed = _two_turns(model, EngineOptions())
+    assert second.cached_tokens == RESUMED_AT and computed == 55 - RESUMED_AT
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        EngineOptions(batched_decode=False),
+        EngineOptions(batched_decode=True),
+        EngineOptions(pipelined_decode=True),
+    ],
+    ids=["eager", "fixed-shape", "pipelined"],
+)
+def test_a_qwen3_5_chats_next_turn_resumes_after_the_reply_on_every_decode_path(options, tiny_model_factory):
+    model = load_model(tiny_model_factory("Qwen3_5ForCausalLM")[0], device="cpu")
+    second, computed = _two_turns(model, options)
+    assert second.cached_tokens == RESUMED_AT and computed == 55 - RESUMED_AT
