@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from quant_helpers import cheap_encoder
+from quant_helpers import cheap_encoder, tiny_convert_options
 from safetensors import safe_open
 
 import engine.convert.quantize as quantize_mod
@@ -64,18 +64,9 @@ def _expected_linears(config) -> int:
 def _convert_and_check(src: Path, dst: Path, layers: int, linears_expected: int | None = None) -> set[str]:
     """Convert ``src`` at 6 bits (greedy encoder), check the result loads with every projection
     and the head quantized and scores close to the source; return the output's tensor keys."""
-    from engine.convert.options import ConvertOptions
     from engine.convert.pipeline import convert_model
 
-    options = ConvertOptions(
-        bits=6.0,
-        head_bits=8,
-        cal_rows=4,
-        cal_cols=32,
-        device="cpu",
-        allocation="uniform",
-        random_rows_fraction=1.0,  # the tiny checkpoints have no tokenizer
-    )
+    options = tiny_convert_options()
     convert_model(src, dst, options, log=lambda m: None)
     source, _ = _logprobs(src)
     quantized, linears = _logprobs(dst)

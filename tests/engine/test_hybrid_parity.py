@@ -197,25 +197,17 @@ def test_the_converter_quantizes_the_projections_and_keeps_the_recurrence_in_16_
     and out_proj are quantized under their own names, as ExLlamaV3 stores them; in_proj_ba, the
     convolution, A_log, dt_bias and the gated norm are copied in 16 bits; the result loads, its
     delta nets run on EXL3 linears, and it generates."""
-    from quant_helpers import cheap_encoder
+    from quant_helpers import cheap_encoder, tiny_convert_options
     from safetensors.torch import load_file
 
     import engine.convert.quantize as quantize_mod
-    from engine.convert.options import ConvertOptions
     from engine.convert.pipeline import convert_model
     from engine.exl3 import EXL3Linear
 
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     source, _ = tiny_model_factory("Qwen3NextForCausalLM")
-    options = ConvertOptions(
-        bits=2.0,  # few trellis codes per step: the stand-in encoder's cost grows with 2^bits
-        head_bits=16,
-        cal_rows=2,
-        cal_cols=32,
-        device="cpu",
-        allocation="uniform",
-        random_rows_fraction=1.0,
-    )
+    # few trellis codes per step: the stand-in encoder's cost grows with 2^bits
+    options = tiny_convert_options(bits=2.0, head_bits=16, cal_rows=2)
     convert_model(source, tmp_path / "exl3", options, log=lambda m: None)
     tensors = load_file(str(tmp_path / "exl3" / "model.safetensors"))
     p = "model.layers.0.linear_attn."

@@ -178,25 +178,17 @@ def test_conversion_quantizes_the_linears_and_keeps_the_convolutions(tmp_path, m
     """``convert_model`` with the cheap encoder: every projection (the convolutions' in/out ones
     too) becomes EXL3, the convolution weights are copied as stored (16 bits), and the result
     loads and scores close to the source."""
-    from quant_helpers import cheap_encoder
+    from quant_helpers import cheap_encoder, tiny_convert_options
 
     import engine.convert.quantize as quantize_mod
-    from engine.convert.options import ConvertOptions
     from engine.convert.pipeline import convert_model
     from engine.exl3 import EXL3Linear
 
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
     source = tmp_path / "source"
     build_tiny_model(DENSE, source)
-    options = ConvertOptions(
-        bits=3.0,  # few codes per value: the greedy encoder's cost grows with 2 ** bits
-        head_bits=3,
-        cal_rows=4,
-        cal_cols=32,
-        device="cpu",
-        allocation="uniform",
-        random_rows_fraction=1.0,  # the tiny checkpoint has no tokenizer
-    )
+    # few codes per value: the greedy encoder's cost grows with 2 ** bits
+    options = tiny_convert_options(bits=3.0, head_bits=3)
     convert_model(source, tmp_path / "exl3", options, log=lambda m: None)
     tensors = load_file(str(tmp_path / "exl3" / "model.safetensors"))
     for proj in ("conv.in_proj", "conv.out_proj", "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"):

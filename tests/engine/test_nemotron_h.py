@@ -205,23 +205,14 @@ def test_conversion_quantizes_the_projections_and_keeps_the_small_tensors(source
     """Mamba-2's in_proj and out_proj, attention's q/k/v/o and the MLPs' up/down are quantized;
     the convolution, A_log, D, dt_bias and the norms are copied in 16 bits; the result loads,
     scores close to the source and generates."""
-    from quant_helpers import cheap_encoder
+    from quant_helpers import cheap_encoder, tiny_convert_options
 
     import engine.convert.quantize as quantize_mod
-    from engine.convert.options import ConvertOptions
     from engine.convert.pipeline import convert_model
     from engine.exl3 import EXL3Linear
 
     monkeypatch.setattr(quantize_mod, "encode_tiles", cheap_encoder)
-    options = ConvertOptions(
-        bits=6.0,
-        head_bits=8,
-        cal_rows=4,
-        cal_cols=32,
-        device="cpu",
-        allocation="uniform",
-        random_rows_fraction=1.0,
-    )
+    options = tiny_convert_options()
     out = tmp_path / "exl3"
     convert_model(source[0], out, options, log=lambda m: None)
     with safe_open(str(out / "model.safetensors"), "pt") as f:

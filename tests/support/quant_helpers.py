@@ -36,3 +36,21 @@ def cheap_encoder(x: torch.Tensor, k: int, table: torch.Tensor, batch: int | Non
         state = cand.gather(1, best.unsqueeze(1)).squeeze(1)
         out[:, i] = state.to(torch.int32)
     return unpack_states(pack_states(out, k))
+
+
+def tiny_convert_options(**changes):
+    """Converter options for a tiny test model on the CPU: a few short calibration rows of random
+    tokens (tiny checkpoints have no tokenizer), uniform bits (6 by default, head 8); ``changes``
+    override any of them."""
+    from engine.convert.options import ConvertOptions
+
+    settings = {
+        "bits": 6.0,
+        "head_bits": 8,
+        "cal_rows": 4,
+        "cal_cols": 32,
+        "device": "cpu",
+        "allocation": "uniform",
+        "random_rows_fraction": 1.0,
+    }
+    return ConvertOptions(**{**settings, **changes})
