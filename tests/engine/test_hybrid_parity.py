@@ -260,10 +260,10 @@ def test_on_a_gpu_the_delta_nets_match_the_cpu_and_decode_in_graphs(tiny_model_f
         chunk=70,
     )
     assert rel_err(got.cpu(), expected) < 1e-3  # TF32 matmuls may be on
-    jobs = [Job(_ids(n, seed=n), max_new_tokens=12, stop_token_ids=()) for n in (5, 23, 12)]
+    jobs = [Job(_ids(n, seed=n), max_new_tokens=64, stop_token_ids=()) for n in (5, 23, 12)]
     tokens = {}
     for graphs in (False, True):
-        gen = Generator(model, cache_tokens=256, page_size=8, options=EngineOptions(cuda_graphs=graphs))
+        gen = Generator(model, cache_tokens=512, page_size=8, options=EngineOptions(cuda_graphs=graphs))
         tokens[graphs] = [r.token_ids for r in gen.generate(jobs)]
         assert gen.cache.state_slots.available == gen.cache.state_slots.count
     assert gen._graphs is not None and gen._graphs.failed is None and gen._graphs.captured

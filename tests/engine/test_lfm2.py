@@ -244,10 +244,10 @@ def test_decode_graphs_capture_lfm2_on_a_gpu(tiny):
     assert rel_err(score_tokens(model.module, cache, ids.tolist(), chunk=20).cpu(), expected) < 1e-4
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 300, (n,), generator=gen).tolist() for n in (5, 21, 12)]
-    jobs = [Job(p, max_new_tokens=12, stop_token_ids=()) for p in prompts]
+    jobs = [Job(p, max_new_tokens=64, stop_token_ids=()) for p in prompts]
     tokens = {}
     for graphs in (False, True):
-        engine = Generator(model, cache_tokens=256, page_size=8, options=EngineOptions(cuda_graphs=graphs))
+        engine = Generator(model, cache_tokens=512, page_size=8, options=EngineOptions(cuda_graphs=graphs))
         tokens[graphs] = [r.token_ids for r in engine.generate(jobs)]
         assert engine.cache.state_slots.available == engine.cache.state_slots.count
     assert engine._graphs is not None and engine._graphs.failed is None and engine._graphs.captured

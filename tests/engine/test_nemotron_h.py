@@ -310,10 +310,10 @@ def test_the_gpu_runs_the_family_and_replays_its_decode_steps(source, model):
     ids = _prompts((40,), seed=8)[0]
     cache = PagedKVCache.for_model(gpu.spec, 64, page_size=16, device="cuda")
     assert rel_err(score_tokens(gpu.module, cache, ids).cpu(), _alone(model, ids)) < 1e-3
-    jobs = [Job(p, max_new_tokens=12, stop_token_ids=()) for p in _prompts((23, 5, 12), seed=4)]
+    jobs = [Job(p, max_new_tokens=64, stop_token_ids=()) for p in _prompts((23, 5, 12), seed=4)]
     tokens = {}
     for graphs in (False, True):
-        gen = Generator(gpu, cache_tokens=256, page_size=8, options=EngineOptions(cuda_graphs=graphs))
+        gen = Generator(gpu, cache_tokens=512, page_size=8, options=EngineOptions(cuda_graphs=graphs))
         tokens[graphs] = [r.token_ids for r in gen.generate(jobs)]
         assert gen.cache.state_slots.available == gen.cache.state_slots.count
     assert gen._graphs is not None and gen._graphs.failed is None and gen._graphs.captured
