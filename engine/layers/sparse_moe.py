@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+import torch
 from torch import nn
 
 from engine.layers.gated_mlp import GatedMLPNames
@@ -18,8 +19,6 @@ from engine.modules.mlp import GatedMLP
 from engine.modules.moe import SparseMoE
 
 if TYPE_CHECKING:
-    import torch
-
     from engine.loading.builder import LayerReader
 
 
@@ -108,7 +107,11 @@ def build_sparse_moe(reader: LayerReader, spec: SparseMoESpec, names: SparseMoEN
         shared = _expert(reader, spec, shared_names, spec.shared_expert_size, h)
         if spec.shared_expert_gate:
             shared_gate = reader.linear(names.shared_expert_gate, h, 1)
-    bias = reader.tensor(names.selection_bias, [spec.num_experts]) if spec.selection_bias else None
+    # Float32 whatever the model's dtype (transformers keeps DeepSeek's and NemotronH's so): the
+    # bias only decides which experts win, and rounded to bf16 it can reorder close scores.
+    bias = None
+    if spec.selection_bias:
+        bias = reader.tensor(names.selection_bias, [spec.num_experts], torch.float32)
     return SparseMoE(
         reader.linear(names.router, h, spec.num_experts),
         _routed_experts(reader, spec, names, d),

@@ -51,8 +51,10 @@ class ModelBuilder:
 
     # -- leaves ---------------------------------------------------------------------------
 
-    def tensor(self, key: str, shape: list[int] | None = None) -> torch.Tensor:
-        return self.store.get(key, dtype=self.dtype, device=self.device, shape=shape)
+    def tensor(
+        self, key: str, shape: list[int] | None = None, dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        return self.store.get(key, dtype=dtype or self.dtype, device=self.device, shape=shape)
 
     def optional(self, key: str, shape: list[int]) -> torch.Tensor | None:
         return self.tensor(key, shape) if self.store.has(key) else None
@@ -187,11 +189,12 @@ class LayerReader:
     def has_linear(self, name: str) -> bool:
         return self._builder.has_linear(self.key(name))
 
-    def tensor(self, name: str, shape: list[int]) -> torch.Tensor:
-        """A stored tensor the module keeps as it is (say, a recurrent kind's decay rates); a
-        converter copies it unquantized."""
+    def tensor(self, name: str, shape: list[int], dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A stored tensor the module keeps as it is (say, a recurrent kind's decay rates), in the
+        model's dtype or ``dtype`` (float32 where 16 bits would change results: a router's
+        selection bias); a converter copies it unquantized."""
         self.kept.append(self.key(name))
-        return self._builder.tensor(self.key(name), shape)
+        return self._builder.tensor(self.key(name), shape, dtype)
 
     def packed_tensor(self, name: str, shape: list[int]) -> torch.Tensor:
         """A stored tensor that packs several weights, which the module takes apart (the fused

@@ -59,6 +59,19 @@ def tiny(tmp_path_factory):
     return factory
 
 
+def test_a_16_bit_model_keeps_the_selection_bias_in_float32(tiny):
+    """A bf16 model keeps its routers' selection bias in float32, unrounded: the bias only
+    decides which experts win, and bf16 rounding could reorder experts with close scores."""
+    directory, _, fp32 = tiny(MOE)
+    bf16 = load_model(directory, device="cpu", dtype="bfloat16")
+    moes = [b.feed_forward for b in bf16.module.blocks if isinstance(b.feed_forward, SparseMoE)]
+    assert moes and all(m.selection_bias.dtype == torch.float32 for m in moes)
+    exact = [
+        b.feed_forward.selection_bias for b in fp32.module.blocks if isinstance(b.feed_forward, SparseMoE)
+    ]
+    assert all(torch.equal(m.selection_bias, e) for m, e in zip(moes, exact))
+
+
 @pytest.mark.parametrize("variant", [DENSE, MOE])
 def test_logits_match_transformers(variant, tiny):
     """64 tokens prefilled in chunks of 20 (the convolution windows cross chunks)."""
