@@ -34,7 +34,7 @@ from torch import nn
 from engine.kernels import recurrent
 from engine.modules.batch import BatchLayout, decode_states_before
 from engine.modules.causal_conv import CausalConv1d
-from engine.modules.linear import LinearSite, ProjectionGroup
+from engine.modules.linear import DenseLinear, LinearSite, ProjectionGroup
 
 CHUNK_SIZE = 64
 
@@ -169,20 +169,33 @@ class SplitProjections(nn.Module):
     """Input projections stored apart (Qwen3.5, OLMo-Hybrid): ``qkv`` (one fused ``in_proj_qkv``
     or q, k and v linears, as a :class:`ProjectionGroup`), ``z``, ``b`` and ``a``. Returns
     ``qkv`` ``[rows, 2 k_heads d_k + v_heads d_v]`` (queries, keys, values: the convolution's
-    channels), ``z`` ``[rows, v_heads, d_v]``, ``b`` and ``a`` ``[rows, v_heads]``."""
+    channels), ``z`` ``[rows, v_heads, d_v]``, ``b`` and ``a`` ``[rows, v_heads]``.
+
+    ``z`` reads the same input as q, k and v, so it joins their group (Qwen3.5's in_proj_qkv and
+    in_proj_z are one GEMV launch on the GPU); 16-bit ``b`` and ``a`` become one matrix, so that a
+    decode step runs one small matrix product for both instead of two."""
 
     def __init__(self, qkv: ProjectionGroup, z: nn.Module, b: nn.Module, a: nn.Module, d_v: int) -> None:
         super().__init__()
-        self.qkv, self.z, self.b, self.a = qkv, z, b, a
+        self.qkvz = ProjectionGroup([*zip(qkv.linears, qkv.splits), (z, [z.out_features])])
+        self.heads = b.out_features
+        dense = [isinstance(m, DenseLinear) and m.bias is None for m in (b, a)]
+        self.ba: nn.Module | None = DenseLinear(torch.cat([b.weight, a.weight])) if all(dense) else None
+        self.b, self.a = (None, None) if self.ba is not None else (b, a)
         self.d_v = d_v
 
     def quantizable_linears(self) -> list[LinearSite]:
         # b and a stay 16-bit, as ExLlamaV3 keeps them.
-        return [*self.qkv.sites(("q", "k", "v")), LinearSite("z", self, "z")]
+        return self.qkvz.sites(("q", "k", "v", "z"))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        qkv = torch.cat(self.qkv(x), dim=-1)
-        return qkv, self.z(x).view(x.shape[0], -1, self.d_v), self.b(x), self.a(x)
+        *qkv, z = self.qkvz.each(x)
+        qkv = qkv[0] if len(qkv) == 1 else torch.cat(qkv, dim=-1)
+        if self.ba is not None:
+            b, a = self.ba(x).split(self.heads, dim=-1)
+        else:
+            b, a = self.b(x), self.a(x)
+        return qkv, z.view(x.shape[0], -1, self.d_v), b, a
 
 
 class GatedDeltaNet(nn.Module):

@@ -50,17 +50,24 @@ class ProjectionGroup(nn.Module):
         self.splits = [list(splits) for _, splits in parts]
         self.output_keys = list(output_keys) if output_keys is not None else None
 
+    def each(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each linear's whole output, in order (a fused linear's not split)."""
+        if not x.is_cuda:
+            return [linear(x) for linear in self.linears]
+        # Separate EXL3 matrices of one input on the GPU: one GEMV launch per as many of them as
+        # the kernel takes (each launch has fixed costs that dominate the small k/v projections);
+        # exl3_gemm_multi's None -> one launch per linear.
+        step = kernels.gemv.GEMV_MAX_MATRICES
+        ys: list[torch.Tensor] = []
+        for first in range(0, len(self.linears), step):
+            chunk = list(self.linears[first : first + step])
+            together = kernels.gemv.exl3_gemm_multi(x, chunk) if len(chunk) > 1 else None
+            ys.extend(together if together is not None else [linear(x) for linear in chunk])
+        return ys
+
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         outputs: list[torch.Tensor] = []
-        # Separate EXL3 matrices of one input on the GPU: one GEMV launch for all of them (each
-        # launch has fixed costs that dominate the small k/v projections); None -> one per linear.
-        ys = (
-            kernels.gemv.exl3_gemm_multi(x, list(self.linears))
-            if x.is_cuda and len(self.linears) > 1
-            else None
-        )
-        for i, (linear, splits) in enumerate(zip(self.linears, self.splits)):
-            y = linear(x) if ys is None else ys[i]
+        for y, splits in zip(self.each(x), self.splits):
             outputs.extend(y.split(splits, dim=-1) if len(splits) > 1 else [y])
         return outputs
 
