@@ -253,6 +253,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   trellis::bind_viterbi(m);
   trellis::bind_fused_ops(m);
   trellis::bind_recurrent_step(m);
+  trellis::bind_recurrent_scan(m);
   trellis::bind_gemv_cluster(m);
   trellis::bind_quantized_cache_read(m);
   trellis::bind_exl3_weight(m);

@@ -63,6 +63,7 @@ void bind_paged_attention(pybind11::module_& m);  // ext/paged_attention.cu
 void bind_viterbi(pybind11::module_& m);          // ext/viterbi.cu
 void bind_fused_ops(pybind11::module_& m);        // ext/fused_ops.cu
 void bind_recurrent_step(pybind11::module_& m);   // ext/recurrent_step.cu
+void bind_recurrent_scan(pybind11::module_& m);   // ext/recurrent_scan.cu
 void bind_gemv_cluster(pybind11::module_& m);     // ext/exl3_gemv_cluster.cu
 void bind_quantized_cache_read(pybind11::module_& m);  // ext/quantized_cache_read.cu
 void bind_exl3_weight(pybind11::module_& m);          // ext/exl3_weight.cu

@@ -47,6 +47,7 @@ SOURCES = (
     "viterbi.cu",
     "fused_ops.cu",
     "recurrent_step.cu",
+    "recurrent_scan.cu",
     "quantized_cache_read.cu",
     "exl3_weight.cu",
     "sampling.cu",

@@ -1,7 +1,9 @@
-"""One-token steps of the recurrent mixers (``ext/recurrent_step.cu``): the causal convolution with
-its window, the gated delta rule with its gated RMSNorm, and the Mamba-2 state update.
+"""The recurrent mixers' CUDA kernels. One-token steps (``ext/recurrent_step.cu``): the causal
+convolution with its window, the gated delta rule with its gated RMSNorm, and the Mamba-2 state
+update. Prefill scans (``ext/recurrent_scan.cu``): the gated delta rule and the Mamba-2 update over
+all the tokens of one sequence, in one launch each.
 
-Each advances the states of the step's rows in place (row ``b`` owns state row ``slots[b]``; a row
+Each step advances the states of the step's rows in place (row ``b`` owns state row ``slots[b]``; a row
 whose position is 0 starts from zeros) and returns the step's output, or None where the kernel
 does not apply (CPU tensors, no extension, a shape it does not take): the caller then runs its
 torch code, which is the reference these kernels are tested against.
@@ -140,3 +142,58 @@ def ssd_step(
         low,
         min(high, 3.0e38),
     )
+
+
+def scan_fits(vector: int, columns: int) -> bool:
+    """Whether the prefill scans (``ext/recurrent_scan.cu``) take these sizes: a thread keeps a
+    quarter of a state column of ``vector`` values (8, 16 or 32 of them) and a block 32 columns."""
+    return vector % 4 == 0 and vector // 4 in (8, 16, 32) and columns % 32 == 0
+
+
+def _scan_ext(*tensors: torch.Tensor) -> ModuleType | None:
+    ext = loader.kernel_ready(*tensors)
+    return ext if ext is not None and hasattr(ext, "gated_delta_scan") else None
+
+
+def gated_delta_scan(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`engine.modules.gated_delta_net.gated_delta_chunked` in one launch: one sequence's
+    ``T`` tokens (``q``, ``k`` ``[T, heads, d_k]`` normalised, ``v`` ``[T, heads, d_v]``, ``g``,
+    ``beta`` ``[T, heads]``) from ``state`` ``[heads, d_k, d_v]``; returns the outputs and the state
+    after the last token (float32), or None where the kernel does not apply."""
+    ext = _scan_ext(q, k, v, g, beta, state)
+    if ext is None or not scan_fits(q.shape[-1], v.shape[-1]):
+        return None
+    q, k, v, g, beta = (t.float().contiguous() for t in (q, k, v, g, beta))
+    before = state.float().contiguous()
+    out, after = torch.empty_like(v), torch.empty_like(before)
+    ext.gated_delta_scan(q, k, v, g, beta, before, after, out)
+    return out, after
+
+
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`engine.modules.mamba2.ssd_chunked` in one launch: one sequence's ``x`` ``[T, heads,
+    P]``, ``dt`` ``[T, heads]`` (after softplus and clamp), ``A`` ``[heads]``, ``B``, ``C`` ``[T,
+    groups, N]`` from ``state`` ``[heads, P, N]``; returns ``y`` (no ``D`` skip) and the state after
+    the last token (float32), or None where the kernel does not apply."""
+    ext = _scan_ext(x, dt, A, B, C, state)
+    if ext is None or not scan_fits(B.shape[-1], x.shape[-1]):
+        return None
+    x, dt, A, B, C = (t.float().contiguous() for t in (x, dt, A, B, C))
+    before = state.float().contiguous()
+    y, after = torch.empty_like(x), torch.empty_like(before)
+    ext.ssd_scan(x, dt, A, B, C, before, after, y)
+    return y, after

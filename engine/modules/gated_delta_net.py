@@ -316,8 +316,10 @@ class GatedDeltaNet(nn.Module):
             if seq.length == 1:  # a decode row: the step form, as in a fixed-shape decode step
                 one, after = gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows], before[None])
                 o[rows], states[seq.state_slot] = one, after[0]
-            else:
-                o[rows], states[seq.state_slot] = gated_delta_chunked(
-                    q[rows], k[rows], v[rows], g[rows], beta[rows], before, self.chunk_size
+            else:  # a prompt: the GPU's one-launch scan, else the chunked form
+                args = (q[rows], k[rows], v[rows], g[rows], beta[rows], before)
+                scanned = recurrent.gated_delta_scan(*args)
+                o[rows], states[seq.state_slot] = (
+                    scanned if scanned is not None else gated_delta_chunked(*args, self.chunk_size)
                 )
         return o

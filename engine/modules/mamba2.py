@@ -226,7 +226,9 @@ class Mamba2(nn.Module):
         for seq in batch.sequences:
             rows = seq.rows
             before = seq.state_before(states).float()
-            y[rows], states[seq.state_slot] = ssd_chunked(
-                u[rows], dt[rows], A, B[rows], C[rows], before, self.chunk_size
+            args = (u[rows], dt[rows], A, B[rows], C[rows], before)
+            scanned = recurrent.ssd_scan(*args)  # the GPU's one-launch scan, else the chunked form
+            y[rows], states[seq.state_slot] = (
+                scanned if scanned is not None else ssd_chunked(*args, self.chunk_size)
             )
         return y
