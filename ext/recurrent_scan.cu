@@ -7,15 +7,16 @@
 // axis of their state: column v of the delta net's S [dk, dv] and row p of Mamba-2's S [P, N] each
 // evolve on their own, reading only the token's shared vectors (k and q; B and C). So each thread
 // owns a quarter of one column (row), four neighbouring lanes reduce their dot products with two
-// shuffles, and a token costs a few hundred register operations and one block barrier. The next
-// token's vectors are loaded while the current one is computed (two shared buffers), so the
-// per-token latency is arithmetic, not memory.
+// shuffles, and a token costs a few hundred register operations. The tokens' vectors come in tiles
+// of kTile tokens, copied to shared memory asynchronously (cp.async) while the tile before is
+// computed: a global load's latency (~1 us) is paid once per tile, not once per token.
 //
 // Inputs are float32 and contiguous (engine/kernels/recurrent.py makes them so); the state in and
 // out are [heads, rows, cols] float32 (they may be the same tensor).
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_pipeline.h>
 #include <torch/extension.h>
 
 #include "trellis_ext.h"
@@ -26,7 +27,6 @@ namespace {
 constexpr int kParts = 4;      // threads per state column (row)
 constexpr int kCols = 32;      // state columns (rows) per block
 constexpr int kThreads = kParts * kCols;
-constexpr int kLoads = 4;      // per-thread registers for the next token's vectors
 
 // A shared vector of n = kParts * E floats, stored with one pad after each part's E values so that
 // the four parts of a column, reading their r-th values at once, hit four different banks.
@@ -39,43 +39,61 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // The block's per-token inputs: two vectors of D values (padded), kCols per-column values and two
-// scalars, gathered from global memory into `regs` (issued early) and then stored to shared memory.
+// scalars; token t's are at vec0 + t * stride0 and so on. In shared memory a token takes BUF floats:
+// vec0 [kParts * (E + 1)], vec1 [same], the columns' values [kCols], s0, s1.
 struct TokenLayout {
-  const float* vec0;  // D floats at token t: vec0 + t * stride0
+  const float* vec0;
   const float* vec1;
-  const float* col;   // kCols floats at col + t * stride_col
-  const float* s0;    // one float at s0 + t * stride_s
+  const float* col;
+  const float* s0;
   const float* s1;
   long long stride0, stride1, stride_col, stride_s;
   int D;
 };
 
+constexpr int kTile = 16;  // tokens per shared-memory tile
+
 template <int E>
-__device__ __forceinline__ void gather(const TokenLayout& L, int t, float (&regs)[kLoads]) {
-  const int total = 2 * L.D + kCols + 2;
-#pragma unroll
-  for (int j = 0; j < kLoads; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    float v = 0.f;
-    if (i < L.D) v = L.vec0[t * L.stride0 + i];
-    else if (i < 2 * L.D) v = L.vec1[t * L.stride1 + i - L.D];
-    else if (i < 2 * L.D + kCols) v = L.col[t * L.stride_col + i - 2 * L.D];
-    else if (i == 2 * L.D + kCols) v = L.s0[t * L.stride_s];
-    else if (i < total) v = L.s1[t * L.stride_s];
-    regs[j] = v;
+__host__ __device__ constexpr int token_floats() { return 2 * kParts * (E + 1) + kCols + 2; }
+
+// Start the asynchronous copy of tokens [first, first + kTile) (those before T) into `tile`.
+template <int E>
+__device__ __forceinline__ void fetch_tile(const TokenLayout& L, int first, int T, float* tile) {
+  constexpr int V = kParts * (E + 1), BUF = token_floats<E>();
+  const int per_token = 2 * L.D + kCols + 2, count = min(kTile, T - first) * per_token;
+  for (int i = threadIdx.x; i < count; i += kThreads) {
+    const int j = i / per_token, e = i - j * per_token;
+    const long long t = first + j;
+    const float* src;
+    int at;
+    if (e < L.D) src = L.vec0 + t * L.stride0 + e, at = padded<E>(e);
+    else if (e < 2 * L.D) src = L.vec1 + t * L.stride1 + (e - L.D), at = V + padded<E>(e - L.D);
+    else if (e < 2 * L.D + kCols) src = L.col + t * L.stride_col + (e - 2 * L.D), at = 2 * V + e - 2 * L.D;
+    else src = (e == 2 * L.D + kCols ? L.s0 : L.s1) + t * L.stride_s, at = 2 * V + e - 2 * L.D;
+    __pipeline_memcpy_async(tile + j * BUF + at, src, sizeof(float));
   }
+  __pipeline_commit();
 }
 
-// Shared buffer: vec0 [kParts * (E + 1)], vec1 [same], col [kCols], s0, s1.
-template <int E>
-__device__ __forceinline__ void store(const TokenLayout& L, const float (&regs)[kLoads], float* buf) {
-  constexpr int V = kParts * (E + 1);
-#pragma unroll
-  for (int j = 0; j < kLoads; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    if (i < L.D) buf[padded<E>(i)] = regs[j];
-    else if (i < 2 * L.D) buf[V + padded<E>(i - L.D)] = regs[j];
-    else if (i < 2 * L.D + kCols + 2) buf[2 * V + i - 2 * L.D] = regs[j];
+// Runs `token(t, buffer)` for t = 0..T-1 with each token's inputs in shared memory: tile i + 1 is
+// in flight while tile i is computed.
+template <int E, typename F>
+__device__ __forceinline__ void for_each_token(const TokenLayout& L, int T, float* tiles, F&& token) {
+  constexpr int BUF = token_floats<E>();
+  const int n = (T + kTile - 1) / kTile;
+  if (n > 0) fetch_tile<E>(L, 0, T, tiles);
+  for (int i = 0; i < n; ++i) {
+    float* tile = tiles + (i & 1) * kTile * BUF;
+    if (i + 1 < n) {
+      fetch_tile<E>(L, (i + 1) * kTile, T, tiles + ((i + 1) & 1) * kTile * BUF);
+      __pipeline_wait_prior(1);  // all but the newest copy: tile i's
+    } else {
+      __pipeline_wait_prior(0);
+    }
+    __syncthreads();  // every thread's copies of tile i have landed
+    const int first = i * kTile, count = min(kTile, T - first);
+    for (int j = 0; j < count; ++j) token(first + j, tile + j * BUF);
+    __syncthreads();  // tile i is read before tile i + 2's copy reuses its buffer
   }
 }
 
@@ -88,8 +106,8 @@ __global__ void __launch_bounds__(kThreads) gated_delta_scan_kernel(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ g, const float* __restrict__ beta, const float* __restrict__ state_in,
     float* __restrict__ state_out, float* __restrict__ out, int T, int heads, int dv) {
-  constexpr int V = kParts * (E + 1), BUF = 2 * V + kCols + 2;
-  __shared__ float bufs[2][BUF];
+  constexpr int V = kParts * (E + 1);
+  __shared__ __align__(16) float tiles[2 * kTile * token_floats<E>()];
   const int h = blockIdx.x, c0 = blockIdx.y * kCols;
   const int c = threadIdx.x / kParts, part = threadIdx.x % kParts, col = c0 + c;
   const int dk = kParts * E;
@@ -99,15 +117,7 @@ __global__ void __launch_bounds__(kThreads) gated_delta_scan_kernel(
   const float* S = state_in + ((long long)h * dk + part * E) * dv + col;
 #pragma unroll
   for (int r = 0; r < E; ++r) s[r] = S[(long long)r * dv];
-  float regs[kLoads];
-  if (T > 0) {
-    gather<E>(L, 0, regs);
-    store<E>(L, regs, bufs[0]);
-  }
-  __syncthreads();
-  for (int t = 0; t < T; ++t) {
-    if (t + 1 < T) gather<E>(L, t + 1, regs);
-    const float* ks = bufs[t & 1];
+  for_each_token<E>(L, T, tiles, [&](int t, const float* ks) {
     const float* qs = ks + V;
     const float decay = expf(ks[2 * V + kCols]), b = ks[2 * V + kCols + 1];
     float u = 0.f;
@@ -125,9 +135,7 @@ __global__ void __launch_bounds__(kThreads) gated_delta_scan_kernel(
     }
     o = quad_sum(o);
     if (part == 0) out[((long long)t * heads + h) * dv + col] = o;
-    if (t + 1 < T) store<E>(L, regs, bufs[(t + 1) & 1]);  // read last at token t - 1: free since its barrier
-    __syncthreads();
-  }
+  });
   float* So = state_out + ((long long)h * dk + part * E) * dv + col;
 #pragma unroll
   for (int r = 0; r < E; ++r) So[(long long)r * dv] = s[r];
@@ -142,8 +150,8 @@ __global__ void __launch_bounds__(kThreads) ssd_scan_kernel(
     const float* __restrict__ x, const float* __restrict__ dt, const float* __restrict__ A,
     const float* __restrict__ Bm, const float* __restrict__ Cm, const float* __restrict__ state_in,
     float* __restrict__ state_out, float* __restrict__ y, int T, int heads, int P, int groups) {
-  constexpr int V = kParts * (E + 1), BUF = 2 * V + kCols + 2;
-  __shared__ float bufs[2][BUF];
+  constexpr int V = kParts * (E + 1);
+  __shared__ __align__(16) float tiles[2 * kTile * token_floats<E>()];
   const int h = blockIdx.x, p0 = blockIdx.y * kCols;
   const int c = threadIdx.x / kParts, part = threadIdx.x % kParts, p = p0 + c;
   const int N = kParts * E, grp = h / (heads / groups);
@@ -155,15 +163,7 @@ __global__ void __launch_bounds__(kThreads) ssd_scan_kernel(
   const float* S = state_in + ((long long)h * P + p) * N + part * E;
 #pragma unroll
   for (int r = 0; r < E; ++r) s[r] = S[r];
-  float regs[kLoads];
-  if (T > 0) {
-    gather<E>(L, 0, regs);
-    store<E>(L, regs, bufs[0]);
-  }
-  __syncthreads();
-  for (int t = 0; t < T; ++t) {
-    if (t + 1 < T) gather<E>(L, t + 1, regs);
-    const float* bs = bufs[t & 1];
+  for_each_token<E>(L, T, tiles, [&](int t, const float* bs) {
     const float* cs = bs + V;
     const float step = bs[2 * V + kCols];
     const float decay = expf(step * a), w = step * bs[2 * V + c];
@@ -175,9 +175,7 @@ __global__ void __launch_bounds__(kThreads) ssd_scan_kernel(
     }
     acc = quad_sum(acc);
     if (part == 0) y[((long long)t * heads + h) * P + p] = acc;
-    if (t + 1 < T) store<E>(L, regs, bufs[(t + 1) & 1]);
-    __syncthreads();
-  }
+  });
   float* So = state_out + ((long long)h * P + p) * N + part * E;
 #pragma unroll
   for (int r = 0; r < E; ++r) So[r] = s[r];
@@ -190,10 +188,9 @@ void check_f32(const torch::Tensor& t, const char* name, const torch::Tensor& li
   TORCH_CHECK(t.is_contiguous() && t.scalar_type() == at::kFloat, name, " must be contiguous float32");
 }
 
-// E (state values a thread keeps) for a vector length D: D = 4E with E in {8, 16, 32}, and the
-// token's vectors must fit the per-thread load registers.
+// E (state values a thread keeps) for a vector length D: D = 4E with E in {8, 16, 32}.
 int elements_for(int64_t D) {
-  if (D % kParts || 2 * D + kCols + 2 > kLoads * kThreads) return 0;
+  if (D % kParts) return 0;
   const int64_t e = D / kParts;
   return e == 8 || e == 16 || e == 32 ? static_cast<int>(e) : 0;
 }
