@@ -9,6 +9,11 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["serve"]:  # the engine's OpenAI-compatible server, no window: python -m engine serve
+        from engine.cli import main as engine_main
+
+        return engine_main(given)
     parser = argparse.ArgumentParser(prog="trellis-chat", description="Chat with local LLMs")
     parser.add_argument(
         "--data-dir", help="where conversations and settings live (default: platform data dir)"

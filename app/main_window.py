@@ -2,6 +2,10 @@
 
 Left: the conversation list. Top: the model bar. Centre: tabs for the chat, the model library,
 and (when those packages are present) the Hub browser and the downloads queue.
+
+Loads ask for the library's load options (context length, context memory), the same numbers its
+memory estimates use. Exports and imports start in the folder used last (the documents folder at
+first), not wherever the app was started from.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QStandardPaths, Qt, QTimer
 from PySide6.QtGui import (
     QAction,
     QCloseEvent,
@@ -26,6 +30,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QSplitter,
     QTabWidget,
     QToolBar,
@@ -37,8 +42,10 @@ from app.chat.controller import ChatController
 from app.chat.markdown import MarkdownRenderer
 from app.chat.pane import ChatPane
 from app.chat.pending_writes import restore_rescued
+from app.conversations.highlight import HIGHLIGHT_BACKGROUND
 from app.conversations.model import ConversationListModel
 from app.conversations.pane import ConversationPane
+from app.edit_actions import EDIT_COMMANDS, run_on_focus
 from app.library.controller import LibraryController
 from app.library.model import LibraryModel
 from app.library.model_bar import ModelBar
@@ -47,7 +54,7 @@ from app.settings.dialog import SettingsDialog
 from app.settings.settings import Settings
 from app.store import Store
 from app.store.export import from_json, to_json, to_markdown
-from app.theme import apply_theme, render_theme
+from app.theme import apply_theme, color_roles, error_color, render_theme
 from app.worker import EngineClient
 from engine.api import ModelInfo
 
@@ -98,7 +105,8 @@ class MainWindow(QMainWindow):
         self.chat_pane = ChatPane(self.chat, self.renderer)
         self.library_pane = LibraryPane(self.library_model)
         self.model_bar = ModelBar(self.library_model)
-        self.model_bar.set_cache_bits(*self.library.cache_bits())
+        self.library_pane.load_options.set_cache_bits(*self.library.cache_bits())
+        self.library_pane.load_options.set_context_length(self.library.context_limit())
         self.tabs = QTabWidget()
         self.tabs.setAccessibleName("Main tabs")
         self.tabs.addTab(self.chat_pane, "Chat")
@@ -121,6 +129,7 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._connect()
         self._apply_font_size()
+        self._apply_theme_colors()  # every pane is in the window now
 
         # Restore state: first what could not be saved at the last exit (a full disk, a lock).
         restored = restore_rescued(store, store.db_path.parent)
@@ -208,7 +217,17 @@ class MainWindow(QMainWindow):
         self._action(file_menu, "&Quit", QKeySequence.StandardKey.Quit, self.close)
 
         edit_menu = bar.addMenu("&Edit")
-        self._action(edit_menu, "&Find conversation", QKeySequence.StandardKey.Find, self.focus_search)
+        self.edit_actions: dict[str, QAction] = {}
+        for text, key, method in EDIT_COMMANDS:
+            self.edit_actions[method] = self._action(
+                edit_menu, text, key, lambda _checked=False, m=method: run_on_focus(m)
+            )
+            if method in ("redo", "paste"):
+                edit_menu.addSeparator()
+        edit_menu.addSeparator()
+        self.find_action = self._action(
+            edit_menu, "&Find in conversations…", QKeySequence.StandardKey.Find, self.focus_search
+        )
 
         chat_menu = bar.addMenu("&Chat")
         self._action(chat_menu, "&Regenerate reply", QKeySequence("Ctrl+R"), self.chat.regenerate)
@@ -234,6 +253,7 @@ class MainWindow(QMainWindow):
         conv.newRequested.connect(self.chat.new_conversation)
         conv.renameRequested.connect(self.chat.rename_conversation)
         conv.deleteRequested.connect(self.chat.delete_conversation)
+        conv.search.textChanged.connect(lambda _text: self._update_highlight())
         self.chat.conversationsChanged.connect(conv.refresh)
         self.chat.conversationChanged.connect(conv.select)
 
@@ -241,11 +261,16 @@ class MainWindow(QMainWindow):
         self.library_pane.addFolderRequested.connect(self.add_model_folder)
         self.library_pane.removeFolderRequested.connect(self.library.remove_folder)
         self.library_pane.refreshRequested.connect(self.library.refresh)
+        self.library_pane.deleteRequested.connect(self.delete_model)
+        self.library_pane.showInFolderRequested.connect(self.show_model_folder)
+        options = self.library_pane.load_options
+        options.contextMemoryChosen.connect(self.library.set_cache_bits)
+        options.contextLengthChosen.connect(self.library.set_context_limit)
         self.library.foldersChanged.connect(self.library_pane.set_folders)
+        self.library.notModelsChanged.connect(self.library_pane.set_not_models)
         self.library.refreshed.connect(self._update_starter_banner)
         self.model_bar.loadRequested.connect(self.request_load)
         self.model_bar.unloadRequested.connect(self.unload_model)
-        self.model_bar.cacheBitsChosen.connect(self.library.set_cache_bits)
 
         self.engine.loadProgress.connect(self.model_bar.set_progress)
         self.engine.loaded.connect(self._on_loaded)
@@ -272,6 +297,32 @@ class MainWindow(QMainWindow):
     def focus_search(self) -> None:
         self.conversations.focus_search()
 
+    def _update_highlight(self) -> None:
+        """While the conversation list is filtered by a search, its matches are marked in the
+        messages shown too."""
+        self.chat_pane.view.set_highlight(self.conversation_model.terms(), HIGHLIGHT_BACKGROUND[self.dark])
+
+    # -- export and import -----------------------------------------------------------------------------
+
+    def file_dialog_folder(self) -> Path:
+        """Where export and import dialogs open: the folder used last, else the documents folder
+        (never the working directory, which for a desktop app is wherever it was started from)."""
+        last = self.settings.get("export.last_folder")
+        if last and Path(last).is_dir():
+            return Path(last)
+        documents = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.DocumentsLocation)
+        return Path(documents) if documents else Path.home()
+
+    def export_default_path(self, fmt: str, conversation_id: int | None = None) -> Path:
+        """The file name the export dialog proposes: the conversation's title in that folder."""
+        cid = conversation_id or self.chat.conversation_id
+        title = self.store.conversation(cid).title if cid else "conversation"
+        safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "conversation"
+        return self.file_dialog_folder() / (safe + (".md" if fmt == "md" else ".json"))
+
+    def _remember_folder(self, path: str | Path) -> None:
+        self.settings.set("export.last_folder", str(Path(path).parent))
+
     def export_conversation(self, path: str | Path, fmt: str, conversation_id: int | None = None) -> Path:
         cid = conversation_id or self.chat.conversation_id
         if cid is None:
@@ -283,12 +334,14 @@ class MainWindow(QMainWindow):
             path.write_text(
                 json.dumps(to_json(self.store, cid), indent=2, ensure_ascii=False), encoding="utf-8"
             )
+        self._remember_folder(path)
         self.statusBar().showMessage(f"Exported to {path}", 8000)
         return path
 
     def import_conversation(self, path: str | Path) -> int:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         cid = from_json(self.store, data)
+        self._remember_folder(path)
         self.conversations.refresh()
         self._open_conversation(cid)
         return cid
@@ -296,15 +349,15 @@ class MainWindow(QMainWindow):
     def _export_dialog(self, fmt: str) -> None:
         if self.chat.conversation_id is None:
             return
-        title = self.store.conversation(self.chat.conversation_id).title
-        suffix, filt = (".md", "Markdown (*.md)") if fmt == "md" else (".json", "JSON (*.json)")
-        safe = "".join(c if c.isalnum() or c in " -_" else "_" for c in title).strip() or "conversation"
-        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", safe + suffix, filt)
+        filt = "Markdown (*.md)" if fmt == "md" else "JSON (*.json)"
+        proposed = str(self.export_default_path(fmt))
+        path, _ = QFileDialog.getSaveFileName(self, "Export conversation", proposed, filt)
         if path:
             self.export_conversation(path, fmt)
 
     def _import_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", "", "JSON (*.json)")
+        folder = str(self.file_dialog_folder())
+        path, _ = QFileDialog.getOpenFileName(self, "Import conversation", folder, "JSON (*.json)")
         if path:
             try:
                 self.import_conversation(path)
@@ -324,12 +377,15 @@ class MainWindow(QMainWindow):
                 )
 
     def request_load(self, path: str) -> None:
-        """Load the model at ``path``. Asking for the load that is in flight or done (same folder,
-        device and cache) changes nothing: a reload would cancel whatever was sent to it."""
+        """Load the model at ``path`` with the load options. Asking for the load that is in flight
+        or done (same folder, device, cache and context) changes nothing: a reload would cancel
+        whatever was sent to it."""
         device, cache_bits = self.settings.get("engine.device"), self.library.cache_bits()
-        if self.engine.has_load(path, device, cache_bits):
-            return
         info = self.library.info_for(path)
+        context = self.library.load_context(info)
+        if self.engine.has_load(path, device, cache_bits, context):
+            return
+        self.chat_pane.clear_error()  # the previous model's trouble is not this one's
         if not info.ok:
             message = f"{info.name} cannot be loaded: {'; '.join(info.problems)}"
             self.chat_pane.show_error(message)
@@ -339,11 +395,31 @@ class MainWindow(QMainWindow):
             self.chat.stop()
         self.model_bar.set_loading(info.name)
         self.model_bar.select_path(path)
-        self.engine.load(path, device, cache_bits)
+        self.engine.load(path, device, cache_bits, context)
 
     def unload_model(self) -> None:
         self.chat.stop()
         self.engine.unload()
+
+    def delete_model(self, path: str) -> None:
+        """Delete a model folder (the library pane has asked the user). The loaded model (or the
+        one loading) is not deleted from under the engine: unload it first."""
+        if self.engine.load_target() == str(Path(path).resolve()):
+            QMessageBox.information(
+                self, "Delete model", f"{Path(path).name} is loaded (or loading): unload it first."
+            )
+            return
+        try:
+            self.library.delete_model(path)
+        except (OSError, ValueError) as exc:
+            QMessageBox.warning(self, "Delete model", f"Could not delete {Path(path).name}: {exc}")
+            return
+        self.statusBar().showMessage(f"Deleted {Path(path).name}", 8000)
+
+    def show_model_folder(self, path: str) -> None:
+        from app.crash import open_folder
+
+        open_folder(Path(path))
 
     def _on_loaded(self, info: ModelInfo) -> None:
         self.model_bar.set_loaded(info)
@@ -396,17 +472,28 @@ class MainWindow(QMainWindow):
             self.chat.default_preset = self.settings.get(key)
         elif key == "chat.default_system_prompt":
             self.chat.default_system_prompt = self.settings.get(key)
-        elif key in ("library.estimate_context", "engine.device"):
+        elif key == "engine.device":
             self.library.refresh()
         elif key in ("engine.cache_bits_k", "engine.cache_bits_v"):
             self.library.refresh_estimates()
-            self.model_bar.set_cache_bits(*self.library.cache_bits())
+            self.library_pane.load_options.set_cache_bits(*self.library.cache_bits())
+        elif key == "engine.context_length":
+            self.library.refresh_estimates()
+            self.library_pane.load_options.set_context_length(self.library.context_limit())
 
     def _apply_theme(self) -> None:
         app = QApplication.instance()
         self.dark = apply_theme(app, self.settings.get("appearance.theme"))
         self.renderer = MarkdownRenderer(render_theme(self.dark))
         self.chat_pane.view.set_renderer(self.renderer)
+        self._apply_theme_colors()
+
+    def _apply_theme_colors(self) -> None:
+        """Status labels' colours, and those of HTML the panes render and of the list's delegate."""
+        color_roles(self, self.dark)
+        self.library_pane.set_error_color(error_color(self.dark))
+        self.conversations.set_dark(self.dark)
+        self._update_highlight()
 
     def _on_system_scheme_changed(self, *_args) -> None:
         if self.settings.get("appearance.theme") == "system":

@@ -3,15 +3,48 @@
 We use the Fusion style with an explicit palette in both modes, so the app looks the same on
 every platform and dark mode also works where the platform style has none (offscreen, many Linux
 desktops). The Markdown renderer gets matching colours.
+
+Status colours (errors, muted notes) come from the theme too: a label says what it is with its
+``role`` property ("error", "muted") and ``color_roles`` gives it the theme's colour in its
+palette, at startup and on every theme switch. (Not an application style sheet: with one, fonts
+set on a widget no longer reach its children, and the chat's font size setting is such a font.)
+Each colour keeps a contrast of at least 4.5:1 (WCAG AA for normal text) against its theme's
+window and base colours: the light theme's red is unreadable on the dark theme's grey.
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 from app.chat.markdown import RenderTheme
+
+# (light theme, dark theme)
+ERROR_COLORS = ("#b3261e", "#ff8a80")
+MUTED_COLORS = ("#5f6368", "#a8adb4")
+
+
+def error_color(dark: bool) -> str:
+    return ERROR_COLORS[dark]
+
+
+def muted_color(dark: bool) -> str:
+    return MUTED_COLORS[dark]
+
+
+ROLE_COLORS = {"error": ERROR_COLORS, "muted": MUTED_COLORS}
+
+
+def color_roles(root: QWidget, dark: bool) -> None:
+    """Give every label under ``root`` that has a ``role`` property its colour for the theme."""
+    for label in [root, *root.findChildren(QLabel)]:
+        colors = ROLE_COLORS.get(str(label.property("role") or ""))
+        if colors is None or not isinstance(label, QLabel):
+            continue
+        palette = label.palette()
+        palette.setColor(QPalette.ColorRole.WindowText, QColor(colors[dark]))
+        label.setPalette(palette)
 
 
 def system_prefers_dark() -> bool:

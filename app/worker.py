@@ -45,14 +45,27 @@ CacheBits = tuple[int, int]
 StarterFactory = Callable[[Path, ProgressFn], Path]
 
 
+# Share of the load's progress bar for reading the model; the rest is the warm-up.
+LOAD_SHARE = 0.9
+
+
 class SessionFactory(Protocol):
     def __call__(
-        self, model_dir: str, device: str, progress: ProgressFn, cache_bits: CacheBits = (16, 16)
+        self,
+        model_dir: str,
+        device: str,
+        progress: ProgressFn,
+        cache_bits: CacheBits = (16, 16),
+        context: int | None = None,
     ) -> SessionProtocol: ...
 
 
 def _default_session_factory(
-    model_dir: str, device: str, progress: ProgressFn, cache_bits: CacheBits = (16, 16)
+    model_dir: str,
+    device: str,
+    progress: ProgressFn,
+    cache_bits: CacheBits = (16, 16),
+    context: int | None = None,
 ) -> SessionProtocol:
     from engine.options import EngineOptions
     from engine.session import ChatSession  # lazy: pulls in torch
@@ -60,7 +73,12 @@ def _default_session_factory(
     # The app has no engine settings of its own; the development switches still apply.
     options = EngineOptions.from_environment()
     return ChatSession.load(
-        model_dir, device=device, progress=progress, cache_bits=cache_bits, options=options
+        model_dir,
+        device=device,
+        progress=progress,
+        cache_tokens=context,
+        cache_bits=cache_bits,
+        options=options,
     )
 
 
@@ -104,6 +122,7 @@ class EngineSignals(QObject):
     loadFailed = Signal(str)
     unloaded = Signal()
     chunk = Signal(int, str)  # request id, new text
+    prefillProgress = Signal(int, int, int)  # request id, prompt tokens read, to read
     generationFinished = Signal(int, object)  # request id, ReplyStats (stop_reason "error" on failure)
     tokensCounted = Signal(int, int)  # request id, count
     starterProgress = Signal(float, str)
@@ -138,14 +157,26 @@ class EngineWorker(EngineSignals):
 
     # -- slots (engine thread) -------------------------------------------------------------------
 
-    @Slot(str, str, object)
-    def load(self, model_dir: str, device: str, cache_bits: Sequence[int] = (16, 16)) -> None:
+    @Slot(str, str, object, object)
+    def load(
+        self, model_dir: str, device: str, cache_bits: Sequence[int] = (16, 16), context: int | None = None
+    ) -> None:
+        """Load, then warm up (the first reply's one-time costs, paid here behind the progress
+        bar rather than in silence after the first Send); ``loaded`` comes after both."""
         if self._session is not None:
             self._unload_session()
         bits = (int(cache_bits[0]), int(cache_bits[1]))
         try:
             self.loadProgress.emit(0.0, "Loading model")
-            self._session = self._session_factory(model_dir, device, self.loadProgress.emit, cache_bits=bits)
+
+            def progress(fraction: float, message: str) -> None:
+                self.loadProgress.emit(LOAD_SHARE * fraction, message)
+
+            self._session = self._session_factory(
+                model_dir, device, progress, cache_bits=bits, context=context
+            )
+            self.loadProgress.emit(LOAD_SHARE, "Warming up")
+            self._session.warm_up()
             info = ModelInfo.of(self._session, model_dir, bits)
         except Exception as exc:
             log.warning("load failed: %s", traceback.format_exc())
@@ -174,12 +205,12 @@ class EngineWorker(EngineSignals):
         del session
         gc.collect()
 
-    @Slot(int, object)
-    def count_tokens(self, request_id: int, messages: list[ChatMessage]) -> None:
+    @Slot(int, object, bool)
+    def count_tokens(self, request_id: int, messages: list[ChatMessage], completion: bool = False) -> None:
         if self._session is None:
             return
         try:
-            self.tokensCounted.emit(request_id, self._session.count_tokens(messages))
+            self.tokensCounted.emit(request_id, self._session.count_tokens(messages, completion))
         except Exception as exc:
             log.info("count_tokens failed: %s", exc)  # the meter just keeps its old value
 
@@ -192,7 +223,12 @@ class EngineWorker(EngineSignals):
             if self._session is None:
                 raise EngineError("no model is loaded; load one from the model bar or the library")
             if not self._is_cancelled(request_id):
-                stream = self._session.stream(messages, request, lambda: self._is_cancelled(request_id))
+                stream = self._session.stream(
+                    messages,
+                    request,
+                    lambda: self._is_cancelled(request_id),
+                    on_prefill=lambda done, total: self.prefillProgress.emit(request_id, done, total),
+                )
                 with closing(stream):
                     for last in stream:
                         if last.text:
@@ -250,11 +286,14 @@ _RELAYED = [
 class EngineClient(EngineSignals):
     """GUI-thread facade over an ``EngineWorker`` in its own ``QThread``."""
 
+    # A load was asked for (GUI side only: what showed the previous model goes stale now).
+    loadStarted = Signal(str)
+
     # Requests: queued across the thread boundary because the worker lives in the other thread.
-    _requestLoad = Signal(str, str, object)
+    _requestLoad = Signal(str, str, object, object)
     _requestUnload = Signal()
     _requestGenerate = Signal(int, object, object)
-    _requestCount = Signal(int, object)
+    _requestCount = Signal(int, object, bool)
     _requestStarter = Signal(str)
     _requestShutdown = Signal()
 
@@ -272,10 +311,10 @@ class EngineClient(EngineSignals):
         self._next_id = 0
         self.model_info: ModelInfo | None = None
         self.loading = False
-        # What the last load asked for (folder, device, cache bits) while it is in flight or
-        # loaded: asking again for the same is a no-op rather than a reload that would cancel
-        # the replies sent to it meanwhile.
-        self._load_request: tuple[str, str, CacheBits] | None = None
+        # What the last load asked for (folder, device, cache bits, context) while it is in
+        # flight or loaded: asking again for the same is a no-op rather than a reload that would
+        # cancel the replies sent to it meanwhile.
+        self._load_request: tuple[str, str, CacheBits, int | None] | None = None
         self.active_requests: set[int] = set()
 
         self._requestLoad.connect(self.worker.load)
@@ -321,17 +360,33 @@ class EngineClient(EngineSignals):
 
     # -- requests ----------------------------------------------------------------------------------
 
-    def load(self, model_dir: str | Path, device: str = "auto", cache_bits: Sequence[int] = (16, 16)) -> None:
-        """Load a model; ``cache_bits`` are the KV cache's key and value widths (16: unquantized)."""
+    def load(
+        self,
+        model_dir: str | Path,
+        device: str = "auto",
+        cache_bits: Sequence[int] = (16, 16),
+        context: int | None = None,
+    ) -> None:
+        """Load a model; ``cache_bits`` are the KV cache's key and value widths (16: unquantized),
+        ``context`` the tokens of context to allocate (None: the engine's default)."""
         bits = (int(cache_bits[0]), int(cache_bits[1]))
         self.loading = True
-        self._load_request = (_folder_key(model_dir), device, bits)
+        self._load_request = (_folder_key(model_dir), device, bits, context)
         self.model_info = None
-        self._requestLoad.emit(str(model_dir), device, bits)
+        self.loadStarted.emit(str(model_dir))
+        self._requestLoad.emit(str(model_dir), device, bits, context)
 
-    def has_load(self, model_dir: str | Path, device: str, cache_bits: Sequence[int]) -> bool:
+    def load_target(self) -> str | None:
+        """The folder (resolved) of the model loaded or loading; None when there is none."""
+        if self._load_request is None or not (self.loading or self.model_info is not None):
+            return None
+        return self._load_request[0]
+
+    def has_load(
+        self, model_dir: str | Path, device: str, cache_bits: Sequence[int], context: int | None = None
+    ) -> bool:
         """Whether exactly this load is in flight or done (and not unloaded or failed since)."""
-        wanted = (_folder_key(model_dir), device, (int(cache_bits[0]), int(cache_bits[1])))
+        wanted = (_folder_key(model_dir), device, (int(cache_bits[0]), int(cache_bits[1])), context)
         return self._load_request == wanted and (self.loading or self.model_info is not None)
 
     def unload(self) -> None:
@@ -350,9 +405,11 @@ class EngineClient(EngineSignals):
     def cancel(self, request_id: int) -> None:
         self.worker.cancel(request_id)
 
-    def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
+    def count_tokens(self, messages: Sequence[ChatMessage], completion: bool = False) -> int:
+        """Count ``messages`` as the loaded model would be sent them (``completion``: as plain
+        text); the answer comes as ``tokensCounted`` with the returned id."""
         self._next_id += 1
-        self._requestCount.emit(self._next_id, list(messages))
+        self._requestCount.emit(self._next_id, list(messages), completion)
         return self._next_id
 
     def install_starter(self, models_dir: str | Path) -> None:

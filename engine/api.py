@@ -47,6 +47,9 @@ class GenerationRequest:
     stop_strings: tuple[str, ...] = ()
     json_schema: str = ""  # JSON schema text the reply must be valid under ("" = free text)
     images: ImagePolicy = ImagePolicy.REFUSE_NEW
+    # Plain-text completion (base models, which have no chat template): no template, no system
+    # prompt; the conversation's text is continued as it stands (engine.completion_text).
+    completion: bool = False
 
     def __post_init__(self) -> None:
         # Read-only copies: the request is shared with the engine thread.
@@ -72,6 +75,9 @@ class StreamChunk:
     # What fitting the conversation to the model did (see engine.prompting.build_prompt).
     trimmed_messages: int = 0
     images_left_out: int = 0
+    # New text of the reply's reasoning (gpt-oss's analysis channel, engine.reasoning), kept out
+    # of ``text``, which is then the answer alone; "" for models whose replies have no such part.
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -136,8 +142,19 @@ class SessionProtocol(Protocol):
 
     def memory_bytes(self) -> int: ...
 
-    def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
-        """The prompt's length in tokens, images included (as ``stream`` would send it, unfitted)."""
+    @property
+    def has_chat_template(self) -> bool:
+        """False for a base model: only plain-text completion (``GenerationRequest.completion``)."""
+        ...
+
+    def count_tokens(self, messages: Sequence[ChatMessage], completion: bool = False) -> int:
+        """The prompt's length in tokens, images included (as ``stream`` would send it, unfitted;
+        ``completion``: as plain text, see ``GenerationRequest.completion``)."""
+        ...
+
+    def warm_up(self) -> None:
+        """Pay the first reply's one-time costs now (a front end calls it while loading, behind
+        the load's progress, so the first reply does not start with seconds of silence)."""
         ...
 
     def stream(
@@ -145,9 +162,12 @@ class SessionProtocol(Protocol):
         messages: Sequence[ChatMessage],
         request: GenerationRequest,
         should_stop: Callable[[], bool] | None = None,
+        on_prefill: Callable[[int, int], None] | None = None,
     ) -> ChunkStream:
         """Reply to ``messages``: images, chat template and fitting to the context are the
-        session's business. ``should_stop`` is polled every step; the last chunk has ``done``."""
+        session's business. ``should_stop`` is polled every step; the last chunk has ``done``.
+        ``on_prefill(done, total)``: before the first token, how much of the prompt's uncached
+        part has been read (a long prompt takes a while: a front end can say so)."""
         ...
 
     def unload(self) -> None: ...
@@ -164,6 +184,7 @@ class ModelInfo:
     device: str
     sees_images: bool
     cache_bits: tuple[int, int] = (16, 16)  # KV cache key and value widths (16: unquantized)
+    chat_template: bool = True  # False: a base model, replies by plain-text completion
 
     @classmethod
     def of(cls, session: SessionProtocol, path: str, cache_bits: tuple[int, int]) -> ModelInfo:
@@ -175,4 +196,5 @@ class ModelInfo:
             device=str(session.device),
             sees_images=bool(session.sees_images),
             cache_bits=cache_bits,
+            chat_template=bool(session.has_chat_template),
         )

@@ -3,6 +3,8 @@ app's library estimates models it has not loaded (``engine.config_footprint``), 
 sizes its snapshot pool by the same rule (``engine.cache.paged``).
 
 - An attention layer keeps keys and values per position (:func:`kv_bytes_per_token`).
+- A latent attention layer (multi-head latent attention) keeps one compressed row per position,
+  at the wider of the key and value widths (:func:`latent_bits`).
 - A recurrent layer keeps a fixed-size state per *state slot*: one slot per sequence the cache
   runs at once, plus the scratch slot the padding rows of a fixed-shape decode step use.
 - A model with recurrent layers also keeps a pool of state snapshots for prefix reuse
@@ -60,14 +62,23 @@ def kv_bytes_per_token(heads: int, head_dim: int, bits: int, dense_bytes: int = 
     return heads * (head_dim * bits // 8 + head_dim // _kv_group_size(head_dim) * 2)
 
 
+def latent_bits(bits: tuple[int, int]) -> int:
+    """The width a latent attention layer's rows are stored at, from the cache's (key, value)
+    widths: a row is both the keys (scores read it) and the values (outputs are mixed from it),
+    so it gets the wider of the two; neither side then loses precision it was given."""
+    return max(bits)
+
+
 @dataclass(frozen=True)
 class CacheFootprint:
     """The per-sequence state of a model's layers, as shapes: ``kv_layers`` holds
     ``(kv_heads, head_dim)`` of each attention layer, ``state_layers`` the state size of each
-    recurrent layer."""
+    recurrent layer, ``latent_layers`` the row width (numbers per position) of each latent
+    attention layer."""
 
     kv_layers: tuple[tuple[int, int], ...] = ()
     state_layers: tuple[StateSize, ...] = ()
+    latent_layers: tuple[int, ...] = ()
 
     @classmethod
     def uniform(cls, layers: int, kv_heads: int, head_dim: int) -> CacheFootprint:
@@ -79,14 +90,20 @@ class CacheFootprint:
         return bool(self.state_layers)
 
     def kv_bytes_per_token(self, bits: tuple[int, int] = (16, 16), dense_bytes: int = 2) -> int:
-        """Keys and values of one position in every attention layer. A head size the quantized
-        cache cannot pack is counted unquantized (loading says why it fails)."""
+        """Keys and values of one position in every attention layer, and its row in every
+        latent attention layer. A head size (or row width) the quantized cache cannot pack is
+        counted unquantized (loading says why it fails)."""
         total = 0
         for heads, head_dim in self.kv_layers:
             try:
                 total += sum(kv_bytes_per_token(heads, head_dim, b, dense_bytes) for b in bits)
             except ValueError:
                 total += 2 * heads * head_dim * dense_bytes
+        for width in self.latent_layers:
+            try:
+                total += kv_bytes_per_token(1, width, latent_bits(bits), dense_bytes)
+            except ValueError:
+                total += width * dense_bytes
         return total
 
     def state_bytes(self, dense_bytes: int = 2) -> int:

@@ -46,6 +46,7 @@ COMMAND_MODULES = [
     "search",
     "convert",
     "build_ext",
+    "serve",
 ]
 
 TRACEBACK_HELP = "on an error, show the Python traceback as well (for bug reports)"

@@ -4,7 +4,8 @@ what the app's library estimates before a model is loaded (``engine.inspect``).
 A family whose every layer attends needs nothing here: each of its layers keeps keys and values
 of ``num_key_value_heads`` x ``head_dim``. A hybrid family lays its layers out in its own way
 (``layer_types`` with names of its own, an interval, a pattern string, layers with no mixer), so
-it lists a torch-free mirror of that layout in :data:`HYBRID_FOOTPRINTS`. The engine's truth is
+it lists a torch-free mirror of that layout in :data:`HYBRID_FOOTPRINTS`, as does a family whose
+layers keep a compressed latent row instead of keys and values (DeepSeek-V3). The engine's truth is
 ``engine.cache.paged.cache_footprint(spec)``, from the kinds' declared states;
 tests/engine/test_config_footprint.py holds every family's mirror equal to it.
 """
@@ -23,7 +24,8 @@ def _kv_shape(cfg: Config, head_dim_keys: Sequence[str] = ("head_dim",)) -> tupl
     """An attention layer's (kv_heads, head_dim), as ``Architecture.attention`` reads them."""
     heads = int(cfg["num_attention_heads"])
     head_dim = next((cfg[k] for k in head_dim_keys if cfg.get(k)), None)
-    return int(cfg.get("num_key_value_heads") or heads), int(head_dim or int(cfg["hidden_size"]) // heads)
+    kv_heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_groups")  # the latter: Step 3.5
+    return int(kv_heads or heads), int(head_dim or int(cfg["hidden_size"]) // heads)
 
 
 def layer_type_footprint(
@@ -84,7 +86,43 @@ def _mamba2_hybrid(cfg: Config) -> CacheFootprint:
     return CacheFootprint((kv,) * pattern.count("*"), ((numbers, 4),) * pattern.count("M"))
 
 
-# Hybrid families by config.json's architecture name: their layers' footprint from the config.
+def _latent_attention(cfg: Config) -> CacheFootprint:
+    """DeepSeek-V3: every layer's multi-head latent attention keeps one row per position, its
+    latent (``kv_lora_rank``) and the rotated key part its heads share (``qk_rope_head_dim``)."""
+    width = int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"])
+    return CacheFootprint(latent_layers=(width,) * int(cfg["num_hidden_layers"]))
+
+
+def _gemma4(cfg: Config) -> CacheFootprint:
+    """Gemma 4: sliding and full layers keep keys and values of their own shapes (a layer's
+    ``per_layer_config`` entry where config.json has them, else full layers take
+    ``global_head_dim`` and, where their keys double as values, ``num_global_key_value_heads``);
+    the last ``num_kv_shared_layers`` keep none (they read an earlier layer's). A torch-free
+    mirror of ``engine.architectures.gemma4``."""
+    n, full = int(cfg["num_hidden_layers"]), "full_attention"
+    types = list(
+        cfg.get("layer_types") or [full if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+    )
+    types[-1] = full
+    base = {"num_key_value_heads": _kv_shape(cfg)[0], "head_dim": int(cfg.get("head_dim") or 256)}
+    wide = dict(base, head_dim=int(cfg.get("global_head_dim") or 512))
+    if cfg.get("attention_k_eq_v") and cfg.get("num_global_key_value_heads"):
+        wide["num_key_value_heads"] = int(cfg["num_global_key_value_heads"])
+    per_layer = cfg.get("per_layer_config")
+
+    def shape(i: int) -> Mapping[str, Any]:
+        if isinstance(per_layer, dict):  # keyed by zero-padded layer index
+            return {**base, **{int(k): v for k, v in per_layer.items()}.get(i, {})}
+        return wide if types[i] == full else base
+
+    kept = n - int(cfg.get("num_kv_shared_layers") or 0)
+    return CacheFootprint(
+        tuple((int(s["num_key_value_heads"]), int(s["head_dim"])) for s in map(shape, range(kept)))
+    )
+
+
+# Families whose layers do not all keep keys and values of one shape (hybrids, latent attention),
+# by config.json's architecture name: their layers' footprint from the config.
 HYBRID_FOOTPRINTS: dict[str, Callable[[Config], CacheFootprint]] = {
     "Qwen3NextForCausalLM": _gated_delta_net_hybrid,
     "Qwen3_5ForCausalLM": _gated_delta_net_hybrid,
@@ -94,6 +132,9 @@ HYBRID_FOOTPRINTS: dict[str, Callable[[Config], CacheFootprint]] = {
     "Lfm2ForCausalLM": _short_conv_hybrid,
     "Lfm2MoeForCausalLM": _short_conv_hybrid,
     "NemotronHForCausalLM": _mamba2_hybrid,
+    "DeepseekV3ForCausalLM": _latent_attention,
+    "Gemma4ForCausalLM": _gemma4,
+    "Gemma4ForConditionalGeneration": _gemma4,
 }
 
 

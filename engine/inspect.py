@@ -17,6 +17,7 @@ from pathlib import Path
 from engine.cache_footprint import CacheFootprint
 from engine.cache_footprint import kv_bytes_per_token as kv_bytes_per_token  # the app's name for it
 from engine.config_footprint import config_footprint
+from engine.loading.read_dequantized import dequantized_on_load
 from engine.safe_paths import UnsafePathError, safe_join
 from engine.supported import SUPPORTED_ARCHITECTURES
 
@@ -256,7 +257,8 @@ def _apply_config(info: ModelInfo, config: dict) -> None:
             info.quantization = f"EXL3 {_bits_text(info.bits_per_weight)} bpw" if bits is not None else "EXL3"
         else:
             info.quantization = method.upper()
-            info.problems.append(f"quantization method {method!r} is not supported (only EXL3 is)")
+            if not dequantized_on_load(qcfg):
+                info.problems.append(f"quantization method {method!r} is not supported (only EXL3 is)")
 
 
 def _bits_text(bits: float) -> str:

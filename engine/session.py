@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from engine.api import ChatMessage, ChunkStream, GenerationRequest, StreamChunk
+from engine.completion_text import completion_text
 from engine.generation.constraints import Constraint, json_schema
 from engine.generation.generator import Generator
 from engine.generation.job import Job
@@ -27,12 +28,16 @@ from engine.generation.sampling import SamplingSettings
 from engine.model import LoadedModel, load_model
 from engine.options import DEFAULT_OPTIONS, EngineOptions
 from engine.prompting import build_prompt, count_prompt_tokens
+from engine.reasoning import ReplyParts, reply_splitter
 from engine.tokenizer import Tokenizer
 from engine.vision.images import ImageInputError, ImageSource
 from engine.vision.media import PromptMedia
 from engine.vision.prompt import encode_chat_with_images
 
 Progress = Callable[[float, str], None]
+# New tokens of each warm-up reply: the prefill's token, then two decode steps (on a GPU the first
+# captures the step's CUDA graph, the second replays it). Few, as on a CPU every step is compute.
+WARM_UP_TOKENS = 3
 
 __all__ = ["ChatSession", "StreamChunk", "sampling_settings"]
 
@@ -66,6 +71,7 @@ class ChatSession:
         # A rendered prompt longer than a few characters per token of context could never be
         # used, so the chat template may not write (or build) more than that.
         tokenizer.template_limits = tokenizer.template_limits.for_context(model.spec.max_position_embeddings)
+        self.warmed_up = False
 
     @classmethod
     def load(
@@ -101,20 +107,52 @@ class ChatSession:
     def memory_bytes(self) -> int:
         return self.model.parameter_bytes() + self.generator.cache.nbytes
 
-    def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
+    def count_tokens(self, messages: Sequence[ChatMessage], completion: bool = False) -> int:
         """The prompt's length in tokens; images count what they expand to (encoding them: the
-        vision tower's cache keeps a picture from being encoded twice)."""
-        return count_prompt_tokens(messages, sees_images=self.sees_images, encode=self._encode)
+        vision tower's cache keeps a picture from being encoded twice). ``completion``: as the
+        plain text of completion mode (``GenerationRequest.completion``)."""
+        encode = self._encode_plain if completion else self._encode
+        return count_prompt_tokens(messages, sees_images=self.sees_images, encode=encode)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer.has_chat_template
+
+    def warm_up(self) -> None:
+        """Run short replies (on a GPU greedy and sampled: their decode steps take different
+        paths) and drop them, so the one-time costs of a first reply (the first forward steps,
+        kernels loaded and tuned, CUDA graphs captured, the chat template compiled) are paid now,
+        while the model loads, rather than after the user's first Send. Once per session."""
+        if self.warmed_up:
+            return
+        if self.has_chat_template:
+            try:  # compiles the template (the model needs no long prompt to warm up)
+                self.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
+            except Exception:  # a template that wants more than one turn: the first reply will say
+                pass
+        ids = self.tokenizer.encode("Hello") or [0]
+        # The app's default sampling, seeded; the second job runs after the first (batch 1, as a
+        # chat's replies do) and neither stops early at an end-of-text token.
+        # On a CPU there are no kernels to load or graphs to capture, and every step is compute:
+        # one short greedy reply pays the first steps' costs there.
+        runs = [SamplingSettings.greedy()]
+        if self.model.device.type != "cpu":
+            runs.append(SamplingSettings(temperature=0.7, top_p=0.95, seed=0))
+        for settings in runs:
+            self.generator.generate([Job(ids, WARM_UP_TOKENS, settings, stop_token_ids=())])
+        self.warmed_up = True
 
     def stream(
         self,
         messages: Sequence[ChatMessage],
         request: GenerationRequest,
         should_stop: Callable[[], bool] | None = None,
+        on_prefill: Callable[[int, int], None] | None = None,
     ) -> ChunkStream:
         """Reply to a conversation in the app's form (see ``engine.api``): images per the
-        request's policy, the chat template, and the oldest turns left out when it outgrows the
-        context; every chunk says how many messages and images were left out."""
+        request's policy, the chat template (or, with ``request.completion``, the plain text of
+        completion mode), and the oldest turns left out when it outgrows the context; every chunk
+        says how many messages and images were left out. ``on_prefill``: see ``stream_ids``."""
         # Both before any model work, so a bad value or schema fails at once.
         settings = sampling_settings(request.sampling)
         constraint = json_schema(request.json_schema) if request.json_schema.strip() else None
@@ -124,7 +162,7 @@ class ChatSession:
             context_length=self.context_length,
             sees_images=self.sees_images,
             model_name=self.model_name,
-            encode=self._encode,
+            encode=self._encode_plain if request.completion else self._encode,
         )
         chunks = self.stream_ids(
             prompt.ids,
@@ -134,6 +172,8 @@ class ChatSession:
             should_stop,
             media=prompt.media,
             constraint=constraint,
+            split_reasoning=not request.completion,
+            on_prefill=on_prefill,
         )
         with closing(chunks):  # a caller that stops early frees the job's pages at once
             for chunk in chunks:
@@ -146,6 +186,12 @@ class ChatSession:
             return self.encode_chat_with_images(messages, images)
         return self.tokenizer.encode_chat(messages, add_generation_prompt=True), None
 
+    def _encode_plain(self, messages: list[dict], images: list[bytes]) -> tuple[list[int], None]:
+        """Completion mode: the conversation as plain text (``engine.completion_text``)."""
+        if images:
+            raise ImageInputError("plain-text completion cannot show images")
+        return self.tokenizer.encode(completion_text(messages)), None
+
     def stream_ids(
         self,
         input_ids: Sequence[int],
@@ -155,10 +201,17 @@ class ChatSession:
         should_stop: Callable[[], bool] | None = None,
         media: PromptMedia | None = None,
         constraint: Constraint | None = None,
+        split_reasoning: bool = False,
+        on_prefill: Callable[[int, int], None] | None = None,
     ) -> Iterator[StreamChunk]:
         """Stream the continuation of ``input_ids``; ``should_stop`` is polled every step.
         ``media``: the prompt's images (see :meth:`encode_chat_with_images`). ``constraint``
-        (see ``engine.generation.constraints``) shapes the output, e.g. as JSON."""
+        (see ``engine.generation.constraints``) shapes the output, e.g. as JSON. With
+        ``split_reasoning`` (a chat reply, the prompt ending where the assistant's turn starts), a
+        reply with a reasoning part (``engine.reasoning``) streams it in the chunks' ``reasoning``,
+        apart from the answer in their ``text``. ``on_prefill(done, total)`` is called before every step
+        while the prompt is still being read (its uncached tokens: read so far, to read)."""
+        split = reply_splitter(self.tokenizer) if split_reasoning else None
         job = Job(list(input_ids), max_new_tokens, settings, stop_strings, media=media, constraint=constraint)
         started = time.perf_counter()
         self.generator.enqueue(job)
@@ -168,11 +221,18 @@ class ChatSession:
                     self.generator.cancel(job)
                     yield StreamChunk("", [], True, "cancelled", len(input_ids))
                     return
+                if on_prefill is not None:
+                    reading = self.generator.prefill_progress(job)
+                    if reading is not None:
+                        on_prefill(*reading)
                 for r in self.generator.iterate():
                     if r.job is not job:
                         continue
+                    parts = ReplyParts(answer=r.text)
+                    if split is not None:
+                        parts = split.feed(r.text, r.token_ids) + (split.finish() if r.done else ReplyParts())
                     yield StreamChunk(
-                        r.text,
+                        parts.answer,
                         r.token_ids,
                         r.done,
                         r.stop_reason,
@@ -182,6 +242,7 @@ class ChatSession:
                         r.timings.tokens_per_second(r.new_tokens)
                         or r.new_tokens / max(time.perf_counter() - started, 1e-9),
                         r.error,
+                        reasoning=parts.reasoning,
                     )
                     if r.done:
                         return
@@ -199,7 +260,13 @@ class ChatSession:
     ) -> Iterator[StreamChunk]:
         ids = self.tokenizer.encode_chat(messages, add_generation_prompt=True)
         yield from self.stream_ids(
-            ids, settings, max_new_tokens, stop_strings, should_stop, constraint=constraint
+            ids,
+            settings,
+            max_new_tokens,
+            stop_strings,
+            should_stop,
+            constraint=constraint,
+            split_reasoning=True,
         )
 
     @property

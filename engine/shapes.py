@@ -58,6 +58,49 @@ _QWEN35_TEXT = {
     "attention_bias": False,
 }
 
+
+def _gemma4_layers(n: int) -> list[str]:
+    """Gemma 4's schedule: five sliding-window layers, then one of full attention."""
+    return ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+
+
+# Gemma 4 31B (google/gemma-4-31B's text decoder): sliding layers with 16 KV heads of 256, full
+# layers with 4 KV heads of 512 whose keys double as values, proportional RoPE on a quarter of
+# the full layers' pairs; tied head, final logits soft-capped at 30.
+_GEMMA4_31B = {
+    "architectures": ["Gemma4ForCausalLM"],
+    "model_type": "gemma4_text",
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 60,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "num_global_key_value_heads": 4,
+    "attention_k_eq_v": True,
+    "sliding_window": 1024,
+    "layer_types": _gemma4_layers(60),
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {
+            "rope_type": "proportional",
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1000000.0,
+        },
+    },
+    "hidden_size_per_layer_input": 0,
+    "vocab_size": 262144,
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "final_logit_softcapping": 30.0,
+    "tie_word_embeddings": True,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "pad_token_id": 0,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+}
+
 SHAPES: dict[str, dict[str, Any]] = {
     "llama3.1-8b": {
         **_LLAMA31,
@@ -134,6 +177,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 512,
         "shared_expert_intermediate_size": 512,
     },
+    "gemma4-31b": _GEMMA4_31B,
     # Nemotron-H 8B: 24 Mamba-2, 4 attention and 24 MLP layers, one block each.
     "nemotron-h-8b": {
         "architectures": ["NemotronHForCausalLM"],

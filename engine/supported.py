@@ -28,11 +28,25 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
         "Qwen3MoeForCausalLM",
         "Qwen2MoeForCausalLM",
         "MixtralForCausalLM",
+        "GptOssForCausalLM",  # with attention sinks; MXFP4 experts read dequantized
+        "AfmoeForCausalLM",
+        "Step3p5ForCausalLM",
+        "Step3p7ForConditionalGeneration",  # its text decoder (no images)
+        "Glm4MoeForCausalLM",
+        "Dots1ForCausalLM",
+        "MiniMaxM2ForCausalLM",
+        "Ernie4_5_MoeForCausalLM",
+        # multi-head latent attention (a compressed KV cache) and mixtures of experts
+        "DeepseekV3ForCausalLM",
         # vision-language (image + text)
         "Gemma3ForConditionalGeneration",
         "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration",
+        "Qwen3VLMoeForConditionalGeneration",
         "Mistral3ForConditionalGeneration",
+        # Gemma 4: text and images (its small sizes' audio is refused)
+        "Gemma4ForCausalLM",
+        "Gemma4ForConditionalGeneration",
         # hybrids of attention and recurrent layers
         "NemotronHForCausalLM",
         "Lfm2ForCausalLM",

@@ -11,6 +11,12 @@ Flow of a reply (all on the GUI thread except the engine itself):
    most a second of a reply and nothing that was complete.
 4. ``generationFinished`` writes the final text, marks it complete, and records stats.
 
+What the pane shows about the engine follows the model and the conversation in view: a new load
+(or an unload) clears the speed and recounts the context for the new model, and opening another
+conversation clears the previous reply's speed. A long prompt's reading ("prefill") reports its
+progress (``prefillProgress``) until the first words arrive. A base model (no chat template) is
+sent plain-text completion requests (``completion_mode``).
+
 Images: a user message may carry images (``ImageBlob``s from the composer). They are stored with
 the message (content-addressed, see ``app.store``) and their bytes go to the engine with the
 conversation. When the loaded model cannot see images, a message with images is *refused*
@@ -117,6 +123,7 @@ class ChatController(QObject):
     busyChanged = Signal(bool)  # a reply is streaming
     speedChanged = Signal(float)  # tokens per second (live estimate, then the engine's figure)
     contextChanged = Signal(int, int)  # tokens used, context length (0 = unknown)
+    prefillProgress = Signal(int, int)  # the streaming reply's prompt: tokens read, to read
     errorOccurred = Signal(str)
     savingChanged = Signal(str)  # why writes are waiting (shown once), "" once all is saved
 
@@ -156,7 +163,12 @@ class ChatController(QObject):
         engine.chunk.connect(self._on_chunk)
         engine.generationFinished.connect(self._on_finished)
         engine.tokensCounted.connect(self._on_tokens_counted)
+        engine.prefillProgress.connect(self._on_prefill)
         engine.loaded.connect(lambda _info: self.refresh_context())
+        # The figures shown were the previous model's: clear them as soon as it goes.
+        engine.loadStarted.connect(lambda _path: self._on_model_changed())
+        engine.unloaded.connect(self._on_model_changed)
+        engine.loadFailed.connect(lambda _message: self._on_model_changed())
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -168,6 +180,12 @@ class ChatController(QObject):
         info = self.engine.model_info
         return info.context_length if info else 0
 
+    def completion_mode(self) -> bool:
+        """The loaded model is a base model (no chat template): replies are plain-text
+        completions of the conversation's text."""
+        info = self.engine.model_info
+        return info is not None and not info.chat_template
+
     def cannot_see_images_reason(self) -> str:
         """Why images cannot be sent to the loaded model now ("" when they can, or when no model is
         loaded: that has its own message when sending)."""
@@ -176,7 +194,7 @@ class ChatController(QObject):
             return ""
         return (
             f"{info.name or 'The loaded model'} cannot see images: it is a text-only model. "
-            "Load a vision model (Gemma 3, Qwen2.5-VL, Qwen3-VL or Mistral 3) or remove the images."
+            "Load a vision model (Gemma 3, Gemma 4, Qwen2.5-VL, Qwen3-VL or Mistral 3) or remove the images."
         )
 
     # -- conversations ---------------------------------------------------------------------------
@@ -186,6 +204,8 @@ class ChatController(QObject):
         """Show ``conversation_id`` (None: nothing). A reply still streaming elsewhere is stopped."""
         if self._active is not None and self._active.conversation_id != conversation_id:
             self.stop()
+        if conversation_id != self.conversation_id and self._active is None:
+            self.speedChanged.emit(0.0)  # that figure was another conversation's reply
         self.conversation_id = conversation_id
         self._reload()
         self.conversationChanged.emit(conversation_id or 0)
@@ -361,7 +381,11 @@ class ChatController(QObject):
             self._context_used = 0
             self.contextChanged.emit(0, total)
             return
-        self._count_request = self.engine.count_tokens(self.engine_messages())
+        self._count_request = self.engine.count_tokens(self.engine_messages(), self.completion_mode())
+
+    def _on_model_changed(self) -> None:
+        self.speedChanged.emit(0.0)
+        self.refresh_context()
 
     def _on_tokens_counted(self, request_id: int, count: int) -> None:
         if request_id == self._count_request:
@@ -380,7 +404,9 @@ class ChatController(QObject):
         self.model.append(item)
         self._refresh_sibling_counts()
         sampler, max_new_tokens = split_generation_limits(effective_sampling(conv.preset, conv.sampling))
-        request = GenerationRequest(sampler, max_new_tokens, json_schema=conv.json_schema)
+        request = GenerationRequest(
+            sampler, max_new_tokens, json_schema=conv.json_schema, completion=self.completion_mode()
+        )
         request_id = self.engine.generate(self.engine_messages(history), request)
         self._active = _Active(request_id, conv.id, reply.id, parent_id)
         self._flush_timer.start()
@@ -388,12 +414,18 @@ class ChatController(QObject):
         self.busyChanged.emit(True)
         self.speedChanged.emit(0.0)
 
+    def _on_prefill(self, request_id: int, done: int, total: int) -> None:
+        active = self._active
+        if active is not None and request_id == active.request_id and active.chunks == 0:
+            self.prefillProgress.emit(done, total)
+
     def _on_chunk(self, request_id: int, text: str) -> None:
         active = self._active
         if active is None or request_id != active.request_id:
             return
         if active.chunks == 0:
             active.first_chunk_at = time.perf_counter()
+            self.prefillProgress.emit(0, 0)  # the prompt is read: the reply is coming
         active.chunks += 1
         active.parts.append(text)
         active.pending.append(text)

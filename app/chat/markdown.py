@@ -13,6 +13,10 @@ engine, not for browsers:
   centred.
 - Raw HTML from the model is escaped, and images are shown as links: a reply must not make the
   app load local files or remote resources.
+- A line break is a line break (markdown-it's ``breaks``): models often write lists, steps or code
+  without the blank lines or fences Markdown wants, and joining those lines into one paragraph
+  loses their meaning. A line's leading spaces are kept too (as non-breaking spaces), so code the
+  model did not fence keeps its indentation. Fenced code, lists, tables... render as Markdown.
 
 A streaming reply is re-rendered from its full text on every update: Markdown's meaning of the
 start of a message can change with what comes later (a fence that closes, a table that forms),
@@ -99,6 +103,41 @@ def _math_rule(state: StateInline, silent: bool) -> bool:
     return False
 
 
+def _indent_of(line: str) -> int:
+    return len(line.expandtabs(4)) - len(line.expandtabs(4).lstrip(" "))
+
+
+def _keep_line_indentation(state) -> None:
+    """Give each line break of a paragraph the indentation of the source line after it
+    (``meta["indent"]``, in spaces), which Markdown would strip. Inside a list item the indent is
+    counted from the item's least indented line; paragraphs in block quotes are left alone, and
+    so is a paragraph whose breaks do not map one-to-one onto its lines (a code span across a
+    line break)."""
+    lines = state.src.split("\n")
+    quoted = 0
+    nested = 0
+    tokens = state.tokens
+    for i, token in enumerate(tokens):
+        if token.type == "blockquote_open":
+            quoted += 1
+        elif token.type == "blockquote_close":
+            quoted -= 1
+        elif token.type in ("bullet_list_open", "ordered_list_open"):
+            nested += 1
+        elif token.type in ("bullet_list_close", "ordered_list_close"):
+            nested -= 1
+        if token.type != "inline" or quoted or i == 0 or tokens[i - 1].type != "paragraph_open":
+            continue
+        start, end = tokens[i - 1].map or (0, 0)
+        following = lines[start + 1 : end]
+        breaks = [c for c in token.children or [] if c.type in ("softbreak", "hardbreak")]
+        if not following or len(breaks) != len(following):
+            continue
+        base = min(map(_indent_of, following)) if nested else 0
+        for brk, line in zip(breaks, following):
+            brk.meta["indent"] = max(0, _indent_of(line) - base)
+
+
 def _center_display_math(state) -> None:
     """A paragraph holding only display math is centred (set on its paragraph_open)."""
     tokens = state.tokens
@@ -164,10 +203,13 @@ class MarkdownRenderer:
 
     def __init__(self, theme: RenderTheme | None = None) -> None:
         self.theme = theme or RenderTheme()
-        md = MarkdownIt("commonmark", {"html": False, "breaks": False, "linkify": False})
+        md = MarkdownIt("commonmark", {"html": False, "breaks": True, "linkify": False})
         md.enable(["table", "strikethrough"])
         md.inline.ruler.before("escape", "math", _math_rule)
         md.core.ruler.push("center_display_math", _center_display_math)
+        md.core.ruler.push("keep_line_indentation", _keep_line_indentation)
+        md.add_render_rule("softbreak", _rule(self._line_break))
+        md.add_render_rule("hardbreak", _rule(self._line_break))
         md.add_render_rule("fence", _rule(self._fence))
         md.add_render_rule("code_block", _rule(self._fence))
         md.add_render_rule("math_inline", _rule(self._math))
@@ -232,6 +274,9 @@ class MarkdownRenderer:
             f'<tr><td><pre style="font-family:{t.monospace}; color:{t.code_foreground};">{body}</pre>'
             "</td></tr></table>\n"
         )
+
+    def _line_break(self, tokens, idx, options, env) -> str:
+        return "<br />\n" + "&nbsp;" * tokens[idx].meta.get("indent", 0)
 
     def _code_inline(self, tokens, idx, options, env) -> str:
         t = self.theme

@@ -20,7 +20,16 @@ import html
 import time
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
-from PySide6.QtGui import QDesktopServices, QFont, QGuiApplication, QKeyEvent, QPalette
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QFont,
+    QGuiApplication,
+    QKeyEvent,
+    QPalette,
+    QTextCharFormat,
+    QTextCursor,
+)
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -29,6 +38,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QTextBrowser,
+    QTextEdit,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -38,6 +48,7 @@ from app.chat.images import ImageLibrary, ThumbnailRow
 from app.chat.markdown import MarkdownRenderer, plain_text_html
 from app.chat.message_model import MessageItem
 from app.chat.structured import display_text
+from app.conversations.highlight import HIGHLIGHT_BACKGROUND, match_spans
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STOP_LABELS = {
@@ -72,6 +83,31 @@ class MessageBody(QTextBrowser):
         self.document().documentLayout().documentSizeChanged.connect(self._fit)
         self.anchorClicked.connect(self._on_anchor)
         self.setFixedHeight(24)
+        self._terms: list[str] = []
+        self._highlight = QColor(HIGHLIGHT_BACKGROUND[0])
+        self.textChanged.connect(self._mark_matches)  # every render replaces the document
+
+    def set_highlight(self, terms: list[str], background: str = HIGHLIGHT_BACKGROUND[0]) -> None:
+        """Mark every word starting with one of ``terms`` (a search's matches); [] clears."""
+        self._terms, self._highlight = list(terms), QColor(background)
+        self._mark_matches()
+
+    def highlighted(self) -> int:
+        """How many matches are marked."""
+        return len(self.extraSelections())
+
+    def _mark_matches(self) -> None:
+        selections = []
+        for start, end in match_spans(self.toPlainText(), self._terms):
+            selection = QTextEdit.ExtraSelection()
+            selection.cursor = QTextCursor(self.document())
+            selection.cursor.setPosition(start)
+            selection.cursor.setPosition(end, QTextCursor.MoveMode.KeepAnchor)
+            fmt = QTextCharFormat()
+            fmt.setBackground(self._highlight)
+            selection.format = fmt
+            selections.append(selection)
+        self.setExtraSelections(selections)
 
     def _fit(self, *_args) -> None:
         height = int(self.document().size().height() + 0.999) + 2 * self.frameWidth()
@@ -292,10 +328,22 @@ class MessageWidget(QFrame):
     def plain_text(self) -> str:
         return "".join(piece.toPlainText() for piece in self.pieces)
 
+    def set_highlight(self, terms: list[str], background: str = HIGHLIGHT_BACKGROUND[0]) -> None:
+        """Mark a search's matches in this message (every piece, and pieces still to come)."""
+        self._highlight_terms = (list(terms), background)
+        for piece in self.pieces:
+            piece.set_highlight(terms, background)
+
+    def highlighted(self) -> int:
+        return sum(piece.highlighted() for piece in self.pieces)
+
     def _add_piece(self) -> MessageBody:
         piece = MessageBody(self.body_box)
         piece.setAccessibleName("Message text")
         piece.copyRequested.connect(self._copy_block)
+        terms, background = getattr(self, "_highlight_terms", ([], HIGHLIGHT_BACKGROUND[0]))
+        if terms:
+            piece.set_highlight(terms, background)
         self._pieces_layout.addWidget(piece)
         self.pieces.append(piece)
         return piece

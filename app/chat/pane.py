@@ -3,15 +3,15 @@ and the images attached to the message being written.
 
 Composes the chat widgets and connects them to a ``ChatController``; holds no conversation state
 of its own. The pending attachments (an ``AttachmentListModel``) are the pane's: like the text in
-the composer, they belong to the message being written, not to a conversation.
+the composer, they belong to the message being written, not to a conversation. Messages (errors,
+the plain-text completion note, "reading your message") are shown in labels that wrap or elide
+within the pane: none can widen the window.
 """
 
 from __future__ import annotations
 
-import html
-
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QImage
+from PySide6.QtGui import QFont, QImage
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -33,6 +33,11 @@ from app.chat.images import ImageLibrary, ImageViewer, decode_image
 from app.chat.markdown import MarkdownRenderer
 from app.chat.presets import PRESET_LABELS
 from app.chat.view import ChatView
+from app.elided_label import ElidedLabel, never_widen
+
+# A prompt at least this long gets "Reading your message (N tokens)" while the model reads it:
+# shorter ones are read in well under a second.
+PREFILL_NOTICE_TOKENS = 256
 
 
 class StarterBanner(QFrame):
@@ -79,9 +84,11 @@ class ChatPane(QWidget):
         # Conversation settings row.
         top = QHBoxLayout()
         top.setContentsMargins(8, 4, 8, 0)
-        self.title_label = QLabel()
+        self.title_label = ElidedLabel()
         self.title_label.setAccessibleName("Conversation title")
-        self.title_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        bold = QFont(self.title_label.font())
+        bold.setBold(True)
+        self.title_label.setFont(bold)
         self.preset_combo = QComboBox()
         self.preset_combo.setAccessibleName("Sampling preset")
         for key, label in PRESET_LABELS.items():
@@ -94,6 +101,15 @@ class ChatPane(QWidget):
         top.addWidget(self.settings_button)
         layout.addLayout(top)
 
+        # Base models are answered by plain-text completion: say so, since it changes what the
+        # model does with the messages (and that the system prompt is not used).
+        self.mode_notice = never_widen(QLabel())
+        self.mode_notice.setAccessibleName("Reply mode")
+        self.mode_notice.setProperty("role", "muted")
+        self.mode_notice.setContentsMargins(8, 0, 8, 0)
+        self.mode_notice.hide()
+        layout.addWidget(self.mode_notice)
+
         self.starter_banner = StarterBanner(self)
         self.starter_banner.hide()
         layout.addWidget(self.starter_banner)
@@ -102,18 +118,25 @@ class ChatPane(QWidget):
         self.view = ChatView(controller.model, renderer, self, images=self.images)
         layout.addWidget(self.view, 1)
 
-        self.error_label = QLabel()
+        self.error_label = never_widen(QLabel())
         self.error_label.setAccessibleName("Error message")
-        self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet("QLabel { color: #c62828; padding: 4px 8px; }")
+        self.error_label.setProperty("role", "error")  # coloured by the theme (app.theme)
+        self.error_label.setContentsMargins(8, 4, 8, 4)
+        self.error_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.error_label.hide()
         layout.addWidget(self.error_label)
 
         # Speed and context meter.
         status = QHBoxLayout()
         status.setContentsMargins(8, 0, 8, 0)
-        self.speed_label = QLabel("")
+        self.speed_label = ElidedLabel("")
         self.speed_label.setAccessibleName("Generation speed")
+        self.prefill_bar = QProgressBar()
+        self.prefill_bar.setAccessibleName("Reading your message")
+        self.prefill_bar.setTextVisible(False)
+        self.prefill_bar.setMaximumWidth(160)
+        self.prefill_bar.setMaximumHeight(10)
+        self.prefill_bar.hide()
         self.context_meter = QProgressBar()
         self.context_meter.setAccessibleName("Context used")
         self.context_meter.setTextVisible(True)
@@ -122,8 +145,8 @@ class ChatPane(QWidget):
         self.context_meter.setRange(0, 1)
         self.context_meter.setValue(0)
         self.context_meter.setFormat("context: no model")
-        status.addWidget(self.speed_label)
-        status.addStretch(1)
+        status.addWidget(self.speed_label, 1)
+        status.addWidget(self.prefill_bar)
         status.addWidget(self.context_meter)
         layout.addLayout(status)
 
@@ -176,6 +199,10 @@ class ChatPane(QWidget):
         controller.busyChanged.connect(self._on_busy)
         controller.speedChanged.connect(self._on_speed)
         controller.contextChanged.connect(self._on_context)
+        controller.prefillProgress.connect(self._on_prefill)
+        controller.engine.loaded.connect(self._update_mode_notice)
+        controller.engine.unloaded.connect(self._update_mode_notice)
+        controller.engine.loadStarted.connect(self._update_mode_notice)
         controller.conversationChanged.connect(self._on_conversation)
         controller.conversationsChanged.connect(self._update_title)
         controller.errorOccurred.connect(self.show_error)
@@ -268,6 +295,11 @@ class ChatPane(QWidget):
         self.error_label.setText(message)
         self.error_label.show()
 
+    def clear_error(self) -> None:
+        """What went wrong before is no longer the news (another model was picked, say)."""
+        self.error_label.clear()
+        self.error_label.hide()
+
     def _on_saving(self, problem: str) -> None:
         """The "saving delayed" line goes away once the delayed writes are saved (unless a newer
         error has replaced it on the line)."""
@@ -279,13 +311,40 @@ class ChatPane(QWidget):
     # -- state -----------------------------------------------------------------------------------
 
     def _on_busy(self, busy: bool) -> None:
+        if not busy and not self.prefill_bar.isHidden():  # stopped (or failed) while still reading
+            self._on_prefill(0, 0)
         self.view.set_busy(busy)
         self.send_button.setEnabled(not busy)
         self.stop_button.setEnabled(busy)
         self.regenerate_button.setEnabled(not busy and self.controller.model.rowCount() > 0)
 
     def _on_speed(self, tps: float) -> None:
+        self.prefill_bar.hide()
         self.speed_label.setText(f"{tps:.1f} tokens/s" if tps > 0 else "")
+
+    def _on_prefill(self, done: int, total: int) -> None:
+        """The model is reading a long prompt before its first word: say so, with progress."""
+        if total < PREFILL_NOTICE_TOKENS or done >= total:
+            if not self.prefill_bar.isHidden():
+                self.prefill_bar.hide()
+                self.speed_label.setText("")
+            return
+        self.speed_label.setText(f"Reading your message ({total:,} tokens)…")
+        self.prefill_bar.setRange(0, total)
+        self.prefill_bar.setValue(done)
+        self.prefill_bar.show()
+
+    def _update_mode_notice(self, *_args) -> None:
+        info = self.controller.engine.model_info
+        if info is not None and not info.chat_template:
+            self.mode_notice.setText(
+                f"Plain-text completion: {info.name} is a base model (it has no chat template), so "
+                "it continues the conversation's text instead of answering it. The system prompt "
+                "is not used."
+            )
+            self.mode_notice.show()
+        else:
+            self.mode_notice.hide()
 
     def _on_context(self, used: int, total: int) -> None:
         if total <= 0:
@@ -310,5 +369,5 @@ class ChatPane(QWidget):
     def _update_title(self) -> None:
         cid = self.controller.conversation_id
         title = self.controller.store.conversation(cid).title if cid else "No conversation"
-        self.title_label.setText(f"<b>{html.escape(title)}</b>")
+        self.title_label.setText(title)
         self._on_busy(self.controller.busy)

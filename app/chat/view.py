@@ -50,6 +50,7 @@ class ChatView(QScrollArea):
         self._busy = False
         self._first = 0  # model rows before this have no widget yet
         self._anchor: tuple[int, int] | None = None
+        self._highlight: tuple[list[str], str] = ([], "")
 
         container = QWidget()
         container.setBackgroundRole(self.backgroundRole())
@@ -103,8 +104,21 @@ class ChatView(QScrollArea):
 
     # -- model signals -----------------------------------------------------------------------------
 
+    def set_highlight(self, terms: list[str], background: str) -> None:
+        """Mark the words matching a search (``terms``, see app.conversations.highlight) in every
+        message, including those built later; [] clears."""
+        self._highlight = (list(terms), background)
+        for w in self._widgets:
+            w.set_highlight(terms, background)
+
+    def highlighted(self) -> int:
+        """How many matches are marked in the messages built so far."""
+        return sum(w.highlighted() for w in self._widgets)
+
     def _make_widget(self) -> MessageWidget:
         w = MessageWidget(self.renderer, self.widget(), images=self.images)
+        if self._highlight[0]:
+            w.set_highlight(*self._highlight)
         w.editSubmitted.connect(self.editSubmitted)
         w.branchRequested.connect(self.branchRequested)
         w.regenerateRequested.connect(self.regenerateRequested)

@@ -1,8 +1,9 @@
-"""The conversation list pane: search box, list, New / Rename / Delete."""
+"""The conversation list pane: search box, list (titles elided, dates, highlighted matches while
+searching), New / Rename / Delete."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QItemSelectionModel, QModelIndex, Signal
+from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
@@ -15,7 +16,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.conversations.delegate import ConversationDelegate
 from app.conversations.model import ID_ROLE, ConversationListModel
+
+# The rename dialog is wide enough for a long title (QInputDialog's default fits ~20 characters).
+RENAME_DIALOG_WIDTH = 480
 
 
 class ConversationPane(QWidget):
@@ -44,7 +49,13 @@ class ConversationPane(QWidget):
         self.list.setModel(model)
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.list.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.list.setUniformItemSizes(True)
+        # Titles are elided to the list's width (with the date beside them), never scrolled
+        # sideways; while searching, rows are two lines (the match under the title).
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setWordWrap(False)
+        self.delegate = ConversationDelegate(self.list)
+        self.list.setItemDelegate(self.delegate)
         layout.addWidget(self.list, 1)
 
         buttons = QHBoxLayout()
@@ -100,15 +111,28 @@ class ConversationPane(QWidget):
                 self._current_id = conversation_id
                 self.conversationSelected.emit(conversation_id)
 
+    def set_dark(self, dark: bool) -> None:
+        """The theme changed: the delegate's highlight colour follows it."""
+        self.delegate.dark = dark
+        self.list.viewport().update()
+
+    def make_rename_dialog(self, title: str) -> QInputDialog:
+        """The rename dialog, wide enough to read and edit a long title."""
+        dialog = QInputDialog(self)
+        dialog.setWindowTitle("Rename conversation")
+        dialog.setLabelText("New title for this conversation:")
+        dialog.setTextValue(title)
+        dialog.setMinimumWidth(RENAME_DIALOG_WIDTH)
+        dialog.resize(RENAME_DIALOG_WIDTH, dialog.sizeHint().height())
+        return dialog
+
     def rename_current(self) -> None:
         cid = self.current_id()
         if not cid:
             return
-        title, ok = QInputDialog.getText(
-            self, "Rename conversation", "Title:", text=self.list.currentIndex().data() or ""
-        )
-        if ok and title.strip():
-            self.renameRequested.emit(cid, title.strip())
+        dialog = self.make_rename_dialog(self.list.currentIndex().data() or "")
+        if dialog.exec() and dialog.textValue().strip():
+            self.renameRequested.emit(cid, dialog.textValue().strip())
 
     def delete_current(self) -> None:
         cid = self.current_id()

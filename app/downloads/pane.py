@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QModelIndex, QUrl
+from PySide6.QtCore import QModelIndex, Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
 
 from app.downloads.model import FRACTION_ROLE, JOB_ROLE, PROGRESS_COLUMN, DownloadsModel
 from app.downloads.qt_manager import QtDownloadManager
+from app.elided_label import never_widen
 from engine.hub.downloads import RUNNING_STATES, JobSnapshot, JobState
 
 
@@ -59,7 +60,16 @@ class DownloadsPane(QWidget):
         self.view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.view.setItemDelegateForColumn(PROGRESS_COLUMN, ProgressDelegate(self.view))
-        self.view.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        # Every column as wide as its text ("97.9 KiB / 97.9 KiB" on one line); the name takes
+        # the rest, elided in the middle.
+        header = self.view.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(70)
+        header.setSectionResizeMode(PROGRESS_COLUMN, QHeaderView.ResizeMode.Fixed)
+        header.resizeSection(PROGRESS_COLUMN, 130)
+        self.view.setWordWrap(False)
+        self.view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.view.verticalHeader().hide()
 
         self.pause_button = QPushButton("Pause", self)
@@ -67,8 +77,7 @@ class DownloadsPane(QWidget):
         self.cancel_button = QPushButton("Cancel", self)
         self.remove_button = QPushButton("Remove from list", self)
         self.open_button = QPushButton("Open folder", self)
-        self.detail = QLabel(self)
-        self.detail.setWordWrap(True)
+        self.detail = never_widen(QLabel(self))  # a long path wraps, it never widens the window
 
         buttons = QHBoxLayout()
         for b in (

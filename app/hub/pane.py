@@ -6,11 +6,13 @@ and queue a download. The pane is the controller between its widgets, the item m
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
     QComboBox,
     QFormLayout,
+    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -26,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.downloads.qt_manager import QtDownloadManager
+from app.elided_label import ElidedLabel, never_widen
 from app.hub.controller import HubController, ModelPage
 from app.hub.models import SUMMARY_ROLE, FilesModel, SearchResultsModel
 from engine.hub.client import SearchQuery
@@ -62,6 +65,9 @@ class HubBrowserPane(QWidget):
         self.search_edit = QLineEdit(self)
         self.search_edit.setPlaceholderText("Search models on the Hugging Face Hub")
         self.search_button = QPushButton("Search", self)
+        self.cancel_button = QPushButton("Cancel", self)
+        self.cancel_button.setToolTip("Stop waiting for the Hub")
+        self.cancel_button.hide()
         self.exl3_check = QCheckBox("EXL3 only", self)
         self.supported_check = QCheckBox("Supported architectures", self)
         self.supported_check.setChecked(True)
@@ -71,7 +77,18 @@ class HubBrowserPane(QWidget):
         self.sort_combo = QComboBox(self)
         for label, key in SORTS:
             self.sort_combo.addItem(label, key)
-        self.status = QLabel(self)
+        self.status = ElidedLabel(parent=self)
+        self.status.setAccessibleName("Hub status")
+        # What went wrong (no network, the Hub refused), with a way to try again.
+        self.notice = QFrame(self)
+        self.notice.setFrameShape(QFrame.Shape.StyledPanel)
+        self.notice_label = never_widen(QLabel(self.notice))
+        self.notice_label.setAccessibleName("Hub problem")
+        self.retry_button = QPushButton("Retry", self.notice)
+        notice_row = QHBoxLayout(self.notice)
+        notice_row.addWidget(self.notice_label, 1)
+        notice_row.addWidget(self.retry_button)
+        self.notice.hide()
 
         # -- results
         self.results = SearchResultsModel(self)
@@ -79,21 +96,25 @@ class HubBrowserPane(QWidget):
         self.results_view.setModel(self.results)
         self.results_view.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.results_view.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.results_view.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header = self.results_view.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.results_view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.results_view.setWordWrap(False)
         self.results_view.verticalHeader().hide()
 
         # -- model page
-        self.title = QLabel(self)
-        self.title.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.facts = QLabel(self)
-        self.facts.setWordWrap(True)
+        self.title = ElidedLabel(parent=self, mode=Qt.TextElideMode.ElideMiddle)
+        bold = QFont(self.title.font())
+        bold.setBold(True)
+        self.title.setFont(bold)
+        self.facts = never_widen(QLabel(self))
         self.branch_combo = QComboBox(self)
         self.context_spin = QSpinBox(self)
         self.context_spin.setRange(256, 1 << 20)
         self.context_spin.setSingleStep(1024)
         self.context_spin.setValue(8192)
-        self.memory_label = QLabel(self)
-        self.memory_label.setWordWrap(True)
+        self.memory_label = never_widen(QLabel(self))
         self.download_button = QPushButton("Download", self)
         self.download_button.setEnabled(False)
         self.card = QTextBrowser(self)
@@ -101,7 +122,10 @@ class HubBrowserPane(QWidget):
         self.files = FilesModel(self)
         self.files_view = QTableView(self)
         self.files_view.setModel(self.files)
-        self.files_view.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        files_header = self.files_view.horizontalHeader()
+        files_header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        files_header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.files_view.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.files_view.verticalHeader().hide()
         self.page_tabs = QTabWidget(self)
         self.page_tabs.addTab(self.card, "Model card")
@@ -110,11 +134,12 @@ class HubBrowserPane(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.search_edit, 1)
         top.addWidget(self.search_button)
+        top.addWidget(self.cancel_button)
         filters = QHBoxLayout()
         for w in (self.exl3_check, self.supported_check, self.size_combo, self.sort_combo):
             filters.addWidget(w)
-        filters.addStretch(1)
-        filters.addWidget(self.status)
+        filters.addSpacing(12)
+        filters.addWidget(self.status, 1)
 
         page = QWidget(self)
         form = QFormLayout()
@@ -131,10 +156,14 @@ class HubBrowserPane(QWidget):
         splitter = QSplitter(self)
         splitter.addWidget(self.results_view)
         splitter.addWidget(page)
+        # The results get room for their names (the other columns take what their text needs).
+        splitter.setStretchFactor(0, 1)
         splitter.setStretchFactor(1, 1)
+        splitter.setSizes([560, 440])
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addLayout(filters)
+        layout.addWidget(self.notice)
         layout.addWidget(splitter, 1)
 
         # -- wiring
@@ -151,9 +180,9 @@ class HubBrowserPane(QWidget):
         controller.searchFinished.connect(self._show_results)
         controller.pageReady.connect(self._show_page)
         controller.failed.connect(self._show_error)
-        controller.busyChanged.connect(
-            lambda busy: self.status.setText("Loading…" if busy else self.status.text())
-        )
+        controller.busyChanged.connect(self._on_busy)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.retry_button.clicked.connect(self.retry)
 
     # -- actions -----------------------------------------------------------------------------------
 
@@ -169,14 +198,33 @@ class HubBrowserPane(QWidget):
         )
 
     def run_search(self) -> None:
-        self.status.setText("Searching…")
+        self.notice.hide()
+        self.status.setText("Searching the Hub…")
         self.controller.search(self.query())
 
     def open_model(self, repo_id: str, revision: str = "main") -> None:
+        self.notice.hide()
         self.download_button.setEnabled(False)
-        self.title.setText(f"<b>{repo_id}</b>")
-        self.facts.setText("Loading…")
+        self.title.setText(repo_id)
+        self.facts.setText("Fetching the model page…")
         self.controller.open_model(repo_id, revision)
+
+    def cancel(self) -> None:
+        """Stop waiting for the Hub (the Cancel button)."""
+        if self.controller.busy:
+            self.controller.cancel()
+            self.status.setText("Cancelled")
+            if self.page is None:
+                self.facts.setText("")
+
+    def retry(self) -> None:
+        """Send the request that failed again (the Retry button)."""
+        self.notice.hide()
+        self.status.setText("Trying again…")
+        self.controller.retry()
+
+    def _on_busy(self, busy: bool) -> None:
+        self.cancel_button.setVisible(busy)
 
     def start_download(self) -> str | None:
         if self.page is None:
@@ -189,6 +237,7 @@ class HubBrowserPane(QWidget):
     # -- results from the controller ---------------------------------------------------------------
 
     def _show_results(self, hits: list) -> None:
+        self.notice.hide()
         self.results.set_rows(hits)
         self.status.setText(f"{len(hits)} models" if hits else "No models found")
 
@@ -206,8 +255,9 @@ class HubBrowserPane(QWidget):
     def _show_page(self, page: ModelPage) -> None:
         previous = self.page
         self.page = page
+        self.notice.hide()
         d = page.details
-        self.title.setText(f"<b>{d.repo_id}</b> @ {d.revision}")
+        self.title.setText(f"{d.repo_id} @ {d.revision}")
         gated = {False: "no", "auto": "yes (automatic approval)", "manual": "yes (manual approval)"}.get(
             d.gated, "yes"
         )
@@ -245,7 +295,11 @@ class HubBrowserPane(QWidget):
         self.memory_label.setText(est.describe())
 
     def _show_error(self, message: str) -> None:
+        """In the pane, wrapped, with a Retry button; the status line says it in one word (the
+        message is its tooltip). No message can widen the window."""
+        self.status.setText("Offline" if self.controller.offline else "Error")
         self.status.setToolTip(message)
-        self.status.setText(f"Error: {message[:120]}")
+        self.notice_label.setText(message)
+        self.notice.show()
         if self.page is None:
-            self.facts.setText(message)
+            self.facts.setText("")

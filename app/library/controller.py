@@ -1,13 +1,16 @@
-"""Which folders the library looks in, and keeping the library model in step with them."""
+"""Which folders the library looks in, keeping the library model in step with them, the load
+options (context length and memory) every load and estimate uses, and deleting a model."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
+from app.library.load_context import load_context
 from app.library.model import LibraryModel
-from app.library.scanner import scan
+from app.library.scanner import is_usable_model_dir, scan, split_models
 from app.settings.settings import Settings
 from engine.inspect import ModelInfo, inspect_model, likely_device
 from engine.staging import remove_stale_staging
@@ -16,6 +19,7 @@ from engine.staging import remove_stale_staging
 class LibraryController(QObject):
     foldersChanged = Signal(list)
     refreshed = Signal()
+    notModelsChanged = Signal(list)  # [(folder, why it is not a model)]
 
     def __init__(
         self, settings: Settings, models_dir: Path, model: LibraryModel, parent: QObject | None = None
@@ -25,6 +29,7 @@ class LibraryController(QObject):
         self.models_dir = Path(models_dir)
         self.model = model
         self.models_dir.mkdir(parents=True, exist_ok=True)
+        self.not_models: list[tuple[str, str]] = []
         # Startup is when an import killed last session can be reclaimed (hundreds of MB, hidden).
         # Only the app's own folder: the user's folders are theirs to tidy.
         remove_stale_staging(self.models_dir)
@@ -53,7 +58,10 @@ class LibraryController(QObject):
 
     def refresh(self) -> None:
         self._estimate_assumptions()
-        self.model.set_models(scan(self.folders()))
+        models, others = split_models(scan(self.folders()))
+        self.model.set_models(models)
+        self.not_models = [(str(info.path), why) for info, why in others]
+        self.notModelsChanged.emit(self.not_models)
         self.refreshed.emit()
 
     def refresh_estimates(self) -> None:
@@ -69,8 +77,35 @@ class LibraryController(QObject):
         self.settings.set("engine.cache_bits_k", key_bits)
         self.settings.set("engine.cache_bits_v", value_bits)
 
+    def context_limit(self) -> int:
+        """The context length the user chose (a model with less is loaded with its own)."""
+        return int(self.settings.get("engine.context_length"))
+
+    def set_context_limit(self, tokens: int) -> None:
+        self.settings.set("engine.context_length", tokens)
+
+    def load_context(self, info: ModelInfo) -> int:
+        """Tokens of context the model of ``info`` is loaded with: what a load asks the engine
+        for, and what the library's estimate is for."""
+        return load_context(info.context_length, self.context_limit())
+
+    def delete_model(self, path: str | Path) -> None:
+        """Delete a model's folder from disk (the caller has asked the user) and forget it.
+        Refuses anything the library does not list as a model, and the app's models folder."""
+        folder = Path(path)
+        if self.model.row_of(str(folder)) < 0 or not is_usable_model_dir(folder):
+            raise ValueError(f"{folder} is not a model folder of the library")
+        if folder.resolve() == self.models_dir.resolve():
+            raise ValueError("the app's models folder itself cannot be deleted")
+        shutil.rmtree(folder)
+        extra = self.settings.get("library.folders")
+        if str(folder) in extra:  # it was added as a folder of its own
+            self.settings.set("library.folders", [p for p in extra if p != str(folder)])
+            self.foldersChanged.emit([str(p) for p in self.folders()])
+        self.refresh()
+
     def _estimate_assumptions(self) -> None:
-        self.model.context_length = int(self.settings.get("library.estimate_context"))
+        self.model.context_limit = self.context_limit()
         self.model.device = likely_device(self.settings.get("engine.device"))
         self.model.cache_bits = self.cache_bits()
 

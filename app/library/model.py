@@ -1,4 +1,8 @@
-"""The library as a Qt table model: one row per model folder found (GUI thread only)."""
+"""The library as a Qt table model: one row per model folder found (GUI thread only).
+
+The Memory column estimates the load the app would make: at the context the model would be
+loaded with (``app.library.load_context``), on the likely device, with the chosen cache widths.
+What a folder's files do not say is shown as "—", not as a wall of question marks."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Any
 from PySide6.QtCore import QModelIndex, QObject, QPersistentModelIndex, Qt
 
 from app.gui_thread import require_gui_thread
+from app.library.load_context import DEFAULT_CONTEXT, load_context
 from app.table_model import ColumnTableModel
 from engine.inspect import MemoryVerdict, ModelInfo, memory_verdict
 from engine.units import format_bytes, format_count
@@ -15,6 +20,7 @@ INFO_ROLE = Qt.ItemDataRole.UserRole + 1
 PATH_ROLE = Qt.ItemDataRole.UserRole + 2
 
 COLUMNS = ("Name", "Architecture", "Parameters", "Quantization", "Size", "Memory", "Status")
+UNKNOWN = "—"
 
 
 class LibraryModel(ColumnTableModel):
@@ -23,7 +29,7 @@ class LibraryModel(ColumnTableModel):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._rows: list[tuple[ModelInfo, MemoryVerdict]] = []
-        self.context_length = 4096
+        self.context_limit = DEFAULT_CONTEXT  # the user's context length (engine.context_length)
         self.device = "cpu"  # what the estimate assumes (engine.inspect.likely_device)
         self.cache_bits: tuple[int, int] = (16, 16)  # KV cache key/value bits the estimate assumes
 
@@ -45,15 +51,15 @@ class LibraryModel(ColumnTableModel):
         if column == "Name":
             return info.name
         if column == "Architecture":
-            return info.architecture or "?"
+            return info.architecture or UNKNOWN
         if column == "Parameters":
-            return format_count(info.parameter_count)
+            return format_count(info.parameter_count, unknown=UNKNOWN)
         if column == "Quantization":
-            return info.quantization or "?"
+            return info.quantization or UNKNOWN
         if column == "Size":
             return format_bytes(info.size_bytes)
         if column == "Memory":
-            return f"{format_bytes(verdict.needed_bytes)} ({verdict.verdict})" if info.ok else "—"
+            return f"{format_bytes(verdict.needed_bytes)} ({verdict.verdict})" if info.ok else UNKNOWN
         return "ready" if info.ok else "cannot load"  # the reasons: tooltip and details panel
 
     def set_models(self, infos: list[ModelInfo]) -> None:
@@ -71,8 +77,12 @@ class LibraryModel(ColumnTableModel):
             column = COLUMNS.index("Memory")
             self.dataChanged.emit(self.index(0, column), self.index(len(self._rows) - 1, column))
 
+    def context_for(self, info: ModelInfo) -> int:
+        """Tokens of context ``info``'s model would be loaded with."""
+        return load_context(info.context_length, self.context_limit)
+
     def _verdict(self, info: ModelInfo) -> MemoryVerdict:
-        return memory_verdict(info, self.context_length, self.device, self.cache_bits)
+        return memory_verdict(info, self.context_for(info), self.device, self.cache_bits)
 
     def infos(self) -> list[ModelInfo]:
         return [info for info, _ in self._rows]

@@ -1,11 +1,13 @@
 """The library pane: folders, the table of models, details of the selected one (with the reasons
-a broken model cannot load), and a Load button."""
+a broken model cannot load), the folders that hold no model (dimmed, apart), the load options,
+and Load / Show in folder / Delete for the selected model."""
 
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
-from PySide6.QtCore import QModelIndex, Signal
+from PySide6.QtCore import QModelIndex, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFileDialog,
@@ -13,6 +15,7 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QListWidget,
+    QMessageBox,
     QPushButton,
     QSplitter,
     QTableView,
@@ -21,13 +24,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.elided_label import ElidedLabel
+from app.library.load_options import LoadOptions
 from app.library.model import INFO_ROLE, LibraryModel
+from app.theme import ERROR_COLORS
 from engine.inspect import MemoryVerdict, ModelInfo
 from engine.units import format_bytes, format_count
 
 
 def details_html(
-    info: ModelInfo, verdict: MemoryVerdict | None, context_length: int, device: str = "cpu"
+    info: ModelInfo,
+    verdict: MemoryVerdict | None,
+    context_length: int,
+    device: str = "cpu",
+    error_color: str = ERROR_COLORS[0],
 ) -> str:
     """What the details panel says about one model."""
     e = html.escape
@@ -51,7 +61,7 @@ def details_html(
     out = f"<h3>{e(info.name)}</h3><table cellpadding='2'>{table}</table>"
     if info.problems:
         items = "".join(f"<li>{e(p)}</li>" for p in info.problems)
-        out += f"<p style='color:#c62828;'><b>This model cannot be loaded:</b></p><ul>{items}</ul>"
+        out += f"<p style='color:{error_color};'><b>This model cannot be loaded:</b></p><ul>{items}</ul>"
     return out
 
 
@@ -60,10 +70,13 @@ class LibraryPane(QWidget):
     addFolderRequested = Signal(str)
     removeFolderRequested = Signal(str)
     refreshRequested = Signal()
+    deleteRequested = Signal(str)  # a model folder; the user has confirmed
+    showInFolderRequested = Signal(str)
 
     def __init__(self, model: LibraryModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.model = model
+        self.error_color = ERROR_COLORS[0]
         self.setAccessibleName("Model library")
         layout = QVBoxLayout(self)
 
@@ -94,22 +107,45 @@ class LibraryPane(QWidget):
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.verticalHeader().hide()
         self.table.setWordWrap(False)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        # Every column but the name as wide as its contents; the name takes the rest, elided in
+        # the middle (the ends of a model's name tell it apart), so no column is cut off.
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(60)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
         self.details = QTextBrowser()
         self.details.setAccessibleName("Model details")
         splitter.addWidget(self.table)
         splitter.addWidget(self.details)
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([700, 300])
+        splitter.setSizes([720, 260])
         layout.addWidget(splitter, 1)
 
+        # Folders that were looked at and hold no model: said apart, dimmed, not as model rows.
+        self.not_models = ElidedLabel()
+        self.not_models.setAccessibleName("Folders that are not models")
+        self.not_models.setProperty("role", "muted")
+        self.not_models.hide()
+        layout.addWidget(self.not_models)
+
+        self.load_options = LoadOptions(self)
+        layout.addWidget(self.load_options)
+
         bottom = QHBoxLayout()
-        bottom.addStretch(1)
+        self.show_button = QPushButton("Show in folder")
+        self.show_button.setAccessibleName("Show the selected model in its folder")
+        self.delete_button = QPushButton("Delete…")
+        self.delete_button.setAccessibleName("Delete the selected model")
         self.load_button = QPushButton("Load model")
         self.load_button.setAccessibleName("Load selected model")
-        self.load_button.setEnabled(False)
+        for button in (self.show_button, self.delete_button, self.load_button):
+            button.setEnabled(False)
+        bottom.addWidget(self.show_button)
+        bottom.addWidget(self.delete_button)
+        bottom.addStretch(1)
         bottom.addWidget(self.load_button)
         layout.addLayout(bottom)
 
@@ -117,9 +153,13 @@ class LibraryPane(QWidget):
         self.remove_button.clicked.connect(self._remove_folder)
         self.refresh_button.clicked.connect(self.refreshRequested)
         self.load_button.clicked.connect(self._load_selected)
+        self.show_button.clicked.connect(self._show_selected)
+        self.delete_button.clicked.connect(self.delete_selected)
         self.table.doubleClicked.connect(lambda _i: self._load_selected())
         self.table.selectionModel().currentRowChanged.connect(self._show_details)
         model.modelReset.connect(self._on_reset)
+        # The estimates changed (context, cache widths, device): the details say them too.
+        model.dataChanged.connect(lambda *_: self._show_details(self.table.currentIndex()))
 
     def set_folders(self, folders: list[str], removable_from: int = 1) -> None:
         self.folders.clear()
@@ -137,19 +177,45 @@ class LibraryPane(QWidget):
         index = self.table.currentIndex()
         return index.data(INFO_ROLE) if index.isValid() else None
 
+    def set_not_models(self, folders: list[tuple[str, str]]) -> None:
+        """The folders that hold no model, and why (shown dimmed, apart from the models)."""
+        if not folders:
+            self.not_models.hide()
+            return
+        shown = "; ".join(f"{Path(path).name} ({why})" for path, why in folders)
+        self.not_models.setText(f"Not models, not listed: {shown}")
+        self.not_models.setToolTip("\n".join(f"{path}: {why}" for path, why in folders))
+        self.not_models.show()
+
+    def set_error_color(self, color: str) -> None:
+        """The theme's colour for problems (the details' "cannot be loaded")."""
+        self.error_color = color
+        self._show_details(self.table.currentIndex())
+
     def _on_reset(self) -> None:
         self.details.clear()
-        self.load_button.setEnabled(False)
+        self.load_options.set_estimate("Select a model to see the memory it needs.")
+        for button in (self.show_button, self.delete_button, self.load_button):
+            button.setEnabled(False)
 
     def _show_details(self, current: QModelIndex, _previous: QModelIndex | None = None) -> None:
         if not current.isValid():
-            self.details.clear()
-            self.load_button.setEnabled(False)
+            self._on_reset()
             return
         info: ModelInfo = current.data(INFO_ROLE)
         verdict = self.model.verdict(current.row())
-        self.details.setHtml(details_html(info, verdict, self.model.context_length, self.model.device))
+        context = self.model.context_for(info)
+        self.details.setHtml(details_html(info, verdict, context, self.model.device, self.error_color))
+        if info.ok:
+            self.load_options.set_estimate(
+                f"{info.name}: ≈ {format_bytes(verdict.needed_bytes)} at {context:,} tokens "
+                f"({verdict.verdict}, {format_bytes(verdict.available_bytes)} free)"
+            )
+        else:
+            self.load_options.set_estimate(f"{info.name} cannot be loaded (see its details).")
         self.load_button.setEnabled(info.ok)
+        self.show_button.setEnabled(True)
+        self.delete_button.setEnabled(True)
 
     def _choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder with models (or a model folder)")
@@ -165,3 +231,24 @@ class LibraryPane(QWidget):
         info = self.selected_info()
         if info is not None and info.ok:
             self.loadRequested.emit(str(info.path))
+
+    def _show_selected(self) -> None:
+        info = self.selected_info()
+        if info is not None:
+            self.showInFolderRequested.emit(str(info.path))
+
+    def delete_selected(self) -> None:
+        """Ask, then ask the controller to delete the selected model's folder from disk."""
+        info = self.selected_info()
+        if info is None:
+            return
+        answer = QMessageBox.question(
+            self,
+            "Delete model",
+            f"Delete {info.name} ({format_bytes(info.size_bytes)}) from disk?\n\n{info.path}\n\n"
+            "This cannot be undone.",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+            QMessageBox.StandardButton.No,
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.deleteRequested.emit(str(info.path))

@@ -1,4 +1,10 @@
-"""Finding models on disk (no Qt): a folder is either a model itself or holds model folders."""
+"""Finding models on disk (no Qt): a folder is either a model itself or holds model folders.
+
+A folder can look like a model (it has .safetensors files) and be none: a LoRA adapter, a folder
+of codebook tables, a config.json with no architecture. Such folders are not listed as models
+(a row of unknowns that can never load); ``not_a_model`` says why, and the library lists them
+apart, dimmed, so the user knows they were seen.
+"""
 
 from __future__ import annotations
 
@@ -30,6 +36,28 @@ def model_dirs(folder: Path) -> list[Path]:
     except OSError:
         return []
     return [p for p in children if is_usable_model_dir(p)]
+
+
+def not_a_model(info: ModelInfo) -> str | None:
+    """Why ``info``'s folder is no model at all (None: it is one, loadable or not)."""
+    if info.quantization == "GGUF" or info.architecture or info.model_type:
+        return None  # a model (a GGUF needs importing; a broken one says why it cannot load)
+    if not (info.path / "config.json").is_file():
+        return "weights without a config.json"
+    return "a config.json that names no model architecture"
+
+
+def split_models(infos: Iterable[ModelInfo]) -> tuple[list[ModelInfo], list[tuple[ModelInfo, str]]]:
+    """(models, [(folder that is not a model, why)]) in the order found."""
+    models: list[ModelInfo] = []
+    others: list[tuple[ModelInfo, str]] = []
+    for info in infos:
+        reason = not_a_model(info)
+        if reason is None:
+            models.append(info)
+        else:
+            others.append((info, reason))
+    return models, others
 
 
 def scan(folders: Iterable[Path]) -> list[ModelInfo]:

@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.chat.presets import PRESET_LABELS
+from app.library.context_memory import DEFAULT as DEFAULT_CONTEXT_MEMORY
+from app.library.load_context import DEFAULT_CONTEXT
 from engine.inspect import CACHE_BITS_CHOICES
 
-# Key and value widths of the KV cache. 16 (unquantized) by default: it is exact, and the small
-# models most people start with need little cache; lower widths trade a little accuracy for
-# 2-6x the context in the same memory. Chosen in the model bar, next to the memory estimate they
-# change, so they are hidden from the settings dialog.
-_CACHE_BITS = tuple((bits, "16 (full)" if bits >= 16 else str(bits)) for bits in CACHE_BITS_CHOICES)
+# Key and value widths of the KV cache ("context memory", app.library.context_memory): 8-bit by
+# default, half the memory of 16-bit at no loss a chat would notice. Chosen with the context
+# length in the library's load options, next to the memory estimate they change, so both are
+# hidden from the settings dialog. Every width the engine has stays valid (older settings).
+_CACHE_BITS = tuple((bits, f"{bits}-bit") for bits in CACHE_BITS_CHOICES)
 
 
 @dataclass(frozen=True)
@@ -84,26 +86,28 @@ SETTINGS: tuple[Setting, ...] = (
         "System prompt for new chats",
     ),
     Setting(
-        "library.estimate_context",
-        4096,
-        "Context length for memory estimates",
-        "The library's 'fits in memory' column assumes this many tokens of context.",
+        "engine.context_length",
+        DEFAULT_CONTEXT,
+        "Context length",
+        "Tokens of context a model is loaded with (at most the model's own); the library's "
+        "memory estimate is for the same.",
         minimum=256,
         maximum=1_048_576,
+        hidden=True,
     ),
     Setting(
         "engine.cache_bits_k",
-        16,
-        "KV cache key bits",
-        "Bits per cached key number.",
+        DEFAULT_CONTEXT_MEMORY.key_bits,
+        "Context memory: key bits",
+        "Bits per cached key number (16: full precision).",
         _CACHE_BITS,
         hidden=True,
     ),
     Setting(
         "engine.cache_bits_v",
-        16,
-        "KV cache value bits",
-        "Bits per cached value number.",
+        DEFAULT_CONTEXT_MEMORY.value_bits,
+        "Context memory: value bits",
+        "Bits per cached value number (16: full precision).",
         _CACHE_BITS,
         hidden=True,
     ),
@@ -111,6 +115,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("library.folders", [], "Extra model folders", hidden=True),
     Setting("library.last_model", "", "Last loaded model", hidden=True),
     Setting("library.starter_dismissed", False, "Starter model offer dismissed", hidden=True),
+    Setting("export.last_folder", "", "Folder of the last export or import", hidden=True),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}

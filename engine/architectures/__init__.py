@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from engine.architectures.afmoe import Afmoe
 from engine.architectures.base import Architecture, TensorNames
+from engine.architectures.deepseek_v3 import DeepseekV3
+from engine.architectures.dots1 import Dots1
+from engine.architectures.ernie4_5_moe import Ernie4_5_Moe
 from engine.architectures.gemma2 import Gemma2
 from engine.architectures.gemma3 import Gemma3
 from engine.architectures.gemma3_vl import Gemma3VL
+from engine.architectures.gemma4 import Gemma4
+from engine.architectures.gemma4_vl import Gemma4VL
+from engine.architectures.glm4_moe import Glm4Moe
+from engine.architectures.gpt_oss import GptOss
 from engine.architectures.lfm2 import Lfm2
 from engine.architectures.lfm2_moe import Lfm2Moe
 from engine.architectures.llama import Llama
+from engine.architectures.minimax_m2 import MiniMaxM2
 from engine.architectures.mistral import Mistral
 from engine.architectures.mistral3 import Mistral3
 from engine.architectures.mixtral import Mixtral
@@ -24,13 +33,22 @@ from engine.architectures.qwen3_5_moe import Qwen3_5Moe, Qwen3_5MoeVL
 from engine.architectures.qwen3_moe import Qwen3Moe
 from engine.architectures.qwen3_next import Qwen3Next
 from engine.architectures.qwen3_vl import Qwen3VL
+from engine.architectures.qwen3_vl_moe import Qwen3VLMoe
 from engine.architectures.smollm3 import SmolLM3
+from engine.architectures.step3p7 import Step3p7
 from engine.errors import UnsupportedArchitectureError
 from engine.layers import LayerSpec, ModelSpec
 
 _FAMILIES: list[type[Architecture]] = [Llama, Mistral, Qwen2, Qwen3, Gemma2, Gemma3, Phi3, SmolLM3]
 _FAMILIES += [Qwen3Moe, Qwen2Moe, Mixtral]  # mixture of experts
+_FAMILIES += [GptOss]  # mixture of experts with attention sinks
+_FAMILIES += [Glm4Moe, Dots1, MiniMaxM2, Ernie4_5_Moe]  # mixture of experts, sigmoid or biased routers
+_FAMILIES += [DeepseekV3]  # multi-head latent attention and mixtures of experts
+_FAMILIES += [Afmoe, Step3p7]  # mixture of experts with gated attention outputs
 _FAMILIES += [Gemma3VL, Qwen2_5_VL, Qwen3VL, Mistral3]  # vision-language
+_FAMILIES += [Qwen3VLMoe]  # vision-language with mixtures of experts
+# per-layer shapes and embeddings, shared keys and values, experts beside dense MLPs; with images
+_FAMILIES += [Gemma4, Gemma4VL]
 _FAMILIES += [NemotronH]  # hybrids of attention and Mamba-2
 _FAMILIES += [Lfm2, Lfm2Moe]  # hybrids of attention and short convolutions
 # hybrids of attention and gated delta nets

@@ -42,6 +42,7 @@ class TensorNames:
     feed_forward_norm: str = "post_attention_layernorm"
     mixer_out_norm: str | None = None  # the sandwich norms (LayerSpec.sandwich_norms)
     feed_forward_out_norm: str | None = None
+    output_scale: str = "layer_scalar"  # a layer's output scale (LayerSpec.output_scale)
     parts: tuple[Any, ...] = ()
 
     def part(self, default: Any) -> Any:

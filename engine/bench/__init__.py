@@ -60,6 +60,11 @@ VERBS: tuple[Verb, ...] = (
         "engine.bench.constrain_eval",
         "acceptance run for constrained output (validity, overhead, errors)",
     ),
+    Verb(
+        "bench-serve",
+        "engine.bench.serve",
+        "requests/s and tok/s of the OpenAI-compatible server vs the engine directly",
+    ),
 )
 
 

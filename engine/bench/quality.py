@@ -48,6 +48,7 @@ from engine.commands.convert import (
     quantizer_options,
 )
 from engine.commands.ppl import check_window_fits, reference_logprobs, score, text_windows
+from engine.commands.progress import Progress
 
 DEFAULT_BPW = "2,3,4,5,6,8"
 DEFAULT_GGUF = "q8_0,q5_0,q4_0"
@@ -364,8 +365,8 @@ def run(args: argparse.Namespace) -> int:
     log(f" -- unquantized: {src}")
     model = load_model(src, device=device, dtype=args.dtype, context=args.ctx, options=args.options)
     dtype_name = str(model.dtype).replace("torch.", "")
-    reference = reference_logprobs(model, windows)
-    base = score(model, windows, reference)
+    reference = reference_logprobs(model, windows, Progress("    reference windows"))
+    base = score(model, windows, reference, progress=Progress("    scoring windows"))
     del model
     _, head_key, tied = quantized_tensor_names(src)
     base_row = Row(
@@ -383,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             log(f" -- {name}: scoring {model_dir}")
             m = load_model(model_dir, device=device, dtype=args.dtype, context=args.ctx, options=args.options)
-            s = score(m, windows, reference)
+            s = score(m, windows, reference, progress=Progress("    scoring windows"))
             delta = (s["ppl"] / base_row.ppl - 1) * 100
             row = Row(name, kind, bpw, head, s["ppl"], delta, s["mean_kl"], s["top1_agree"], s["tokens"])
             row.convert_s, row.note = convert_s, note

@@ -21,15 +21,22 @@ on the same shape or checkpoint; ``--no-peer`` skips it, ``--no-peer-compile`` s
 
 ``--no-cuda-graphs`` times our eager decode steps. Run it without the rest of the CLI as
 ``python3 -m engine.bench.speed ...``.
+
+The peer needs ``transformers``, an optional dependency: it is looked for before any work starts,
+and where it is missing the run goes on without the peer and says so (a peer that fails later
+costs its row, never the figures already measured). Progress goes to stderr as each run starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
+import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +109,27 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _measured(label: str, fn: Callable[[], float], repeats: int) -> float:
+    """``median_of(fn, repeats)``, saying on stderr which run is starting (a long prompt on a
+    slow machine takes minutes: the user should see it move)."""
+    total = max(1, repeats) + 1  # median_of runs one warm-up first
+    count = itertools.count(1)
+
+    def run() -> float:
+        i = next(count)
+        _log(f"  {label}: run {i}/{total}" + (" (warm-up)" if i == 1 else ""))
+        return fn()
+
+    return median_of(run, repeats)
+
+
+def peer_missing() -> str | None:
+    """Why the transformers peer cannot run here (None: it can)."""
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed (pip install transformers), so there is no peer row"
+    return None
+
+
 # -- our engine ----------------------------------------------------------------------------------
 
 
@@ -131,16 +159,22 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
 
     ctx_prompt = torch.randint(0, vocab, (args.context,), generator=rng).tolist()
     row: dict[str, Any] = {
-        "decode_tokens_per_s": median_of(lambda: decode(ctx_prompt[:1]), args.repeats),
-        "decode_ctx_tokens_per_s": median_of(lambda: decode(ctx_prompt), args.repeats),
-        "prefill_tokens_per_s": median_of(prefill, args.repeats),
+        "decode_tokens_per_s": _measured(
+            f"decode {n} tokens from an empty context", lambda: decode(ctx_prompt[:1]), args.repeats
+        ),
+        "decode_ctx_tokens_per_s": _measured(
+            f"decode {n} tokens at {args.context} tokens of context", lambda: decode(ctx_prompt), args.repeats
+        ),
+        "prefill_tokens_per_s": _measured(f"prefill {args.prompt_tokens} tokens", prefill, args.repeats),
     }
     if getattr(args, "sampled", False):
         # The app's default preset: what a chat user's tokens cost (penalties, truncation, a draw).
         from engine.bench.sampler import PRESETS
 
         balanced = SamplingSettings(**PRESETS["app balanced"], seed=0)
-        row["decode_sampled_tokens_per_s"] = median_of(lambda: decode(ctx_prompt[:1], balanced), args.repeats)
+        row["decode_sampled_tokens_per_s"] = _measured(
+            "decode with 'balanced' sampling", lambda: decode(ctx_prompt[:1], balanced), args.repeats
+        )
     kvb = gen.cache.nbytes / gen.cache.capacity
     if getattr(args, "step_tune", False) and gen._use_graphs:
         row.update(step_tuned_figures(model, args, tokens, bits, ctx_prompt))
@@ -328,6 +362,10 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("error: give either -m/--model DIR or --synthetic SHAPE")
     if args.decode_tokens < 2:
         raise SystemExit("error: --decode-tokens must be at least 2")
+    missing = None if args.no_peer else peer_missing()
+    if missing:
+        _log(f"note: {missing}; measuring our engine only (--no-peer skips the peer without this note)")
+        args.no_peer = True
     if args.threads:
         torch.set_num_threads(args.threads)
     args.options.configure_kernels()
@@ -350,6 +388,8 @@ def run(args: argparse.Namespace) -> int:
         "int8_gemv": False,  # set below where MUL1 GEMVs at 1-2 rows run on the integer tensor cores
         "rows": [],
     }
+    if missing:
+        results["peer_note"] = missing
     _log(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s")
     with torch.inference_mode():
         if args.synthetic:
@@ -357,7 +397,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             from engine.model import load_model
 
+            _log(f"loading {args.model} ...")
             model = load_model(args.model, device=device, dtype=dtype, options=args.options)
+            _log("measuring our engine")
             row = {"label": "model", **bench_ours(model, args, bandwidth)}
             row["peak_memory_bytes"] = _peak(device)
             results["rows"].append(row)
@@ -369,7 +411,11 @@ def run(args: argparse.Namespace) -> int:
         results["chained_launches"] = kernels.chained_launches_supported(device)
         results["int8_gemv"] = kernels.gemv.int8_gemv_available(device)
     if not args.no_peer:
-        peer_row(args, device, dtype, bandwidth, results)
+        try:
+            peer_row(args, device, dtype, bandwidth, results)
+        except Exception as exc:  # the peer's trouble must not lose the figures measured above
+            _log(f"the transformers peer failed ({type(exc).__name__}: {exc}); our figures stand")
+            results["peer_note"] = f"the transformers peer failed: {type(exc).__name__}: {exc}"
     print(format_table(results))
     _write(args, results)
     return 0
@@ -425,6 +471,8 @@ def format_table(r: dict) -> str:
             )
     if r.get("transformers", {}).get("note"):
         lines.append(f"note: {r['transformers']['note']}")
+    if r.get("peer_note"):
+        lines.append(f"note: {r['peer_note']}")
     return "\n".join(lines)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.modules.attention_sinks import softmax_with_sinks
+
 
 def paged_decode_attention_reference(
     q: torch.Tensor,
@@ -26,6 +28,7 @@ def paged_decode_attention_reference(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``q`` ``[batch, heads, head_dim]`` over each sequence's cached keys/values.
 
@@ -33,7 +36,8 @@ def paged_decode_attention_reference(
     ``block_tables`` ``[batch, max_pages]`` (int) lists each sequence's pages in order, padded
     with any valid page; ``lengths`` ``[batch]`` (int) counts the cached positions including the
     query's own. With ``window``, keys more than ``window - 1`` positions back are not seen.
-    Returns ``[batch, heads, head_dim]`` in ``q``'s dtype.
+    ``sinks`` ``[heads]``: learned sink logits in each head's softmax denominator. Returns
+    ``[batch, heads, head_dim]`` in ``q``'s dtype.
     """
     batch, heads, head_dim = q.shape
     pages = block_tables.shape[1]
@@ -50,17 +54,22 @@ def paged_decode_attention_reference(
     if window is not None:
         visible &= positions[None, :] > last - window
     qh = q[:, :, None, :]  # [batch, heads, 1, d]
-    if softcap is None:
+    if softcap is None and sinks is None:
         out = F.scaled_dot_product_attention(
             qh, keys, values, attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=heads != kv_heads
         )
-    else:
+    else:  # SDPA has neither a softcap nor a sink term
         group = heads // kv_heads
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
         scores = torch.matmul(qh, keys.transpose(-1, -2)).float() * scale
-        scores = torch.tanh(scores / softcap) * softcap
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-        out = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+        if sinks is None:
+            weights = torch.softmax(scores, dim=-1)
+        else:
+            weights = softmax_with_sinks(scores, sinks[None, :, None])
+        out = torch.matmul(weights.to(values.dtype), values)
     return out[:, :, 0, :]
 
 
@@ -73,12 +82,15 @@ def paged_decode_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """:func:`paged_decode_attention_reference`'s result, from the CUDA kernel where it applies."""
+    """:func:`paged_decode_attention_reference`'s result, from the CUDA kernel where it applies
+    (the kernel declines a layer with ``sinks`` until it has the sink term: the reference then
+    runs, graph-safe too)."""
     from engine import kernels
 
     args = (q, layer, block_tables, lengths, page_size, scale, window, softcap)
-    fast = kernels.attention.paged_decode_attention(*args)
+    fast = kernels.attention.paged_decode_attention(*args, sinks=sinks)
     if fast is not None:
         return fast
-    return paged_decode_attention_reference(*args)
+    return paged_decode_attention_reference(*args, sinks)

@@ -4,8 +4,9 @@ recurrent-state slots for the layers that declare a fixed-size state (``engine.c
 Key/value storage is ``[num_pages * page_size, kv_heads, head_dim]`` per attention layer (dense,
 or packed codes and scales for a quantized cache): a cache *slot* is a row, and page ``p`` owns
 slots ``p * page_size .. (p + 1) * page_size - 1``. A sequence's block table (its list of pages)
-turns positions into slots. A recurrent layer keeps one row per *state slot* instead
-(``engine.cache.recurrent``); a sequence holds the same state slot in every such layer.
+turns positions into slots. A latent attention layer keeps one compressed row per slot in place
+of keys and values (``engine.cache.latent``). A recurrent layer keeps one row per *state slot*
+instead (``engine.cache.recurrent``); a sequence holds the same state slot in every such layer.
 
 Prefix reuse (``engine.cache.pages``) hands a new sequence the pages of a prompt prefix another
 sequence computed. A recurrent layer's state after that prefix was overwritten as the other
@@ -22,12 +23,13 @@ from collections.abc import Sequence
 import torch
 
 from engine import kernels
+from engine.cache.latent import LatentCacheLayer
 from engine.cache.pages import PageAllocator
 from engine.cache.quantized import SUPPORTED_BITS, DenseStore, QuantizedStore, bytes_per_token
 from engine.cache.recurrent import RecurrentStateLayer, StateSlots
 from engine.cache.snapshots import SnapshotPool
-from engine.cache.state import KVPages, RecurrentState, SequenceState
-from engine.cache_footprint import DEFAULT_MAX_SEQUENCES, CacheFootprint, snapshot_capacity
+from engine.cache.state import KVPages, LatentPages, RecurrentState, SequenceState, SharedPages
+from engine.cache_footprint import DEFAULT_MAX_SEQUENCES, CacheFootprint, latent_bits, snapshot_capacity
 
 
 class KVCacheLayer:
@@ -119,11 +121,15 @@ def parse_cache_bits(text: str | None) -> tuple[int, int]:
 
 def kv_bytes_per_token(spec, bits: tuple[int, int] = (16, 16), dense_bytes: int = 2) -> int:
     """Cache bytes one position of a sequence takes in every attention layer of the model
-    ``spec`` (an ``engine.layers.ModelSpec``), keys at ``bits[0]`` and values at ``bits[1]``."""
+    ``spec`` (an ``engine.layers.ModelSpec``), keys at ``bits[0]`` and values at ``bits[1]``
+    (a latent attention layer's row at the wider of the two)."""
     from engine.layers import sequence_states
 
-    pages = [s for s in sequence_states(spec) if isinstance(s, KVPages)]
-    return sum(bytes_per_token(s.kv_heads, s.head_dim, b, dense_bytes) for s in pages for b in bits)
+    states = sequence_states(spec)
+    pages = [s for s in states if isinstance(s, KVPages)]
+    kv = sum(bytes_per_token(s.kv_heads, s.head_dim, b, dense_bytes) for s in pages for b in bits)
+    rows = [s for s in states if isinstance(s, LatentPages)]
+    return kv + sum(bytes_per_token(1, s.width, latent_bits(bits), dense_bytes) for s in rows)
 
 
 def footprint_of(states: Sequence[SequenceState | None]) -> CacheFootprint:
@@ -134,7 +140,8 @@ def footprint_of(states: Sequence[SequenceState | None]) -> CacheFootprint:
         for s in states
         if isinstance(s, RecurrentState)
     )
-    return CacheFootprint(kv, recurrent)
+    latent = tuple(s.width for s in states if isinstance(s, LatentPages))
+    return CacheFootprint(kv, recurrent, latent)
 
 
 def cache_footprint(spec) -> CacheFootprint:
@@ -223,14 +230,18 @@ class PagedKVCache:
         self.pages = PageAllocator(num_pages, page_size)
         self.state_slots = StateSlots(max_sequences if recurrent else 0)
         slots = num_pages * page_size
-        self._layers: list[KVCacheLayer | RecurrentStateLayer | None] = []
+        self._layers: list[KVCacheLayer | LatentCacheLayer | RecurrentStateLayer | None] = []
         for state in states:
             if isinstance(state, KVPages):
                 keys = make_store(slots, state.kv_heads, state.head_dim, bits[0], dtype, self.device)
                 values = make_store(slots, state.kv_heads, state.head_dim, bits[1], dtype, self.device)
                 self._layers.append(KVCacheLayer(keys, values, dtype))
+            elif isinstance(state, LatentPages):
+                self._layers.append(LatentCacheLayer(state.width, slots, bits, dtype, self.device))
             elif isinstance(state, RecurrentState):
                 self._layers.append(RecurrentStateLayer(state, self.state_slots.count, dtype, self.device))
+            elif isinstance(state, SharedPages):  # the earlier layer's own storage, not a copy
+                self._layers.append(self._layers[state.source])
             else:
                 self._layers.append(None)
         # Snapshots of the recurrent layers' state for prefix reuse, dropped with their pages.
@@ -238,7 +249,8 @@ class PagedKVCache:
         if recurrent:
             layers = [layer for layer in self._layers if isinstance(layer, RecurrentStateLayer)]
             if snapshots is None:
-                kv_bytes = sum(layer.nbytes for layer in self._layers if isinstance(layer, KVCacheLayer))
+                paged = (KVCacheLayer, LatentCacheLayer)
+                kv_bytes = sum(layer.nbytes for layer in self._layers if isinstance(layer, paged))
                 state_bytes = sum(layer.nbytes for layer in layers) // (self.state_slots.count + 1)
                 snapshots = snapshot_capacity(num_pages, max_sequences, kv_bytes, state_bytes)
             self.snapshots = SnapshotPool(layers, snapshots)
@@ -248,8 +260,9 @@ class PagedKVCache:
     def capacity(self) -> int:
         return self.num_pages * self.page_size
 
-    def layer(self, index: int) -> KVCacheLayer | RecurrentStateLayer | None:
-        """Layer ``index``'s storage: KV pages, recurrent state, or None (it keeps nothing)."""
+    def layer(self, index: int) -> KVCacheLayer | LatentCacheLayer | RecurrentStateLayer | None:
+        """Layer ``index``'s storage: KV pages, latent rows, recurrent state, or None (it keeps
+        nothing)."""
         return self._layers[index]
 
     def slots(self, block_table: Sequence[int], start: int, end: int) -> torch.Tensor:
@@ -261,4 +274,5 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         snapshots = self.snapshots.nbytes if self.snapshots is not None else 0
-        return snapshots + sum(layer.nbytes for layer in self._layers if layer is not None)
+        unique = {id(layer): layer for layer in self._layers if layer is not None}  # shared ones once
+        return snapshots + sum(layer.nbytes for layer in unique.values())

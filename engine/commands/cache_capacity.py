@@ -10,7 +10,7 @@ import argparse
 import json
 
 from engine.cache.paged import kv_bytes_per_token
-from engine.cache.state import KVPages
+from engine.cache.state import KVPages, LatentPages
 from engine.commands.common import finite_float
 
 SETTINGS = [(16, 16), (8, 8), (6, 6), (4, 6), (4, 4), (3, 3), (2, 2)]
@@ -48,8 +48,13 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(rows))
         return 0
     base = rows[0]["max_tokens"]
-    kv = next(s for s in sequence_states(spec) if isinstance(s, KVPages))
-    print(f"{cfg.architecture}: {spec.num_layers} layers, {kv.kv_heads} KV heads x {kv.head_dim}")
+    states = sequence_states(spec)
+    kv = next((s for s in states if isinstance(s, KVPages)), None)
+    if kv is not None:
+        print(f"{cfg.architecture}: {spec.num_layers} layers, {kv.kv_heads} KV heads x {kv.head_dim}")
+    else:  # latent attention: one row per position instead of keys and values (max of K,V bits)
+        row = next(s for s in states if isinstance(s, LatentPages))
+        print(f"{cfg.architecture}: {spec.num_layers} layers, a latent row of {row.width} per position")
     print(
         f"{'k/v bits':<10}{'bytes/token':>12}{'max tokens':>12}{'vs fp16':>9}  (budget {args.budget_gb} GiB)"
     )

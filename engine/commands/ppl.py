@@ -1,14 +1,15 @@
 """``ppl``: perplexity over a text file, in non-overlapping windows of ``--ctx`` tokens; with
 ``--reference DIR``, also the mean KL divergence of the model's next-token distribution from another
 model's on the same windows (a quantization's cost, issue 3), and how often their top tokens agree.
-The ``quality`` command builds its tables from the same functions."""
+The ``quality`` command builds its tables from the same functions. Progress (windows scored) goes
+to stderr."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -21,7 +22,10 @@ from engine.commands.common import (
     positive_int,
     read_text_file,
 )
+from engine.commands.progress import Progress
 from engine.errors import UsageError
+
+ProgressFn = Callable[[int, int], None]  # (windows done, windows in all)
 
 DENSE = (16, 16)  # cache bits: unquantized keys and values
 
@@ -73,16 +77,28 @@ def window_logprobs(model, windows: list[list[int]], bits: tuple[int, int] = DEN
             yield torch.log_softmax(logits.float(), dim=-1)
 
 
-def reference_logprobs(model, windows: list[list[int]]) -> list[torch.Tensor]:
+def reference_logprobs(
+    model, windows: list[list[int]], progress: ProgressFn | None = None
+) -> list[torch.Tensor]:
     """The reference model's log-probabilities, kept on the CPU (float32: KL of a near-lossless
     row is ~1e-4 nats, below what fp16 log-probabilities resolve)."""
-    return [lp.cpu() for lp in window_logprobs(model, windows)]
+    out = []
+    for lp in window_logprobs(model, windows):
+        out.append(lp.cpu())
+        if progress is not None:
+            progress(len(out), len(windows))
+    return out
 
 
 def score(
-    model, windows: list[list[int]], reference: list[torch.Tensor] | None, bits: tuple[int, int] = DENSE
+    model,
+    windows: list[list[int]],
+    reference: list[torch.Tensor] | None,
+    bits: tuple[int, int] = DENSE,
+    progress: ProgressFn | None = None,
 ) -> dict:
-    """Perplexity over ``windows``; with ``reference``, mean KL(reference || model) and top-1 agreement."""
+    """Perplexity over ``windows``; with ``reference``, mean KL(reference || model) and top-1
+    agreement. ``progress(done, total)`` after each window."""
     nll, kl, agree, count = 0.0, 0.0, 0, 0
     for i, (window, lq) in enumerate(zip(windows, window_logprobs(model, windows, bits))):
         targets = torch.tensor(window[1:], device=lq.device)
@@ -97,6 +113,8 @@ def score(
                 )
             kl += float((lp.exp() * (lp - lq)).sum(-1).double().sum())
             agree += int((lp.argmax(-1) == lq.argmax(-1)).sum())
+        if progress is not None:
+            progress(i + 1, len(windows))
     out = {"ppl": math.exp(nll / count), "tokens": count}
     if reference is not None:
         out["mean_kl"] = kl / count
@@ -146,13 +164,13 @@ def run(args: argparse.Namespace) -> int:
         ref_model = load_model(
             args.reference, device=args.device, dtype=args.dtype, context=args.ctx, options=args.options
         )
-        reference = reference_logprobs(ref_model, windows)
+        reference = reference_logprobs(ref_model, windows, Progress(f"reference {args.reference}"))
         del ref_model
     model = load_model(
         args.model, device=args.device, dtype=args.dtype, context=args.ctx, options=args.options
     )
     try:
-        result = score(model, windows, reference, bits)
+        result = score(model, windows, reference, bits, Progress(f"scoring {len(windows)} windows"))
     except ValueError as exc:  # the reference's vocabulary differs
         raise UsageError(str(exc)) from None
     if args.json:

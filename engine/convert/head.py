@@ -33,11 +33,15 @@ def quantize_head(
     tied = head_weight is None
     if tied:  # the converter quantizes a copy of the embedding (section 3.4)
         head_weight = store.get(source.names.prefix + source.names.embed + ".weight")
+    # A head may add a bias, beside a tied weight too (Ernie 4.5's use_bias): stored in 16 bits.
+    bias_key = f"{head_key}.bias"
+    bias = store.get(bias_key) if store.has(bias_key) else None
     if options.head_bits == 16:
         head = fp16_copy(head_weight)
         # A bf16/fp16 tied head is the embedding's own tensor: safetensors refuses to save two
         # names over one memory, so the head gets its own copy.
-        return {f"{head_key}.weight": head.clone() if tied and head is head_weight else head}, {}
+        tensors = {f"{head_key}.weight": head.clone() if tied and head is head_weight else head}
+        return tensors | ({bias_key: fp16_copy(bias)} if bias is not None else {}), {}
     qt = quantize_weight(
         head_weight.float(),
         head_hessian(source.shell.final_norm, hidden, chunk_rows, device),
@@ -51,7 +55,7 @@ def quantize_head(
         warn=lambda msg: log(f"    warning: {head_key}: {msg}"),
     )
     log(f"    {head_key:48s} K={options.head_bits}  proxy_err={qt.proxy_error:.6f}" + refit_note(qt))
-    return qt.tensors(head_key), {"bits": options.head_bits, "proxy_err": qt.proxy_error}
+    return qt.tensors(head_key, bias), {"bits": options.head_bits, "proxy_err": qt.proxy_error}
 
 
 def head_hessian(

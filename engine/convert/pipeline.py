@@ -92,6 +92,7 @@ def convert_model(
     ``progress(fraction, message)``, if given, follows the blocks (with an ETA) to 1.0 at the end."""
     from engine.architectures import architecture_for
     from engine.config import ModelConfig
+    from engine.loading.read_dequantized import dequantized_on_load
     from engine.model import resolve_device
 
     t_start = time.perf_counter()
@@ -99,7 +100,8 @@ def convert_model(
     src, dst = Path(src), Path(dst)
     device = resolve_device(options.device)
     config = ModelConfig.from_dir(src)
-    if config.quantization:
+    # MXFP4 (gpt-oss's experts) is read dequantized, exactly: a source like an unquantized one.
+    if config.quantization and not dequantized_on_load(config.quantization):
         raise ConvertError(f"{src} is already quantized ({config.quantization.get('quant_method')})")
     architecture_for(config.architecture)  # an unknown architecture is named before any work
     work = open_work_dir(src, dst, options, resume)
@@ -114,7 +116,7 @@ def convert_model(
         # Tuning towards the unquantized model keeps its hidden state too: a third copy of the states.
         tune_to_model = options.tune_steps > 0 and options.tune_target == "model"
         copies = 3 if tune_to_model else 2
-        home = state_device(options.states, device, ids.shape, spec.hidden_size, copies, source.slots, log)
+        home = state_device(options.states, device, ids.shape, source.state_width, copies, source.slots, log)
         hidden = source.embed_rows(ids, home)
         pins.pin(hidden)  # host states: page-locked for PCIe-speed copies (HostPins)
         achieved, sensitivities = plan_bits(
@@ -169,7 +171,7 @@ def convert_model(
             if spare is not None:
                 pins.unpin(spare)
         reference = exact = spare = None
-        head, report.head = quantize_head(source, hidden, options, chunk_rows, device, log)
+        head, report.head = quantize_head(source, source.stream(hidden), options, chunk_rows, device, log)
 
         # The finished blocks' tensors stay in their work files until their shard is written.
         blocks.release()

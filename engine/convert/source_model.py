@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.convert import carried
 from engine.convert.slots import block_linears, checkpoint_order
 
 
@@ -77,7 +78,11 @@ class SourceModel:
     ``final_norm``, and its embedding until :meth:`embed_rows`), ``blocks`` (built on access, one
     at a time), ``slots`` (each block's quantizable linears), ``layouts`` (each block's keyed
     modules in module order, fused projections split, then the stored tensors it keeps as they
-    are) and ``block_keys`` (every key the blocks are built from)."""
+    are) and ``block_keys`` (every key the blocks are built from).
+
+    Where blocks read more than the residual stream (Gemma 4's per-layer inputs and shared keys
+    and values), the state carries those inputs in extra columns (``carry``,
+    :mod:`engine.convert.carried`): ``state_width`` wide, the stream first."""
 
     def __init__(self, src: str | Path, device: torch.device, dtype: torch.dtype = torch.float32) -> None:
         from engine.architectures import architecture_for
@@ -96,6 +101,7 @@ class SourceModel:
             self._builder = ModelBuilder(self.spec, self.names, self.store, dtype, device, context)
             self.rope = self._builder.rotary()
             host = ModelBuilder(self.spec, self.names, self.store, dtype, "cpu", context)
+            self._host = host
             self.shell = CausalLM(
                 host.embedding(),  # on the host: embed_rows is its only use
                 [],
@@ -113,18 +119,46 @@ class SourceModel:
                 self.slots.append(block_linears(meta))
                 self.layouts.append(checkpoint_order(meta) + shapes.kept_tensors[i])
             self.block_keys = shape_store.read
+        self.carry = carried.carry_layout(self.spec)
+        self.layer_inputs = None  # the per-layer inputs on the host, for the calibration tokens
         self.blocks = BlockStream(self)
+
+    @property
+    def state_width(self) -> int:
+        """Columns of the converter's state: the stream's, and any carried inputs'."""
+        return self.carry.width if self.carry is not None else self.spec.hidden_size
+
+    def stream(self, state: torch.Tensor) -> torch.Tensor:
+        """The residual stream's columns of the converter's ``state`` (a view)."""
+        return state[..., : self.spec.hidden_size]
 
     def embed_rows(self, ids: torch.Tensor, home: torch.device) -> torch.Tensor:
         """The first hidden states of the token rows ``ids`` ``(rows, cols)``, float32 on ``home``,
         filled a row at a time. The lookup runs on the host (the embedding table, up to ~6 GB in
         float32, never goes to the device) and the table is let go of afterwards."""
-        hidden = torch.empty(*ids.shape, self.spec.hidden_size, dtype=torch.float32, device=home)
+        h = self.spec.hidden_size
+        hidden = torch.empty(*ids.shape, self.state_width, dtype=torch.float32, device=home)
         with torch.inference_mode():
             for r in range(ids.shape[0]):
-                hidden[r] = self.shell.embed(ids[r : r + 1].cpu())[0]
+                hidden[r, :, :h] = self.shell.embed(ids[r : r + 1].cpu())[0]
         self.shell.embedding = None
+        if self.carry is not None:
+            compact = self._per_layer_inputs(ids) if self.carry.per_layer_inputs else None
+            carried.fill(hidden, compact, self.carry)
         return hidden
+
+    def _per_layer_inputs(self, ids: torch.Tensor) -> torch.Tensor:
+        """Build the per-layer inputs on the host from the rows of their table the calibration
+        tokens ``ids`` use; returns ``ids`` as indices into those rows."""
+        from engine.layers import per_layer_input as ple
+
+        names = self.names.part(ple.NAMES)
+        table = self.store.get(f"{self.names.prefix}{names.table}.weight")  # as stored: no float32 copy
+        rows, compact = carried.compact_rows(table, ids)
+        del table
+        with torch.inference_mode():
+            self.layer_inputs = ple.build_per_layer_inputs(self._host, names, table=rows)
+        return compact
 
     def build_block(self, i: int) -> nn.Module:
         """Block ``i`` read from the checkpoint onto the device, with ``slots[i]`` pointed at it."""
@@ -132,7 +166,13 @@ class SourceModel:
             block = self._builder.block(i, self.rope)
         for slot, built in zip(self.slots[i], block_linears(block), strict=True):
             slot.parent, slot.attr = built.parent, built.attr
-        return block
+        if self.carry is None:
+            return block
+        inputs = None
+        if self.layer_inputs is not None and self.spec.layers[i].per_layer_input:
+            with torch.inference_mode():
+                inputs = self.layer_inputs.only(i).to(self._builder.device)
+        return carried.CarriedBlock(block, i, self.carry, inputs)
 
 
 class BlockStream:

@@ -352,6 +352,15 @@ class Generator:
     def num_remaining_jobs(self) -> int:
         return len(self._queue) + len(self._active)
 
+    def prefill_progress(self, job: Job) -> tuple[int, int] | None:
+        """(tokens read, tokens to read) of ``job``'s prompt, not counting the part served from
+        cached pages; None once it is read (or the job is unknown). A front end shows it while a
+        long prompt takes seconds before the first token."""
+        run = self._by_job.get(job)
+        if run is None or not run.prefilling:
+            return None
+        return run.in_cache - run.cached_tokens, run.prompt_len - run.cached_tokens
+
     def _admit(self) -> None:
         ps = self.cache.page_size
         while self._queue and len(self._active) < self.max_batch_size:

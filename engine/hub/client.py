@@ -12,6 +12,11 @@ request (unless given ``endpoint=``) and passes it explicitly (``HfApi(endpoint=
 Retries: ``HfApi.list_models`` goes through ``http_backoff`` (retries 408/429/5xx and network errors,
 sleeping without a way to cancel), but ``model_info`` and ``list_repo_refs`` call the session once.
 ``_with_retries`` gives those the same retry policy as file downloads.
+
+Offline: before a call, and before retrying a network error, one TCP connect with a short timeout
+(``engine.hub.reachability``) checks that the Hub can be reached at all; when it cannot,
+``HubOfflineError`` says so at once, instead of after our retries wrapped around huggingface_hub's
+(minutes, and a logged warning per attempt).
 """
 
 from __future__ import annotations
@@ -33,9 +38,11 @@ from engine.hub.errors import (
     GatedRepoError,
     HubConnectionError,
     HubError,
+    HubOfflineError,
     RepoNotFoundError,
     RevisionNotFoundError,
 )
+from engine.hub.reachability import PROBE_TIMEOUT, unreachable_reason
 from engine.hub.retry import RetryPolicy, is_retryable, retry_after_seconds
 from engine.supported import is_supported
 from engine.units import format_count
@@ -188,11 +195,13 @@ class HubClient:
         token: str | Secret | None = None,
         retry: RetryPolicy | None = None,
         timeout: float = METADATA_TIMEOUT,
+        probe_timeout: float = PROBE_TIMEOUT,
     ) -> None:
         self._endpoint = endpoint
         self._token = token if token is None or isinstance(token, Secret) else Secret(token)
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
+        self.probe_timeout = probe_timeout
 
     def __repr__(self) -> str:  # never shows the token
         return f"HubClient(endpoint={self.endpoint!r}, token={'set' if self.token() else 'none'})"
@@ -350,6 +359,16 @@ class HubClient:
 
     # -- errors and retries ---------------------------------------------------------------------
 
+    def check_reachable(self, fresh: bool = False) -> None:
+        """Raise HubOfflineError when not even a connection to the endpoint opens."""
+        endpoint = self.endpoint
+        reason = unreachable_reason(endpoint, self.probe_timeout, fresh=fresh)
+        if reason is not None:
+            raise HubOfflineError(
+                f"No network: cannot reach {endpoint} ({reason}). Check the internet connection "
+                "(or HF_ENDPOINT), then try again."
+            )
+
     def _with_retries(
         self,
         call: Callable[[], T],
@@ -357,9 +376,11 @@ class HubClient:
         revision: str | None = None,
         sleep: Callable[[float], bool] | None = None,
     ) -> T:
-        """Run a metadata call, retrying network errors, 5xx and 429 with backoff."""
+        """Run a metadata call, retrying network errors, 5xx and 429 with backoff; no network
+        at all raises HubOfflineError within seconds."""
         import time
 
+        self.check_reachable()
         attempt = 0
         while True:
             try:
@@ -369,6 +390,8 @@ class HubClient:
                     raise translate_error(
                         exc, repo_id, revision, self.token() is not None, self.endpoint
                     ) from exc
+                if isinstance(exc, httpx2.TransportError):
+                    self.check_reachable(fresh=True)  # the network went away: say so, now
                 attempt += 1
                 delay = self.retry.delay(attempt, retry_after_seconds(exc))
                 if sleep is not None:

@@ -26,6 +26,11 @@ class HubConnectionError(HubError):
     """The Hub (or the mirror in ``HF_ENDPOINT``) could not be reached after retries."""
 
 
+class HubOfflineError(HubConnectionError):
+    """Not even a connection to the Hub (or its proxy) opens: no network, or the host is down.
+    Said within seconds (``engine.hub.reachability``) instead of after minutes of retries."""
+
+
 class InsufficientSpaceError(HubError):
     """The destination volume has less free space than the download still needs."""
 

@@ -36,8 +36,9 @@ def _sliding_layers(cfg: dict[str, Any], layers: int) -> list[bool]:
     if not window:
         return [False] * layers
     types = cfg.get("layer_types")
-    if isinstance(types, list) and len(types) == layers:
-        return [t == "sliding_attention" for t in types]
+    # Step 3.5's configs list their multi-token-prediction layers too, after the model's own
+    if isinstance(types, list) and len(types) >= layers:
+        return [t == "sliding_attention" for t in types[:layers]]
     pattern = cfg.get("sliding_window_pattern")
     if isinstance(pattern, int) and pattern > 0:  # Gemma 3: every pattern-th layer is global
         return [(i + 1) % pattern != 0 for i in range(layers)]
@@ -54,7 +55,8 @@ def kv_cache_bytes(config: dict[str, Any], context_length: int, bytes_per_elemen
     cfg = text_config(config)
     layers = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0)
     heads = int(cfg.get("num_attention_heads") or cfg.get("n_head") or 0)
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    # Step 3.5's configs call KV heads attention groups
+    kv_heads = int(cfg.get("num_key_value_heads") or cfg.get("num_attention_groups") or heads)
     hidden = int(cfg.get("hidden_size") or cfg.get("n_embd") or 0)
     head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
     if not (layers and kv_heads and head_dim):

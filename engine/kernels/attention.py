@@ -26,6 +26,7 @@ def paged_decode_attention(
     window: int | None,
     softcap: float | None,
     tensor_cores: bool = True,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Decode attention over the paged cache on the GPU (``ext/paged_attention.cu``), the same
     function as ``engine.cache.decode_attention.paged_decode_attention_reference``.
@@ -37,6 +38,10 @@ def paged_decode_attention(
     """
     ext = loader.kernel_ready(q, block_tables, lengths)
     if ext is None or not hasattr(ext, "paged_decode_attention"):
+        return None
+    if sinks is not None:
+        # Learned attention sinks (GPT-OSS, ``Attention.sinks``): ext/paged_attention.cu has no
+        # sink term in its softmax yet, so such layers take the torch reference (correct, slower).
         return None
     if q.ndim != 3 or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[2] not in PAGED_HEAD_DIMS:
         return None

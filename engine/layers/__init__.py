@@ -13,7 +13,9 @@ from engine.layers.attention import ATTENTION
 from engine.layers.gated_delta_net import GATED_DELTA_NET
 from engine.layers.gated_mlp import GATED_MLP
 from engine.layers.kind import FeedForwardKind, MixerKind
+from engine.layers.latent_attention import LATENT_ATTENTION
 from engine.layers.mamba2 import MAMBA2
+from engine.layers.parallel_experts import PARALLEL_EXPERTS
 from engine.layers.plain_mlp import PLAIN_MLP
 from engine.layers.short_conv import SHORT_CONV
 from engine.layers.sparse_moe import SPARSE_MOE
@@ -22,6 +24,7 @@ from engine.layers.spec import FeedForwardSpec, LayerSpec, MixerSpec, ModelSpec
 MIXERS: dict[str, MixerKind] = {
     "attention": ATTENTION,
     "gated_delta_net": GATED_DELTA_NET,
+    "latent_attention": LATENT_ATTENTION,
     "mamba2": MAMBA2,
     "short_conv": SHORT_CONV,
 }
@@ -29,6 +32,7 @@ MIXERS: dict[str, MixerKind] = {
 FEED_FORWARDS: dict[str, FeedForwardKind] = {
     "gated_mlp": GATED_MLP,
     "plain_mlp": PLAIN_MLP,
+    "parallel_experts": PARALLEL_EXPERTS,
     "sparse_moe": SPARSE_MOE,
 }
 

@@ -22,6 +22,7 @@ class GatedMLPSpec(FeedForwardSpec):
     intermediate_size: int
     activation: str = "silu"
     bias: bool = False
+    limit: float | None = None  # a clamped SwiGLU's bound (GatedMLP's limit; Step 3.5)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class GatedMLPNames:
 def build_gated_mlp(reader: LayerReader, spec: GatedMLPSpec, names: GatedMLPNames) -> GatedMLP:
     h, f = reader.hidden_size, spec.intermediate_size
     gate_up = reader.projections([names.gate, names.up], h, [f, f], spec.bias, names.gate_up_fused)
-    return GatedMLP(gate_up, reader.linear(names.down, f, h, spec.bias), spec.activation)
+    return GatedMLP(gate_up, reader.linear(names.down, f, h, spec.bias), spec.activation, spec.limit)
 
 
 GATED_MLP = FeedForwardKind(GatedMLPNames(), build_gated_mlp)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
+from engine.errors import ModelLoadError
 from engine.layers.gated_mlp import GatedMLPNames
 from engine.layers.kind import FeedForwardKind
 from engine.layers.spec import FeedForwardSpec
@@ -35,10 +36,11 @@ class SparseMoESpec(FeedForwardSpec):
       routed experts work in this width, between a projection in and one out (NemotronH's
       moe_latent_size; 0: none).
     Router:
-      ``scoring``: "softmax" over the experts (Mixtral, Qwen-MoE) or "sigmoid" per expert
-      (DeepSeek-V3, GLM-4.5, LFM2-MoE, NemotronH); ``selection_bias``: a learned per-expert bias
-      added to the scores to choose the experts, not to weigh them (LFM2-MoE's ``expert_bias``
-      with use_expert_bias, ``e_score_correction_bias`` elsewhere); ``normalize``: the chosen
+      ``scoring``: "softmax" over the experts (Mixtral, Qwen-MoE, Ernie 4.5) or "sigmoid" per
+      expert (DeepSeek-V3, GLM-4.5, dots.llm1, MiniMax-M2, LFM2-MoE, NemotronH);
+      ``selection_bias``: a learned per-expert bias added to the scores to choose the experts,
+      not to weigh them, after either scoring (LFM2-MoE's ``expert_bias`` with use_expert_bias,
+      ``e_score_correction_bias`` elsewhere); ``normalize``: the chosen
       experts' weights renormalised to sum to one (norm_topk_prob); ``routed_scale``: the
       weights' final factor (routed_scaling_factor); ``num_groups`` / ``groups_per_token``:
       each token chooses among the experts of its best groups only (n_group / topk_group).
@@ -46,7 +48,15 @@ class SparseMoESpec(FeedForwardSpec):
       ``shared_expert_size``: the width of an expert every token goes through, gated or not as
       the routed ones are (shared_expert_intermediate_size, moe_shared_expert_intermediate_size,
       or n_shared_experts * moe_intermediate_size; 0: none); ``shared_expert_gate``: its output
-      is scaled by ``sigmoid(linear(x))`` (Qwen2-MoE's shared_expert_gate).
+      is scaled by ``sigmoid(linear(x))`` (Qwen2-MoE's shared_expert_gate);
+      ``shared_expert_bias``: its projections have biases (Ernie 4.5's use_bias).
+    Clamped SwiGLU (GatedMLP's ``limit``): ``limit`` bounds the routed experts' activations,
+    ``shared_expert_limit`` the shared expert's (Step 3.5's per-layer swiglu_limits and
+    swiglu_limits_shared; None: unclamped); ``limit_after_act`` False: the gate is clamped
+    before its activation, and ``up_offset`` is added to the clipped up (gpt-oss's clamped
+    SwiGLU: activation quick_gelu, swiglu_limit, offset 1).
+    Biases: ``expert_bias``: each routed expert's projections have one; ``router_bias``: the
+    router's linear has one (gpt-oss, both).
     """
 
     kind: ClassVar[str] = "sparse_moe"
@@ -58,6 +68,7 @@ class SparseMoESpec(FeedForwardSpec):
     activation: str = "silu"
     shared_expert_size: int = 0
     shared_expert_gate: bool = True
+    shared_expert_bias: bool = False
     gated: bool = True
     scoring: str = "softmax"
     selection_bias: bool = False
@@ -65,6 +76,12 @@ class SparseMoESpec(FeedForwardSpec):
     num_groups: int = 1
     groups_per_token: int = 1
     latent_size: int = 0
+    limit: float | None = None
+    shared_expert_limit: float | None = None
+    limit_after_act: bool = True
+    up_offset: float = 0.0
+    expert_bias: bool = False
+    router_bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,7 +89,14 @@ class SparseMoENames:
     """The router, each expert's projections as the Hub checkpoints store them (``{e}`` = expert
     index), and the fused 3-D tensors that transformers 5 keeps in memory, under
     ``experts_fused``: ``gate_up_proj`` [experts, 2 * f, hidden] and ``down_proj`` [experts,
-    hidden, f] of gated experts, ``up_proj`` [experts, f, hidden] and ``down_proj`` of others."""
+    hidden, f] of gated experts, ``up_proj`` [experts, f, hidden] and ``down_proj`` of others.
+    ``selection_bias_row``: the selection bias is stored as one row, [1, experts] (Ernie 4.5).
+    ``experts_stacked``: where each projection of all the experts is one 3-D tensor,
+    ``{experts_stacked}.gate_proj.weight`` [experts, f, hidden], ``up_proj`` alike and
+    ``down_proj`` [experts, hidden, f] (Step 3.5's ``moe``); None: no such layout.
+    ``experts_fused_in_out``: the fused tensors are [experts, in, out] whatever their shapes, with
+    their biases beside them (``gate_up_proj_bias`` [experts, 2 * f], ``down_proj_bias``), and
+    ``gate_up_interleaved``: gate and up rows alternate in them (gpt-oss, both)."""
 
     kind: ClassVar[str] = "sparse_moe"
 
@@ -86,6 +110,10 @@ class SparseMoENames:
     shared_expert_gate: str = "mlp.shared_expert_gate"
     latent_in: str = "mlp.fc1_latent_proj"
     latent_out: str = "mlp.fc2_latent_proj"
+    selection_bias_row: bool = False
+    experts_stacked: str | None = None
+    experts_fused_in_out: bool = False
+    gate_up_interleaved: bool = False
 
     def expert(self, e: int) -> GatedMLPNames:
         return GatedMLPNames(
@@ -104,16 +132,26 @@ def build_sparse_moe(reader: LayerReader, spec: SparseMoESpec, names: SparseMoEN
     if spec.shared_expert_size:
         k = names.shared_expert
         shared_names = GatedMLPNames(f"{k}.gate_proj", f"{k}.up_proj", None, f"{k}.down_proj")
-        shared = _expert(reader, spec, shared_names, spec.shared_expert_size, h)
+        shared = _expert(
+            reader,
+            spec,
+            shared_names,
+            spec.shared_expert_size,
+            h,
+            spec.shared_expert_bias,
+            spec.shared_expert_limit,
+        )
         if spec.shared_expert_gate:
             shared_gate = reader.linear(names.shared_expert_gate, h, 1)
     # Float32 whatever the model's dtype (transformers keeps DeepSeek's and NemotronH's so): the
     # bias only decides which experts win, and rounded to bf16 it can reorder close scores.
     bias = None
     if spec.selection_bias:
-        bias = reader.tensor(names.selection_bias, [spec.num_experts], torch.float32)
+        n = spec.num_experts
+        shape = [1, n] if names.selection_bias_row else [n]
+        bias = reader.tensor(names.selection_bias, shape, torch.float32).reshape(n)
     return SparseMoE(
-        reader.linear(names.router, h, spec.num_experts),
+        reader.linear(names.router, h, spec.num_experts, spec.router_bias),
         _routed_experts(reader, spec, names, d),
         spec.experts_per_token,
         spec.normalize,
@@ -133,36 +171,127 @@ def _routed_experts(
     reader: LayerReader, spec: SparseMoESpec, names: SparseMoENames, d: int
 ) -> list[nn.Module]:
     """Experts stored one linear each (the Hub's layout, and every EXL3 conversion's) are read as
-    such; otherwise the fused 3-D tensors of transformers 5 are sliced per expert (views: no
-    copy), each slice keyed as the expert's own linear would be."""
+    such; otherwise the 3-D tensors that hold every expert's projections (transformers 5's fused
+    ones, or a family's stacked ones) are sliced per expert (views: no copy), each slice keyed as
+    the expert's own linear would be."""
     f, count, fused = spec.intermediate_size, spec.num_experts, names.experts_fused
     first = names.expert(0)
+    if reader.has_linear(first.gate if spec.gated else first.up):
+        return [
+            _expert(reader, spec, names.expert(e), f, d, spec.expert_bias, spec.limit) for e in range(count)
+        ]
+    each = names.experts_stacked
+    if each is not None and reader.has(f"{each}.up_proj.weight"):
+        ups = reader.packed_tensor(f"{each}.up_proj.weight", [count, f, d])
+        gates = reader.packed_tensor(f"{each}.gate_proj.weight", [count, f, d]) if spec.gated else None
+        down = reader.packed_tensor(f"{each}.down_proj.weight", [count, d, f])
+        return [
+            _sliced_expert(reader, spec, names.expert(e), gates[e] if spec.gated else None, ups[e], down[e])
+            for e in range(count)
+        ]
     stacked = f"{fused}.gate_up_proj" if spec.gated else f"{fused}.up_proj"
-    if reader.has_linear(first.gate if spec.gated else first.up) or not reader.has(stacked):
-        return [_expert(reader, spec, names.expert(e), f, d) for e in range(count)]
-    ins = reader.packed_tensor(stacked, [count, 2 * f if spec.gated else f, d])
-    down = reader.packed_tensor(f"{fused}.down_proj", [count, d, f])
-    return [_sliced_expert(reader, spec, names.expert(e), ins[e], down[e]) for e in range(count)]
+    if not reader.has(stacked):
+        return [
+            _expert(reader, spec, names.expert(e), f, d, spec.expert_bias, spec.limit) for e in range(count)
+        ]
+    in_out = names.experts_fused_in_out
+    ins = _fused(reader, stacked, [count, 2 * f if spec.gated else f, d], in_out)
+    down = _fused(reader, f"{fused}.down_proj", [count, d, f], in_out)
+    split = names.gate_up_interleaved
+    if not spec.expert_bias:
+        return [
+            _sliced_expert(reader, spec, names.expert(e), *_gate_and_up(spec, ins[e], split), down[e])
+            for e in range(count)
+        ]
+    # transformers' names for the fused experts' biases
+    in_bias = reader.packed_tensor(f"{stacked}_bias", [count, ins.shape[1]])
+    down_bias = reader.packed_tensor(f"{fused}.down_proj_bias", [count, d])
+    return [
+        _sliced_expert(
+            reader,
+            spec,
+            names.expert(e),
+            *_gate_and_up(spec, ins[e], split),
+            down[e],
+            (*_gate_and_up(spec, in_bias[e], split), down_bias[e]),
+        )
+        for e in range(count)
+    ]
 
 
-def _expert(reader: LayerReader, spec: SparseMoESpec, names: GatedMLPNames, f: int, d: int) -> nn.Module:
-    """One expert of width ``f`` over ``d`` features: a gated MLP, or up and down only."""
+def _gate_and_up(
+    spec: SparseMoESpec, ins: torch.Tensor, interleaved: bool = False
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """One expert's slice of ``gate_up_proj`` (gate rows, then up rows; or alternating, where
+    ``interleaved``) as its gate and up weights (or biases); an ungated expert's ``up_proj``
+    slice is its up weight alone."""
+    if not spec.gated:
+        return None, ins
+    if interleaved:  # copies: every other row's view would slow each matmul
+        return ins[0::2].contiguous(), ins[1::2].contiguous()
+    f = ins.shape[0] // 2
+    return ins[:f], ins[f:]
+
+
+def _fused(reader: LayerReader, name: str, shape: list[int], in_out: bool = False) -> torch.Tensor:
+    """A fused 3-D expert tensor as ``shape`` [experts, out, in]. Qwen3-VL-MoE's own checkpoints
+    store theirs the other way round, [experts, in, out] (transformers 5 transposes them on
+    loading): such a tensor is transposed here. A square one looks the same either way, and is
+    taken as transformers 5 saves it, unless ``in_out`` says the family stores [experts, in, out]."""
+    if in_out:
+        return reader.packed_tensor(name, [shape[0], shape[2], shape[1]]).transpose(1, 2).contiguous()
+    stored = reader.packed_tensor(name, None)
+    if list(stored.shape) == shape:
+        return stored
+    if list(stored.shape) == [shape[0], shape[2], shape[1]]:
+        # Contiguous, as every other layout's weights are: a strided one would slow each matmul.
+        return stored.transpose(1, 2).contiguous()
+    raise ModelLoadError(
+        f"tensor '{reader.key(name)}' has shape {list(stored.shape)}, expected {shape} "
+        f"or {[shape[0], shape[2], shape[1]]}"
+    )
+
+
+def _expert(
+    reader: LayerReader,
+    spec: SparseMoESpec,
+    names: GatedMLPNames,
+    f: int,
+    d: int,
+    bias: bool = False,
+    limit: float | None = None,
+) -> nn.Module:
+    """One expert of width ``f`` over ``d`` features: a gated MLP (clamped at ``limit``), or up
+    and down only; with ``bias``, each projection has one."""
     if spec.gated:
-        gate_up = reader.projections([names.gate, names.up], d, [f, f])
-        return GatedMLP(gate_up, reader.linear(names.down, f, d), spec.activation)
-    return FeedForward(reader.linear(names.up, d, f), reader.linear(names.down, f, d), spec.activation)
+        gate_up = reader.projections([names.gate, names.up], d, [f, f], bias)
+        down = reader.linear(names.down, f, d, bias)
+        return GatedMLP(gate_up, down, spec.activation, limit, spec.limit_after_act, spec.up_offset)
+    return FeedForward(
+        reader.linear(names.up, d, f, bias), reader.linear(names.down, f, d, bias), spec.activation
+    )
 
 
 def _sliced_expert(
-    reader: LayerReader, spec: SparseMoESpec, names: GatedMLPNames, ins: torch.Tensor, down: torch.Tensor
+    reader: LayerReader,
+    spec: SparseMoESpec,
+    names: GatedMLPNames,
+    gate: torch.Tensor | None,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    biases: tuple[torch.Tensor | None, ...] = (None, None, None),
 ) -> nn.Module:
+    """One expert from its slices of the 3-D tensors (``gate`` None: an ungated expert), with
+    ``biases`` of gate, up and down where it has them."""
     f = down.shape[1]
-    down_linear = DenseLinear(down, key=reader.key(names.down))
+    gate_bias, up_bias, down_bias = biases
+    down_linear = DenseLinear(down, down_bias, key=reader.key(names.down))
+    up_linear = DenseLinear(up, up_bias, key=reader.key(names.up))
     if not spec.gated:
-        return FeedForward(DenseLinear(ins, key=reader.key(names.up)), down_linear, spec.activation)
-    gate = DenseLinear(ins[:f], key=reader.key(names.gate))
-    up = DenseLinear(ins[f:], key=reader.key(names.up))
-    return GatedMLP(ProjectionGroup([(gate, [f]), (up, [f])]), down_linear, spec.activation)
+        return FeedForward(up_linear, down_linear, spec.activation)
+    gate_linear = DenseLinear(gate, gate_bias, key=reader.key(names.gate))
+    gate_up = ProjectionGroup([(gate_linear, [f]), (up_linear, [f])])
+    return GatedMLP(gate_up, down_linear, spec.activation, spec.limit, spec.limit_after_act, spec.up_offset)
 
 
 SPARSE_MOE = FeedForwardKind(SparseMoENames(), build_sparse_moe)

@@ -11,7 +11,7 @@ maps that name to how such a layer is built and what it keeps per sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class MixerSpec:
@@ -22,9 +22,12 @@ class MixerSpec:
 
 class FeedForwardSpec:
     """Base of a feed-forward kind's spec (a frozen dataclass); ``kind`` is its name in
-    ``FEED_FORWARDS``."""
+    ``FEED_FORWARDS``. ``reads_residual``: the kind takes the residual stream as it is and
+    normalises it inside, so its layer has no pre-norm before it (Gemma 4's dense MLP and
+    experts side by side, each behind its own norm)."""
 
     kind: ClassVar[str]
+    reads_residual: ClassVar[bool] = False
 
 
 @dataclass(frozen=True)
@@ -36,13 +39,18 @@ class LayerSpec:
     ``sandwich_norms``: each sub-layer's output is normalised again before it joins the residual
     stream (Gemma 2 and 3). ``pre_norms`` False: the sub-layers read the residual stream as it is,
     and with ``sandwich_norms`` the layer is post-norm, ``h += norm(mixer(h))`` (OLMo 2/3's
-    attention layers).
+    attention layers). ``per_layer_input``: a third residual branch after the feed-forward reads
+    the layer's slice of the per-layer inputs (``ModelSpec.per_layer_inputs``), and
+    ``output_scale``: the layer's output, residual stream and all, is multiplied by a stored
+    scalar (Gemma 4's per-layer embeddings and ``layer_scalar``).
     """
 
     mixer: MixerSpec | None
     feed_forward: FeedForwardSpec | None
     sandwich_norms: bool = False
     pre_norms: bool = True
+    per_layer_input: bool = False
+    output_scale: bool = False
 
     def __post_init__(self) -> None:
         if self.mixer is None and self.feed_forward is None:
@@ -62,6 +70,10 @@ class ModelSpec:
     embed_scale: float = 1.0
     final_softcap: float | None = None
     tie_word_embeddings: bool = False
+    head_bias: bool = False  # the head adds a bias, tied or not (Ernie 4.5's use_bias)
+    # Inputs computed once per step for every layer from the tokens and their embeddings
+    # (engine.layers.per_layer_input.PerLayerInputSpec: Gemma 4's per-layer embeddings), or None.
+    per_layer_inputs: Any = None
 
     @property
     def num_layers(self) -> int:

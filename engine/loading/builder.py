@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.architectures.base import TensorNames
 from engine.layers import FEED_FORWARDS, MIXERS, ModelSpec
+from engine.layers import per_layer_input as ple
 from engine.loading.safetensors_store import WeightStore
 from engine.modules.decoder import CausalLM, DecoderBlock
 from engine.modules.linear import DenseLinear, ProjectionGroup
@@ -100,6 +101,10 @@ class ModelBuilder:
         weight = self.tensor(f"{key}.weight", [dim])
         return RMSNorm(weight, self.spec.norm_eps, self.spec.norm_offset, key=key)
 
+    def unscaled_norm(self, dim: int) -> RMSNorm:
+        """An RMSNorm with no learned scale (nothing stored: Gemma 4's value and router norms)."""
+        return RMSNorm(torch.ones(dim, dtype=self.dtype, device=self.device), self.spec.norm_eps)
+
     # -- blocks ---------------------------------------------------------------------------
 
     def block(self, i: int, rope: SharedRotary) -> DecoderBlock:
@@ -118,11 +123,15 @@ class ModelBuilder:
                 parts["mixer_out_norm"] = reader.norm(n.mixer_out_norm, h)
         if layer.feed_forward is not None:
             feed_forward = FEED_FORWARDS[layer.feed_forward.kind]
-            if layer.pre_norms:
+            if layer.pre_norms and not layer.feed_forward.reads_residual:
                 parts["feed_forward_norm"] = reader.norm(n.feed_forward_norm, h)
             parts["feed_forward"] = feed_forward.build(reader, layer.feed_forward, n.part(feed_forward.names))
             if layer.sandwich_norms:
                 parts["feed_forward_out_norm"] = reader.norm(n.feed_forward_out_norm, h)
+        if layer.per_layer_input:
+            parts["per_layer_input"] = ple.build_branch(reader, self.spec.per_layer_inputs, n.part(ple.NAMES))
+        if layer.output_scale:
+            parts["output_scale"] = reader.tensor(n.output_scale, [1])
         block = DecoderBlock(**parts)
         self.kept_tensors[i] = reader.kept
         return block
@@ -152,9 +161,10 @@ class ModelBuilder:
         # A tied head reuses the embedding, unless a quantized head was stored for it (EXL3
         # quantizes the head separately even when the unquantized model ties it).
         if s.tie_word_embeddings and not self.store.has(f"{n.lm_head}.trellis"):
-            lm_head: nn.Module = DenseLinear(embed_w)
+            bias = self.tensor(f"{n.lm_head}.bias", [s.vocab_size]) if s.head_bias else None
+            lm_head: nn.Module = DenseLinear(embed_w, bias)
         else:
-            lm_head = self.linear(n.lm_head, s.hidden_size, s.vocab_size, False)
+            lm_head = self.linear(n.lm_head, s.hidden_size, s.vocab_size, s.head_bias)
         model = CausalLM(
             embedding,
             blocks,
@@ -162,6 +172,7 @@ class ModelBuilder:
             lm_head,
             s.embed_scale,
             s.final_softcap,
+            ple.build_per_layer_inputs(self, n.part(ple.NAMES)) if s.per_layer_inputs else None,
         )
         if progress:
             progress(1.0, "model loaded")
@@ -196,9 +207,10 @@ class LayerReader:
         self.kept.append(self.key(name))
         return self._builder.tensor(self.key(name), shape, dtype)
 
-    def packed_tensor(self, name: str, shape: list[int]) -> torch.Tensor:
+    def packed_tensor(self, name: str, shape: list[int] | None) -> torch.Tensor:
         """A stored tensor that packs several weights, which the module takes apart (the fused
-        experts of transformers 5); a converter stores the parts under their own keys."""
+        experts of transformers 5); a converter stores the parts under their own keys. ``shape``
+        None: as stored, for a caller that accepts more than one layout."""
         return self._builder.tensor(self.key(name), shape)
 
     def linear(self, name: str, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
@@ -206,6 +218,9 @@ class LayerReader:
 
     def norm(self, name: str, dim: int) -> RMSNorm:
         return self._builder.norm(self.key(name), dim)
+
+    def unscaled_norm(self, dim: int) -> RMSNorm:
+        return self._builder.unscaled_norm(dim)
 
     def projections(
         self,

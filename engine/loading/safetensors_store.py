@@ -18,6 +18,7 @@ from safetensors import safe_open
 
 from engine.config import read_json
 from engine.errors import ModelLoadError
+from engine.loading import mxfp4
 from engine.safe_paths import UnsafePathError, safe_join
 
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors caps its JSON header at 100 MB
@@ -77,7 +78,10 @@ _DTYPES |= {"BOOL": torch.bool}
 
 class WeightStore(TensorIndex):
     """All tensors of a model directory, by name, read lazily from memory-mapped shards (or of
-    the safetensors ``files`` given, e.g. a conversion's finished blocks)."""
+    the safetensors ``files`` given, e.g. a conversion's finished blocks).
+
+    An MXFP4 tensor (gpt-oss's experts: ``name_blocks`` + ``name_scales``) is listed and read as
+    the one dequantized tensor ``name`` (``engine.loading.mxfp4``); its two parts are not listed."""
 
     def __init__(self, directory: str | Path, files: Iterable[Path] | None = None) -> None:
         self.directory = Path(directory)
@@ -92,6 +96,10 @@ class WeightStore(TensorIndex):
             self._handles[path] = handle
             for key in handle.keys():
                 self._file_of[key] = path
+        self._mxfp4 = mxfp4.packed_pairs(self._file_of)
+        hidden = {part for pair in self._mxfp4.values() for part in pair}
+        self._listed = {k: p for k, p in self._file_of.items() if k not in hidden}
+        self._listed |= {name: self._file_of[blocks] for name, (blocks, _) in self._mxfp4.items()}
 
     def _shard_paths(self) -> list[Path]:
         index = self.directory / "model.safetensors.index.json"
@@ -122,13 +130,17 @@ class WeightStore(TensorIndex):
         return found
 
     def _index(self) -> dict[str, Path]:
-        return self._file_of
+        return self._listed
 
     def shape(self, key: str) -> list[int]:
+        if key in self._mxfp4:
+            return mxfp4.dequantized_shape(self.shape(self._mxfp4[key][0]))
         return list(self._handle(key).get_slice(key).get_shape())
 
     def meta(self, key: str) -> torch.Tensor:
         """A ``meta`` tensor of the stored shape and dtype (nothing is read)."""
+        if key in self._mxfp4:
+            return torch.empty(self.shape(key), dtype=mxfp4.DTYPE, device="meta")
         info = self._handle(key).get_slice(key)
         return torch.empty(info.get_shape(), dtype=_DTYPES[info.get_dtype()], device="meta")
 
@@ -146,7 +158,11 @@ class WeightStore(TensorIndex):
         shape: Iterable[int] | None = None,
     ) -> torch.Tensor:
         """Read one tensor, optionally converting it and checking its shape."""
-        tensor = self._handle(key).get_tensor(key)
+        if key in self._mxfp4:
+            blocks, scales = (self._handle(k).get_tensor(k) for k in self._mxfp4[key])
+            tensor = mxfp4.dequantize(blocks, scales, dtype if dtype is not None else mxfp4.DTYPE)
+        else:
+            tensor = self._handle(key).get_tensor(key)
         if shape is not None and list(tensor.shape) != list(shape):
             raise ModelLoadError(
                 f"tensor '{key}' in {self.directory} has shape {list(tensor.shape)}, expected {list(shape)}"

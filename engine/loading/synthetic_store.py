@@ -115,6 +115,13 @@ class SyntheticWeightStore(TensorIndex):
             else:  # routers stay dense, as a converter leaves them
                 self._plan[key] = ("dense", shape)
         self._plan[n.prefix + n.final_norm + ".weight"] = ("norm", h)
+        if s.per_layer_inputs is not None:  # Gemma 4's per-layer inputs: the model's own tensors
+            from engine.layers.per_layer_input import NAMES
+
+            ple, packed = s.per_layer_inputs, s.num_layers * s.per_layer_inputs.width
+            self._plan[f"{n.prefix}{NAMES.table}.weight"] = ("embed", (ple.vocab_size, packed))
+            self._plan[f"{n.prefix}{NAMES.projection}.weight"] = ("dense", (packed, h))
+            self._plan[f"{n.prefix}{NAMES.projection_norm}.weight"] = ("norm", ple.width)
         head_k = head_bits if bits is not None and head_bits is not None and head_bits < 16 else None
         if head_k is not None or not s.tie_word_embeddings:
             linear(n.lm_head, h, s.vocab_size, False, head_k)

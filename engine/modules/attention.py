@@ -3,9 +3,16 @@
 Variants are options, not subclasses: grouped-query attention (Ainslie et al., 2023),
 RMSNorm of queries and keys per head (Qwen3, Gemma 3) or across all heads (OLMo 2/3),
 sliding-window layers (Mistral, Gemma 2/3), logit soft-capping (Gemma 2), layers without
-positional rotation (SmolLM3's NoPE), a sigmoid gate on each head's output (Qwen3-Next, Qwen3.5:
-``q_proj`` gives every head's query followed by its gate), rotation of only the first part of
-each head (``RopeSpec.partial_rotary_factor``).
+positional rotation (SmolLM3's NoPE), learned attention sinks (gpt-oss: one logit per head in
+the softmax's denominator, see ``engine.modules.attention_sinks``), a sigmoid gate on each head's
+output (Qwen3-Next, Qwen3.5: ``q_proj`` gives every head's query followed by its gate),
+rotation of only the first part of each head (``RopeSpec.partial_rotary_factor``), rotation of
+adjacent pairs of dimensions (``RopeSpec.adjacent_pairs``, Ernie 4.5: queries and keys reordered
+into the usual halves first),
+a sigmoid output gate from a projection of its own, per feature (AFMoE's ``gate_proj``) or one
+per head (Step 3.5's ``g_proj``); Gemma 4's values RMS-normalised without a learned scale, keys
+that double as values (no ``v_proj``), layers that read an earlier layer's keys and values from
+the cache (projecting queries only), and layers that stay causal over an image's tokens.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.cache.decode_attention import paged_decode_attention
+from engine.modules.attention_sinks import softmax_with_sinks
 from engine.modules.batch import BatchLayout, SequenceSlice
 from engine.modules.linear import LinearSite, ProjectionGroup
 from engine.modules.rope import RotaryEmbedding
@@ -49,13 +57,15 @@ def attend(
     window: int | None = None,
     softcap: float | None = None,
     bidirectional: Sequence[tuple[int, int]] = (),
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference attention for one sequence.
 
     ``q`` is ``[n, heads, d]`` at absolute ``q_positions``; ``k``/``v`` are ``[L, kv_heads, d]`` at
     ``k_positions``. A query sees keys at or before its position and, with a window, fewer than
     ``window`` positions back. Queries and keys both inside one ``bidirectional`` span see each
-    other whatever their order (the window still applies). Returns ``[n, heads, d]``.
+    other whatever their order (the window still applies). ``sinks`` ``[heads]``: each head's
+    learned sink logit (:func:`softmax_with_sinks`). Returns ``[n, heads, d]``.
     """
     heads, kv_heads = q.shape[1], k.shape[1]
     # One query (a decode step) is handed exactly the keys it may see - the caller starts the
@@ -65,12 +75,14 @@ def attend(
     # A whole prompt from position 0 with no window is plain causal attention: SDPA's own causal
     # path is faster than an explicit mask.
     plain_causal = n == length and not bidirectional and (window is None or window >= length)
-    if n == 1 or (plain_causal and softcap is None):
+    # SDPA has no sink term: with sinks (or a softcap) the scores are computed here, masked.
+    explicit = softcap is not None or sinks is not None
+    if n == 1 or (plain_causal and not explicit):
         allowed = None
     else:
         allowed = visibility(q_positions, k_positions, window, bidirectional)
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    if softcap is None:
+    if not explicit:
         out = F.scaled_dot_product_attention(
             qh[None],
             kh[None],
@@ -84,10 +96,15 @@ def attend(
         group = heads // kv_heads
         kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
         scores = torch.matmul(qh, kh.transpose(1, 2)) * scale
-        scores = torch.tanh(scores / softcap) * softcap
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
-        out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(vh.dtype), vh)
+        if sinks is None:
+            weights = torch.softmax(scores.float(), dim=-1)
+        else:
+            weights = softmax_with_sinks(scores, sinks[:, None])
+        out = torch.matmul(weights.to(vh.dtype), vh)
     return out.transpose(0, 1)
 
 
@@ -96,11 +113,13 @@ def attend_one(
     runs: Sequence[tuple[torch.Tensor, torch.Tensor]],
     scale: float,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query ``[1, heads, d]`` over keys/values given as runs of ``[n_i, kv_heads, d]`` (views
     of a paged cache, in position order) that it may all see: :func:`attend` for a decode step,
     without gathering the runs into one tensor. Each KV head's query heads are handled together
-    and the softmax spans every run (float32). Returns ``[1, heads, d]``.
+    and the softmax spans every run (float32), with each head's ``sinks`` logit in its
+    denominator where given. Returns ``[1, heads, d]``.
     """
     heads, d = q.shape[1], q.shape[2]
     kv_heads = runs[0][0].shape[1]
@@ -110,7 +129,10 @@ def attend_one(
     scores = scores.float() * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    weights = torch.softmax(scores, dim=-1).to(q.dtype)
+    if sinks is None:
+        weights = torch.softmax(scores, dim=-1).to(q.dtype)
+    else:  # heads are grouped [kv_heads, group] here, as the queries are
+        weights = softmax_with_sinks(scores, sinks.view(kv_heads, heads // kv_heads)).to(q.dtype)
     out, start = None, 0
     for _, v in runs:
         part = torch.matmul(weights[..., start : start + v.shape[0]], v.permute(1, 0, 2))
@@ -135,6 +157,13 @@ class Attention(nn.Module):
         softcap: float | None = None,
         qk_norm_across_heads: bool = False,
         output_gate: bool = False,
+        sinks: torch.Tensor | None = None,
+        gate_proj: nn.Module | None = None,
+        gate_per_head: bool = False,
+        value_norm: nn.Module | None = None,
+        values_from_keys: bool = False,
+        shared_kv: bool = False,
+        bidirectional: bool = True,
     ) -> None:
         super().__init__()
         self.qkv, self.o_proj = qkv, o_proj
@@ -143,9 +172,19 @@ class Attention(nn.Module):
         self.q_norm, self.k_norm = q_norm, k_norm
         self.sliding_window, self.softcap = sliding_window, softcap
         self.qk_norm_across_heads, self.output_gate = qk_norm_across_heads, output_gate
+        # [heads] float32 learned sink logits, or None: every attention path reads this one
+        # attribute (a GPU kernel that has no sink term must leave such a layer to the reference).
+        self.register_buffer("sinks", sinks)
+        # The output gate's own projection: heads * head_dim outputs, or one per head.
+        self.gate_proj, self.gate_per_head = gate_proj, gate_per_head
+        # ``qkv`` gives q and k (values_from_keys: the values are the raw keys) or q alone
+        # (shared_kv: ``cache`` is the storage of the layer whose keys and values it reads).
+        self.value_norm, self.values_from_keys, self.shared_kv = value_norm, values_from_keys, shared_kv
+        self.bidirectional = bidirectional
 
     def quantizable_linears(self) -> list[LinearSite]:
-        return [*self.qkv.sites(("q", "k", "v")), LinearSite("o", self, "o_proj")]
+        gate = [LinearSite("g", self, "gate_proj")] if self.gate_proj is not None else []
+        return [*self.qkv.sites(("q", "k", "v")), *gate, LinearSite("o", self, "o_proj")]
 
     def forward(self, x: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
         q, gate = self._project(x, batch, cache)
@@ -157,13 +196,14 @@ class Attention(nn.Module):
         out = None if single else torch.empty_like(q)
         for seq in batch.sequences:
             rows = seq.rows
+            spans = seq.bidirectional if self.bidirectional else ()
             first = self._first_visible(seq)
             slots = seq.slots[first : seq.end_position]
             # A decode step on the CPU reads the cache in place (the gather was most of the step
             # at 4K context); a multi-token prompt, images or a quantized cache gather as below.
-            runs = cache.read_runs(slots) if seq.length == 1 and not seq.bidirectional else None
+            runs = cache.read_runs(slots) if seq.length == 1 and not spans else None
             if runs is not None:
-                o = attend_one(q[rows], runs, self.scale, self.softcap)
+                o = attend_one(q[rows], runs, self.scale, self.softcap, self.sinks)
             else:
                 keys, values = cache.read(slots)
                 o = attend(
@@ -175,7 +215,8 @@ class Attention(nn.Module):
                     self.scale,
                     self.sliding_window,
                     self.softcap,
-                    seq.bidirectional,
+                    spans,
+                    self.sinks,
                 )
             if out is None:
                 out = o
@@ -185,9 +226,11 @@ class Attention(nn.Module):
 
     def _output(self, out: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """``o_proj`` of the heads' outputs ``[rows, heads, head_dim]``, each gated first where
-        the layer has output gates."""
+        the layer has output gates (one per feature, or one per head)."""
+        if gate is not None and self.gate_per_head:
+            out = out * torch.sigmoid(gate).unsqueeze(-1)
         out = out.reshape(-1, self.num_heads * self.head_dim)
-        if gate is not None:
+        if gate is not None and not self.gate_per_head:
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)
 
@@ -195,28 +238,37 @@ class Attention(nn.Module):
         self, x: torch.Tensor, batch: BatchLayout, cache
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """This step's queries ``[rows, heads, head_dim]``, rotated, and output gates
-        ``[rows, heads * head_dim]`` (None without); its keys and values written to the cache."""
-        plain = self.q_norm is None and not self.output_gate
+        ``[rows, heads * head_dim]``, or ``[rows, heads]`` per head (None without); its keys and
+        values written to the cache."""
+        gate = self.gate_proj(x) if self.gate_proj is not None else None
+        adjacent = self.rope is not None and self.rope.adjacent_pairs
+        plain = self.q_norm is None and not self.output_gate and not adjacent and self.value_norm is None
+        plain = plain and not self.values_from_keys and not self.shared_kv
         if batch.decode is not None and x.is_cuda and self.rope is not None and plain:
             # A decode step on the GPU: the q/k/v GEMV also rotates and writes (one launch).
             tables = batch.rope_tables(self.rope, x.dtype)
             q = cache.project_rotated(self.qkv, x, tables, batch.write_slots, self.head_dim)
             if q is not None:
-                return q.view(-1, self.num_heads, self.head_dim), None
-        q, k, v = self.qkv(x)
-        gate = None
+                return q.view(-1, self.num_heads, self.head_dim), gate
+        q, k, v = self._raw_projections(x)
         if self.output_gate:
             q, gate = q.view(-1, self.num_heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
             gate = gate.reshape(-1, self.num_heads * self.head_dim)
         if self.q_norm is not None and self.qk_norm_across_heads:  # one norm over all heads
-            q, k = self.q_norm(q.reshape(q.shape[0], -1)), self.k_norm(k)
+            q, k = self.q_norm(q.reshape(q.shape[0], -1)), k if k is None else self.k_norm(k)
         q = q.reshape(-1, self.num_heads, self.head_dim)
+        if self.shared_kv:
+            return self._queries_only(q, batch), gate
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.value_norm is not None:
+            v = self.value_norm(v)
         if self.q_norm is not None and not self.qk_norm_across_heads:
             q, k = self.q_norm(q), self.k_norm(k)
         rotated = None
         if self.rope is not None:
+            if adjacent:  # keys are cached reordered too: q.k is what attention reads
+                q, k = self.rope.halves_from_pairs(q), self.rope.halves_from_pairs(k)
             tables = batch.rope_tables(self.rope, q.dtype)
             # On the GPU one launch rotates q and k and writes the keys and values (dense cache).
             rotated = cache.write_rotated(batch.write_slots, q, k, v, tables) if q.is_cuda else None
@@ -226,6 +278,28 @@ class Attention(nn.Module):
             cache.write(batch.write_slots, k, v)
             return q, gate
         return rotated, gate
+
+    def _raw_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This step's queries, keys and values as projected: the keys stand in for the values
+        where they double as them, and a layer reading another's keys and values has only
+        queries (None for the others)."""
+        if self.shared_kv:
+            return self.qkv(x)[0], None, None
+        if self.values_from_keys:
+            q, k = self.qkv(x)
+            return q, k, k
+        return tuple(self.qkv(x))
+
+    def _queries_only(self, q: torch.Tensor, batch: BatchLayout) -> torch.Tensor:
+        """Normalised, rotated queries ``[rows, heads, head_dim]`` of a layer whose keys and values
+        an earlier layer wrote to the cache (it writes nothing)."""
+        if self.q_norm is not None and not self.qk_norm_across_heads:
+            q = self.q_norm(q)
+        if self.rope is None:
+            return q
+        if self.rope.adjacent_pairs:
+            q = self.rope.halves_from_pairs(q)
+        return self.rope.apply(q, batch.rope_tables(self.rope, q.dtype))
 
     def _decode(self, q: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
         """Every sequence's one query at once, from the padded block tables (no host sync)."""
@@ -239,6 +313,7 @@ class Attention(nn.Module):
             self.scale,
             window=self.sliding_window,
             softcap=self.softcap,
+            sinks=self.sinks,
         )
 
     def _first_visible(self, seq: SequenceSlice) -> int:

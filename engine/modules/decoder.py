@@ -28,7 +28,9 @@ class DecoderBlock(nn.Module):
     only one of the two (None for the other, with its norms). ``state`` is what the mixer keeps
     per sequence (``engine.cache.state``), for whoever makes a cache for this block alone (the
     converter). The optional ``*_out_norm`` give Gemma's "sandwich" layout, where each sub-layer's
-    output is normalised again before it joins the residual stream.
+    output is normalised again before it joins the residual stream. Gemma 4 adds a third branch,
+    ``per_layer_input(h, x)`` on the layer's per-layer input ``x`` (``engine.modules.per_layer_input``),
+    and multiplies the layer's whole output by ``output_scale``.
     """
 
     def __init__(
@@ -40,6 +42,8 @@ class DecoderBlock(nn.Module):
         mixer_out_norm: nn.Module | None = None,
         feed_forward_out_norm: nn.Module | None = None,
         state: SequenceState | None = None,
+        per_layer_input: nn.Module | None = None,
+        output_scale: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         if mixer is None and feed_forward is None:
@@ -48,6 +52,8 @@ class DecoderBlock(nn.Module):
         self.mixer_norm, self.mixer, self.mixer_out_norm = mixer_norm, mixer, mixer_out_norm
         self.feed_forward_norm, self.feed_forward = feed_forward_norm, feed_forward
         self.feed_forward_out_norm = feed_forward_out_norm
+        self.per_layer_input = per_layer_input
+        self.register_buffer("output_scale", output_scale)
         self.state = state
 
     @property
@@ -60,23 +66,32 @@ class DecoderBlock(nn.Module):
     def quantizable_linears(self) -> list[LinearSite]:
         return [
             site
-            for part in (self.mixer, self.feed_forward)
+            for part in (self.mixer, self.feed_forward, self.per_layer_input)
             if part is not None
             for site in part.quantizable_linears()
         ]
 
-    def forward(self, h: torch.Tensor, batch: BatchLayout, cache) -> torch.Tensor:
-        h, m = self.residual_forward(h, None, batch, cache)
-        return h + m
+    def forward(
+        self, h: torch.Tensor, batch: BatchLayout, cache, layer_input: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        h, m = self.residual_forward(h, None, batch, cache, layer_input)
+        return h if m is None else h + m
 
     def residual_forward(
-        self, h: torch.Tensor, pending: torch.Tensor | None, batch: BatchLayout, cache
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self,
+        h: torch.Tensor,
+        pending: torch.Tensor | None,
+        batch: BatchLayout,
+        cache,
+        layer_input: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The block with its last residual add left to the caller: returns ``(h, m)`` whose sum
         is :meth:`forward`'s output. It takes its input the same way, as ``h + pending`` (the
         previous block's deferred add; None: just ``h``), so every add runs together with the norm
         that reads its sum (:func:`add_and_norm`: one launch on the GPU instead of two). The sums
         are the very tensors the unfused block computes, so the results are bit for bit the same.
+        ``layer_input``: this layer's per-layer input, for its ``per_layer_input`` branch. A block
+        with an ``output_scale`` scales the sum itself and leaves nothing pending (None).
         """
         if self.mixer is not None:
             h, x = _add_and_norm(h, pending, self.mixer_norm)
@@ -88,6 +103,11 @@ class DecoderBlock(nn.Module):
             pending = self.feed_forward(x)
             if self.feed_forward_out_norm is not None:
                 pending = self.feed_forward_out_norm(pending)
+        if self.per_layer_input is not None:  # reads the stream with the feed-forward's output in
+            h = h + pending
+            pending = self.per_layer_input(h, layer_input)
+        if self.output_scale is not None:
+            return (h + pending) * self.output_scale, None
         return h, pending
 
 
@@ -111,12 +131,15 @@ class CausalLM(nn.Module):
         lm_head: nn.Module,
         embed_scale: float = 1.0,
         final_softcap: float | None = None,
+        per_layer_inputs: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.embedding = embedding
         self.blocks = nn.ModuleList(blocks)
         self.final_norm, self.lm_head = final_norm, lm_head
         self.embed_scale, self.final_softcap = embed_scale, final_softcap
+        # Gemma 4's per-layer inputs, [tokens, layers, width] per step (None: no such inputs).
+        self.per_layer_inputs = per_layer_inputs
 
     @property
     def dtype(self) -> torch.dtype:
@@ -164,13 +187,17 @@ class CausalLM(nn.Module):
         h = self.embed(input_ids)
         if splice is not None:
             h = splice.apply(h)
+        layer_inputs = None
+        if self.per_layer_inputs is not None:
+            layer_inputs = self.per_layer_inputs(input_ids, h, None if splice is None else splice.rows)
         # The residual stream is h + pending: each block's last add is done by the next block's
         # first norm (or the final norm), fused with it (DecoderBlock.residual_forward).
         pending: torch.Tensor | None = None
         for i, block in enumerate(self.blocks):
-            h, pending = block.residual_forward(h, pending, batch, cache.layer(i))
+            layer_input = None if layer_inputs is None else layer_inputs[:, i]
+            h, pending = block.residual_forward(h, pending, batch, cache.layer(i), layer_input)
             if splice is not None and i < len(splice.layer_additions):  # adds to the whole stream
-                h, pending = splice.after_layer(i, h + pending), None
+                h, pending = splice.after_layer(i, h if pending is None else h + pending), None
         if logit_rows is not None:  # the add is elementwise: select rows first, add only those
             h = h[logit_rows]
             pending = None if pending is None else pending[logit_rows]

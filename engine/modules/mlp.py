@@ -18,13 +18,29 @@ ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
     "relu2": lambda x: F.relu(x).square(),  # squared ReLU (So et al., 2021: Primer; NemotronH)
+    # x * sigmoid(1.702 x), GELU's sigmoid approximation (Hendrycks & Gimpel); gpt-oss's gate
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
 }
 
 
 class GatedMLP(nn.Module):
-    """``down(act(gate(x)) * up(x))``."""
+    """``down(act(gate(x)) * up(x))``.
 
-    def __init__(self, gate_up: ProjectionGroup, down: nn.Module, activation: str) -> None:
+    ``limit``: a clamped SwiGLU, whose large activations are cut off: ``up`` clipped to
+    ``[-limit, limit]`` and the gate capped at ``limit``, after its activation
+    (``limit_after_act``, Step 3.5's swiglu_limits) or before it (gpt-oss). ``up_offset`` is
+    added to the clipped ``up`` (gpt-oss: 1, so ``act(gate) * (up + 1)``).
+    """
+
+    def __init__(
+        self,
+        gate_up: ProjectionGroup,
+        down: nn.Module,
+        activation: str,
+        limit: float | None = None,
+        limit_after_act: bool = True,
+        up_offset: float = 0.0,
+    ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"unsupported activation '{activation}'")
@@ -32,14 +48,26 @@ class GatedMLP(nn.Module):
         self.down = down
         self.activation = activation
         self.act = ACTIVATIONS[activation]
+        self.limit, self.limit_after_act = limit, limit_after_act
+        self.up_offset = up_offset
 
     def quantizable_linears(self) -> list[LinearSite]:
         return [*self.gate_up.sites(("gate", "up")), LinearSite("down", self, "down")]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
+        if self.limit is not None:  # the fused kernel does not clamp
+            return self.down(self._clamped(gate, up))
         if gate.is_cuda:  # act and product in one launch (ext/fused_ops.cu)
             fused = kernels.fused.act_mul(gate, up, self.activation)
             if fused is not None:
                 return self.down(fused)
         return self.down(self.act(gate) * up)
+
+    def _clamped(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        up = up.clamp(-self.limit, self.limit)
+        if self.up_offset:
+            up = up + self.up_offset
+        if self.limit_after_act:
+            return self.act(gate).clamp(max=self.limit) * up
+        return self.act(gate.clamp(max=self.limit)) * up

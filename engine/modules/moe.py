@@ -37,6 +37,9 @@ class SparseMoE(nn.Module):
     smaller width, entered and left through these linears; the router and the shared expert read
     ``x`` itself. ``shared`` is scaled by ``sigmoid(shared_gate(x))`` where there is such a gate
     (Qwen2-MoE).
+
+    Gemma 4: the router reads ``x`` and the routed experts ``expert_norm(x)``; each chosen
+    expert's weight is also multiplied by its learned ``expert_scale``, after step 3.
     """
 
     # Which experts run, and on how many rows, depends on the router's choice: a decode step has
@@ -59,6 +62,8 @@ class SparseMoE(nn.Module):
         groups_per_token: int = 1,
         latent_in: nn.Module | None = None,
         latent_out: nn.Module | None = None,
+        expert_norm: nn.Module | None = None,
+        expert_scale: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         n = len(experts)
@@ -82,6 +87,8 @@ class SparseMoE(nn.Module):
         self.register_buffer("selection_bias", selection_bias)
         self.latent_in, self.latent_out = latent_in, latent_out
         self.shared, self.shared_gate = shared, shared_gate
+        self.expert_norm = expert_norm
+        self.register_buffer("expert_scale", expert_scale)  # [experts], or None
 
     def quantizable_linears(self) -> list[LinearSite]:
         """Every expert's linears, the latent projections and the shared expert's; the router
@@ -110,6 +117,8 @@ class SparseMoE(nn.Module):
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.scale != 1.0:
             weights = weights * self.scale
+        if self.expert_scale is not None:
+            weights = weights * self.expert_scale.float()[chosen]
         return weights, chosen
 
     def _choose(self, scores: torch.Tensor) -> torch.Tensor:
@@ -128,6 +137,8 @@ class SparseMoE(nn.Module):
         x = x.reshape(-1, shape[-1])
         weights, chosen = self.route(x)
         inner = self.latent_in(x) if self.latent_in is not None else x
+        if self.expert_norm is not None:
+            inner = self.expert_norm(inner)
         out = self._dispatch(inner, weights, chosen)
         if self.latent_out is not None:
             out = self.latent_out(out.to(x.dtype)).float()

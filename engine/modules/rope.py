@@ -4,6 +4,8 @@ A :class:`RopeSpec` is read from the model's config; :func:`inverse_frequencies`
 the per-dimension rotation speeds, and :class:`RotaryEmbedding` rotates queries and keys at
 given absolute positions. Rotation pairs dimension ``i`` with ``i + d/2`` (the "rotate half"
 layout of Hugging Face checkpoints), over the first ``rotary_dim`` dimensions of each head.
+Families that rotate adjacent pairs ``(2i, 2i + 1)`` instead (Ernie 4.5) have their queries and
+keys reordered into halves first (:meth:`RotaryEmbedding.halves_from_pairs`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from engine.errors import ModelLoadError
 @dataclass(frozen=True)
 class RopeSpec:
     theta: float = 10000.0
-    kind: str = "default"  # default | linear | llama3 | yarn | longrope
+    kind: str = "default"  # default | linear | llama3 | yarn | longrope | proportional
     params: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     partial_rotary_factor: float = 1.0
     max_position_embeddings: int = 4096
+    adjacent_pairs: bool = False  # rotates (2i, 2i + 1) rather than (i, i + d/2)
 
 
 def _default(spec: RopeSpec, dim: int) -> torch.Tensor:
@@ -98,8 +101,21 @@ def _longrope(spec: RopeSpec, dim: int, context: int) -> tuple[torch.Tensor, flo
     return inv, float(attention_factor)
 
 
+def _proportional(spec: RopeSpec, dim: int) -> torch.Tensor:
+    """Gemma 4's "proportional" RoPE (p-RoPE): the first ``partial_rotary_factor`` of the head's
+    pairs turn at the speeds of a ``dim``-wide rotation (exponents over the whole head, not over
+    the rotated part), the others at speed zero (cos 1, sin 0: they pass unrotated). So the
+    rotation spans the whole head, in the usual (i, i + d/2) pairing."""
+    angles = int(spec.partial_rotary_factor * dim // 2)
+    exponents = torch.arange(0, 2 * angles, 2, dtype=torch.int64).float() / dim
+    inv = torch.cat((1.0 / (spec.theta**exponents), torch.zeros(dim // 2 - angles)))
+    return inv / float(spec.params.get("factor", 1.0))
+
+
 def inverse_frequencies(spec: RopeSpec, dim: int, context: int) -> tuple[torch.Tensor, float]:
     """Rotation speeds for ``dim`` rotary dimensions, and the factor applied to cos/sin."""
+    if spec.kind == "proportional":
+        return _proportional(spec, dim), 1.0
     if spec.kind == "default":
         return _default(spec, dim), 1.0
     if spec.kind == "linear":
@@ -121,7 +137,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     def __init__(self, spec: RopeSpec, head_dim: int, context: int) -> None:
         super().__init__()
-        self.rotary_dim = int(head_dim * spec.partial_rotary_factor)
+        # Proportional RoPE rotates the whole head (its unrotated pairs turn at speed zero).
+        partial = 1.0 if spec.kind == "proportional" else spec.partial_rotary_factor
+        self.rotary_dim = int(head_dim * partial)
+        self.adjacent_pairs = spec.adjacent_pairs
         inv, self.attention_factor = inverse_frequencies(spec, self.rotary_dim, context)
         self.register_buffer("inv_freq", inv, persistent=False)
 
@@ -146,6 +165,16 @@ class RotaryEmbedding(nn.Module):
             if fused is not None:
                 return fused
         return self.apply(q, tables), self.apply(k, tables)
+
+    def halves_from_pairs(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (``[..., head_dim]``) with its rotary dims reordered from adjacent pairs
+        ``x0 x1 x2 x3 ...`` to halves ``x0 x2 ... x1 x3 ...``: the "rotate half" rotation of the
+        result is the adjacent-pair rotation of ``x``, so reordered. Attention reorders queries and
+        keys alike (and caches the keys so): their dot products, all it reads of them, are unchanged,
+        and every rotary path (the GPU kernels too) works in one layout."""
+        r = self.rotary_dim
+        halves = torch.cat((x[..., 0:r:2], x[..., 1:r:2]), dim=-1)
+        return halves if r == x.shape[-1] else torch.cat((halves, x[..., r:]), dim=-1)
 
     def apply(self, x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Rotate ``x`` (``[tokens, heads, head_dim]``) in place of its first rotary dims."""

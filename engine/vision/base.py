@@ -34,6 +34,10 @@ class VisionModel(nn.Module):
 
     bidirectional: ClassVar[bool] = False  # image tokens attend to each other (Gemma 3)
     cache_size: ClassVar[int] = 16  # encoded images kept, most recently used last
+    # Audio: what a prompt with some is told (no family here hears it), and the text the chat
+    # template writes for a clip where the model has an audio tower we do not run (Gemma 4).
+    audio_refusal: ClassVar[str] = "this model takes no audio input"
+    audio_marker: str | None = None
 
     def __init__(self, marker: str, image_token_id: int) -> None:
         super().__init__()

@@ -13,9 +13,31 @@ from typing import Any
 
 import torch
 
+from engine.errors import EngineError
 from engine.vision.base import PreparedImage, VisionModel
 from engine.vision.images import ImageInputError, ImageSource, load_image
 from engine.vision.media import ImagePlacement, PromptMedia
+
+
+class AudioInputError(EngineError):
+    """A prompt holds audio: no model here is run with its audio tower (Gemma 4's small sizes
+    have one), so the prompt is refused rather than sent without it."""
+
+
+AUDIO_PARTS = ("audio", "input_audio")  # content part types of HF chat templates and OpenAI
+
+
+def refuse_audio(vision: VisionModel, messages: Sequence[Mapping[str, Any]] = (), text: str = "") -> None:
+    """Raise :class:`AudioInputError` (the family's words) where ``messages`` have an audio part
+    or the rendered ``text`` holds the family's audio marker."""
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(part, Mapping) and part.get("type") in AUDIO_PARTS for part in content
+        ):
+            raise AudioInputError(vision.audio_refusal)
+    if vision.audio_marker and vision.audio_marker in text:
+        raise AudioInputError(f"{vision.audio_refusal} (the prompt holds '{vision.audio_marker}')")
 
 
 def user_message(text: str, image_count: int) -> dict[str, Any]:
@@ -36,6 +58,7 @@ def encode_with_images(
     tokenizer, vision: VisionModel, text: str, images: Sequence[ImageSource]
 ) -> tuple[list[int], PromptMedia]:
     """Token ids of ``text`` (a rendered prompt with one marker per image) and its media."""
+    refuse_audio(vision, text=text)
     prepared = [vision.prepare(load_image(image)) for image in images]
     parts = text.split(vision.marker)
     if len(parts) - 1 != len(prepared):
@@ -78,6 +101,8 @@ def encode_chat_with_images(
     tokenizer, vision: VisionModel, messages: Sequence[Mapping[str, Any]], images: Sequence[ImageSource]
 ) -> tuple[list[int], PromptMedia]:
     """Render ``messages`` (content parts ``{"type": "image"}`` where each image goes, in the
-    order of ``images``) with the chat template and the generation prompt, then encode."""
+    order of ``images``) with the chat template and the generation prompt, then encode. A
+    message with an audio part is refused (:func:`refuse_audio`)."""
+    refuse_audio(vision, messages)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return encode_with_images(tokenizer, vision, text, images)

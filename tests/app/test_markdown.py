@@ -88,3 +88,18 @@ def test_stable_prefix_is_everything_but_the_last_block(renderer: MarkdownRender
 
 def test_user_text_is_shown_as_typed() -> None:
     assert plain_text_html("a <b>\n*not bold*") == "<p>a &lt;b&gt;<br/>*not bold*</p>"
+
+
+def test_line_breaks_are_kept_with_their_indentation(renderer: MarkdownRenderer) -> None:
+    # A reply whose model did not fence its code nor blank-line its list (issue 40, defect 3).
+    html = renderer.render("Steps:\nopen the file\nread it\nfor line in f:\n    print(line)\n").html
+    assert html.count("<br />") == 4  # five lines, not one run-on paragraph
+    assert "<br />\n&nbsp;&nbsp;&nbsp;&nbsp;print(line)" in html  # indentation kept
+    # A list the model wrote without a blank line before it, with a lazy continuation line.
+    listed = renderer.render("Do this:\n1. first\n2. second\nthen more\n").html
+    assert "<ol>" in listed and "<li>second<br />\nthen more</li>" in listed
+    # Markdown still works: fenced code stays code, emphasis, tables.
+    out = renderer.render("**bold**\n\n```python\nif x:\n    y = 1\n```\n\n| a |\n|---|\n| 1 |\n")
+    assert "<strong>bold</strong>" in out.html and out.code_blocks == ["if x:\n    y = 1"]
+    assert "&nbsp;" not in out.html.split("<pre")[1].split("</pre>")[0]  # code keeps its own spaces
+    assert "<th>a</th>" in out.html

@@ -34,6 +34,35 @@ _EXPERTS = dict(
     num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48, mlp_only_layers=[2]
 )
 
+# DeepSeek-V3's latent attention (every head's key and value from a 32-wide latent, rows of 48
+# numbers cached per position) and its mixtures of experts. MLA has no grouped KV heads.
+_LATENT = dict(
+    num_key_value_heads=4,
+    q_lora_rank=48,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=16,
+    v_head_dim=24,
+    rope_interleave=True,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "mscale": 0.8,
+        "mscale_all_dim": 1.0,
+    },
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=4,
+    topk_group=2,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+)
+
 
 def _configs():
     import transformers as tf
@@ -165,11 +194,137 @@ def _configs():
             num_experts=4,
             **{k: v for k, v in _EXPERTS.items() if k != "mlp_only_layers"},
         ),
+        # AFMoE (tests/engine/spread_routers.py gives its zero-initialised routers weights):
+        # sliding layers (rotated) and every second layer global (no RoPE), gated attention
+        # outputs, sandwich norms, layer 0 dense, sigmoid routing scaled by 2, two shared experts'
+        # width, muP-scaled embeddings.
+        "AfmoeForCausalLM": tf.AfmoeConfig(
+            **COMMON,
+            head_dim=16,
+            sliding_window=16,
+            global_attn_every_n_layers=2,
+            num_dense_layers=1,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            num_shared_experts=2,
+            route_scale=2.0,
+            mup_enabled=True,
+        ),
+        # Step 3.7's text decoder (its vision tower is tiny and unused): sliding layers with twice
+        # the query heads, half-rotated full layers, a gate per head; layer 0 dense, then sigmoid
+        # routing scaled by 2.5 with a shared expert; SwiGLUs clamped low enough to bite.
+        "Step3p7ForConditionalGeneration": tf.Step3p7Config(
+            text_config=dict(
+                **COMMON,
+                head_dim=16,
+                sliding_window=16,
+                layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+                num_sliding_attention_heads=8,
+                rope_parameters={
+                    "full_attention": {
+                        "rope_type": "default",
+                        "rope_theta": 10000.0,
+                        "partial_rotary_factor": 0.5,
+                    },
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                },
+                mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                share_expert_dim=48,
+                moe_router_scaling_factor=2.5,
+                swiglu_limits=[0, 0, 0.1, 0.1],
+                swiglu_limits_shared=[0.1, 0.1, 0, 0],
+            ),
+            vision_config=dict(
+                hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+            ),
+        ),
         # Post-norm attention layers with their q/k norms across heads; beta in (0, 2).
         "OlmoHybridForCausalLM": tf.OlmoHybridConfig(
             **COMMON,
             **{k: v for k, v in _DELTA_NET.items() if k not in ("head_dim", "rope_parameters")},
             pad_token_id=0,
+        ),
+        # Mixtures of experts beside dense layers (tests/engine/test_routed_moe_families.py makes
+        # their routers decisive). GLM-4.5: layer 0 dense; sigmoid router over 4 groups of 2
+        # experts (2 kept), scaled by 2.5; a shared expert; q/k/v biases, q/k norms, half-rotary
+        # heads wider than hidden / heads.
+        "Glm4MoeForCausalLM": tf.Glm4MoeConfig(
+            **COMMON,
+            head_dim=32,
+            attention_bias=True,
+            use_qk_norm=True,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=2.5,
+        ),
+        # MiniMax-M2: every layer sparse (experts intermediate_size wide), q/k norms across heads,
+        # a quarter of each head rotated (rotary_dim).
+        "MiniMaxM2ForCausalLM": tf.MiniMaxM2Config(
+            **{**COMMON, "intermediate_size": 32},
+            head_dim=32,
+            rotary_dim=8,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+        # Ernie 4.5: layers 1 and 2 sparse (start 1, end 2), softmax router with a correction
+        # bias, two shared experts; biases everywhere (use_bias); adjacent-pair RoPE; tied head.
+        "Ernie4_5_MoeForCausalLM": tf.Ernie4_5_MoeConfig(
+            **COMMON,
+            use_bias=True,
+            moe_num_experts=8,
+            moe_k=2,
+            moe_intermediate_size=32,
+            moe_num_shared_experts=2,
+            moe_layer_start_index=1,
+            moe_layer_end_index=2,
+        ),
+        # dots.llm1: Qwen3 attention with biases, layers 2 and 3 sliding; layer 0 dense; sigmoid
+        # router over 2 groups (1 kept), renormalised and scaled by 2; two shared experts.
+        "Dots1ForCausalLM": tf.Dots1Config(
+            **COMMON,
+            head_dim=32,
+            attention_bias=True,
+            sliding_window=16,
+            max_window_layers=2,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=32,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            n_group=2,
+            topk_group=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.0,
+        ),
+        # DeepSeek-V3 (tests/engine/tiny_deepseek.py makes its routers decisive): multi-head latent
+        # attention with a query LoRA, interleaved RoPE scaled by YaRN (mscale_all_dim: the softmax
+        # scale too) and value heads narrower than query/key heads; layer 0 dense, then sigmoid
+        # routers over 4 groups of 2 experts (2 kept), scaled by 2.5, and a shared expert.
+        "DeepseekV3ForCausalLM": tf.DeepseekV3Config(**{**COMMON, **_LATENT}),
+        # ... and without the query LoRA, with rotate-half RoPE, two dense layers, ungrouped
+        # unnormalised routing and two shared experts.
+        "DeepseekV3ForCausalLM-plain": tf.DeepseekV3Config(
+            **{
+                **COMMON,
+                **_LATENT,
+                "q_lora_rank": None,
+                "rope_interleave": False,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                "first_k_dense_replace": 2,
+                "n_group": 1,
+                "topk_group": 1,
+                "norm_topk_prob": False,
+                "n_shared_experts": 2,
+            }
         ),
     }
 

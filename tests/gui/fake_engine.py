@@ -6,7 +6,9 @@ mid-reply. It builds its prompts with the engine's own prompt policy (``engine.p
 fitting to the context and the image rules are the real ones; only encoding is faked: a message
 costs its words + 4 tokens and an image ``IMAGE_TOKENS``. With ``sees_images`` it is a vision model
 and reads each image with the engine's own Pillow loader, so bad images fail as they would for
-real. Nothing here imports torch.
+real. Nothing here imports torch. Without a chat template (``chat_template=False``: a base model)
+it encodes completion-mode prompts with the engine's ``completion_text``; a long prompt is "read"
+in chunks of ``prefill_chunk`` tokens (``prefill_delay`` each), reported through ``on_prefill``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import ChatMessage, ChunkStream, GenerationRequest, StreamChunk
+from engine.completion_text import completion_text
 from engine.errors import EngineError
 from engine.prompting import Prompt, build_prompt, count_prompt_tokens
 
@@ -84,6 +87,11 @@ class FakeEngine:
     fail_after_tokens: int = 0
     context_length: int = 2048
     sees_images: bool = False
+    chat_template: bool = True  # False: a base model (plain-text completion only)
+    prefill_chunk: int = 512  # prompt tokens "read" per step
+    prefill_delay: float = 0.0  # seconds per prefill step
+    warm_up_delay: float = 0.0
+    warm_ups: int = 0  # calls of FakeSession.warm_up that did the work
     # A constrained reply ends with "constraint_error" and this message instead of completing.
     constraint_error: str | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -100,6 +108,7 @@ class FakeEngine:
         device: str,
         progress: Callable[[float, str], None],
         cache_bits: tuple[int, int] = (16, 16),
+        context: int | None = None,
     ) -> FakeSession:
         for i in range(5):
             progress(i / 5, f"Loading layer {i + 1}/5")
@@ -107,8 +116,8 @@ class FakeEngine:
         if self.load_error is not None:
             raise self.load_error
         self.loads.append(model_dir)
-        self.load_options.append({"device": device, "cache_bits": cache_bits})
-        return FakeSession(self, Path(model_dir).name)
+        self.load_options.append({"device": device, "cache_bits": cache_bits, "context": context})
+        return FakeSession(self, Path(model_dir).name, context)
 
     def sampling(self, values: dict[str, Any]) -> dict[str, Any]:
         """Stands in for engine.generation.sampling.SamplingSettings construction."""
@@ -125,24 +134,36 @@ class FakeEngine:
 
 
 class FakeSession:
-    def __init__(self, engine: FakeEngine, name: str) -> None:
+    def __init__(self, engine: FakeEngine, name: str, context: int | None = None) -> None:
         self.engine = engine
         self.model_name = name
-        self.context_length = engine.context_length
+        # As the real engine: the context asked for, up to the model's own.
+        self.context_length = min(engine.context_length, context) if context else engine.context_length
         self.device = "cpu"
         self.sees_images = engine.sees_images
+        self.has_chat_template = engine.chat_template
+        self.warmed_up = False
 
     def memory_bytes(self) -> int:
         return 123 * 1024 * 1024
 
-    def count_tokens(self, messages: Sequence[ChatMessage]) -> int:
-        return count_prompt_tokens(messages, sees_images=self.sees_images, encode=self._encode)
+    def warm_up(self) -> None:
+        if self.warmed_up:
+            return
+        time.sleep(self.engine.warm_up_delay)
+        self.engine.warm_ups += 1
+        self.warmed_up = True
+
+    def count_tokens(self, messages: Sequence[ChatMessage], completion: bool = False) -> int:
+        encode = self._encode_plain if completion else self._encode
+        return count_prompt_tokens(messages, sees_images=self.sees_images, encode=encode)
 
     def stream(
         self,
         messages: Sequence[ChatMessage],
         request: GenerationRequest,
         should_stop: Callable[[], bool] | None = None,
+        on_prefill: Callable[[int, int], None] | None = None,
     ) -> ChunkStream:
         # As the real session: settings and constraint first, so bad ones fail before any work.
         settings = self.engine.sampling(dict(request.sampling))
@@ -153,7 +174,7 @@ class FakeSession:
             context_length=self.context_length,
             sees_images=self.sees_images,
             model_name=self.model_name,
-            encode=self._encode,
+            encode=self._encode_plain if request.completion else self._encode,
         )
         call = {
             "messages": prompt.messages,
@@ -163,12 +184,31 @@ class FakeSession:
             "constraint": constraint,
             "prompt_tokens": len(prompt.ids),
             "request": request,
+            "completion": request.completion,
+            "warmed_up": self.warmed_up,
         }
         self.engine.calls.append(call)
+        # "Reading" the prompt, a chunk per step, as the real generator prefills.
+        total = len(prompt.ids)
+        for done in range(0, total, max(1, self.engine.prefill_chunk)):
+            if should_stop is not None and should_stop():
+                break
+            if on_prefill is not None:
+                on_prefill(done, total)
+            time.sleep(self.engine.prefill_delay)
         yield from self._stream(call, prompt, should_stop)
+
+    def _encode_plain(self, messages: list[dict], images: list[bytes]) -> tuple[list[int], None]:
+        """Completion mode, as the real session: the conversation as plain text."""
+        return list(range(len(tokens_of(completion_text(messages))))), None
 
     def _encode(self, messages: list[dict], images: list[bytes]) -> tuple[list[int], FakeMedia | None]:
         """Stands in for the chat template + tokenizer (+ vision encoder when there are images)."""
+        if not self.has_chat_template:
+            # The real tokenizer's words (engine.tokenizer): a base model cannot be sent a chat.
+            raise EngineError(
+                f"{self.model_name}: the model has no chat template; use plain completion instead"
+            )
         if not images:
             return list(range(_count(messages))), None
         from engine.vision.images import ImageInputError, load_image

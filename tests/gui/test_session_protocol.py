@@ -42,11 +42,13 @@ def test_the_protocol_names_what_the_worker_uses() -> None:
         "context_length",
         "count_tokens",
         "device",
+        "has_chat_template",
         "memory_bytes",
         "model_name",
         "sees_images",
         "stream",
         "unload",
+        "warm_up",
     ]
 
 
