@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from parity import random_ids, reference_logits, rel_err
 from ragged_batch import alone_logits, ragged_batch_logits
 from tiny_deepseek import VARIANTS, build_tiny_deepseek, routing_margin
 
@@ -35,19 +36,6 @@ from engine.options import EngineOptions
 TOL = 1e-4
 WIDTH = 32 + 16  # kv_lora_rank + qk_rope_head_dim of the tiny models
 MIN_MARGIN = 1e-5  # routing choices this far from a tie: ~100x float32 rounding of the scores
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _ids(n: int, seed: int = 1) -> list[int]:
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _reference_logits(reference, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return reference(torch.tensor([ids])).logits[0].float()
 
 
 def _decisive(reference, ids: list[int]) -> None:
@@ -119,9 +107,9 @@ def test_logits_match_transformers(variant, chunk, models):
     """64 tokens prefilled at once, or in pieces of 20 (each piece's queries over the latent rows
     the earlier pieces left in the cache)."""
     model, reference, _ = models(variant)
-    ids = _ids(64)
+    ids = random_ids(64)
     _decisive(reference, ids)
-    expected = _reference_logits(reference, ids)
+    expected = reference_logits(reference, ids)
     cache = PagedKVCache.for_model(model.spec, 256, page_size=16)
     assert rel_err(score_tokens(model.module, cache, ids, chunk=chunk), expected) <= TOL
 
@@ -133,7 +121,7 @@ def test_generator_decode_matches_transformers(variant, batched_decode, models):
     prompt's last, then one per decode step: the absorbed form, row by row or in the fixed-shape
     path) are transformers' logits of the whole sequence at that position."""
     model, reference, _ = models(variant)
-    prompt, steps = _ids(21, seed=3), 12
+    prompt, steps = random_ids(21, seed=3), 12
     seen: list[torch.Tensor] = []
 
     def record(module, args, out):
@@ -150,7 +138,7 @@ def test_generator_decode_matches_transformers(variant, batched_decode, models):
         hook.remove()
     sequence = prompt + result.token_ids
     _decisive(reference, sequence)
-    expected = _reference_logits(reference, sequence)[len(prompt) - 1 : -1]
+    expected = reference_logits(reference, sequence)[len(prompt) - 1 : -1]
     assert len(seen) == len(result.token_ids) == steps
     got = torch.cat(seen)
     assert rel_err(got, expected) <= TOL
@@ -176,7 +164,7 @@ def test_the_cache_keeps_the_latent_and_the_rotated_key_per_token(variant, model
     heads, qk, v = 4, 16 + 16, 24
     assert heads * (qk + v) == 224  # what per-head keys and values would take, not 48
 
-    ids = _ids(37, seed=5)
+    ids = random_ids(37, seed=5)
     pages = cache.pages.allocate(3)
     run_step(model.module, cache, [StepItem(ids, 0, pages, "last")])
     with torch.no_grad():
@@ -193,8 +181,8 @@ def test_ragged_batch_matches_single_runs(variant, models):
     mixed path and the fixed-shape path (padded with a row on a scratch page): each sequence's
     logits are those it gets alone."""
     model, _, _ = models(variant)
-    seqs = [_ids(n, seed=10 + n) for n in (37, 5, 70)]
-    decode = [_ids(4, seed=20 + i) for i in range(3)]
+    seqs = [random_ids(n, seed=10 + n) for n in (37, 5, 70)]
+    decode = [random_ids(4, seed=20 + i) for i in range(3)]
     got = ragged_batch_logits(model, seqs, decode, chunk=16)
     for seq, extra, logits in zip(seqs, decode, got):
         assert rel_err(logits, alone_logits(model, seq + extra)) < 1e-5
@@ -204,8 +192,8 @@ def test_continuous_batching_and_prefix_reuse(models):
     """Jobs that share a prompt prefix run together; the later ones start on the first one's
     cached latent pages and still produce the tokens of a cold run."""
     model, _, _ = models("DeepseekV3ForCausalLM")
-    prefix = _ids(24, seed=40)
-    prompts = [prefix + _ids(n, seed=41 + n) for n in (3, 9, 14)]
+    prefix = random_ids(24, seed=40)
+    prompts = [prefix + random_ids(n, seed=41 + n) for n in (3, 9, 14)]
     gen = Generator(model, cache_tokens=256, page_size=8, max_chunk_tokens=8, max_batch_size=3)
     (first,) = gen.generate([Job(prompts[0], max_new_tokens=5, stop_token_ids=())])
     results = gen.generate([Job(p, max_new_tokens=5, stop_token_ids=()) for p in prompts])
@@ -230,7 +218,7 @@ def test_a_quantized_cache_stores_the_row_as_one_head(bits, models):
     that width's rounding of the unquantized ones, and the logits stay near the unquantized
     cache's (further off than the rows: a perturbed score can move a token to other experts)."""
     model, _, _ = models("DeepseekV3ForCausalLM")
-    ids, width = _ids(64, seed=2), max(bits)
+    ids, width = random_ids(64, seed=2), max(bits)
 
     def run(cache_bits):
         cache = PagedKVCache.for_model(model.spec, 64, page_size=16, bits=cache_bits)
@@ -303,7 +291,7 @@ def test_on_a_gpu_latent_attention_runs_the_torch_path_and_matches_the_cpu(model
     fixed-shape path, equal the CPU's."""
     cpu, _, directory = models("DeepseekV3ForCausalLM")
     gpu = load_model(directory, device="cuda", dtype="float32")
-    ids = _ids(64)
+    ids = random_ids(64)
     expected = score_tokens(cpu.module, PagedKVCache.for_model(cpu.spec, 128, page_size=16, bits=bits), ids)
     cache = PagedKVCache.for_model(gpu.spec, 128, page_size=16, dtype=gpu.dtype, device=gpu.device, bits=bits)
     assert rel_err(score_tokens(gpu.module, cache, ids, chunk=20).cpu(), expected) < 1e-3  # TF32 may be on
@@ -312,10 +300,10 @@ def test_on_a_gpu_latent_attention_runs_the_torch_path_and_matches_the_cpu(model
     hook = gpu.module.lm_head.register_forward_hook(lambda m, a, out: seen.append(out.float().cpu()))
     try:
         gen = Generator(gpu, cache_tokens=128, page_size=8, cache_bits=bits)
-        (result,) = gen.generate([Job(_ids(21, seed=3), max_new_tokens=12, stop_token_ids=())])
+        (result,) = gen.generate([Job(random_ids(21, seed=3), max_new_tokens=12, stop_token_ids=())])
     finally:
         hook.remove()
-    sequence = _ids(21, seed=3) + result.token_ids
+    sequence = random_ids(21, seed=3) + result.token_ids
     cold = PagedKVCache.for_model(cpu.spec, 128, page_size=8, bits=bits)
     reference = score_tokens(cpu.module, cold, sequence, chunk=1)[20:-1]  # decode steps on the CPU
     assert rel_err(torch.cat([s for s in seen if s.shape[0]]), reference) < 1e-3

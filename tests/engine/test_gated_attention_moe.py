@@ -12,6 +12,7 @@ import shutil
 
 import pytest
 import torch
+from parity import random_ids, reference_logits, rel_err
 from spread_routers import build_spread_model, smallest_margin
 
 from engine.architectures import architecture_for
@@ -30,19 +31,6 @@ from engine.modules.moe import SparseMoE
 AFMOE, STEP = "AfmoeForCausalLM", "Step3p7ForConditionalGeneration"
 FAMILIES = [AFMOE, STEP]
 TOL = 1e-4
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _reference_logits(reference, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return reference(torch.tensor([ids])).logits[0].float()
 
 
 def _ours(model, ids: list[int], chunk: int = 512) -> torch.Tensor:
@@ -115,7 +103,7 @@ def test_the_step_clamps_bite(models):
     """The tiny model's limits change its output: without them, the logits are far from
     transformers' (so the parity below tests the clamps)."""
     _, model, reference = models(STEP)
-    ids = _ids(64, seed=1)
+    ids = random_ids(64, seed=1)
     clamped = [m for m in model.module.modules() if isinstance(m, GatedMLP) and m.limit is not None]
     assert len(clamped) == 2 * 8 + 2  # layers 2 and 3's experts, layer 1's shared expert, the dense MLP
     limits = [m.limit for m in clamped]
@@ -126,7 +114,7 @@ def test_the_step_clamps_bite(models):
     finally:
         for m, limit in zip(clamped, limits):
             m.limit = limit
-    assert rel_err(unclamped, _reference_logits(reference, ids)) > 100 * TOL
+    assert rel_err(unclamped, reference_logits(reference, ids)) > 100 * TOL
 
 
 # -- against transformers ---------------------------------------------------------------------
@@ -138,9 +126,9 @@ def test_logits_match_transformers(variant, chunk, models):
     """64 tokens (four sliding windows) prefilled at once or in pieces of 20; no expert choice
     is within 1e-5 of flipping, so rounding cannot make ours and transformers' differ."""
     _, model, reference = models(variant)
-    ids = _ids(64, seed=1)
+    ids = random_ids(64, seed=1)
     assert smallest_margin(model, ids) > 1e-5
-    assert rel_err(_ours(model, ids, chunk), _reference_logits(reference, ids)) < TOL
+    assert rel_err(_ours(model, ids, chunk), reference_logits(reference, ids)) < TOL
 
 
 @pytest.mark.parametrize("variant", FAMILIES)
@@ -149,13 +137,13 @@ def test_the_generator_decodes_as_transformers_scores(variant, models):
     pages of 8 tokens, replies past the sliding window): each reply is what transformers' logits
     choose at every step, and transformers' logits over prompt and reply are ours."""
     _, model, reference = models(variant)
-    prompts = [_ids(n, seed=30 + n) for n in (5, 23, 12)]
+    prompts = [random_ids(n, seed=30 + n) for n in (5, 23, 12)]
     gen = Generator(model, cache_tokens=256, page_size=8, max_chunk_tokens=8)
     results = gen.generate([Job(p, max_new_tokens=20, stop_token_ids=()) for p in prompts])
     for prompt, result in zip(prompts, results):
         assert len(result.token_ids) == 20
         sequence = prompt + result.token_ids
-        expected = _reference_logits(reference, sequence[:-1])
+        expected = reference_logits(reference, sequence[:-1])
         assert expected[len(prompt) - 1 :].argmax(-1).tolist() == result.token_ids
         assert rel_err(_ours(model, sequence[:-1]), expected) < TOL
 
@@ -226,8 +214,8 @@ def test_a_step3p5_checkpoint_runs_as_step3p7s_text_model(models, tmp_path):
     model = load_model(tmp_path, device="cpu")
     assert model.vision is None
     assert [b.mixer.num_heads for b in model.module.blocks] == [4, 8, 8, 4]
-    ids = _ids(64, seed=1)
-    assert rel_err(_ours(model, ids), _reference_logits(reference, ids)) < TOL
+    ids = random_ids(64, seed=1)
+    assert rel_err(_ours(model, ids), reference_logits(reference, ids)) < TOL
 
 
 def test_step_rope_scaling_applies_to_the_full_layers_only(models, tmp_path):

@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from parity import random_ids, reference_logits, rel_err
 from ragged_batch import alone_logits, ragged_batch_logits
 from tiny_gemma4 import LAYOUTS, build_tiny_gemma4
 
@@ -28,19 +29,6 @@ from engine.modules.parallel_experts import ParallelExperts
 from engine.options import EngineOptions
 
 TOL = 1e-4
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _ids(n: int, seed: int = 1) -> list[int]:
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _reference_logits(reference, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return reference(torch.tensor([ids])).logits[0].float()
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +93,7 @@ def test_every_routing_choice_is_clear(tiny):
         for layer in reference.model.layers
     ]
     try:
-        _reference_logits(reference, _ids(64))
+        reference_logits(reference, random_ids(64))
     finally:
         for hook in hooks:
             hook.remove()
@@ -118,10 +106,10 @@ def test_every_routing_choice_is_clear(tiny):
 def test_prompt_logits_match_transformers(tiny, layout, chunk):
     """64 tokens (eight sliding windows) prefilled in pieces of 20 or at once."""
     _, model, reference = tiny(layout)
-    ids = _ids(64)
+    ids = random_ids(64)
     cache = PagedKVCache.for_model(model.spec, 256, page_size=16)
     assert (
-        rel_err(score_tokens(model.module, cache, ids, chunk=chunk), _reference_logits(reference, ids)) <= TOL
+        rel_err(score_tokens(model.module, cache, ids, chunk=chunk), reference_logits(reference, ids)) <= TOL
     )
 
 
@@ -129,8 +117,8 @@ def test_the_features_the_parity_rests_on_are_in_play(tiny):
     """Without the value norm, a layer's scalar, the per-layer inputs or the shared keys and
     values, the logits are far from transformers'."""
     _, model, reference = tiny("e2b")
-    ids = _ids(64)
-    expected = _reference_logits(reference, ids)
+    ids = random_ids(64)
+    expected = reference_logits(reference, ids)
     blocks = model.module.blocks
 
     def error() -> float:
@@ -182,9 +170,9 @@ def test_generator_decode_matches_transformers(tiny, layout, batched_decode):
     """40 prompt tokens then 24 decoded ones over 8-token pages, the per-sequence decode path or
     the fixed-shape batched one: every step's logits are transformers' over the same sequence."""
     _, model, reference = tiny(layout)
-    prompt = _ids(40, seed=5)
+    prompt = random_ids(40, seed=5)
     got, tokens = _generate_logits(model, prompt, 24, options=EngineOptions(batched_decode=batched_decode))
-    expected = _reference_logits(reference, (prompt + tokens)[:-1])[len(prompt) - 1 :]
+    expected = reference_logits(reference, (prompt + tokens)[:-1])[len(prompt) - 1 :]
     assert rel_err(got, expected) <= TOL
     assert got.argmax(-1).tolist() == tokens
 
@@ -195,8 +183,8 @@ def test_ragged_batch_matches_single_runs(tiny, layout):
     and the fixed-shape paths: each sequence's logits are those it gets alone (the readers of
     shared keys and values read their own sequence's)."""
     _, model, _ = tiny(layout)
-    seqs = [_ids(n, seed=10 + n) for n in (37, 5, 70)]
-    decode = [_ids(4, seed=20 + i) for i in range(3)]
+    seqs = [random_ids(n, seed=10 + n) for n in (37, 5, 70)]
+    decode = [random_ids(4, seed=20 + i) for i in range(3)]
     for seq, extra, logits in zip(seqs, decode, ragged_batch_logits(model, seqs, decode, chunk=16)):
         assert rel_err(logits, alone_logits(model, seq + extra)) < 1e-5
 

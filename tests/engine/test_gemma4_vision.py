@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from parity import rel_err
 from PIL import Image
 from tiny_gemma4_vlm import build_tiny_gemma4_vlm
 
@@ -19,10 +20,6 @@ from engine.vision.gemma4 import Gemma4Vision, fit_size
 from engine.vision.prompt import AudioInputError, encode_chat_with_images, encode_with_images, user_message
 
 TOL = 1e-3
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def _image(height: int, width: int, seed: int) -> Image.Image:

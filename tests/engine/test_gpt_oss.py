@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parity import random_ids, reference_logits, rel_err
 from tiny_gpt_oss import build_tiny_gpt_oss, routing_margin
 
 import engine.cache.decode_attention as decode_attention
@@ -22,19 +23,6 @@ from engine.options import EngineOptions
 
 TOL = 1e-4
 WINDOW = 8
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _ids(n: int, seed: int = 1) -> list[int]:
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _reference_logits(reference, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return reference(torch.tensor([ids])).logits[0].float()
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +61,7 @@ def test_the_layers_are_read_as_gpt_oss(tiny):
 def test_every_routing_choice_is_clear_and_the_tokens_differ(tiny):
     """No parity result below rests on a near-tie between two experts' logits."""
     _, reference = tiny
-    margin, choices = routing_margin(reference, _ids(64))
+    margin, choices = routing_margin(reference, random_ids(64))
     assert margin > 1e-3 and choices > 2
 
 
@@ -81,10 +69,10 @@ def test_every_routing_choice_is_clear_and_the_tokens_differ(tiny):
 def test_prompt_logits_match_transformers(tiny, chunk):
     """64 tokens (eight sliding windows) prefilled in pieces of 20 or at once."""
     model, reference = tiny
-    ids = _ids(64)
+    ids = random_ids(64)
     cache = PagedKVCache.for_model(model.spec, 256, page_size=16)
     assert (
-        rel_err(score_tokens(model.module, cache, ids, chunk=chunk), _reference_logits(reference, ids)) <= TOL
+        rel_err(score_tokens(model.module, cache, ids, chunk=chunk), reference_logits(reference, ids)) <= TOL
     )
 
 
@@ -92,8 +80,8 @@ def test_the_features_the_parity_rests_on_are_in_play(tiny):
     """The experts' gates and ups go beyond the clamp, and without the sinks (or with the
     sliding layers seeing everything) the logits are far from transformers'."""
     model, reference = tiny
-    ids = _ids(64)
-    expected = _reference_logits(reference, ids)
+    ids = random_ids(64)
+    expected = reference_logits(reference, ids)
     seen = []
     hooks = [
         e.gate_up.register_forward_hook(lambda m, a, out: seen.append(out))
@@ -153,12 +141,12 @@ def test_generator_decode_matches_transformers(tiny, batched_decode, monkeypatch
         return original(*args)
 
     monkeypatch.setattr(decode_attention, "paged_decode_attention_reference", spy)
-    prompt = _ids(40, seed=5)
+    prompt = random_ids(40, seed=5)
     options = EngineOptions(batched_decode=batched_decode)
     got, tokens = _generate_logits(model, prompt, 24, options=options)
     sequence = prompt + tokens
     assert routing_margin(reference, sequence[:-1])[0] > 1e-3
-    expected = _reference_logits(reference, sequence[:-1])[len(prompt) - 1 :]
+    expected = reference_logits(reference, sequence[:-1])[len(prompt) - 1 :]
     assert rel_err(got, expected) <= TOL
     assert got.argmax(-1).tolist() == tokens
     if batched_decode:
@@ -171,10 +159,10 @@ def test_a_quantized_cache_keeps_the_sinks(tiny):
     """An 8-bit cache (keys and values read back dequantized, in the prompt's and decode's
     paths): close to transformers, and much closer than without the sinks."""
     model, reference = tiny
-    prompt = _ids(40, seed=6)
+    prompt = random_ids(40, seed=6)
     got, tokens = _generate_logits(model, prompt, 24, cache_bits=(8, 8))
     sequence = prompt + tokens
-    expected = _reference_logits(reference, sequence[:-1])[len(prompt) - 1 :]
+    expected = reference_logits(reference, sequence[:-1])[len(prompt) - 1 :]
     error, first = rel_err(got, expected), rel_err(got[:1], expected[:1])  # ~0.007, ~0.001
     saved = [b.mixer.sinks for b in model.module.blocks]
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from parity import random_ids, reference_logits, rel_err
 from ragged_batch import alone_logits, ragged_batch_logits
 
 from engine.cache.paged import PagedKVCache
@@ -20,19 +21,6 @@ from engine.options import EngineOptions
 
 HYBRIDS = ["Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "OlmoHybridForCausalLM"]
 TOL = 1e-4
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _ids(n: int, seed: int = 1) -> list[int]:
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _reference_logits(reference, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return reference(torch.tensor([ids])).logits[0].float()
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +57,8 @@ def test_logits_match_transformers(variant, chunk, models):
     """64 tokens prefilled in pieces of 20 (each continuing from the state the last one left) or
     at once."""
     model, reference = models(variant)
-    ids = _ids(64)
-    expected = _reference_logits(reference, ids)
+    ids = random_ids(64)
+    expected = reference_logits(reference, ids)
     cache = PagedKVCache.for_model(model.spec, 256, page_size=16)
     got = score_tokens(model.module, cache, ids, chunk=chunk)
     assert rel_err(got, expected) < TOL
@@ -81,8 +69,8 @@ def test_a_prompt_across_the_delta_rules_chunks_matches_transformers(variant, mo
     """150 tokens in one piece: three of the delta rule's 64-token chunks, the last one partial;
     then in pieces that end inside them."""
     model, reference = models(variant)
-    ids = _ids(150, seed=4)
-    expected = _reference_logits(reference, ids)
+    ids = random_ids(150, seed=4)
+    expected = reference_logits(reference, ids)
     for chunk in (150, 70):
         cache = PagedKVCache.for_model(model.spec, 256, page_size=16)
         assert rel_err(score_tokens(model.module, cache, ids, chunk=chunk), expected) < TOL
@@ -107,9 +95,9 @@ def test_olmo_hybrid_reads_its_norms_under_either_naming(tiny_model_copy, models
     assert renamed.keys() != tensors.keys()
     save_file(renamed, str(directory / "model.safetensors"), metadata={"format": "pt"})
     model = load_model(directory, device="cpu")
-    ids = _ids(40, seed=9)
+    ids = random_ids(40, seed=9)
     got = score_tokens(model.module, PagedKVCache.for_model(model.spec, 64, page_size=16), ids)
-    assert rel_err(got, _reference_logits(reference, ids)) < TOL
+    assert rel_err(got, reference_logits(reference, ids)) < TOL
 
 
 # -- the recurrent state through batches and the generator ------------------------------------
@@ -122,8 +110,8 @@ def test_ragged_batch_matches_single_runs(variant, models):
     to four rows, the padding on a scratch page and the scratch state slot). Each sequence's
     logits are those it gets alone."""
     model, _ = models(variant)
-    seqs = [_ids(n, seed=10 + n) for n in (37, 5, 70)]
-    decode = [_ids(4, seed=20 + i) for i in range(3)]
+    seqs = [random_ids(n, seed=10 + n) for n in (37, 5, 70)]
+    decode = [random_ids(4, seed=20 + i) for i in range(3)]
     got = ragged_batch_logits(model, seqs, decode, chunk=16)
     for seq, extra, logits in zip(seqs, decode, got):
         assert rel_err(logits, alone_logits(model, seq + extra)) < 1e-5
@@ -145,7 +133,7 @@ def test_continuous_batching_keeps_each_sequence_its_state(models, batched_decod
     decode steps row by row or in the fixed-shape path: each job's tokens are its tokens alone,
     and every slot comes back."""
     model, _ = models("Qwen3NextForCausalLM")
-    prompts = [_ids(n, seed=30 + n) for n in (5, 23, 12)]
+    prompts = [random_ids(n, seed=30 + n) for n in (5, 23, 12)]
     options = EngineOptions(batched_decode=batched_decode)
     gen = Generator(model, cache_tokens=256, page_size=8, max_chunk_tokens=8, options=options)
     results = gen.generate([Job(p, max_new_tokens=6, stop_token_ids=()) for p in prompts])
@@ -160,7 +148,7 @@ def test_a_cancelled_jobs_slot_starts_the_next_job_fresh(models):
     model, _ = models("Qwen3_5ForCausalLM")
     cache = PagedKVCache.for_model(model.spec, 256, page_size=8, max_sequences=1)
     gen = Generator(model, cache=cache, max_chunk_tokens=8)
-    first = Job(_ids(30, seed=7), max_new_tokens=50, stop_token_ids=())
+    first = Job(random_ids(30, seed=7), max_new_tokens=50, stop_token_ids=())
     gen.enqueue(first)
     while not any(r.token_ids for r in gen.iterate()):  # prefilled, and a token out
         pass
@@ -169,7 +157,7 @@ def test_a_cancelled_jobs_slot_starts_the_next_job_fresh(models):
     gen.cancel(first)
     assert cache.state_slots.available == 1
 
-    prompt = _ids(12, seed=8)
+    prompt = random_ids(12, seed=8)
     seen: list[torch.Tensor] = []  # the logits of each step that wants some (the prompt's last chunk, decode)
 
     def record(module, args, out):
@@ -248,7 +236,7 @@ def test_on_a_gpu_the_delta_nets_match_the_cpu_and_decode_in_graphs(tiny_model_f
     GPU: a prompt's logits are the CPU's, and decode steps captured in CUDA graphs (each row's
     state slot in the step's input buffer) give the tokens of eager steps."""
     directory, _ = tiny_model_factory("Qwen3_5ForCausalLM")
-    ids = _ids(150, seed=4)
+    ids = random_ids(150, seed=4)
     cpu = load_model(directory, device="cpu")
     expected = score_tokens(cpu.module, PagedKVCache.for_model(cpu.spec, 256, page_size=16), ids)
     model = load_model(directory, device="cuda", dtype="float32")
@@ -260,7 +248,7 @@ def test_on_a_gpu_the_delta_nets_match_the_cpu_and_decode_in_graphs(tiny_model_f
         chunk=70,
     )
     assert rel_err(got.cpu(), expected) < 1e-3  # TF32 matmuls may be on
-    jobs = [Job(_ids(n, seed=n), max_new_tokens=64, stop_token_ids=()) for n in (5, 23, 12)]
+    jobs = [Job(random_ids(n, seed=n), max_new_tokens=64, stop_token_ids=()) for n in (5, 23, 12)]
     tokens = {}
     for graphs in (False, True):
         gen = Generator(model, cache_tokens=512, page_size=8, options=EngineOptions(cuda_graphs=graphs))

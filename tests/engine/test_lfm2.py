@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from parity import rel_err
 from ragged_batch import alone_logits, ragged_batch_logits
 from safetensors.torch import load_file
 from tiny_models import build_tiny_model
@@ -29,10 +30,6 @@ from engine.modules.short_conv import ShortConv
 from engine.options import EngineOptions
 
 DENSE, MOE = "Lfm2ForCausalLM", "Lfm2MoeForCausalLM"
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.fixture(scope="module")

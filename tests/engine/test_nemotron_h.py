@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from parity import rel_err
 from ragged_batch import ragged_batch_logits
 from safetensors import safe_open
 from tiny_models import build_tiny_model
@@ -30,10 +31,6 @@ from engine.options import EngineOptions
 
 VARIANT = "NemotronHForCausalLM"
 MAMBA_LAYERS, ATTENTION_LAYERS, MLP_LAYERS = (0, 3), (1, 5), (2, 4)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def _build(variant: str, directory: Path):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from parity import rel_err
 from tiny_models import VARIANTS
 
 from engine.cache.paged import PagedKVCache
@@ -9,10 +10,6 @@ from engine.generation.step import StepItem, run_step, score_tokens
 from engine.model import load_model
 
 TOL = 1e-4
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

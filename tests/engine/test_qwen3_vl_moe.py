@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from parity import rel_err
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from spread_routers import smallest_margin
@@ -27,10 +28,6 @@ from engine.tokenizer import Tokenizer
 from engine.vision.prompt import encode_chat_with_images, user_message
 
 TOL = 1e-4
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def _image(height: int, width: int, seed: int) -> Image.Image:

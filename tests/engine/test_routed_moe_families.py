@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from decisive_routers import ROUTED_MOE, build_routed_tiny_model
+from parity import random_ids, reference_logits, rel_err
 from safetensors.torch import load_file, save_file
 
 from engine.architectures import architecture_for
@@ -47,19 +48,6 @@ ATTENTION = {
     "Ernie4_5_MoeForCausalLM": (16, 0, True, [None] * 4),
     "Dots1ForCausalLM": (32, 32, False, [None, None, 16, 16]),
 }
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return torch.randint(3, 320, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def _reference_logits(reference, ids: list[int]) -> torch.Tensor:
-    with torch.no_grad():
-        return reference(torch.tensor([ids])).logits[0].float()
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +90,8 @@ def test_layers_routers_and_attention_are_read_from_the_config(variant, models):
 def test_logits_match_transformers(variant, chunk, models):
     """64 tokens prefilled at once or in pieces of 20 (across the cache's 16-token pages)."""
     _, model, reference = models(variant)
-    ids = _ids(64, seed=1)
-    expected = _reference_logits(reference, ids)
+    ids = random_ids(64, seed=1)
+    expected = reference_logits(reference, ids)
     got = score_tokens(model.module, PagedKVCache.for_model(model.spec, 256, page_size=16), ids, chunk=chunk)
     err = rel_err(got, expected)
     print(f"{variant} chunk {chunk}: relative error {err:.2e}")
@@ -116,7 +104,7 @@ def test_generator_decode_logits_match_transformers(variant, models):
     then 12 greedy steps): the logits of every step that makes a token are transformers' at that
     position of the prompt and reply."""
     _, model, reference = models(variant)
-    prompt = _ids(40, seed=2)
+    prompt = random_ids(40, seed=2)
     seen: list[torch.Tensor] = []
 
     def record(module, args, out):
@@ -130,7 +118,7 @@ def test_generator_decode_logits_match_transformers(variant, models):
     finally:
         hook.remove()
     assert len(result.token_ids) == len(seen) == 12
-    expected = _reference_logits(reference, prompt + result.token_ids[:-1])[len(prompt) - 1 :]
+    expected = reference_logits(reference, prompt + result.token_ids[:-1])[len(prompt) - 1 :]
     got = torch.cat(seen)
     err = rel_err(got, expected)
     print(f"{variant} decode: relative error {err:.2e}")
@@ -145,14 +133,14 @@ def test_batched_jobs_decode_what_transformers_predicts(variant, batched_decode,
     row by row or in the fixed-shape path: each job's greedy tokens are the argmax of
     transformers' logits over its own prompt and reply, and every page comes back."""
     _, model, reference = models(variant)
-    prompts = [_ids(n, seed=30 + n) for n in (5, 23, 12)]
+    prompts = [random_ids(n, seed=30 + n) for n in (5, 23, 12)]
     options = EngineOptions(batched_decode=batched_decode)
     gen = Generator(model, cache_tokens=256, page_size=8, max_chunk_tokens=8, options=options)
     free = gen.cache.pages.available
     results = gen.generate([Job(p, max_new_tokens=8, stop_token_ids=()) for p in prompts])
     for prompt, result in zip(prompts, results):
         assert len(result.token_ids) == 8
-        logits = _reference_logits(reference, prompt + result.token_ids[:-1])[len(prompt) - 1 :]
+        logits = reference_logits(reference, prompt + result.token_ids[:-1])[len(prompt) - 1 :]
         assert logits.argmax(-1).tolist() == result.token_ids
     assert gen.cache.pages.available == free
 
@@ -251,7 +239,7 @@ def test_a_minimax_m2_checkpoint_in_transformers_memory_layout_loads(models, tmp
         out[f"{new}.experts.down_proj"] = torch.stack([tensors[f"{x}.w2.weight"] for x in e])
     save_file(out, str(directory / "model.safetensors"), metadata={"format": "pt"})
     fused = load_model(directory, device="cpu")
-    ids = _ids(32, seed=5)
+    ids = random_ids(32, seed=5)
     expected = score_tokens(model.module, PagedKVCache.for_model(model.spec, 64, page_size=16), ids)
     got = score_tokens(fused.module, PagedKVCache.for_model(fused.spec, 64, page_size=16), ids)
     torch.testing.assert_close(got, expected)

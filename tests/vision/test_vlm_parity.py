@@ -4,6 +4,7 @@ supported family (issue 8, acceptance 1)."""
 import numpy as np
 import pytest
 import torch
+from parity import rel_err
 from PIL import Image
 from tiny_vlms import VL_ARCHITECTURES
 
@@ -14,10 +15,6 @@ from engine.tokenizer import Tokenizer
 from engine.vision.prompt import encode_chat_with_images, user_message
 
 TOL = 1e-3
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def random_image(height: int, width: int, seed: int) -> Image.Image:
