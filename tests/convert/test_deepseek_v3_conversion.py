@@ -70,6 +70,7 @@ def _steady_routers(hf, directory: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.convert_quality
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_8_bit_conversion_keeps_the_logits_within_2_percent(variant, tmp_path, monkeypatch):
     from safetensors import safe_open

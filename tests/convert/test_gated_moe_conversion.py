@@ -95,6 +95,7 @@ def _expected_linears(directory: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.convert_quality
 @pytest.mark.parametrize("variant", list(KEYS))
 def test_8_bit_conversion_keeps_the_logits_within_2_percent(variant, tmp_path, monkeypatch):
     from safetensors import safe_open

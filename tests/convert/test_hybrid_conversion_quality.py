@@ -51,6 +51,7 @@ def _windows(directory: Path) -> list[list[int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.convert_quality
 @pytest.mark.parametrize("name", ["qwen3_5", "nemotron_h"])
 def test_4bpw_conversion_keeps_perplexity_within_3_percent(name: str, tmp_path: Path, monkeypatch) -> None:
     src, dst = MODELS / name, tmp_path / "exl3"
