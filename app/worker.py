@@ -70,8 +70,9 @@ def _default_session_factory(
     from engine.options import EngineOptions
     from engine.session import ChatSession  # lazy: pulls in torch
 
-    # The app has no engine settings of its own; the development switches still apply.
-    options = EngineOptions.from_environment()
+    # The app has no engine settings of its own; the development switches still apply, and the
+    # users' default drafter (n-gram on the CPU; TRELLIS_DRAFT chooses another).
+    options = EngineOptions.from_environment().with_front_end_draft()
     return ChatSession.load(
         model_dir,
         device=device,

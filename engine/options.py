@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -55,6 +55,13 @@ class EngineOptions:
     - ``step_tuning``: before a decode step shape is first captured, revise its GEMVs' split
       counts by timing whole steps (opt-in: +1.9% on the 1B shape, within noise on the 8B).
       Environment: ``TRELLIS_STEP_TUNE=1``.
+    - ``draft``: speculative decoding's drafter (``engine.generation.speculative``): ``off``,
+      ``ngram`` (prompt lookup), ``model:DIR`` (a smaller model with the same tokenizer) or
+      ``mtp`` (the checkpoint's own prediction heads; not implemented yet), or ``auto`` (n-gram on
+      the CPU, off on a GPU). Off by default for the library; the front ends ask for
+      :meth:`with_front_end_draft`. Environment: ``TRELLIS_DRAFT``. ``draft_tokens``: the most
+      tokens drafted per step (1..8; the draft length adapts below that to the acceptance rate).
+      Environment: ``TRELLIS_DRAFT_TOKENS``.
     """
 
     use_extension: bool = True
@@ -66,6 +73,8 @@ class EngineOptions:
     sampling_on_device: bool | None = None
     batched_decode: bool | None = None
     step_tuning: bool = False
+    draft: str = "off"
+    draft_tokens: int = 4
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> EngineOptions:
@@ -89,7 +98,18 @@ class EngineOptions:
             values["sampling_on_device"] = False
         if _flag(env.get("TRELLIS_STEP_TUNE")):
             values["step_tuning"] = True
+        if env.get("TRELLIS_DRAFT"):
+            values["draft"] = env["TRELLIS_DRAFT"]
+        if env.get("TRELLIS_DRAFT_TOKENS", "").strip().isdigit():
+            values["draft_tokens"] = int(env["TRELLIS_DRAFT_TOKENS"])
         return cls(**values)
+
+    def with_front_end_draft(self, environ: Mapping[str, str] | None = None) -> EngineOptions:
+        """These options with the drafter users get by default (:data:`FRONT_END_DRAFT`) unless
+        ``TRELLIS_DRAFT`` in ``environ`` (default ``os.environ``) chose one: what the command line
+        and the app start from, before their own flags and settings."""
+        env = os.environ if environ is None else environ
+        return self if env.get("TRELLIS_DRAFT") else replace(self, draft=FRONT_END_DRAFT)
 
     def configure_kernels(self) -> None:
         """Make the process's kernels follow these options (the extension and its folders, GEMV
@@ -105,3 +125,6 @@ class EngineOptions:
 
 
 DEFAULT_OPTIONS = EngineOptions()
+# Users' default drafter (engine.generation.speculative.factory): n-gram on the CPU, where it was
+# measured never slower than plain decoding with the starter model (docs/SPECULATIVE.md).
+FRONT_END_DRAFT = "auto"

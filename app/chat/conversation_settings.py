@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat.presets import FIELDS, PRESET_LABELS, effective_sampling
+from app.chat.presets import FIELDS, PRESET_LABELS, TOOLTIPS, effective_sampling
 from app.chat.structured import schema_problem
 
 
@@ -82,6 +82,7 @@ class ConversationSettingsDialog(QDialog):
                 box.setRange(float(low), float(high))
                 box.setSingleStep(float(step))
             box.setAccessibleName(label)
+            box.setToolTip(TOOLTIPS.get(key, ""))
             self.fields[key] = box
             form.addRow(label, box)
         self._overrides = dict(overrides)

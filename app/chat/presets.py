@@ -40,6 +40,9 @@ FIELDS: dict[str, tuple[str, float, float, float]] = {
     s.name: (s.label, *s.editor, s.step) for s in SETTINGS if s.editor is not None
 }
 FIELDS["max_new_tokens"] = ("Max new tokens", 1, 32768, 16)
+# Each editor's tooltip: what the setting does, in the engine's words.
+TOOLTIPS: dict[str, str] = {s.name: s.tip for s in SETTINGS if s.editor is not None and s.tip}
+TOOLTIPS["max_new_tokens"] = "The longest a reply may get, in tokens."
 
 
 def effective_sampling(preset: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:

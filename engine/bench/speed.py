@@ -102,6 +102,13 @@ def register(sub) -> None:
         help="torch.compile the peer's decode step (static cache); --no-peer-compile to skip",
     )
     p.add_argument("--json", "--json-out", dest="json_out", default=None, help="write results as JSON here")
+    # Speculative decoding (engine.bench.speculative): with -m DIR, decode speed with and without it.
+    p.add_argument(
+        "--draft", default=None, help="compare decoding with this drafter (ngram, model:DIR) to plain"
+    )
+    p.add_argument(
+        "--draft-tokens", type=int, default=None, help="with --draft: most tokens per draft (1..8)"
+    )
     p.set_defaults(func=run)
 
 
@@ -360,6 +367,16 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.model) == bool(args.synthetic):
         raise SystemExit("error: give either -m/--model DIR or --synthetic SHAPE")
+    if getattr(args, "draft", None):
+        from engine.bench.speculative import run_draft_bench
+        from engine.commands.generate import draft_options
+
+        if not args.model:
+            raise SystemExit("error: --draft needs -m/--model DIR")
+        draft_options(args)  # checks --draft and --draft-tokens before the model loads
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        return run_draft_bench(args)
     if args.decode_tokens < 2:
         raise SystemExit("error: --decode-tokens must be at least 2")
     missing = None if args.no_peer else peer_missing()

@@ -41,6 +41,21 @@ def register(sub) -> None:
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=None, help="0 .. 2**64-1 (default: a random one)")
+    p.add_argument("--dry-multiplier", type=float, default=0.0, help="DRY repetition penalty (0 = off)")
+    p.add_argument("--dry-base", type=float, default=1.75, help="DRY penalty growth per token (default 1.75)")
+    p.add_argument("--dry-allowed-length", type=int, default=2, help="repeats DRY allows (default 2)")
+    p.add_argument("--xtc-threshold", type=float, default=0.1, help="XTC: tokens at least this likely")
+    p.add_argument("--xtc-probability", type=float, default=0.0, help="XTC: chance per token (0 = off)")
+    p.add_argument("--top-n-sigma", type=float, default=0.0, help="keep logits within n std devs (0 = off)")
+    p.add_argument("--typical-p", type=float, default=1.0, help="locally typical sampling mass (1 = off)")
+    p.add_argument(
+        "--ban",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a string the reply never contains (repeatable)",
+    )
+    add_draft_args(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument(
         "--image", action="append", default=[], help="image shown before the prompt (repeatable, with --chat)"
@@ -80,6 +95,57 @@ def constraint_from_args(args: argparse.Namespace):
     return None
 
 
+_EXTRA_SAMPLERS = (
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "xtc_threshold",
+    "xtc_probability",
+    "top_n_sigma",
+    "typical_p",
+)
+
+
+def add_draft_args(p: argparse.ArgumentParser) -> None:
+    """``--draft`` and ``--draft-tokens``: speculative decoding (``engine.generation.speculative``)."""
+    p.add_argument(
+        "--draft",
+        default=None,
+        metavar="KIND",
+        help="speculative decoding: off, auto (default: ngram on the CPU, off on a GPU), ngram (prompt "
+        "lookup), model:DIR (a smaller model with the same tokenizer) or mtp (TRELLIS_DRAFT: the default)",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=int,
+        default=None,
+        metavar="K",
+        help="most tokens drafted per step, 1..8 (default 4)",
+    )
+
+
+def draft_options(args: argparse.Namespace):
+    """``args.options`` with the drafting flags on top, checked before any model loads."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from engine.generation.speculative.factory import check_draft_tokens, check_mtp, parse_draft
+
+    options = args.options.with_front_end_draft()
+    if getattr(args, "draft", None) is not None:
+        kind, directory = parse_draft(args.draft)
+        if kind == "mtp" and getattr(args, "model", None):
+            from engine.config import ModelConfig
+
+            check_mtp(ModelConfig.from_dir(args.model).raw, Path(args.model).name)
+        if directory is not None:
+            check_files_exist([str(directory)], "draft model")
+        options = replace(options, draft=args.draft)
+    if getattr(args, "draft_tokens", None) is not None:
+        options = replace(options, draft_tokens=check_draft_tokens(args.draft_tokens))
+    return options
+
+
 def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
     """The sampling options as SamplingSettings, validated: a value out of range is a UsageError
     that names the option (the settings' own error names the field)."""
@@ -92,12 +158,18 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
         presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty,
         seed=args.seed,
+        # Options other commands' parsers may lack keep their defaults.
+        **{name: getattr(args, name) for name in _EXTRA_SAMPLERS if hasattr(args, name)},
+        banned_strings=tuple(getattr(args, "ban", ()) or ()),
     )
     try:
         settings.validate()
     except SamplingSettingError as exc:
         option = "--" + exc.field.replace("_", "-")
-        raise UsageError(f"{option} must be {exc.allowed}, got {exc.value}") from None
+        value = exc.value
+        if exc.field == "banned_strings":
+            option, value = "--ban", repr(value)
+        raise UsageError(f"{option} must be {exc.allowed}, got {value}") from None
     return settings
 
 
@@ -111,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--system needs --chat (it is a message of the chat template)")
     check_files_exist(args.image, "image")
     settings = sampling_from_args(args)
+    options = draft_options(args)
     bits = cache_bits(args)
     constraint = constraint_from_args(args)
     session = ChatSession.load(
@@ -119,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         progress=None if args.json else stderr_progress,
         cache_bits=bits,
-        options=args.options,
+        options=options,
     )
     media = None  # the images of the prompt, when --image is given
     if args.chat:
@@ -150,6 +223,17 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(chunk.text)
             sys.stdout.flush()
     elapsed = time.perf_counter() - start
+    spec = session.generator.speculation
+    drafting = None
+    if spec is not None:
+        stats = spec.stats
+        drafting = {
+            "drafter": spec.drafter.kind,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "acceptance_rate": stats.acceptance_rate,
+            "tokens_per_verify_step": stats.tokens_per_step,
+        }
     if args.json:
         print(
             json.dumps(
@@ -162,12 +246,19 @@ def run(args: argparse.Namespace) -> int:
                     "stop_reason": last.stop_reason if last else None,
                     "error": last.error if last else None,
                     "elapsed_s": elapsed,
+                    "drafting": drafting,
                 }
             )
         )
     else:
+        drafts = ""
+        if drafting is not None and drafting["drafted"]:
+            drafts = (
+                f", {drafting['drafter']} drafts: {drafting['acceptance_rate']:.0%} of {drafting['drafted']} "
+                f"kept, {drafting['tokens_per_verify_step']:.2f} tokens per verify step"
+            )
         print(
-            f"\n[{len(token_ids)} tokens, {last.tokens_per_second if last else 0:.1f} tok/s, "
+            f"\n[{len(token_ids)} tokens, {last.tokens_per_second if last else 0:.1f} tok/s{drafts}, "
             f"stop: {last.stop_reason if last else None}]",
             file=sys.stderr,
         )

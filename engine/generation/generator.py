@@ -55,7 +55,14 @@ from engine.generation.cuda_graph import DecodeGraphs
 from engine.generation.decode_inputs import is_decode_item, run_decode_step
 from engine.generation.device_sampling import SamplingRows, pack_rows, sample_reference, sampling_path
 from engine.generation.job import Job, JobResult, Timings
+from engine.generation.rewind import RewindPoints, rewind_cache
+from engine.generation.samplers.banned_strings import BannedStringGuard
+from engine.generation.samplers.dry import breaker_ids
 from engine.generation.sampling import Sampler
+from engine.generation.speculative import acceptance
+from engine.generation.speculative.drafter import Drafter
+from engine.generation.speculative.factory import make_drafter
+from engine.generation.speculative.speculation import Speculation
 from engine.generation.step import StepItem, run_step
 from engine.generation.stops import StopStringMatcher
 from engine.model import LoadedModel
@@ -94,6 +101,9 @@ class _Running:
     # (page end, snapshot-pool row) of each launched decode step that fills a page, until read
     held_snapshots: list[tuple[int, int]] = field(default_factory=list)
     decode_snapshot: bytes | None = None  # key of the last snapshot its decode steps kept
+    # Banned strings: the text held back, and checkpoints of recurrent state to rewind to.
+    guard: BannedStringGuard | None = None
+    rewind_points: RewindPoints | None = None
     cached_tokens: int = 0
     t_enqueued: float = 0.0
     t_started: float | None = None
@@ -227,9 +237,11 @@ class Generator:
         page_size: int = 64,
         cache_bits: tuple[int, int] = (16, 16),
         options: EngineOptions = DEFAULT_OPTIONS,
+        drafter: Drafter | None = None,
     ) -> None:
         """``options``: how decode steps run (:class:`~engine.options.EngineOptions`: CUDA graphs,
-        pipelining, sampling where the logits are, the batched decode path, step tuning)."""
+        pipelining, sampling where the logits are, the batched decode path, step tuning, the
+        drafter of speculative decoding). ``drafter``: one to use instead of ``options.draft``'s."""
         self.model, self.tokenizer = model, tokenizer
         self.options = options
         on_gpu = model.device.type == "cuda"
@@ -276,6 +288,13 @@ class Generator:
         # On the CPU the row-by-row path reads the cache in place and is the faster one.
         batched = options.batched_decode
         self._batched_decode = on_gpu if batched is None else batched
+        # Speculative decoding (engine.generation.speculative): a verify step needs the host to
+        # know each job's last token to draft from it, so it is never pipelined.
+        if drafter is None:
+            drafter = make_drafter(options.draft, model, tokenizer, self.cache, max_batch_size)
+        self.speculation = (
+            Speculation(drafter, options.draft_tokens, self.cache) if drafter is not None else None
+        )
 
     # -- queue ------------------------------------------------------------------------------
 
@@ -301,6 +320,16 @@ class Generator:
                 "(leave room for at least one new token)"
             )
         stop_ids = set(job.stop_token_ids) if job.stop_token_ids is not None else self._default_stop_ids()
+        banned = list(job.sampling.banned_strings)
+        if banned and (self.tokenizer is None or job.constraint is not None):
+            # A rewind needs the text (a tokenizer) and a constraint that could step back too.
+            raise UsageError(
+                "banned strings need a generator with a tokenizer"
+                if self.tokenizer is None
+                else "banned strings cannot be combined with a constraint (JSON schema, regex, grammar)"
+            )
+        if job.sampling.dry_multiplier > 0:
+            sampler.breakers = breaker_ids(self.tokenizer, job.sampling.dry_sequence_breakers)
         constraint = None
         if job.constraint is not None:
             if self.tokenizer is None:
@@ -322,6 +351,9 @@ class Generator:
             constraint=constraint,
             t_enqueued=time.perf_counter(),
         )
+        if banned:
+            run.guard = BannedStringGuard(banned)
+            run.rewind_points = RewindPoints(self.cache, run.guard.window)
         self._queue.append(run)
         self._by_job[job] = run
 
@@ -407,13 +439,19 @@ class Generator:
             return []
         items, runs = [], []
         budget = self.max_chunk_tokens
-        for run in self._active:  # decode first: one token each, never starved by prefill
-            if not run.prefilling:
-                items.append(
-                    StepItem([run.tokens[-1]], run.in_cache, run.pages, "last", run.job.media, run.state_slot)
-                )
-                runs.append(run)
-                budget -= 1
+        decoding = [run for run in self._active if not run.prefilling]
+        drafts = self.speculation.propose(decoding) if self.speculation is not None else {}
+        for run in decoding:  # decode first: one token each (and drafts), never starved by prefill
+            if run.rewind_points is not None:
+                run.rewind_points.maybe_take(run.state_slot, run.in_cache)
+            # Its last token, or more where the cache is behind (rejected drafts of a model with
+            # recurrent state, a rewind); a draft's tokens follow, with logits at every position.
+            draft = drafts.get(run)
+            tokens = run.tokens[run.in_cache :] + (draft.tokens if draft else [])
+            wanted = len(draft) + 1 if draft else "last"
+            items.append(StepItem(tokens, run.in_cache, run.pages, wanted, run.job.media, run.state_slot))
+            runs.append(run)
+            budget -= len(tokens)
         now = time.perf_counter()
         for run in self._active:
             if run.prefilling and budget > 0:
@@ -439,7 +477,9 @@ class Generator:
             self._device_sampling,
         )
         argmax_only, on_device = path == "argmax", path == "device"
-        pipelined = self._pipeline and not self._queue and all(map(is_decode_item, items))
+        # (Not with a drafter: the next step's drafts need this step's tokens on the host.)
+        pipelined = self._pipeline and self.speculation is None and not self._queue
+        pipelined = pipelined and all(map(is_decode_item, items))
         if pipelined and (argmax_only or on_device):
             ids = self._launch_greedy(items) if argmax_only else self._launch_sampled(items, runs)
             if ids is not None:
@@ -449,17 +489,21 @@ class Generator:
         logits = self._decode_with_graphs(items, to_cpu=not (argmax_only or on_device))
         if logits is None:
             logits = self._eager_step(items)
+        plain = [None if run in drafts else row for run, row in zip(runs, logits)]  # verify rows apart
         if argmax_only:
-            chosen = _argmax_rows(logits)
+            chosen = _argmax_rows(plain)
         else:
-            chosen = _sample_rows(runs, logits) if on_device else {}
+            chosen = _sample_rows(runs, plain) if on_device else {}
         results = []
         for i, (run, item, row) in enumerate(zip(runs, items, logits)):
+            if run in drafts:  # how far its cache goes depends on what is accepted
+                results.append(self.speculation.land(self, run, item, row, drafts[run]))
+                continue
             run.in_cache += len(item.tokens)
             self._register_full_pages(run)
             if run.snapshot_at:
                 self._take_snapshot(run)
-            elif self._fills_page(run, item):
+            elif self._fills_page(run, item) and len(run.keys) * self.cache.page_size == run.in_cache:
                 self._keep_decode_snapshot(run, run.keys[-1])
             if row is not None:
                 results.append(self._advance(run, row[-1], chosen.get(i)))
@@ -564,7 +608,10 @@ class Generator:
 
     def _register_full_pages(self, run: _Running) -> None:
         ps = self.cache.page_size
-        full = run.in_cache // ps
+        settled = run.in_cache
+        if run.guard is not None:  # a page a banned string's rewind may still reach is not named
+            settled = min(settled, run.prompt_len + run.guard.count - run.guard.held_tokens)
+        full = settled // ps
         known = len(run.keys)
         if full > known:
             # Hash only the pages filled since the last call, chained on the last known key.
@@ -590,7 +637,7 @@ class Generator:
             self.cache.snapshots is not None
             and self.cache.pages.reuse_prefixes
             and item.past >= run.prompt_len
-            and (item.past + 1) % self.cache.page_size == 0
+            and (item.past + len(item.tokens)) % self.cache.page_size == 0
         )
 
     def _hold_snapshots(self, runs: list[_Running], items: list[StepItem]) -> None:
@@ -624,9 +671,17 @@ class Generator:
             pool.file(row, key)
         run.decode_snapshot = key
 
-    def _advance(self, run: _Running, logits, token: int | None = None) -> JobResult:
+    def _advance(
+        self,
+        run: _Running,
+        logits,
+        token: int | None = None,
+        draft: tuple[int, torch.Tensor | None] | None = None,
+    ) -> JobResult:
         """Sample the next token from ``logits`` (or take ``token``, already chosen as their
-        argmax for a plain greedy job) and report what it adds."""
+        argmax for a plain greedy job) and report what it adds. ``draft``: the drafted token at
+        this position of a verify step and its proposal distribution (None: a point mass); the
+        acceptance rule then picks the token (``engine.generation.speculative.acceptance``)."""
         if token is None:
             mask = None
             if run.constraint is not None:
@@ -636,7 +691,10 @@ class Generator:
                     return self._constraint_dead_end(run, str(exc))
                 if mask is None:  # no token can continue the constrained output
                     return self._constraint_dead_end(run)
-            token = run.sampler.sample(logits, run.tokens, run.generated, mask)
+            if draft is None:
+                token = run.sampler.sample(logits, run.tokens, run.generated, mask)
+            else:
+                token = acceptance.pick(run.sampler, logits, run.tokens, run.generated, mask, *draft)
             if run.constraint is not None:
                 try:
                     token = self._keep_room_to_finish(run, logits, token)
@@ -647,10 +705,15 @@ class Generator:
             run.t_first = now
         run.tokens.append(token)
         text, reason, error = "", None, None
+        ids = [token]
         if token in run.stop_ids:
             reason = "eos"
         else:
             piece = run.decoder.add(token) if run.decoder is not None else ""
+            if run.guard is not None:  # text that may start a banned string is held back
+                piece, ids, back = run.guard.feed(token, piece)
+                if back is not None:
+                    return self._rewind(run, run.prompt_len + back, now)
             text, hit = run.stops.feed(piece)
             if hit:
                 reason = "stop_string"
@@ -661,12 +724,32 @@ class Generator:
             reason, error = self._advance_constraint(run, token, reason)
         if reason is not None and reason != "stop_string":
             tail = run.decoder.flush() if run.decoder is not None else ""
+            if run.guard is not None:  # the end: no banned string can complete any more
+                held, held_ids = run.guard.finish()
+                tail = held + tail
+                ids = held_ids + ids if reason == "eos" else ids + held_ids
             more, _ = run.stops.feed(tail)
             text += more + run.stops.flush()
-        result = self._result(run, text, [token], reason, error, now)
+        result = self._result(run, text, ids, reason, error, now)
         if result.done:
             self._finish(run)
         return result
+
+    def _rewind(self, run: _Running, length: int, now: float) -> JobResult:
+        """A banned string appeared: keep the first ``length`` tokens, ban token ``length`` at its
+        position and let the next step draw it again (``engine.generation.samplers``). Nothing is
+        reported: the dropped tokens' text was still held back."""
+        dropped = run.tokens[length]
+        del run.tokens[length:]
+        bans = run.sampler.bans
+        for position in [p for p in bans if p > length]:  # they were bans after another prefix
+            del bans[position]
+        bans.setdefault(length, set()).add(dropped)
+        run.decoder = self.tokenizer.incremental_decoder()
+        for token in run.tokens[run.prompt_len :]:  # its state after the kept tokens
+            run.decoder.add(token)
+        rewind_cache(self.cache, run, length, run.rewind_points)
+        return self._result(run, "", [], None, None, now)
 
     def _result(
         self,
@@ -698,6 +781,8 @@ class Generator:
         """A job is over: it leaves the batch and its pages go back (full ones stay cached)."""
         self._active.remove(run)
         self._by_job.pop(run.job, None)
+        if self.speculation is not None:
+            self.speculation.forget(run)
         self.cache.pages.release(run.pages)
         self.cache.state_slots.release(run.state_slot)
         for _, row in run.held_snapshots:  # launched steps whose tokens it will never read

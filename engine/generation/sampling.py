@@ -9,10 +9,11 @@ token for the same uniform). Each row goes through:
 1. the *logit processors* (:data:`LOGIT_PROCESSORS`), on the raw logits, in order: the logit bias
    (``{id: bias}`` added first, OpenAI's semantics), the repetition penalty over the context's
    distinct ids (CTRL-style: positive logits divided, negative ones multiplied), presence and
-   frequency penalties over the generated tokens (OpenAI-style), a constraint's mask;
+   frequency penalties over the generated tokens (OpenAI-style), DRY over the whole context, a
+   constraint's mask, the tokens a banned string's rewind banned at this position;
 2. greedy rows (temperature 0 or top_k 1) take the first argmax here;
-3. the *distribution processors* (:data:`DISTRIBUTION_PROCESSORS`): temperature, then top-k, top-p
-   and min-p, each setting the tokens it drops to -inf;
+3. the *distribution processors* (:data:`DISTRIBUTION_PROCESSORS`): temperature, then top-n-sigma,
+   top-k, typical-p, top-p and min-p, each setting the tokens it drops to -inf, then XTC;
 4. the draw: integer weights ``floor(exp(x - max) * 2**44)`` (exact, order-independent sums, so
    the kernel's atomics and this reference agree bit for bit), and the first token in ascending id
    order whose cumulative weight exceeds ``floor(u * total)``, ``u`` the job's own uniform.
@@ -45,16 +46,18 @@ sum.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from engine.generation.samplers import dry, token_bans, top_n_sigma, typical, xtc
 from engine.generation.sampling_settings import SETTINGS, SamplingSettings, Setting
 
 __all__ = [
     "DISTRIBUTION_PROCESSORS",
+    "HostRow",
     "LOGIT_PROCESSORS",
     "PROCESSORS",
     "SETTINGS",
@@ -69,6 +72,7 @@ __all__ = [
     "apply_penalties",
     "apply_penalties_rows",
     "pack_rows",
+    "process_logits",
     "sample_reference",
     "truncate",
 ]
@@ -209,11 +213,25 @@ def pack_rows(
     return _views(buffer, n, rep_cap, gen_cap)
 
 
+@dataclass(frozen=True)
+class HostRow:
+    """What host-only processors read of one row besides its settings: the ``context`` (prompt
+    and reply so far; DRY), DRY's sequence-breaker ids, the ids ``banned`` at this position (a
+    banned string's rewinds) and XTC's coin ``xtc_u`` for this token (XTC acts where it is below
+    ``xtc_probability``)."""
+
+    context: Sequence[int] = ()
+    breakers: Collection[int] = frozenset()
+    banned: Collection[int] = ()
+    xtc_u: float = 1.0
+
+
 class SamplingBatch:
     """What the processors read: the packed ``rows`` (on the logits' device), and for host-only
-    processors each row's ``settings`` (e.g. the logit bias) and a constraint ``mask`` (bool
-    ``[rows, vocab]``, True = allowed). ``pending`` (int64 ``[rows]``): each row's last generated
-    token, not yet in its penalty lists (see :func:`apply_penalties_rows`)."""
+    processors each row's ``settings`` (e.g. the logit bias), a constraint ``mask`` (bool
+    ``[rows, vocab]``, True = allowed) and ``host`` inputs (:class:`HostRow`). ``pending`` (int64
+    ``[rows]``): each row's last generated token, not yet in its penalty lists (see
+    :func:`apply_penalties_rows`)."""
 
     def __init__(
         self,
@@ -222,11 +240,23 @@ class SamplingBatch:
         settings: Sequence[SamplingSettings] | None = None,
         mask: torch.Tensor | None = None,
         pending: torch.Tensor | None = None,
+        host: Sequence[HostRow] | None = None,
     ) -> None:
         self.rows, self.settings, self.mask, self.pending = rows, settings, mask, pending
+        self.host = host
         self.device = device
         self.column = dict(zip(SETTING_FIELDS, rows.settings.to(device).unbind(1)))
         self.greedy = (self.column["temperature"] <= 0) | (self.column["top_k"] == 1)
+
+    def column_of(self, name: str) -> torch.Tensor:
+        """Each row's value of setting ``name`` (float32 ``[rows]``): a kernel column, or read
+        from ``settings`` for a host-only one (its default where the batch has no settings)."""
+        if name in self.column:
+            return self.column[name]
+        values = [getattr(s, name) for s in self.settings] if self.settings else None
+        if values is None:
+            values = [getattr(SamplingSettings(), name)] * self.rows.rows
+        return torch.tensor(values, dtype=torch.float32, device=self.device)
 
 
 # -- the processors --------------------------------------------------------------------------
@@ -399,17 +429,24 @@ LOGIT_PROCESSORS: tuple[Processor, ...] = (
         lambda s, c: bool(s.presence_penalty or s.frequency_penalty),
         _presence_frequency,
     ),
+    Processor("dry", False, lambda s, c: s.dry_multiplier > 0, dry.apply),
     Processor("constraint", False, lambda s, c: c, _constraint),
+    # Active for every job with banned strings: any position may carry bans after a rewind.
+    Processor("banned_strings", False, lambda s, c: bool(s.banned_strings), token_bans.apply),
 )
 # Skipped by greedy rows (they never change the argmax): inactive for them.
 TRUNCATIONS: tuple[Processor, ...] = (
+    Processor("top_n_sigma", False, lambda s, c: not s.is_greedy and s.top_n_sigma > 0, top_n_sigma.apply),
     Processor("top_k", True, lambda s, c: not s.is_greedy and s.top_k > 0, _top_k),
+    Processor("typical_p", False, lambda s, c: not s.is_greedy and s.typical_p < 1.0, typical.apply),
     Processor("top_p", True, lambda s, c: not s.is_greedy and s.top_p < 1.0, _top_p),
     Processor("min_p", True, lambda s, c: not s.is_greedy and s.min_p > 0.0, _min_p),
 )
 DISTRIBUTION_PROCESSORS: tuple[Processor, ...] = (
     Processor("temperature", True, lambda s, c: not s.is_greedy, _temperature),
     *TRUNCATIONS,
+    # Random (its own coin per token), so not a truncation that truncate() could replay.
+    Processor("xtc", False, lambda s, c: not s.is_greedy and s.xtc_probability > 0, xtc.apply),
 )
 PROCESSORS: tuple[Processor, ...] = LOGIT_PROCESSORS + DISTRIBUTION_PROCESSORS
 
@@ -434,6 +471,32 @@ def _draw(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, picked, 0)
 
 
+def process_logits(
+    logits: torch.Tensor,
+    rows: SamplingRows,
+    pending: torch.Tensor | None = None,
+    *,
+    settings: Sequence[SamplingSettings] | None = None,
+    mask: torch.Tensor | None = None,
+    host: Sequence[HostRow] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Every processor of :func:`sample_reference`, without the draw: ``(x, greedy, greedy_ids)``
+    where ``x`` float32 ``[rows, vocab]`` holds what the draw reads for sampled rows (their
+    integer weights, ``_weights``, are the distribution the draw follows), ``greedy`` (bool
+    ``[rows]``) marks the greedy rows and ``greedy_ids`` their tokens (None where no row is
+    greedy). Speculative decoding reads the distribution from here to accept or reject drafts."""
+    x = logits.to(torch.float32, copy=True)  # the processors write in place
+    b = SamplingBatch(rows, x.device, settings, mask, pending, host)
+    for p in LOGIT_PROCESSORS:
+        x = p.apply(x, b)
+    greedy_ids = x.argmax(1) if bool(b.greedy.any()) else None  # the first maximum
+    if bool(b.greedy.all()):
+        return x, b.greedy, greedy_ids
+    for p in DISTRIBUTION_PROCESSORS:
+        x = p.apply(x, b)
+    return x, b.greedy, greedy_ids
+
+
 def sample_reference(
     logits: torch.Tensor,
     rows: SamplingRows,
@@ -442,24 +505,37 @@ def sample_reference(
     *,
     settings: Sequence[SamplingSettings] | None = None,
     mask: torch.Tensor | None = None,
+    host: Sequence[HostRow] | None = None,
 ) -> torch.Tensor:
     """One token id per row (int64 ``[rows]``, on the logits' device) from ``logits``
     ``[rows, vocab]`` (any float dtype), the rows' packed settings and penalty lists, and one
     uniform ``u`` ``[rows]`` in [0, 1) per row: every processor, then the draw (module docstring).
     ``pending``: each row's last token, not yet in its lists (:func:`apply_penalties_rows`).
-    Host-only inputs: ``settings`` (each row's, for the logit bias; None: no bias) and ``mask``
-    (bool ``[rows, vocab]``, True = allowed). Without them this is what the kernel computes."""
-    x = logits.to(torch.float32, copy=True)  # the processors write in place
-    b = SamplingBatch(rows, x.device, settings, mask, pending)
-    for p in LOGIT_PROCESSORS:
-        x = p.apply(x, b)
-    if bool(b.greedy.all()):
-        return x.argmax(1)  # the first maximum
-    greedy_ids = x.argmax(1) if bool(b.greedy.any()) else None
-    for p in DISTRIBUTION_PROCESSORS:
-        x = p.apply(x, b)
+    Host-only inputs: ``settings`` (each row's, for the logit bias and the samplers beyond the
+    kernel's; None: none of them), ``mask`` (bool ``[rows, vocab]``, True = allowed) and ``host``
+    (:class:`HostRow` per row). Without them this is what the kernel computes."""
+    x, greedy, greedy_ids = process_logits(logits, rows, pending, settings=settings, mask=mask, host=host)
+    if bool(greedy.all()):
+        return greedy_ids
     drawn = _draw(x, u.to(x.device))
-    return drawn if greedy_ids is None else torch.where(b.greedy, greedy_ids, drawn)
+    return drawn if greedy_ids is None else torch.where(greedy, greedy_ids, drawn)
+
+
+def weights_of(x: torch.Tensor) -> torch.Tensor:
+    """The draw's integer weights (int64, same shape) of processed logits ``x`` ``[rows, vocab]``:
+    a row's distribution is its weights over their sum."""
+    return _weights(x, _row_max(x))
+
+
+def draw_weights(weights: torch.Tensor, u: float) -> int:
+    """The token a uniform ``u`` picks from 1-D integer ``weights``, as the draw picks it (the
+    first token in id order whose cumulative weight exceeds ``floor(u * total)``)."""
+    cum = weights.cumsum(0)
+    total = int(cum[-1])
+    if total <= 0:
+        return 0
+    target = min(int(u * total), total - 1)
+    return int(torch.searchsorted(cum, torch.tensor([target]), right=True)[0].clamp(max=weights.numel() - 1))
 
 
 def apply_penalties_rows(
@@ -519,6 +595,11 @@ class Sampler:
         self._seen: set[int] = set()
         self._seen_ids = torch.empty(0, dtype=torch.long)
         self._seen_len = 0
+        # DRY's sequence breakers as token ids (the generator resolves the strings with its
+        # tokenizer: engine.generation.samplers.dry.breaker_ids), and the tokens banned at each
+        # position by a banned string's rewinds (position = length of the context before it).
+        self.breakers: frozenset[int] = frozenset()
+        self.bans: dict[int, set[int]] = {}
 
     def context_ids(self, context: Sequence[int]) -> torch.Tensor:
         """The distinct ids of ``context`` (what the repetition penalty divides), kept up to date
@@ -548,6 +629,7 @@ class Sampler:
         s = self.settings
         ids = self.context_ids(context) if s.repetition_penalty != 1.0 else ()
         rows = pack_rows([s], [ids], [generated], pin=False)
+        host = self._host_row(context)
         if u is None:
             u = 0.0 if s.is_greedy else self.next_uniform()
         token = sample_reference(
@@ -556,8 +638,43 @@ class Sampler:
             torch.tensor([u], dtype=torch.float32),
             settings=[s],
             mask=None if mask is None else mask.cpu()[None],
+            host=[host],
         )
         return int(token[0])
+
+    def weights(
+        self,
+        logits: torch.Tensor,
+        context: Sequence[int],
+        generated: Sequence[int],
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The integer weights (int64 ``[vocab]``) :meth:`sample` would draw from for these
+        ``logits``, every processor applied (an XTC coin drawn where XTC is on); their normalised
+        values are the job's distribution for the next token. For a sampled job only."""
+        s = self.settings
+        ids = self.context_ids(context) if s.repetition_penalty != 1.0 else ()
+        rows = pack_rows([s], [ids], [generated], pin=False)
+        x, _, _ = process_logits(
+            logits.float().cpu()[None],
+            rows,
+            settings=[s],
+            mask=None if mask is None else mask.cpu()[None],
+            host=[self._host_row(context)],
+        )
+        return weights_of(x)[0]
+
+    def _host_row(self, context: Sequence[int]) -> HostRow:
+        """The host-only processors' inputs for the token after ``context`` (XTC's coin drawn from
+        the job's generator here, before the draw's uniform, where XTC may act)."""
+        s = self.settings
+        coin = self.next_uniform() if s.xtc_probability > 0 and not s.is_greedy else 1.0
+        return HostRow(
+            context if s.dry_multiplier > 0 else (),
+            self.breakers,
+            self.bans.get(len(context), ()),
+            coin,
+        )
 
     def next_uniform(self) -> float:
         """The next uniform in [0, 1) of the job's generator (a float32 value): what a draw uses,

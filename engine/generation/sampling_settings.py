@@ -42,6 +42,7 @@ class Setting:
     editor: tuple[Number, Number] | None = None
     step: Number | None = None
     optional: bool = False  # None is a value (e.g. the seed: None = a random one)
+    tip: str = ""  # one or two sentences for an editor's tooltip: what the setting does
 
     def accepts(self, value: object) -> bool:
         if value is None:
@@ -88,8 +89,19 @@ SETTINGS: tuple[Setting, ...] = (
         note="0 = greedy",
         editor=(0.0, 5.0),
         step=0.05,
+        tip="Higher is more varied, lower more predictable; 0 always takes the likeliest token.",
     ),
-    Setting("top_k", "Top-k (0 = off)", 0, whole=True, low=0, note="0 = off", editor=(0, 1000), step=1),
+    Setting(
+        "top_k",
+        "Top-k (0 = off)",
+        0,
+        whole=True,
+        low=0,
+        note="0 = off",
+        editor=(0, 1000),
+        step=1,
+        tip="Only the k likeliest tokens can be chosen (0 = off).",
+    ),
     # 0 would keep no token: refused, and the editor starts one step above it.
     Setting(
         "top_p",
@@ -102,9 +114,19 @@ SETTINGS: tuple[Setting, ...] = (
         note="1 = off",
         editor=(0.01, 1.0),
         step=0.01,
+        tip="Only the likeliest tokens that together reach this probability can be chosen (1 = off).",
     ),
     Setting(
-        "min_p", "Min-p", 0.0, whole=False, low=0.0, high=1.0, note="0 = off", editor=(0.0, 1.0), step=0.01
+        "min_p",
+        "Min-p",
+        0.0,
+        whole=False,
+        low=0.0,
+        high=1.0,
+        note="0 = off",
+        editor=(0.0, 1.0),
+        step=0.01,
+        tip="Drops tokens less likely than this fraction of the likeliest one (0 = off).",
     ),
     # > 1 discourages every token already in the context (CTRL-style: see sampling.py).
     Setting(
@@ -117,6 +139,7 @@ SETTINGS: tuple[Setting, ...] = (
         note="1 = off",
         editor=(0.5, 2.0),
         step=0.01,
+        tip="Above 1 discourages every token already in the conversation (1 = off).",
     ),
     # Subtracted once from every token already generated (OpenAI-style).
     Setting(
@@ -127,6 +150,7 @@ SETTINGS: tuple[Setting, ...] = (
         note="0 = off",
         editor=(-2.0, 2.0),
         step=0.05,
+        tip="Subtracted once from every token the reply already used (0 = off).",
     ),
     # Subtracted per occurrence in the generated tokens (OpenAI-style).
     Setting(
@@ -137,6 +161,94 @@ SETTINGS: tuple[Setting, ...] = (
         note="0 = off",
         editor=(-2.0, 2.0),
         step=0.05,
+        tip="Subtracted from a token once per time the reply already used it (0 = off).",
+    ),
+    # DRY ("don't repeat yourself", engine.generation.samplers.dry): a token that would extend a
+    # sequence already seen earlier in the context loses multiplier * base ** (n - allowed) from
+    # its logit, n the length of the repeat it would extend.
+    Setting(
+        "dry_multiplier",
+        "DRY multiplier",
+        0.0,
+        whole=False,
+        low=0.0,
+        note="0 = off",
+        editor=(0.0, 5.0),
+        step=0.05,
+        tip="Penalises tokens that would continue a passage already written earlier "
+        "(0 = off; 0.8 is typical).",
+    ),
+    Setting(
+        "dry_base",
+        "DRY base",
+        1.75,
+        whole=False,
+        low=1.0,
+        editor=(1.0, 4.0),
+        step=0.05,
+        tip="How fast the DRY penalty grows with each further repeated token.",
+    ),
+    Setting(
+        "dry_allowed_length",
+        "DRY allowed length",
+        2,
+        whole=True,
+        low=1,
+        editor=(1, 20),
+        step=1,
+        tip="Repeats up to this many tokens long are not penalised by DRY.",
+    ),
+    # XTC ("exclude top choices", engine.generation.samplers.xtc): with this probability per
+    # token, every token at least this likely except the least likely of them is removed.
+    Setting(
+        "xtc_threshold",
+        "XTC threshold",
+        0.1,
+        whole=False,
+        low=0.0,
+        high=1.0,
+        editor=(0.0, 0.5),
+        step=0.01,
+        tip="XTC considers the tokens at least this likely (above 0.5 it never acts).",
+    ),
+    Setting(
+        "xtc_probability",
+        "XTC probability",
+        0.0,
+        whole=False,
+        low=0.0,
+        high=1.0,
+        note="0 = off",
+        editor=(0.0, 1.0),
+        step=0.05,
+        tip="Chance per token that XTC removes the likeliest choices, keeping the least likely of "
+        "those above the threshold (0 = off).",
+    ),
+    # Top-n-sigma: keep tokens whose logit is within n standard deviations of the best one.
+    Setting(
+        "top_n_sigma",
+        "Top-n\u03c3",
+        0.0,
+        whole=False,
+        low=0.0,
+        note="0 = off",
+        editor=(0.0, 5.0),
+        step=0.05,
+        tip="Keeps the tokens whose logit lies within n standard deviations of the best (0 = off).",
+    ),
+    # Locally typical sampling: keep the tokens whose surprise is closest to the entropy.
+    Setting(
+        "typical_p",
+        "Typical-p",
+        1.0,
+        whole=False,
+        low=0.0,
+        high=1.0,
+        low_open=True,
+        note="1 = off",
+        editor=(0.01, 1.0),
+        step=0.01,
+        tip="Keeps the tokens whose surprise is closest to the average, up to this mass (1 = off).",
     ),
     # torch's generator takes 64-bit seeds; a negative one is refused rather than wrapped, since
     # elsewhere (llama.cpp) -1 means "random". No editor: the app never sets it.
@@ -152,8 +264,28 @@ LOGIT_BIAS_ALLOWED = (
 )
 
 
+# Lists of strings: DRY's sequence breakers and the banned strings. No editor in the app's
+# spin-box pane either; a server or the CLI passes them. A banned string is matched in the reply's
+# text and rewound (engine.generation.samplers.banned_strings): its length bounds how far back
+# that can be, so it is capped.
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")  # SillyTavern's and llama.cpp's defaults
+BANNED_STRING_MAX_CHARS = 200
+STRINGS_ALLOWED = "a list of non-empty strings"
+BANNED_ALLOWED = f"a list of non-empty strings of at most {BANNED_STRING_MAX_CHARS} characters"
+
+
 def _default(name: str) -> Number | None:
     return BY_NAME[name].default
+
+
+def _check_strings(name: str, value: object, allowed: str, max_chars: int | None = None) -> None:
+    """Refuse ``value`` unless it is a list (or tuple) of non-empty strings, each at most
+    ``max_chars`` long; the error names the offending entry."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise SamplingSettingError(name, allowed, value)
+    for entry in value:
+        if not isinstance(entry, str) or not entry or (max_chars is not None and len(entry) > max_chars):
+            raise SamplingSettingError(name, allowed, entry)
 
 
 @dataclass
@@ -171,6 +303,19 @@ class SamplingSettings:
     frequency_penalty: float = _default("frequency_penalty")
     seed: int | None = _default("seed")
     logit_bias: Mapping[int, float] | None = field(default_factory=dict)
+    # The samplers added after the OpenAI set (fields after these, so positional use still works).
+    dry_multiplier: float = _default("dry_multiplier")
+    dry_base: float = _default("dry_base")
+    dry_allowed_length: int = _default("dry_allowed_length")
+    xtc_threshold: float = _default("xtc_threshold")
+    xtc_probability: float = _default("xtc_probability")
+    top_n_sigma: float = _default("top_n_sigma")
+    typical_p: float = _default("typical_p")
+    # Text that ends a repeat for DRY: a token whose text holds one of these is never part of one.
+    dry_sequence_breakers: tuple[str, ...] | list[str] = DRY_SEQUENCE_BREAKERS
+    # Strings the reply must never contain: where one appears (across tokens too), generation
+    # goes back to the token where it starts and draws that token again with it banned.
+    banned_strings: tuple[str, ...] | list[str] = ()
 
     @classmethod
     def greedy(cls) -> SamplingSettings:
@@ -183,13 +328,19 @@ class SamplingSettings:
 
     def validate(self) -> None:
         """Raise :class:`~engine.errors.SamplingSettingError` naming the first field outside its
-        range (:data:`SETTINGS` order, then ``logit_bias``). The one check of these values: the
+        range (:data:`SETTINGS` order, then ``logit_bias``, ``dry_sequence_breakers`` and
+        ``banned_strings``). The one check of these values: the
         Sampler runs it for every job, and entry points (the CLI, the app's worker, a server) call
         it to refuse bad values before any model work."""
         for setting in SETTINGS:
             value = getattr(self, setting.name)
             if not setting.accepts(value):
                 raise SamplingSettingError(setting.name, setting.allowed, value)
+        self._validate_logit_bias()
+        _check_strings("dry_sequence_breakers", self.dry_sequence_breakers, STRINGS_ALLOWED)
+        _check_strings("banned_strings", self.banned_strings, BANNED_ALLOWED, BANNED_STRING_MAX_CHARS)
+
+    def _validate_logit_bias(self) -> None:
         bias = self.logit_bias
         if bias is None:  # OpenAI's null: no bias
             return

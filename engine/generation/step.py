@@ -19,7 +19,8 @@ class StepItem:
     """Feed ``tokens`` to a sequence that already has ``past`` positions in the cache.
 
     ``logits``: ``"last"`` for the next-token distribution after the last token, ``"all"`` for
-    one row per token (scoring), ``None`` when the step only fills the cache (a prefill chunk).
+    one row per token (scoring), a number ``n`` for one row per token of the last ``n`` (a
+    speculative verify step), ``None`` when the step only fills the cache (a prefill chunk).
     ``media``: the sequence's images (whole prompt), of which the step uses what it covers.
     ``state_slot``: the sequence's recurrent-state slot (``cache.state_slots``; None where the
     model keeps no recurrent state).
@@ -28,7 +29,7 @@ class StepItem:
     tokens: Sequence[int]
     past: int
     block_table: Sequence[int]
-    logits: str | None = "last"
+    logits: str | int | None = "last"
     media: PromptMedia | None = None
     state_slot: int | None = None
 
@@ -65,6 +66,8 @@ def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) ->
             logit_rows.append(row + n - 1)
         elif item.logits == "all":
             logit_rows.extend(range(row, row + n))
+        elif isinstance(item.logits, int):
+            logit_rows.extend(range(row + n - item.logits, row + n))
         spans.append((first, len(logit_rows)) if item.logits else None)
         row += n
     has_mrope = any(item.media is not None and item.media.rope_positions is not None for item in items)

@@ -29,11 +29,16 @@ def test_every_processor_says_whether_the_kernel_applies_it():
         ("logit_bias", False),  # first: OpenAI adds it to the raw logits, before anything else
         ("repetition_penalty", True),
         ("presence_frequency_penalty", True),
+        ("dry", False),
         ("constraint", False),
+        ("banned_strings", False),
         ("temperature", True),
+        ("top_n_sigma", False),
         ("top_k", True),
+        ("typical_p", False),
         ("top_p", True),
         ("min_p", True),
+        ("xtc", False),  # random (a coin per token): after every truncation
     ]
 
 

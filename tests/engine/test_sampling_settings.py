@@ -21,6 +21,13 @@ BAD = {
     "repetition_penalty": [NAN, INF, 0.0, -1.0],
     "presence_penalty": [NAN, INF, -INF, "0"],
     "frequency_penalty": [NAN, -INF, INF],
+    "dry_multiplier": [NAN, -0.1, INF],
+    "dry_base": [0.99, NAN, INF, 0],
+    "dry_allowed_length": [0, -1, 2.5, True],
+    "xtc_threshold": [-0.1, 1.1, NAN],
+    "xtc_probability": [-0.1, 1.1, NAN],
+    "top_n_sigma": [-0.5, NAN, INF],
+    "typical_p": [0.0, 1.01, NAN],
     "seed": [-1, 2**64, 1.5, "7", True],
 }
 
@@ -33,6 +40,13 @@ GOOD = {
     "repetition_penalty": [1.0, 1e-3, 2.0],
     "presence_penalty": [0.0, -2.0, 2.0, -100.0],
     "frequency_penalty": [0.0, -2.0, 2.0],
+    "dry_multiplier": [0.0, 0.8, 5.0],
+    "dry_base": [1.0, 1.75, 4.0],
+    "dry_allowed_length": [1, 2, 100],
+    "xtc_threshold": [0.0, 0.1, 1.0],
+    "xtc_probability": [0.0, 0.5, 1.0],
+    "top_n_sigma": [0.0, 1.0, 10.0],
+    "typical_p": [1.0, 0.5, 1e-6],
     "seed": [None, 0, 12345, 2**64 - 1],
 }
 
@@ -44,6 +58,13 @@ ALLOWED_WORDS = {  # what each message must say about the allowed range
     "repetition_penalty": "> 0",
     "presence_penalty": "finite",
     "frequency_penalty": "finite",
+    "dry_multiplier": ">= 0",
+    "dry_base": ">= 1",
+    "dry_allowed_length": ">= 1",
+    "xtc_threshold": "[0, 1]",
+    "xtc_probability": "[0, 1]",
+    "top_n_sigma": ">= 0",
+    "typical_p": "(0, 1]",
     "seed": "[0, 2**64)",
 }
 
@@ -127,3 +148,27 @@ def test_the_descriptions_import_no_torch() -> None:
     code = "import sys, engine.generation.sampling_settings; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("banned_strings", "Paris"),
+        ("banned_strings", ["ok", ""]),
+        ("banned_strings", ["x" * 201]),
+        ("banned_strings", [3]),
+        ("dry_sequence_breakers", "\n"),
+        ("dry_sequence_breakers", [None]),
+    ],
+)
+def test_string_lists_are_refused_naming_the_entry(field: str, value: object) -> None:
+    with pytest.raises(SamplingSettingError) as caught:
+        SamplingSettings(**{field: value}).validate()
+    assert caught.value.field == field and "a list of non-empty strings" in str(caught.value)
+
+
+def test_every_setting_with_an_editor_has_a_tooltip() -> None:
+    from engine.generation.sampling_settings import SETTINGS
+
+    for setting in SETTINGS:
+        assert setting.editor is None or setting.tip, setting.name

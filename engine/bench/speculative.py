@@ -1,0 +1,184 @@
+"""``bench --draft KIND``: what speculative decoding buys, per prompt set, against plain decoding.
+
+Each prompt of each set (``engine/bench/data/speculative_prompts.json``: code edits, whose replies
+repeat their prompt, and plain chat) is answered greedily, one job at a time, with and without
+the drafter, alternating the two per prompt and repeat so that both see the same machine load.
+Reported per set: decode tokens/s either way (the Generator's own timings: tokens after the
+first over the time they took) and their ratio, the worst single prompt's ratio, the drafts'
+acceptance rate, accepted tokens per verify step and tokens per decode step, and whether the
+drafted replies equal the plain ones (they must, greedy: a difference is a bug). Figures are
+medians over ``--repeats`` after a warm-up.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+PROMPTS = Path(__file__).parent / "data" / "speculative_prompts.json"
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _reply(session, ids: list[int], new_tokens: int, settings) -> dict[str, Any]:
+    """One reply: its tokens, decode speed, and decode steps taken."""
+    from engine.generation.job import Job
+
+    gen = session.generator
+    job = Job(ids, new_tokens, settings)
+    tokens: list[int] = []
+    steps = 0
+    last = None
+    for result in gen.stream(job):
+        tokens += result.token_ids
+        steps += 1
+        last = result
+    decode_s = last.timings.decode_s if last else 0.0
+    return {
+        "tokens": tokens,
+        "tokens_per_s": last.timings.tokens_per_second(last.new_tokens) if last else 0.0,
+        "decode_s": decode_s,
+        "decode_steps": max(1, steps - 1),  # the first token comes from the prefill step
+    }
+
+
+def _stats_delta(spec, before) -> dict[str, int]:
+    s = spec.stats
+    return {
+        "verify_steps": s.verify_steps - before[0],
+        "drafted": s.drafted - before[1],
+        "accepted": s.accepted - before[2],
+    }
+
+
+def run_draft_bench(args) -> int:
+    """The comparison for ``-m DIR`` with ``--draft``; prints a table, writes JSON with ``--json``."""
+    from engine.session import ChatSession
+
+    sets = json.loads(PROMPTS.read_text(encoding="utf-8"))
+    names = [n for n in sets if n != "about"]
+    options = replace(args.options, draft="off")
+    plain = ChatSession.load(args.model, device=args.device, dtype=args.dtype, options=options)
+    drafted = ChatSession(
+        plain.model,
+        plain.tokenizer,
+        cache_tokens=None,
+        options=replace(args.options, draft=args.draft, draft_tokens=args.draft_tokens or 4),
+    )
+    spec = drafted.generator.speculation
+    new_tokens = args.decode_tokens
+    sampling = _sampling(args)
+    rows = []
+    for name in names:
+        prompts = [plain.tokenizer.encode_chat([{"role": "user", "content": text}]) for text in sets[name]]
+        runs: dict[str, list[list[dict]]] = {"plain": [[] for _ in prompts], "draft": [[] for _ in prompts]}
+        totals = {"verify_steps": 0, "drafted": 0, "accepted": 0}
+        for repeat in range(args.repeats + 1):  # the first round warms up
+            for i, ids in enumerate(prompts):
+                order = (("plain", plain), ("draft", drafted))
+                for label, session in order if (repeat + i) % 2 == 0 else order[::-1]:
+                    before = (spec.stats.verify_steps, spec.stats.drafted, spec.stats.accepted)
+                    session.generator.cache.pages.clear_cached()  # no prefix reuse across runs
+                    reply = _reply(session, ids, new_tokens, sampling)
+                    if repeat > 0:
+                        runs[label][i].append(reply)
+                        if label == "draft":
+                            for key, value in _stats_delta(spec, before).items():
+                                totals[key] += value
+            _log(f"  {name}: round {repeat + 1}/{args.repeats + 1} done")
+        rows.append(_row(name, runs, totals, args.repeats))
+    result = {
+        "model": str(args.model),
+        "sampling": "app balanced (seeded)" if getattr(args, "sampled", False) else "greedy",
+        "draft": args.draft,
+        "draft_tokens": spec.max_tokens,
+        "new_tokens": new_tokens,
+        "repeats": args.repeats,
+        "threads": __import__("torch").get_num_threads(),
+        "sets": rows,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    print(format_table(result))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(result, indent=2), encoding="utf-8")
+    greedy = result["sampling"] == "greedy"
+    return 0 if not greedy or all(r["same_tokens"] for r in rows) else 1
+
+
+def _sampling(args):
+    """Greedy, or with ``--sampled`` the app's default preset with a fixed seed (each reply is
+    then the same in every round, drafted or not within itself; the two differ, so only their
+    speeds compare)."""
+    from engine.generation.sampling import SamplingSettings
+
+    if not getattr(args, "sampled", False):
+        return SamplingSettings.greedy()
+    from engine.bench.sampler import PRESETS
+
+    return SamplingSettings(**PRESETS["app balanced"], seed=0)
+
+
+def _row(name: str, runs: dict, totals: dict, repeats: int) -> dict[str, Any]:
+    """One prompt set's figures: per prompt the median decode time of each mode, summed."""
+
+    def speed(label: str) -> float:
+        tokens = time_s = 0.0
+        for replies in runs[label]:
+            median_s = statistics.median(r["decode_s"] for r in replies)
+            tokens += len(replies[0]["tokens"]) - 1
+            time_s += median_s
+        return tokens / time_s if time_s else 0.0
+
+    def rate(replies: list[dict]) -> float:
+        return (len(replies[0]["tokens"]) - 1) / max(statistics.median(r["decode_s"] for r in replies), 1e-9)
+
+    plain_tps, draft_tps = speed("plain"), speed("draft")
+    # Each prompt's own ratio (decode tokens/s drafted over plain, medians): the worst one says
+    # whether drafting ever costs more than it gives.
+    per_prompt = [rate(d) / rate(p) for p, d in zip(runs["plain"], runs["draft"]) if rate(p) > 0]
+    same = all(p[0]["tokens"] == d[0]["tokens"] for p, d in zip(runs["plain"], runs["draft"]))
+    steps = sum(r["decode_steps"] for replies in runs["draft"] for r in replies)
+    tokens = sum(len(r["tokens"]) - 1 for replies in runs["draft"] for r in replies)
+    return {
+        "set": name,
+        "prompts": len(runs["plain"]),
+        "plain_tokens_per_s": plain_tps,
+        "draft_tokens_per_s": draft_tps,
+        "speedup": draft_tps / plain_tps if plain_tps else 0.0,
+        "speedup_per_prompt": per_prompt,
+        "worst_speedup": min(per_prompt),
+        "acceptance_rate": totals["accepted"] / totals["drafted"] if totals["drafted"] else 0.0,
+        "accepted_per_verify_step": totals["accepted"] / totals["verify_steps"]
+        if totals["verify_steps"]
+        else 0.0,
+        "tokens_per_decode_step": tokens / steps if steps else 0.0,
+        "drafted": totals["drafted"],
+        "accepted": totals["accepted"],
+        "same_tokens": same,
+    }
+
+
+def format_table(r: dict) -> str:
+    lines = [
+        f"speculative decoding: {r['draft']} (at most {r['draft_tokens']} tokens), "
+        f"{r['new_tokens']} new tokens per reply, {r['sampling']}, batch 1, median of {r['repeats']}, "
+        f"{r['threads']} threads",
+        f"{'set':<10} {'plain tok/s':>11} {'draft tok/s':>11} {'ratio':>6} {'accepted':>9} "
+        f"{'acc/verify':>10} {'tok/step':>8} {'worst':>6} {'same':>5}",
+    ]
+    for row in r["sets"]:
+        lines.append(
+            f"{row['set']:<10} {row['plain_tokens_per_s']:>11.1f} {row['draft_tokens_per_s']:>11.1f} "
+            f"{row['speedup']:>5.2f}x {row['acceptance_rate']:>8.0%} "
+            f"{row['accepted_per_verify_step']:>10.2f} "
+            f"{row['tokens_per_decode_step']:>8.2f} {row['worst_speedup']:>5.2f}x "
+            f"{('yes' if row['same_tokens'] else 'NO') if r['sampling'] == 'greedy' else '-':>5}"
+        )
+    return "\n".join(lines)
