@@ -50,11 +50,18 @@ from app.library.controller import LibraryController
 from app.library.model import LibraryModel
 from app.library.model_bar import ModelBar
 from app.library.pane import LibraryPane
+from app.remote.catalog import RemoteCatalog
+from app.remote.dialog import EnginesDialog
+from app.remote.refs import is_remote_ref, split_ref
+from app.serve.status import ServeControl
 from app.settings.dialog import SettingsDialog
 from app.settings.settings import Settings
 from app.store import Store
 from app.store.export import from_json, to_json, to_markdown
 from app.theme import apply_theme, color_roles, error_color, render_theme
+from app.tools.dialog import ToolsDialog
+from app.tools.manager import ToolManager
+from app.tools.servers import servers_from_setting
 from app.worker import EngineClient
 from engine.api import ModelInfo
 
@@ -105,6 +112,20 @@ class MainWindow(QMainWindow):
         self.chat_pane = ChatPane(self.chat, self.renderer)
         self.library_pane = LibraryPane(self.library_model)
         self.model_bar = ModelBar(self.library_model)
+        self.remote = RemoteCatalog(self.library_model.columnCount(), self)  # remote engines' models
+        self.model_bar.add_source(self.remote.model)
+        self.remote.refresh(self.settings.get("remote.endpoints"))
+        # Tool use: the MCP servers' tools, each call asked about (app.chat.tool_loop).
+        self.tool_manager = ToolManager(parent=self)
+        self.chat.tool_loop.set_manager(self.tool_manager)
+        self.chat.tool_loop.always_allowed = lambda: self.settings.get("tools.always_allowed")
+        self.chat.tool_loop.allow_always = self._always_allow_tool
+        self.chat.max_tool_rounds = self.settings.get("tools.max_rounds")
+        self.tool_manager.set_servers(servers_from_setting(self.settings.get("tools.mcp_servers")))
+        self.serve = ServeControl(
+            engine, lambda: self.settings.get("serve.port"), lambda m: self.statusBar().showMessage(m, 15000)
+        )
+        self.statusBar().addPermanentWidget(self.serve.status)
         self.library_pane.load_options.set_cache_bits(*self.library.cache_bits())
         self.library_pane.load_options.set_context_length(self.library.context_limit())
         self.tabs = QTabWidget()
@@ -213,6 +234,10 @@ class MainWindow(QMainWindow):
         file_menu.addSeparator()
         self._action(file_menu, "Open model &folder…", None, self.library_pane._choose_folder)
         self._action(file_menu, "&Settings…", QKeySequence.StandardKey.Preferences, self.open_settings)
+        self._action(file_menu, "Settings › &Engines (remote)…", None, self.open_engines)
+        self._action(file_menu, "Settings › &Tools (MCP)…", None, self.open_tools)
+        file_menu.addSeparator()
+        file_menu.addAction(self.serve.action)
         file_menu.addSeparator()
         self._action(file_menu, "&Quit", QKeySequence.StandardKey.Quit, self.close)
 
@@ -380,6 +405,9 @@ class MainWindow(QMainWindow):
         """Load the model at ``path`` with the load options. Asking for the load that is in flight
         or done (same folder, device, cache and context) changes nothing: a reload would cancel
         whatever was sent to it."""
+        if is_remote_ref(path):
+            self._load_remote(path)
+            return
         device, cache_bits = self.settings.get("engine.device"), self.library.cache_bits()
         info = self.library.info_for(path)
         context = self.library.load_context(info)
@@ -396,6 +424,32 @@ class MainWindow(QMainWindow):
         self.model_bar.set_loading(info.name)
         self.model_bar.select_path(path)
         self.engine.load(path, device, cache_bits, context)
+
+    def open_tools(self) -> ToolsDialog:
+        dialog = ToolsDialog(self.settings, self.tool_manager, self)
+        dialog.open()
+        return dialog
+
+    def _always_allow_tool(self, name: str) -> None:
+        allowed = self.settings.get("tools.always_allowed")
+        if name not in allowed:
+            self.settings.set("tools.always_allowed", [*allowed, name])
+
+    def open_engines(self) -> EnginesDialog:
+        dialog = EnginesDialog(self.settings, self.remote, self)
+        dialog.open()
+        return dialog
+
+    def _load_remote(self, ref: str) -> None:
+        """A remote engine's model: nothing to estimate or check here; the load asks the endpoint."""
+        if self.engine.has_load(ref, "remote", (16, 16)):
+            return
+        self.chat_pane.clear_error()
+        if self.chat.busy:
+            self.chat.stop()
+        self.model_bar.set_loading(split_ref(ref)[1])
+        self.model_bar.select_path(ref)
+        self.engine.load(ref, "remote")
 
     def unload_model(self) -> None:
         self.chat.stop()
@@ -470,6 +524,10 @@ class MainWindow(QMainWindow):
             self._apply_font_size()
         elif key == "chat.default_preset":
             self.chat.default_preset = self.settings.get(key)
+        elif key == "serve.port":
+            self.serve.update_label()
+        elif key == "tools.max_rounds":
+            self.chat.max_tool_rounds = self.settings.get(key)
         elif key == "chat.default_system_prompt":
             self.chat.default_system_prompt = self.settings.get(key)
         elif key == "engine.device":
@@ -536,6 +594,7 @@ class MainWindow(QMainWindow):
     def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 (Qt naming)
         self.chat.shutdown()
         self.engine.shutdown()
+        self.tool_manager.close()
         shutdown = getattr(self.download_manager, "shutdown", None)
         if shutdown is not None:
             try:

@@ -6,6 +6,10 @@ runtime, through ``engine.api.SessionProtocol``; it imports the runtime lazily i
 (``engine.session``, ``engine.starter``), so the GUI starts fast, runs without torch until a model
 is loaded, and tests can inject a scripted fake through ``session_factory``/``starter_factory``.
 Prompt policy (images, chat template, fitting to the context) is the session's, not the worker's.
+A model of a remote endpoint (a ``remote:`` reference, ``app.remote``) loads as a
+``RemoteSession``, which speaks the same protocol over HTTP. While the loaded model is served
+(``start_serving``, ``app.serve.host``), the HTTP server's engine loop drives its Generator and the
+worker's own replies go through that loop too.
 
 ``EngineClient`` is the GUI-side handle: it owns the thread, turns method calls into queued
 signal emissions, and re-emits the worker's signals (``EngineSignals``, declared once for both).
@@ -30,11 +34,13 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from app.remote.refs import is_remote_ref, split_ref
 from engine.api import ChatMessage, GenerationRequest, ModelInfo, ReplyStats, SessionProtocol, StreamChunk
 from engine.errors import EngineError
 
@@ -43,6 +49,8 @@ log = logging.getLogger(__name__)
 ProgressFn = Callable[[float, str], None]
 CacheBits = tuple[int, int]
 StarterFactory = Callable[[Path, ProgressFn], Path]
+# Opens a remote model (app.remote): its reference (app.remote.refs) and the load's progress.
+RemoteFactory = Callable[[str, ProgressFn], SessionProtocol]
 
 
 # Share of the load's progress bar for reading the model; the rest is the warm-up.
@@ -89,6 +97,12 @@ def _default_starter_factory(models_dir: Path, progress: ProgressFn) -> Path:
     return ensure_starter_model(models_dir, progress=progress)
 
 
+def _default_remote_factory(ref: str, progress: ProgressFn) -> SessionProtocol:
+    from app.remote.session import RemoteSession  # lazy: the HTTP client
+
+    return RemoteSession.open(ref, progress)
+
+
 def _is_out_of_memory(exc: BaseException) -> bool:
     # Checked by name so this module never needs torch: torch.OutOfMemoryError (and the older
     # torch.cuda.OutOfMemoryError) or a RuntimeError/MemoryError whose text says so.
@@ -130,18 +144,26 @@ class EngineSignals(QObject):
     starterReady = Signal(str)
     starterFailed = Signal(str)
     error = Signal(str)  # every failure, as a human message
+    serveStarted = Signal(str)  # the local server's base URL (http://127.0.0.1:PORT/v1)
+    serveStopped = Signal(str)  # why it stopped ("" when asked to)
+    serveFailed = Signal(str)  # why it could not start
 
 
 class EngineWorker(EngineSignals):
     """Runs in the engine thread. Construct on the GUI thread, then ``moveToThread``."""
 
     def __init__(
-        self, session_factory: SessionFactory | None = None, starter_factory: StarterFactory | None = None
+        self,
+        session_factory: SessionFactory | None = None,
+        starter_factory: StarterFactory | None = None,
+        remote_factory: RemoteFactory | None = None,
     ) -> None:
         super().__init__()
         self._session_factory = session_factory or _default_session_factory
         self._starter_factory = starter_factory or _default_starter_factory
+        self._remote_factory = remote_factory or _default_remote_factory
         self._session: SessionProtocol | None = None
+        self._server = None  # app.serve.host.LocalServer while the loaded model is served
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
 
@@ -173,9 +195,12 @@ class EngineWorker(EngineSignals):
             def progress(fraction: float, message: str) -> None:
                 self.loadProgress.emit(LOAD_SHARE * fraction, message)
 
-            self._session = self._session_factory(
-                model_dir, device, progress, cache_bits=bits, context=context
-            )
+            if is_remote_ref(model_dir):  # a model of a remote endpoint: same protocol, over HTTP
+                self._session = self._remote_factory(model_dir, progress)
+            else:
+                self._session = self._session_factory(
+                    model_dir, device, progress, cache_bits=bits, context=context
+                )
             self.loadProgress.emit(LOAD_SHARE, "Warming up")
             self._session.warm_up()
             info = ModelInfo.of(self._session, model_dir, bits)
@@ -183,7 +208,8 @@ class EngineWorker(EngineSignals):
             log.warning("load failed: %s", traceback.format_exc())
             self._session = None
             gc.collect()
-            message = describe_error(exc, f"loading {Path(model_dir).name}")
+            name = split_ref(model_dir)[1] if is_remote_ref(model_dir) else Path(model_dir).name
+            message = describe_error(exc, f"loading {name}")
             self.error.emit(message)  # first, so listeners of loadFailed already have it
             self.loadFailed.emit(message)
             return
@@ -195,7 +221,40 @@ class EngineWorker(EngineSignals):
         self._unload_session()
         self.unloaded.emit()
 
+    @Slot(int)
+    def start_serving(self, port: int) -> None:
+        """Serve the loaded model on 127.0.0.1:``port`` (the app's chats share its engine)."""
+        if self._server is not None:
+            self.serveStarted.emit(self._server.base_url)
+            return
+        if self._session is None:
+            self.serveFailed.emit("Load a model first: the server serves the loaded model.")
+            return
+        try:
+            from app.serve.host import LocalServer  # lazy: the server stack
+
+            self._server = LocalServer(self._session, port).start()
+        except Exception as exc:
+            log.warning("serving failed: %s", traceback.format_exc())
+            self._server = None
+            self.serveFailed.emit(f"Could not serve the model on port {port}: {exc}")
+            return
+        log.info("serving the loaded model at %s", self._server.base_url)
+        self.serveStarted.emit(self._server.base_url)
+
+    @Slot()
+    def stop_serving(self, reason: str = "") -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        try:
+            server.close()
+        except Exception as exc:  # stopping must never take the app down
+            log.warning("stopping the server failed: %s", exc)
+        self.serveStopped.emit(reason)
+
     def _unload_session(self) -> None:
+        self.stop_serving("The model was unloaded; the server stopped.")
         session, self._session = self._session, None
         if session is None:
             return
@@ -219,6 +278,7 @@ class EngineWorker(EngineSignals):
     def generate(self, request_id: int, messages: list[ChatMessage], request: GenerationRequest) -> None:
         started = time.perf_counter()
         last: StreamChunk | None = None
+        calls: list[dict] = []  # the reply's tool calls, as they complete
         stop_reason, error = "", ""
         try:
             if self._session is None:
@@ -234,6 +294,7 @@ class EngineWorker(EngineSignals):
                     for last in stream:
                         if last.text:
                             self.chunk.emit(request_id, last.text)
+                        calls.extend(last.tool_calls)
                         if last.done:
                             stop_reason = last.stop_reason or "eos"
                             # A constrained reply that cannot be finished validly keeps its text so
@@ -254,6 +315,8 @@ class EngineWorker(EngineSignals):
             with self._lock:
                 self._cancelled.discard(request_id)
         stats = ReplyStats.of(stop_reason, last, time.perf_counter() - started, error)
+        if calls:
+            stats = replace(stats, tool_calls=tuple(calls))
         self.generationFinished.emit(request_id, stats)
 
     @Slot(str)
@@ -274,6 +337,8 @@ class EngineWorker(EngineSignals):
 
 
 def _folder_key(path: str | Path) -> str:
+    if is_remote_ref(str(path)):
+        return str(path)
     return str(Path(path).resolve())
 
 
@@ -297,17 +362,20 @@ class EngineClient(EngineSignals):
     _requestCount = Signal(int, object, bool)
     _requestStarter = Signal(str)
     _requestShutdown = Signal()
+    _requestServe = Signal(int)
+    _requestStopServing = Signal()
 
     def __init__(
         self,
         session_factory: SessionFactory | None = None,
         starter_factory: StarterFactory | None = None,
         parent: QObject | None = None,
+        remote_factory: RemoteFactory | None = None,
     ) -> None:
         super().__init__(parent)
         self._thread = QThread()
         self._thread.setObjectName("engine")
-        self.worker = EngineWorker(session_factory, starter_factory)
+        self.worker = EngineWorker(session_factory, starter_factory, remote_factory)
         self.worker.moveToThread(self._thread)
         self._next_id = 0
         self.model_info: ModelInfo | None = None
@@ -324,6 +392,8 @@ class EngineClient(EngineSignals):
         self._requestCount.connect(self.worker.count_tokens)
         self._requestStarter.connect(self.worker.install_starter)
         self._requestShutdown.connect(self.worker.shutdown)
+        self._requestServe.connect(self.worker.start_serving)
+        self._requestStopServing.connect(self.worker.stop_serving)
         # The client lives in the GUI thread, so these connections are queued: each arrives there.
         for name in _RELAYED:
             getattr(self.worker, name).connect(getattr(self, name))
@@ -415,6 +485,13 @@ class EngineClient(EngineSignals):
 
     def install_starter(self, models_dir: str | Path) -> None:
         self._requestStarter.emit(str(models_dir))
+
+    def start_serving(self, port: int) -> None:
+        """Serve the loaded model on 127.0.0.1:``port``: ``serveStarted(url)`` or ``serveFailed(why)``."""
+        self._requestServe.emit(int(port))
+
+    def stop_serving(self) -> None:
+        self._requestStopServing.emit()
 
     def shutdown(self, timeout_ms: int = 10000) -> None:
         """Stop generations, unload, and join the thread (called when the window closes)."""

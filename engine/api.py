@@ -8,7 +8,10 @@ so a value can cross threads without a copy.
 
 Messages are dicts in the app's form: ``{"role", "content"}`` plus, optionally, ``"images"``: the
 encoded bytes of the message's attached images, in order. The session turns them into what its
-model takes (``engine.prompting``).
+model takes (``engine.prompting``). Tool use follows OpenAI's shapes: a request may offer
+``tools``; an assistant message may carry the ``tool_calls`` it made (arguments as JSON text) and a
+``{"role": "tool", "tool_call_id", "content"}`` message answers each; a reply's calls come back in
+its chunks' ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ class ChatMessage(TypedDict):
     role: str
     content: str | list[dict[str, Any]]  # text, or content parts in the chat templates' form
     images: NotRequired[Sequence[bytes]]
+    tool_calls: NotRequired[Sequence[dict[str, Any]]]  # an assistant's calls, OpenAI's form
+    tool_call_id: NotRequired[str]  # a "tool" message: the call it answers
 
 
 class ImagePolicy(StrEnum):
@@ -50,11 +55,15 @@ class GenerationRequest:
     # Plain-text completion (base models, which have no chat template): no template, no system
     # prompt; the conversation's text is continued as it stands (engine.completion_text).
     completion: bool = False
+    # Functions the model may call, in OpenAI's form ({"type": "function", "function": {...}});
+    # the session renders them with the model's own template and reads its calls back.
+    tools: tuple[Mapping[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         # Read-only copies: the request is shared with the engine thread.
         object.__setattr__(self, "sampling", MappingProxyType(dict(self.sampling)))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        object.__setattr__(self, "tools", tuple(dict(t) for t in self.tools))
         object.__setattr__(self, "max_new_tokens", int(self.max_new_tokens))
         object.__setattr__(self, "images", ImagePolicy(self.images))
 
@@ -78,6 +87,9 @@ class StreamChunk:
     # New text of the reply's reasoning (gpt-oss's analysis channel, engine.reasoning), kept out
     # of ``text``, which is then the answer alone; "" for models whose replies have no such part.
     reasoning: str = ""
+    # Tool calls completed in this chunk, each whole, in OpenAI's form
+    # ({"id", "type": "function", "function": {"name", "arguments"}}; arguments as JSON text).
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,9 @@ class ReplyStats:
     error: str = ""  # a human message, when the reply failed or its constraint could not be met
     trimmed_messages: int = 0  # oldest messages left out to fit the context
     images_left_out: int = 0  # images a text-only model was not shown
+    # The reply's tool calls (StreamChunk.tool_calls of all its chunks); kept out of to_dict: the
+    # store keeps them with the message, not with its stats.
+    tool_calls: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def of(cls, stop_reason: str, last: StreamChunk | None, seconds: float, error: str = "") -> ReplyStats:
@@ -114,6 +129,7 @@ class ReplyStats:
         """The saved form: the optional facts only when they happened, as stored replies have
         always had them."""
         values = asdict(self)
+        del values["tool_calls"]
         for name in ("error", "trimmed_messages", "images_left_out"):
             if not values[name]:
                 del values[name]

@@ -83,13 +83,15 @@ def with_image_parts(messages: Sequence[ChatMessage]) -> tuple[list[dict[str, An
     images: list[bytes] = []
     for message in messages:
         attached = list(message.get("images") or ())
+        # Tool use's keys go along (an assistant's calls, the call a tool message answers).
+        extra = {k: message[k] for k in ("tool_calls", "tool_call_id") if k in message}
         if attached:
             parts: list[dict[str, Any]] = [{"type": "image"} for _ in attached]
             parts.append({"type": "text", "text": message["content"]})
-            out.append({"role": message["role"], "content": parts})
+            out.append({"role": message["role"], "content": parts, **extra})
             images.extend(attached)
         else:
-            out.append({"role": message["role"], "content": message["content"]})
+            out.append({"role": message["role"], "content": message["content"], **extra})
     return out, images
 
 

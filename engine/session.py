@@ -30,6 +30,7 @@ from engine.options import DEFAULT_OPTIONS, EngineOptions
 from engine.prompting import build_prompt, count_prompt_tokens
 from engine.reasoning import ReplyParts, reply_splitter
 from engine.tokenizer import Tokenizer
+from engine.tool_calls.chat_stream import ToolChat, has_tool_history
 from engine.vision.images import ImageInputError, ImageSource
 from engine.vision.media import PromptMedia
 from engine.vision.prompt import encode_chat_with_images
@@ -156,13 +157,21 @@ class ChatSession:
         # Both before any model work, so a bad value or schema fails at once.
         settings = sampling_settings(request.sampling)
         constraint = json_schema(request.json_schema) if request.json_schema.strip() else None
+        # Tools offered, or calls in the history: the template gets them in the model's own
+        # format, and the reply's calls are read back into the chunks' tool_calls.
+        tools = None
+        if not request.completion and (request.tools or has_tool_history(messages)):
+            tools = ToolChat(self.tokenizer, request.tools)
+        encode = self._encode_plain if request.completion else self._encode
+        if tools is not None:
+            encode = self._tool_encoder(tools)
         prompt = build_prompt(
             messages,
             request,
             context_length=self.context_length,
             sees_images=self.sees_images,
             model_name=self.model_name,
-            encode=self._encode_plain if request.completion else self._encode,
+            encode=encode,
         )
         chunks = self.stream_ids(
             prompt.ids,
@@ -172,14 +181,25 @@ class ChatSession:
             should_stop,
             media=prompt.media,
             constraint=constraint,
-            split_reasoning=not request.completion,
+            split_reasoning=not request.completion and (tools is None or tools.format != "harmony"),
             on_prefill=on_prefill,
         )
         with closing(chunks):  # a caller that stops early frees the job's pages at once
             for chunk in chunks:
+                if tools is not None:
+                    chunk = tools.read(chunk)
                 yield replace(
                     chunk, trimmed_messages=prompt.trimmed_messages, images_left_out=prompt.images_left_out
                 )
+
+    def _tool_encoder(self, tools: ToolChat) -> Callable[[list[dict], list[bytes]], tuple[list[int], Any]]:
+        def encode(messages: list[dict], images: list[bytes]) -> tuple[list[int], PromptMedia | None]:
+            shaped = tools.messages(messages)
+            if images:
+                return self.encode_chat_with_images(shaped, images)
+            return self.tokenizer.encode_chat(shaped, add_generation_prompt=True, **tools.template_args), None
+
+        return encode
 
     def _encode(self, messages: list[dict], images: list[bytes]) -> tuple[list[int], PromptMedia | None]:
         if images:

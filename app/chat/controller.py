@@ -54,6 +54,7 @@ from app import paths
 from app.chat.message_model import ChatMessageModel, MessageItem
 from app.chat.pending_writes import PendingWrites
 from app.chat.presets import effective_sampling, split_generation_limits
+from app.chat.tool_loop import ToolLoop, openai_calls, result_messages
 from app.store import ImageBlob, Message, Store
 from app.store.database import GUI_BUSY_TIMEOUT_MS
 from app.store.errors import StorageProblem, classify, describe
@@ -126,6 +127,7 @@ class ChatController(QObject):
     prefillProgress = Signal(int, int)  # the streaming reply's prompt: tokens read, to read
     errorOccurred = Signal(str)
     savingChanged = Signal(str)  # why writes are waiting (shown once), "" once all is saved
+    toolsEnabledChanged = Signal(bool)  # the conversation shown may call tools (or not)
 
     def __init__(
         self,
@@ -144,6 +146,12 @@ class ChatController(QObject):
         self.default_preset = default_preset
         self.default_system_prompt = default_system_prompt
         self._active: _Active | None = None
+        # Tool use (app.chat.tool_loop): the calls of the last reply, asked about and run; the
+        # window sets the MCP tool manager and the settings it reads.
+        self.tool_loop = ToolLoop(store, parent=self)
+        self.tool_loop.callsChanged.connect(self._on_tool_calls_changed)
+        self.tool_loop.roundFinished.connect(self._continue_after_tools)
+        self.max_tool_rounds = 8
         self._count_request = 0
         self._context_used = 0
 
@@ -174,7 +182,7 @@ class ChatController(QObject):
 
     @property
     def busy(self) -> bool:
-        return self._active is not None
+        return self._active is not None or self.tool_loop.running
 
     def context_length(self) -> int:
         info = self.engine.model_info
@@ -209,6 +217,7 @@ class ChatController(QObject):
         self.conversation_id = conversation_id
         self._reload()
         self.conversationChanged.emit(conversation_id or 0)
+        self.toolsEnabledChanged.emit(self.tools_enabled())
         self.refresh_context()
 
     @_store_action("start a new chat", default=0)
@@ -249,6 +258,21 @@ class ChatController(QObject):
     def set_sampling(self, preset: str, overrides: dict[str, Any] | None = None) -> None:
         if self.conversation_id is not None:
             self.store.update_conversation(self.conversation_id, preset=preset, sampling=overrides or {})
+
+    @_store_action("turn tools on or off")
+    def set_tools_enabled(self, enabled: bool) -> None:
+        """Whether this conversation's replies may call the MCP servers' tools."""
+        if self.conversation_id is not None:
+            self.store.update_conversation(self.conversation_id, tools_enabled=enabled)
+            self.toolsEnabledChanged.emit(enabled)
+
+    def tools_enabled(self) -> bool:
+        if self.conversation_id is None:
+            return False
+        try:
+            return self.store.conversation(self.conversation_id).tools_enabled
+        except (sqlite3.Error, KeyError):
+            return False
 
     @_store_action("save the JSON schema")
     def set_json_schema(self, text: str) -> None:
@@ -339,6 +363,9 @@ class ChatController(QObject):
     def stop(self) -> None:
         if self._active is not None:
             self.engine.cancel(self._active.request_id)
+        if self.tool_loop.running:
+            self.tool_loop.cancel()
+            self.busyChanged.emit(False)
 
     def shutdown(self) -> None:
         """The app is closing: stop the reply and commit what it has as a finished (stopped)
@@ -366,11 +393,14 @@ class ChatController(QObject):
         if conv.system_prompt.strip():
             messages.append({"role": "system", "content": conv.system_prompt})
         for m in path:
-            if m.content or m.role == "user":
+            if m.content or m.role == "user" or m.tool_calls:
                 message: dict[str, Any] = {"role": m.role, "content": m.content}
                 if m.images:
                     message["images"] = [self._image_data(sha) for sha in m.images]
+                if m.tool_calls:  # the calls, then what each came to, as OpenAI's messages
+                    message["tool_calls"] = openai_calls(m.tool_calls)
                 messages.append(message)
+                messages.extend(result_messages(m.tool_calls))
         return messages
 
     @_store_action("count the conversation's tokens")
@@ -404,8 +434,14 @@ class ChatController(QObject):
         self.model.append(item)
         self._refresh_sibling_counts()
         sampler, max_new_tokens = split_generation_limits(effective_sampling(conv.preset, conv.sampling))
+        manager = self.tool_loop.manager
+        tools = tuple(manager.openai_tools()) if conv.tools_enabled and manager is not None else ()
         request = GenerationRequest(
-            sampler, max_new_tokens, json_schema=conv.json_schema, completion=self.completion_mode()
+            sampler,
+            max_new_tokens,
+            json_schema=conv.json_schema,
+            completion=self.completion_mode(),
+            tools=tools,
         )
         request_id = self.engine.generate(self.engine_messages(history), request)
         self._active = _Active(request_id, conv.id, reply.id, parent_id)
@@ -460,6 +496,47 @@ class ChatController(QObject):
             return
         self._flush()
         self._finish_locally(stats)
+        if stats.tool_calls and stats.stop_reason not in ("cancelled", "error"):
+            self._begin_tools(active, stats)
+
+    # -- tool use ----------------------------------------------------------------------------------
+
+    def _begin_tools(self, active: _Active, stats: ReplyStats) -> None:
+        message_id = self.pending.resolve(active.message_id)
+        if message_id < 0:
+            self.errorOccurred.emit("The reply's tool calls wait until the conversation can be saved.")
+            return
+        self.busyChanged.emit(True)
+        self.tool_loop.begin(active.conversation_id, message_id, stats.tool_calls)
+
+    def _on_tool_calls_changed(self, message_id: int, calls: list[dict[str, Any]]) -> None:
+        row = self.model.row_of(message_id)
+        if row >= 0:
+            self.model.update(row, tool_calls=calls)
+
+    @_store_action("send the tool results")
+    def _continue_after_tools(self, conversation_id: int, message_id: int) -> None:
+        """Every call of the reply is resolved: the model gets the results and goes on, unless
+        the reply has called tools ``max_tool_rounds`` times in a row."""
+        try:
+            if conversation_id != self.conversation_id:
+                return  # the user went elsewhere: the results are stored, the loop ends here
+            path = self.store.path(message_id)
+            rounds = 0
+            for m in reversed(path):
+                if m.role != "assistant" or not m.tool_calls:
+                    break
+                rounds += 1
+            if rounds >= self.max_tool_rounds:
+                self.errorOccurred.emit(
+                    f"The model called tools {rounds} times in a row; its reply ends here "
+                    "(the limit is in Settings)."
+                )
+                return
+            self._start_reply(message_id)
+        finally:
+            if self._active is None:
+                self.busyChanged.emit(False)
 
     def _finish_locally(self, stats: ReplyStats) -> None:
         active = self._active
@@ -652,6 +729,7 @@ class ChatController(QObject):
             stats=message.stats,
             error=message.stats.get("error", ""),
             images=list(message.images),
+            tool_calls=[dict(c) for c in message.tool_calls],
         )
 
     def _reload(self) -> None:

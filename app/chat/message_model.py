@@ -29,6 +29,7 @@ class MessageItem:
     streaming: bool = False
     error: str = ""
     images: list[str] = field(default_factory=list)  # sha256 of attached images (the store has them)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # see app.store.Message.tool_calls
 
 
 class Roles(IntEnum):

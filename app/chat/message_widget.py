@@ -49,6 +49,7 @@ from app.chat.markdown import MarkdownRenderer, plain_text_html
 from app.chat.message_model import MessageItem
 from app.chat.structured import display_text
 from app.conversations.highlight import HIGHLIGHT_BACKGROUND, match_spans
+from app.tools.calls_view import ToolCallsView
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
 STOP_LABELS = {
@@ -233,6 +234,7 @@ class MessageWidget(QFrame):
         self._frozen_code_blocks: list[str] = []
         self._reset_pieces()
         layout.addWidget(self.body_box)
+        self.tool_calls: ToolCallsView | None = None  # built for replies that called tools
 
         # The editor for "Edit" is built on first use: a long conversation has hundreds of
         # messages and widget construction is most of the cost of opening it.
@@ -280,6 +282,11 @@ class MessageWidget(QFrame):
         self.status_label.setText(self._status(item))
         if item.images != self._shown_images:
             self._show_images(item.images)
+        if item.tool_calls or self.tool_calls is not None:
+            if self.tool_calls is None:
+                self.tool_calls = ToolCallsView(self)
+                self._layout.insertWidget(self._layout.indexOf(self.body_box) + 1, self.tool_calls)
+            self.tool_calls.set_calls(item.tool_calls)
         self.stats_label.setText(self._stats(item))
         self.stats_label.setVisible(bool(self.stats_label.text()))
         # The model may mutate a streaming item in place, so compare with what was last rendered,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFont, QImage
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFrame,
@@ -34,6 +35,7 @@ from app.chat.markdown import MarkdownRenderer
 from app.chat.presets import PRESET_LABELS
 from app.chat.view import ChatView
 from app.elided_label import ElidedLabel, never_widen
+from app.tools.approval import ToolApprovalBar
 
 # A prompt at least this long gets "Reading your message (N tokens)" while the model reads it:
 # shorter ones are read in well under a second.
@@ -95,7 +97,13 @@ class ChatPane(QWidget):
             self.preset_combo.addItem(label, key)
         self.settings_button = QPushButton("System prompt && sampling…")
         self.settings_button.setAccessibleName("Conversation settings")
+        self.tools_check = QCheckBox("Tools")
+        self.tools_check.setAccessibleName("Use tools in this conversation")
+        self.tools_check.setToolTip(
+            "Let the model call the MCP servers' tools (Settings › Tools); each call asks first."
+        )
         top.addWidget(self.title_label, 1)
+        top.addWidget(self.tools_check)
         top.addWidget(QLabel("Preset:"))
         top.addWidget(self.preset_combo)
         top.addWidget(self.settings_button)
@@ -117,6 +125,8 @@ class ChatPane(QWidget):
         self.images = ImageLibrary(controller.store.image_data)
         self.view = ChatView(controller.model, renderer, self, images=self.images)
         layout.addWidget(self.view, 1)
+        self.tool_approval = ToolApprovalBar(self)  # asks before each tool call runs
+        layout.addWidget(self.tool_approval)
 
         self.error_label = never_widen(QLabel())
         self.error_label.setAccessibleName("Error message")
@@ -197,6 +207,11 @@ class ChatPane(QWidget):
         self.preset_combo.activated.connect(self._preset_chosen)
         self.settings_button.clicked.connect(self.open_conversation_settings)
         controller.busyChanged.connect(self._on_busy)
+        controller.tool_loop.approvalRequested.connect(self.tool_approval.ask)
+        controller.tool_loop.runningChanged.connect(lambda running: running or self.tool_approval.hide())
+        self.tool_approval.decided.connect(controller.tool_loop.decide)
+        self.tools_check.clicked.connect(lambda checked: controller.set_tools_enabled(checked))
+        controller.toolsEnabledChanged.connect(self.tools_check.setChecked)
         controller.speedChanged.connect(self._on_speed)
         controller.contextChanged.connect(self._on_context)
         controller.prefillProgress.connect(self._on_prefill)

@@ -9,7 +9,7 @@ toolbar; the progress bar shows only its percentage, the message goes to the sta
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QAbstractItemModel, QConcatenateTablesProxyModel, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
 from app.elided_label import ElidedLabel
@@ -66,6 +66,17 @@ class ModelBar(QWidget):
         library.dataChanged.connect(self.update_estimate)
         self.update_estimate()
 
+    def add_source(self, rows: QAbstractItemModel) -> None:
+        """Offer ``rows`` (e.g. remote engines' models, ``PATH_ROLE`` their references) after the
+        library's models; the memory estimate stays the library's rows' own."""
+        if not isinstance(self.picker.model(), QConcatenateTablesProxyModel):
+            combined = QConcatenateTablesProxyModel(self)
+            combined.addSourceModel(self.library)
+            self.picker.setModel(combined)
+        self.picker.model().addSourceModel(rows)
+        for signal in (rows.rowsInserted, rows.rowsRemoved, rows.modelReset):
+            signal.connect(lambda *_: self.load_button.setEnabled(self.picker.count() > 0))
+
     def update_estimate(self, *_args) -> None:
         """The picked model's memory estimate, as the library computed it for the load options."""
         row = self.picker.currentIndex()
@@ -104,8 +115,13 @@ class ModelBar(QWidget):
     def set_loaded(self, info: ModelInfo) -> None:
         self._loading_name = ""
         self.progress.hide()
-        parts = [info.name, info.device, format_bytes(info.memory_bytes), f"context {info.context_length:,}"]
-        parts.append(f"context memory {describe(*info.cache_bits).lower()}")
+        parts = [info.name, info.device]
+        if info.memory_bytes:  # a remote model's memory is not ours to know
+            parts.append(format_bytes(info.memory_bytes))
+        if info.context_length:
+            parts.append(f"context {info.context_length:,}")
+        if info.memory_bytes:
+            parts.append(f"context memory {describe(*info.cache_bits).lower()}")
         if info.sees_images:
             parts.append("sees images")
         if not info.chat_template:

@@ -116,6 +116,27 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("library.last_model", "", "Last loaded model", hidden=True),
     Setting("library.starter_dismissed", False, "Starter model offer dismissed", hidden=True),
     Setting("export.last_folder", "", "Folder of the last export or import", hidden=True),
+    # Remote engines (app.remote): base URLs; their API keys are in the system keyring.
+    Setting("remote.endpoints", [], "Remote engines", hidden=True),
+    # MCP servers (app.tools): one JSON object each, {"name", "command"} or {"name", "url"}.
+    Setting("tools.mcp_servers", [], "MCP servers", hidden=True),
+    Setting("tools.always_allowed", [], "Tools run without asking", hidden=True),
+    Setting(
+        "tools.max_rounds",
+        8,
+        "Tool rounds per reply",
+        "How many times in a row the model may call tools before its reply is ended.",
+        minimum=1,
+        maximum=64,
+    ),
+    Setting(
+        "serve.port",
+        8000,
+        "Local server port",
+        "Port of Serve › Serve the loaded model (the server listens on 127.0.0.1 only).",
+        minimum=1,
+        maximum=65535,
+    ),
 )
 
 BY_KEY: dict[str, Setting] = {s.key: s for s in SETTINGS}

@@ -80,6 +80,7 @@ def to_json(store: Store, conversation_id: int) -> dict[str, Any]:
                 "stats": m.stats,
                 "model": m.model,
                 "images": m.images,
+                "tool_calls": m.tool_calls,
             }
             for m in messages
         ],
@@ -159,7 +160,7 @@ def from_json(store: Store, data: Any) -> int:
                 raise ImportFormatError(f"message {m.get('id')} refers to an image the export lacks")
             cur = db.execute(
                 "INSERT INTO messages (conversation_id, parent_id, role, content, created_at, complete,"
-                " stats, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " stats, model, tool_calls) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     id_map.get(parent) if parent is not None else None,
@@ -169,6 +170,7 @@ def from_json(store: Store, data: Any) -> int:
                     int(bool(m.get("complete", True))),
                     _json_text(m.get("stats") or {}),
                     str(m.get("model") or ""),
+                    _json_text(_tool_calls(m)),
                 ),
             )
             id_map[m.get("id")] = cur.lastrowid
@@ -178,6 +180,15 @@ def from_json(store: Store, data: Any) -> int:
             leaf = max(id_map.values())
         db.execute("UPDATE conversations SET current_leaf_id = ? WHERE id = ?", (leaf, conversation_id))
     return conversation_id
+
+
+def _tool_calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls
+    ):
+        raise ImportFormatError(f"message {message.get('id')} has malformed tool calls")
+    return calls
 
 
 def _json_text(value: Any) -> str:

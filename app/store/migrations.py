@@ -98,7 +98,23 @@ _V5_JSON_SCHEMA = """
 """
 
 
-MIGRATIONS: list[str] = [_V1_BASE, _V2_FTS, _V3_GENERATION_STATE, _V4_IMAGES, _V5_JSON_SCHEMA]
+# v6: tool use. An assistant message keeps the tool calls it made, each with what became of it
+# (JSON: [{"id", "name", "arguments", "status", "result"}]; status: pending, done, error, denied),
+# and a conversation says whether its replies may call tools.
+_V6_TOOL_CALLS = """
+        ALTER TABLE messages ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE conversations ADD COLUMN tools_enabled INTEGER NOT NULL DEFAULT 0;
+"""
+
+
+MIGRATIONS: list[str] = [
+    _V1_BASE,
+    _V2_FTS,
+    _V3_GENERATION_STATE,
+    _V4_IMAGES,
+    _V5_JSON_SCHEMA,
+    _V6_TOOL_CALLS,
+]
 LATEST_VERSION = len(MIGRATIONS)
 
 

@@ -39,6 +39,7 @@ class Conversation:
     sampling: dict[str, Any] = field(default_factory=dict)
     current_leaf_id: int | None = None
     json_schema: str = ""  # structured output: replies must be JSON valid under it ('' = off)
+    tools_enabled: bool = False  # replies may call the MCP servers' tools (app.tools)
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Message:
     stats: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     images: list[str] = field(default_factory=list)  # sha256 of each attached image, in order
+    # An assistant's tool calls and what became of each: {"id", "name", "arguments", "status", "result"}.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ def _conversation(row: sqlite3.Row) -> Conversation:
         sampling=json.loads(row["sampling"] or "{}"),
         current_leaf_id=row["current_leaf_id"],
         json_schema=row["json_schema"],
+        tools_enabled=bool(row["tools_enabled"]),
     )
 
 
@@ -113,6 +117,7 @@ def _message(row: sqlite3.Row) -> Message:
         complete=bool(row["complete"]),
         stats=json.loads(row["stats"] or "{}"),
         model=row["model"],
+        tool_calls=json.loads(row["tool_calls"] or "[]"),
     )
 
 
@@ -218,8 +223,12 @@ class Store:
         preset: str | None = None,
         sampling: dict[str, Any] | None = None,
         json_schema: str | None = None,
+        tools_enabled: bool | None = None,
     ) -> None:
         sets, args = [], []
+        if tools_enabled is not None:
+            sets.append("tools_enabled = ?")
+            args.append(int(tools_enabled))
         if system_prompt is not None:
             sets.append("system_prompt = ?")
             args.append(system_prompt)
@@ -299,6 +308,12 @@ class Store:
             sets.append("stats = ?")
             args.append(json.dumps(stats))
         self.db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*args, message_id))
+
+    def set_tool_calls(self, message_id: int, calls: Sequence[dict[str, Any]]) -> None:
+        """Record a message's tool calls and what became of them (see ``Message.tool_calls``)."""
+        self.db.execute(
+            "UPDATE messages SET tool_calls = ? WHERE id = ?", (json.dumps(list(calls)), message_id)
+        )
 
     def delete_message(self, message_id: int) -> None:
         """Remove a message and everything below it (a failed, empty reply)."""

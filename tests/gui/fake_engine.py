@@ -19,7 +19,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,8 @@ class FakeEngine:
     warm_ups: int = 0  # calls of FakeSession.warm_up that did the work
     # A constrained reply ends with "constraint_error" and this message instead of completing.
     constraint_error: str | None = None
+    # The tool calls (OpenAI's form) a reply to these messages makes, when the request offers tools.
+    tool_calls: Callable[[list[dict]], list[dict]] | None = None
     calls: list[dict[str, Any]] = field(default_factory=list)
     image_calls: list[dict[str, Any]] = field(default_factory=list)  # encode_chat_with_images
     loads: list[str] = field(default_factory=list)
@@ -261,7 +263,8 @@ class FakeSession:
             engine.streaming.set()
             yield chunk(piece)
         if call["constraint"] is None:
-            yield chunk("", "eos")
+            calls = engine.tool_calls(prompt.messages) if engine.tool_calls and call["request"].tools else []
+            yield replace(chunk("", "eos"), tool_calls=tuple(calls))
         elif engine.constraint_error is not None:
             yield chunk("", "constraint_error", engine.constraint_error)
         else:
