@@ -109,6 +109,12 @@ def register(sub) -> None:
     p.add_argument(
         "--draft-tokens", type=int, default=None, help="with --draft: most tokens per draft (1..8)"
     )
+    p.add_argument(
+        "--verify-cost",
+        action="store_true",
+        help="instead of the usual figures: the cost of a verify step of 1 + k tokens per sequence "
+        "against a decode step, k = 0..8, near-empty and at --context (engine.bench.verify_cost)",
+    )
     p.set_defaults(func=run)
 
 
@@ -188,6 +194,21 @@ def bench_ours(model, args, bandwidth: float) -> dict[str, Any]:
     decode_bytes = module_decode_bytes(model.module, model.module.embedding.weight, kvb)
     row.update(roofline_fields(decode_bytes, bandwidth, row, args))
     return row
+
+
+def verify_cost_row(model, args) -> dict[str, Any]:
+    """``--verify-cost``: verify steps of k = 0..8 drafted tokens, near-empty and at --context."""
+    from engine.bench.verify_cost import verify_step_costs
+
+    rows = verify_step_costs(
+        model,
+        [1, args.context],
+        args.batch,
+        repeats=args.repeats,
+        cache_bits=cache_bits(args),
+        graphs=_graphs_on(args, model.device),
+    )
+    return {"verify_cost": rows}
 
 
 def step_tuned_figures(model, args, tokens: int, bits, ctx_prompt: list[int]) -> dict[str, Any]:
@@ -326,7 +347,7 @@ def synthetic_rows(args, device: torch.device, dtype: torch.dtype, bandwidth: fl
         if mode == "dense" and device.type == "cuda":
             _log("  warning: no CUDA extension, so this EXL3 row runs reconstructed dense weights")
         row = {"label": label, "bits": bits, "exl3_mode": mode, "build_s": build_s}
-        row.update(bench_ours(model, args, bandwidth))
+        row.update(verify_cost_row(model, args) if args.verify_cost else bench_ours(model, args, bandwidth))
         row["peak_memory_bytes"] = _peak(device)
         results["rows"].append(row)
         del model
@@ -379,6 +400,8 @@ def run(args: argparse.Namespace) -> int:
         return run_draft_bench(args)
     if args.decode_tokens < 2:
         raise SystemExit("error: --decode-tokens must be at least 2")
+    if args.verify_cost:
+        args.no_peer = True  # a table of our own steps: no peer figure to set beside it
     missing = None if args.no_peer else peer_missing()
     if missing:
         _log(f"note: {missing}; measuring our engine only (--no-peer skips the peer without this note)")
@@ -417,7 +440,8 @@ def run(args: argparse.Namespace) -> int:
             _log(f"loading {args.model} ...")
             model = load_model(args.model, device=device, dtype=dtype, options=args.options)
             _log("measuring our engine")
-            row = {"label": "model", **bench_ours(model, args, bandwidth)}
+            figures = verify_cost_row(model, args) if args.verify_cost else bench_ours(model, args, bandwidth)
+            row = {"label": "model", **figures}
             row["peak_memory_bytes"] = _peak(device)
             results["rows"].append(row)
             del model
@@ -439,6 +463,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_table(r: dict) -> str:
+    if any("verify_cost" in row for row in r["rows"]):
+        from engine.bench.verify_cost import format_verify_costs
+
+        head = (
+            f"{r['model']} on {r['device']} ({r['dtype']}), CUDA graphs {'on' if r['cuda_graphs'] else 'off'}"
+        )
+        tables = [format_verify_costs(row["label"], r["batch"], row["verify_cost"]) for row in r["rows"]]
+        return "\n".join([head, *tables])
     b = r["batch"]
     lines = [
         f"{r['model']} on {r['device']} ({r['dtype']}, {r['threads']} threads), "

@@ -7,10 +7,14 @@ call. It needs fixed shapes and fixed addresses, which the fixed-shape decode pa
 buffer and one graph over it. A step writes its inputs to the buffer (one host-to-device copy)
 and replays.
 
-Batch buckets are 1, 2, 4, 8 (up to ``max_batch``): a batch of 3 runs the 4-row graph with one
-padding row. Page buckets are powers of two from ``min_pages`` up to ``max_pages``, so a short
-sequence does not pay for reading a whole padded table in attention, and a sequence growing from
-empty to the whole cache causes only a handful of captures. Graphs are captured lazily, on first use, and
+Batch buckets are 1, 2, 4, 8, ... rows (up to ``max_batch``): a batch of 3 runs the 4-row graph
+with one padding row. A speculative verify item (a token and ``k`` drafted ones) takes ``1 + k``
+rows (``engine.generation.decode_inputs.decode_rows``), so verify steps replay from the same
+graphs as decode steps of as many rows.
+
+Page buckets are powers of two from ``min_pages`` up to ``max_pages``, so a short sequence does
+not pay for reading a whole padded table in attention, and a sequence growing from empty to the
+whole cache causes only a handful of captures. Graphs are captured lazily, on first use, and
 share one memory pool (only one replays at a time). Anything that does not fit (more sequences
 or pages than the largest bucket, no page free for padding) returns None: the caller runs the
 eager step instead.
@@ -25,7 +29,13 @@ import torch
 
 from engine import kernels
 from engine.cache.paged import PagedKVCache
-from engine.generation.decode_inputs import DecodeInputs, decode_forward, is_decode_item, pages_needed
+from engine.generation.decode_inputs import (
+    DecodeInputs,
+    decode_forward,
+    decode_rows,
+    is_decode_item,
+    pages_needed,
+)
 from engine.generation.step import StepItem
 from engine.modules.decoder import CausalLM
 
@@ -58,8 +68,8 @@ class _Graph:
 class DecodeGraphs:
     """Replays decode steps of ``model`` over ``cache`` from CUDA graphs (a CUDA model only).
 
-    :meth:`run` returns the same as ``run_step(model, cache, items)`` for decode-only items, or
-    None when they do not fit a graph. Bound to one cache: make a new instance for a new cache.
+    :meth:`run` returns the same as ``run_step(model, cache, items)`` for decode and verify
+    items, or None when they do not fit a graph. Bound to one cache: make a new instance for a new cache.
     """
 
     def __init__(
@@ -86,17 +96,16 @@ class DecodeGraphs:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool = None
 
-    def _pages(self, items: Sequence[StepItem]) -> int | None:
-        """Block-table columns the step needs, or None when it does not fit a graph."""
-        if self.failed is not None or not 0 < len(items) <= self.max_batch:
+    def _pages(self, rows: Sequence[StepItem]) -> int | None:
+        """Block-table columns the step's decode rows need, or None when they do not fit a graph."""
+        if self.failed is not None or not 0 < len(rows) <= self.max_batch:
             return None
-        if not all(is_decode_item(item) for item in items):
-            return None
-        pages = pages_needed(items, self.cache.page_size)
+        pages = pages_needed(rows, self.cache.page_size)
         return pages if pages <= self.max_pages else None
 
     def fits(self, items: Sequence[StepItem]) -> bool:
-        return self._pages(items) is not None
+        expanded = decode_rows(items)
+        return expanded is not None and self._pages(expanded[0]) is not None
 
     @torch.inference_mode()
     def run(self, items: Sequence[StepItem], to_cpu: bool = False) -> list[torch.Tensor] | None:
@@ -105,12 +114,16 @@ class DecodeGraphs:
         ``to_cpu``: return them on the CPU, all rows in one transfer (the sampler reads them
         there anyway; one copy instead of one per sequence).
         """
-        logits = self._replay(items)
+        expanded = decode_rows(items)
+        if expanded is None:
+            return None
+        rows, spans = expanded
+        logits = self._replay(rows)
         if logits is None:
             return None
         # The static output is overwritten by the next replay: hand out a copy.
-        rows = logits.cpu() if to_cpu else logits.clone()
-        return [rows[i : i + 1] for i in range(len(items))]
+        logits = logits.cpu() if to_cpu else logits.clone()
+        return [logits[first:end] for first, end in spans]
 
     @torch.inference_mode()
     def run_greedy(self, items: Sequence[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -136,7 +149,10 @@ class DecodeGraphs:
 
     def _replay(self, items: Sequence[StepItem], ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """Fill the inputs, capture on first use, replay: the graph's static logits ``[n, vocab]``
-        (valid until the next replay), or None when the items do not fit a graph."""
+        (valid until the next replay), or None when the items do not fit a graph. ``items``: one
+        decode row each."""
+        if not all(map(is_decode_item, items)):
+            return None
         needed = self._pages(items)
         if needed is None:
             return None
@@ -209,9 +225,9 @@ class DecodeGraphs:
             self._graphs.clear()
             return False
         entry.graph, entry.logits = graph, logits
-        # The workspace GEMV's buffers are baked into the graph by address; a later, larger model
-        # gets new ones: keep the captured ones alive with the graph.
-        entry.keepalive = kernels.gemv.workspaces()
+        # The workspace GEMVs' buffers (the expert GEMV's too) are baked into the graph by address;
+        # a later, larger model gets new ones: keep the captured ones alive with the graph.
+        entry.keepalive = (*kernels.gemv.workspaces(), *kernels.moe.workspaces())
         return True
 
     def _time_step(self, entry: _Graph) -> float:

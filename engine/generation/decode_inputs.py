@@ -38,6 +38,37 @@ def is_decode_item(item: StepItem) -> bool:
     return len(item.tokens) == 1 and item.logits == "last" and item.media is None
 
 
+def is_verify_item(item: StepItem) -> bool:
+    """A speculative verify step's item: the last token and ``k`` drafted ones, a logit row for
+    each, no images, no recurrent state (which would have to absorb the tokens one after another)."""
+    n = len(item.tokens)
+    return 1 < n and item.logits == n and item.media is None and item.state_slot is None
+
+
+def decode_rows(items: Sequence[StepItem]) -> tuple[list[StepItem], list[tuple[int, int]]] | None:
+    """The step as single-token decode rows, and each item's ``(first, end)`` rows; None when an
+    item is neither a decode nor a verify item.
+
+    A verify item of ``1 + k`` tokens becomes ``1 + k`` rows over the same block table, row ``j``
+    at position ``past + j``. Each layer writes every row's key and value before any row attends,
+    and row ``j`` attends up to its own position: the causal attention of the ``1 + k`` tokens,
+    with the decode path's kernels and so inside its CUDA graphs.
+    """
+    rows, spans = [], []
+    for item in items:
+        if is_decode_item(item):
+            spans.append((len(rows), len(rows) + 1))
+            rows.append(item)
+        elif is_verify_item(item):
+            spans.append((len(rows), len(rows) + len(item.tokens)))
+            rows.extend(
+                StepItem([token], item.past + j, item.block_table) for j, token in enumerate(item.tokens)
+            )
+        else:
+            return None
+    return rows, spans
+
+
 def pages_needed(items: Sequence[StepItem], page_size: int) -> int:
     """Block-table columns this step reads: the pages holding each sequence's positions so far."""
     return max(item.past // page_size + 1 for item in items)
@@ -145,13 +176,16 @@ def run_decode_step(
     batch: int | None = None,
     scratch_page: int | None = None,
 ) -> list[torch.Tensor]:
-    """``run_step(model, cache, items)`` for decode-only ``items``, through the fixed-shape path
-    without a graph (any device). ``batch`` > ``len(items)`` adds padding rows on ``scratch_page``;
-    ``max_pages`` (default: just enough) pads the block tables."""
-    if not all(is_decode_item(item) for item in items):
-        raise ValueError("the fixed-shape decode path takes single-token decode items only")
-    pages = max_pages or pages_needed(items, cache.page_size)
-    inputs = DecodeInputs(batch or len(items), pages, cache.page_size, model.device)
-    inputs.fill(items, scratch_page, cache.state_slots.scratch)
+    """``run_step(model, cache, items)`` for decode and verify ``items``, through the fixed-shape
+    path without a graph (any device). ``batch`` (rows, at least one per decode item and
+    ``1 + k`` per verify item) adds padding rows on ``scratch_page``; ``max_pages`` (default: just
+    enough) pads the block tables."""
+    expanded = decode_rows(items)
+    if expanded is None:
+        raise ValueError("the fixed-shape decode path takes decode and verify items only")
+    rows, spans = expanded
+    pages = max_pages or pages_needed(rows, cache.page_size)
+    inputs = DecodeInputs(batch or len(rows), pages, cache.page_size, model.device)
+    inputs.fill(rows, scratch_page, cache.state_slots.scratch)
     logits = decode_forward(model, cache, inputs)
-    return list(logits[: len(items)].split(1))
+    return [logits[first:end] for first, end in spans]

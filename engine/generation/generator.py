@@ -52,7 +52,7 @@ from engine.cache.snapshots import snapshot_positions
 from engine.errors import ContextOverflowError, UsageError
 from engine.generation.constraints import ConstraintError, ConstraintState
 from engine.generation.cuda_graph import DecodeGraphs
-from engine.generation.decode_inputs import is_decode_item, run_decode_step
+from engine.generation.decode_inputs import decode_rows, is_decode_item, run_decode_step
 from engine.generation.device_sampling import SamplingRows, pack_rows, sample_reference, sampling_path
 from engine.generation.job import Job, JobResult, Timings
 from engine.generation.rewind import RewindPoints, rewind_cache
@@ -518,8 +518,11 @@ class Generator:
 
     def _decode_graphs(self) -> DecodeGraphs:
         if self._graphs is None or self._graphs.cache is not self.cache:  # new cache: new graphs
+            # Up to 8 sequences; a verify step takes 1 + k rows per sequence (engine.generation.
+            # decode_inputs.decode_rows), up to 64 rows in all.
+            rows = 8 if self.speculation is None else min(64, 8 * (1 + self.speculation.max_tokens))
             self._graphs = DecodeGraphs(
-                self.model.module, self.cache, max_batch=8, tune_splits=self.options.step_tuning
+                self.model.module, self.cache, max_batch=rows, tune_splits=self.options.step_tuning
             )
         return self._graphs
 
@@ -539,8 +542,9 @@ class Generator:
         return torch.stack([row[-1] for row in self._eager_step(items)])
 
     def _eager_step(self, items: list[StepItem]) -> list[torch.Tensor | None]:
-        """``run_step`` for a step no graph replays; decode-only steps batched (``batched_decode``)."""
-        if self._batched_decode and all(map(is_decode_item, items)):
+        """``run_step`` for a step no graph replays; decode and verify steps batched
+        (``batched_decode``)."""
+        if self._batched_decode and decode_rows(items) is not None:
             return run_decode_step(self.model.module, self.cache, items)
         return run_step(self.model.module, self.cache, items)
 

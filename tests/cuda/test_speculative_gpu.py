@@ -1,0 +1,75 @@
+"""Speculative decoding on a CUDA GPU: greedy tokens with every drafter equal plain decoding's
+(the starter model's real weights, 10 prompts x 128 tokens), verify steps replayed from the decode
+path's CUDA graphs, and a verify step's logits equal to the eager step's."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.generation.decode_inputs import run_decode_step
+from engine.generation.generator import Generator
+from engine.generation.job import Job
+from engine.generation.step import StepItem, run_step
+from engine.model import load_model
+from engine.options import EngineOptions
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
+from test_speculative_greedy import CHAT, _random_draft_model  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+PROMPTS = Path(__file__).parents[2] / "engine" / "bench" / "data" / "speculative_prompts.json"
+
+
+def _prompts(tok) -> list[list[int]]:
+    sets = json.loads(PROMPTS.read_text())
+    texts = list(dict.fromkeys([*sets["code-edit"], *sets["chat"], *CHAT, "List five prime numbers."]))
+    assert len(texts) == 10
+    return [tok.encode_chat([{"role": "user", "content": text}]) for text in texts]
+
+
+@pytest.mark.slow
+def test_greedy_tokens_with_every_drafter_equal_plain_decoding_on_the_gpu(smollm2_dir, tmp_path):
+    from engine.tokenizer import Tokenizer
+
+    # float32: plain and verify steps run different row counts through cuBLAS; in half precision a
+    # near-tie could flip on rounding alone, which is not what this test is about.
+    model = load_model(smollm2_dir, device="cuda", dtype="float32")
+    tok = Tokenizer.from_dir(smollm2_dir)
+    prompts = _prompts(tok)
+
+    def run(draft: str):
+        gen = Generator(model, tok, cache_tokens=4096, max_batch_size=4, options=EngineOptions(draft=draft))
+        return gen.generate([Job(p, 128) for p in prompts]), gen
+
+    plain, _ = run("off")
+    random_dir = _random_draft_model(smollm2_dir, tmp_path / "draft")
+    for draft in ("ngram", f"model:{random_dir}", f"model:{smollm2_dir}"):
+        got, gen = run(draft)
+        assert [r.token_ids for r in got] == [r.token_ids for r in plain], draft
+        assert gen.speculation.stats.drafted > 0, draft
+        assert gen._use_graphs and gen._graphs is not None and gen._graphs.failed is None
+        # Verify steps replayed from graphs of more rows than jobs (1 + k rows per job).
+        assert any(rows > 4 for rows, _ in gen._graphs.captured), (draft, gen._graphs.captured)
+
+
+def test_verify_rows_on_the_gpu_give_the_eager_verify_logits(tiny_model_factory):
+    directory, _ = tiny_model_factory("LlamaForCausalLM")
+    model = load_model(directory, device="cuda", dtype="float32")
+    from engine.cache.paged import PagedKVCache
+
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 300, (50,), generator=g).tolist()
+    for k in (1, 4, 8):
+        results = []
+        for step in (run_step, run_decode_step):
+            cache = PagedKVCache.for_model(model.spec, 256, 16, model.dtype, model.device)
+            pages = cache.pages.allocate(8)
+            run_step(model.module, cache, [StepItem(prompt[:40], 0, pages, None)])
+            results.append(step(model.module, cache, [StepItem(prompt[40 : 41 + k], 40, pages, k + 1)])[0])
+        torch.testing.assert_close(results[1], results[0], rtol=1e-4, atol=1e-4)
