@@ -121,6 +121,19 @@ def _gemma4(cfg: Config) -> CacheFootprint:
     )
 
 
+def _deci(cfg: Config) -> CacheFootprint:
+    """DeciLM (Nemotron-NAS): each layer's ``block_configs`` entry gives its KV heads
+    (``num_attention_heads / n_heads_in_group``); a ``no_op`` attention keeps none. A torch-free
+    mirror of ``engine.architectures.deci``."""
+    heads, head_dim = int(cfg["num_attention_heads"]), _kv_shape(cfg)[1]
+    kv = []
+    for block in cfg["block_configs"]:
+        attention = block.get("attention") or {}
+        if not attention.get("no_op"):
+            kv.append((heads // int(attention.get("n_heads_in_group") or 1), head_dim))
+    return CacheFootprint(tuple(kv))
+
+
 # Families whose layers do not all keep keys and values of one shape (hybrids, latent attention),
 # by config.json's architecture name: their layers' footprint from the config.
 HYBRID_FOOTPRINTS: dict[str, Callable[[Config], CacheFootprint]] = {
@@ -135,6 +148,7 @@ HYBRID_FOOTPRINTS: dict[str, Callable[[Config], CacheFootprint]] = {
     "DeepseekV3ForCausalLM": _latent_attention,
     "Gemma4ForCausalLM": _gemma4,
     "Gemma4ForConditionalGeneration": _gemma4,
+    "DeciLMForCausalLM": _deci,
 }
 
 

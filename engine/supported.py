@@ -24,6 +24,20 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
         "Gemma3ForCausalLM",
         "Phi3ForCausalLM",
         "SmolLM3ForCausalLM",
+        "MiMoForCausalLM",
+        "IQuestCoderForCausalLM",
+        "HyperCLOVAXForCausalLM",
+        "NanoChatForCausalLM",
+        "DeciLMForCausalLM",  # Nemotron-NAS: per-layer shapes
+        "Ernie4_5ForCausalLM",
+        "ArceeForCausalLM",
+        "SeedOssForCausalLM",
+        "ApertusForCausalLM",
+        "Glm4ForCausalLM",
+        "Exaone4ForCausalLM",
+        "Olmo3ForCausalLM",
+        "CohereForCausalLM",
+        "Cohere2ForCausalLM",
         # mixture of experts
         "Qwen3MoeForCausalLM",
         "Qwen2MoeForCausalLM",
@@ -36,6 +50,7 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
         "Dots1ForCausalLM",
         "MiniMaxM2ForCausalLM",
         "Ernie4_5_MoeForCausalLM",
+        "SolarOpenForCausalLM",
         # multi-head latent attention (a compressed KV cache) and mixtures of experts
         "DeepseekV3ForCausalLM",
         # vision-language (image + text)
@@ -43,6 +58,8 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
         "Qwen2_5_VLForConditionalGeneration",
         "Qwen3VLForConditionalGeneration",
         "Qwen3VLMoeForConditionalGeneration",
+        "Glm4vForConditionalGeneration",
+        "Glm4vMoeForConditionalGeneration",
         "Mistral3ForConditionalGeneration",
         # Gemma 4: text and images (its small sizes' audio is refused)
         "Gemma4ForCausalLM",

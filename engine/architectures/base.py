@@ -181,6 +181,19 @@ def gemma_family(spec: ModelSpec, cfg: ModelConfig) -> ModelSpec:
     )
 
 
+# Where post-norm layers (post_norms) keep their norms.
+POST_NORMS = TensorNames(
+    mixer_out_norm="post_attention_layernorm", feed_forward_out_norm="post_feedforward_layernorm"
+)
+
+
+def post_norms(spec: ModelSpec) -> ModelSpec:
+    """Every layer post-norm, ``h += norm(mixer(h))`` then ``h += norm(feed_forward(h))``: no norm
+    before the sub-layers, one after each (OLMo 2/3, EXAONE 4)."""
+    layers = tuple(replace(layer, pre_norms=False, sandwich_norms=True) for layer in spec.layers)
+    return replace(spec, layers=layers)
+
+
 def mixture_of_experts(spec: ModelSpec, cfg: ModelConfig, normalize: bool) -> ModelSpec:
     """The MoE layers of a Qwen-MoE or Mixtral config. A layer is sparse unless it is listed in
     ``mlp_only_layers`` or falls between ``decoder_sparse_step`` strides (Qwen), where it keeps its

@@ -1,6 +1,6 @@
-"""Ernie 4.5 MoE (Ernie4_5_MoeForCausalLM): attention whose RoPE rotates adjacent pairs of
-dimensions; with ``use_bias``, biases on every projection of attention, dense MLPs and shared
-experts and on the head (none on the routed experts); a tied head by default. A layer holds
+"""Ernie 4.5 MoE (Ernie4_5_MoeForCausalLM): the dense Ernie 4.5's attention and MLPs (RoPE on
+adjacent pairs; with ``use_bias``, biases on every projection of attention, dense MLPs and shared
+experts and on the head, none on the routed experts; a tied head by default). A layer holds
 experts where ``(i + 1) % moe_layer_interval == 0`` between ``moe_layer_start_index`` and
 ``moe_layer_end_index`` (-1: the last layer); the others keep a dense MLP. Its router takes a
 softmax over the experts, chooses by the probabilities plus a correction bias (stored as one row
@@ -13,14 +13,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.architectures.base import Architecture, TensorNames
+from engine.architectures.base import TensorNames
+from engine.architectures.ernie4_5 import Ernie4_5
 from engine.architectures.expert_layers import with_experts
 from engine.config import ModelConfig
-from engine.layers.attention import AttentionSpec
-from engine.layers.gated_mlp import GatedMLPSpec
 from engine.layers.sparse_moe import SparseMoENames, SparseMoESpec
 from engine.layers.spec import ModelSpec
-from engine.modules.rope import RopeSpec
 
 ERNIE_EXPERTS = SparseMoENames(
     selection_bias="mlp.moe_statics.e_score_correction_bias",
@@ -29,20 +27,9 @@ ERNIE_EXPERTS = SparseMoENames(
 )
 
 
-class Ernie4_5_Moe(Architecture):
+class Ernie4_5_Moe(Ernie4_5):
     hf_names = ("Ernie4_5_MoeForCausalLM",)
     names = TensorNames(parts=(ERNIE_EXPERTS,))
-    default_tie = True
-
-    def attention(self, cfg: ModelConfig, layer_type: str, rope: RopeSpec | None) -> AttentionSpec:
-        bias = bool(cfg.get("use_bias", False))
-        return replace(super().attention(cfg, layer_type, rope), qkv_bias=bias, o_bias=bias)
-
-    def mlp(self, cfg: ModelConfig) -> GatedMLPSpec:
-        return replace(super().mlp(cfg), bias=bool(cfg.get("use_bias", False)))
-
-    def rope_specs(self, cfg: ModelConfig) -> dict[str, RopeSpec]:
-        return {kind: replace(spec, adjacent_pairs=True) for kind, spec in super().rope_specs(cfg).items()}
 
     def spec(self, cfg: ModelConfig) -> ModelSpec:
         n, bias = int(cfg.require("num_hidden_layers")), bool(cfg.get("use_bias", False))

@@ -109,6 +109,7 @@ class SourceModel:
                 nn.Identity(),  # the converter reads the head's weight from the store itself
                 self.spec.embed_scale,
                 self.spec.final_softcap,
+                embed_norm=host.embed_norm(),  # the first hidden states are normalised (nanochat)
             ).eval()
             shape_store = _ShapeStore(self.store)
             shapes = ModelBuilder(self.spec, self.names, shape_store, dtype, "meta", context)

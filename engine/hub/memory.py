@@ -42,6 +42,8 @@ def _sliding_layers(cfg: dict[str, Any], layers: int) -> list[bool]:
     pattern = cfg.get("sliding_window_pattern")
     if isinstance(pattern, int) and pattern > 0:  # Gemma 3: every pattern-th layer is global
         return [(i + 1) % pattern != 0 for i in range(layers)]
+    if isinstance(pattern, str) and pattern:  # EXAONE 4: "LLLG" repeated, the last layer global
+        return [pattern[i % len(pattern)] == "L" and i < layers - 1 for i in range(layers)]
     model_type = str(cfg.get("model_type", ""))
     if model_type.startswith("gemma2"):  # Gemma 2 alternates, starting with a local layer
         return [i % 2 == 0 for i in range(layers)]

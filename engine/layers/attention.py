@@ -33,7 +33,8 @@ class AttentionSpec(MixerSpec):
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False  # RMSNorm of queries and keys: per head ...
-    qk_norm_across_heads: bool = False  # ... or over all heads at once (OLMo 2/3)
+    qk_norm_across_heads: bool = False  # ... or over all heads at once (OLMo 2/3) ...
+    qk_norm_head_scales: bool = False  # ... or per head with a scale of its own for each (Cohere)
     output_gate: bool = False  # q_proj also gives a gate per head (Qwen3-Next, Qwen3.5)
     sinks: bool = False  # a learned sink logit per head in the softmax (GPT-OSS)
     # An output gate from a projection of its own (AttentionNames.gate): "per_feature", one per
@@ -80,7 +81,7 @@ def build_attention(reader: LayerReader, spec: AttentionSpec, names: AttentionNa
             [names.q, names.k, names.v], h, [q_proj_out, kv_out, kv_out], spec.qkv_bias, names.qkv_fused
         )
     keys = spec.qk_norm and spec.kv_source is None  # a reader of shared keys has no key norm
-    q_norm_dim, k_norm_dim = (q_out, kv_out) if spec.qk_norm_across_heads else (spec.head_dim, spec.head_dim)
+    q_norm_dim, k_norm_dim = _qk_norm_shapes(spec)
     return Attention(
         qkv,
         reader.linear(names.o, q_out, h, spec.o_bias),
@@ -104,6 +105,15 @@ def build_attention(reader: LayerReader, spec: AttentionSpec, names: AttentionNa
         shared_kv=spec.kv_source is not None,
         bidirectional=spec.bidirectional,
     )
+
+
+def _qk_norm_shapes(spec: AttentionSpec) -> tuple[int | tuple[int, int], int | tuple[int, int]]:
+    """The q and k norms' scales: over all heads at once, one per head, or one shared by all."""
+    if spec.qk_norm_across_heads:
+        return spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    if spec.qk_norm_head_scales:
+        return (spec.num_heads, spec.head_dim), (spec.num_kv_heads, spec.head_dim)
+    return spec.head_dim, spec.head_dim
 
 
 def _gate_proj(reader: LayerReader, spec: AttentionSpec, names: AttentionNames) -> nn.Module | None:

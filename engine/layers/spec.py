@@ -42,7 +42,11 @@ class LayerSpec:
     attention layers). ``per_layer_input``: a third residual branch after the feed-forward reads
     the layer's slice of the per-layer inputs (``ModelSpec.per_layer_inputs``), and
     ``output_scale``: the layer's output, residual stream and all, is multiplied by a stored
-    scalar (Gemma 4's per-layer embeddings and ``layer_scalar``).
+    scalar (Gemma 4's per-layer embeddings and ``layer_scalar``). ``residual_scale``: each
+    sub-layer's output is multiplied by it before it joins the stream (HyperCLOVA X's
+    ``residual_multiplier``). ``parallel``: the mixer and the feed-forward both read the one
+    pre-norm's output and join the stream together, ``h += mixer(norm(h)) + feed_forward(norm(h))``
+    (Cohere; the layer has no feed-forward norm).
     """
 
     mixer: MixerSpec | None
@@ -51,6 +55,8 @@ class LayerSpec:
     pre_norms: bool = True
     per_layer_input: bool = False
     output_scale: bool = False
+    residual_scale: float = 1.0
+    parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.mixer is None and self.feed_forward is None:
@@ -71,9 +77,17 @@ class ModelSpec:
     final_softcap: float | None = None
     tie_word_embeddings: bool = False
     head_bias: bool = False  # the head adds a bias, tied or not (Ernie 4.5's use_bias)
+    # The norms subtract the mean: LayerNorm with a scale and no bias (Cohere); else RMSNorm.
+    layer_norm: bool = False
     # Inputs computed once per step for every layer from the tokens and their embeddings
     # (engine.layers.per_layer_input.PerLayerInputSpec: Gemma 4's per-layer embeddings), or None.
     per_layer_inputs: Any = None
+    # Every RMSNorm without a learned scale: none is stored (nanochat).
+    unweighted_norms: bool = False
+    # The embeddings are RMS-normalised before the first layer, with the final norm's settings (nanochat).
+    embed_norm: bool = False
+    # The logits are multiplied by it (HyperCLOVA X's logits_scaling, Cohere's logit_scale).
+    logit_scale: float = 1.0
 
     @property
     def num_layers(self) -> int:

@@ -17,10 +17,11 @@ import torch
 from torch import nn
 
 from engine.architectures.base import TensorNames
-from engine.layers import FEED_FORWARDS, MIXERS, ModelSpec
+from engine.layers import FEED_FORWARDS, MIXERS, LayerSpec, ModelSpec
 from engine.layers import per_layer_input as ple
 from engine.loading.safetensors_store import WeightStore
 from engine.modules.decoder import CausalLM, DecoderBlock
+from engine.modules.layer_norm import LayerNorm
 from engine.modules.linear import DenseLinear, ProjectionGroup
 from engine.modules.mrope import MultimodalRotaryEmbedding
 from engine.modules.norms import RMSNorm
@@ -97,8 +98,15 @@ class ModelBuilder:
                 return "streaming"
         return "dense"
 
-    def norm(self, key: str, dim: int) -> RMSNorm:
-        weight = self.tensor(f"{key}.weight", [dim])
+    def norm(self, key: str, dim: int | tuple[int, ...]) -> RMSNorm | LayerNorm:
+        """The norm stored under ``key``: an RMSNorm, or a LayerNorm where the model's norms
+        subtract the mean (``ModelSpec.layer_norm``). ``dim`` a shape ``[rows, width]``: each row
+        normalised over ``width`` with a scale of its own (Cohere's per-head q/k norms)."""
+        if self.spec.unweighted_norms:  # nothing stored under the key
+            return self.unscaled_norm(dim)
+        weight = self.tensor(f"{key}.weight", [dim] if isinstance(dim, int) else list(dim))
+        if self.spec.layer_norm:
+            return LayerNorm(weight, None, self.spec.norm_eps, key=key)
         return RMSNorm(weight, self.spec.norm_eps, self.spec.norm_offset, key=key)
 
     def unscaled_norm(self, dim: int) -> RMSNorm:
@@ -110,8 +118,16 @@ class ModelBuilder:
     def block(self, i: int, rope: SharedRotary) -> DecoderBlock:
         """Layer ``i``: its mixer and feed-forward built by their kinds, with their norms (a layer
         may lack either sub-layer, and then its norms)."""
-        layer, n, h = self.spec.layers[i], self.names, self.spec.hidden_size
+        n = self.names
         reader = LayerReader(self, n.prefix + n.layer.format(i=i), rope)
+        block = self.layer_block(self.spec.layers[i], reader)
+        self.kept_tensors[i] = reader.kept
+        return block
+
+    def layer_block(self, layer: LayerSpec, reader: LayerReader) -> DecoderBlock:
+        """A decoder layer of the kinds ``layer`` names, read through ``reader`` (at any prefix:
+        a main layer, or a multi-token-prediction layer stored apart)."""
+        n, h = self.names, self.spec.hidden_size
         parts: dict[str, Any] = {}
         if layer.mixer is not None:
             mixer = MIXERS[layer.mixer.kind]
@@ -123,7 +139,7 @@ class ModelBuilder:
                 parts["mixer_out_norm"] = reader.norm(n.mixer_out_norm, h)
         if layer.feed_forward is not None:
             feed_forward = FEED_FORWARDS[layer.feed_forward.kind]
-            if layer.pre_norms and not layer.feed_forward.reads_residual:
+            if layer.pre_norms and not layer.feed_forward.reads_residual and not layer.parallel:
                 parts["feed_forward_norm"] = reader.norm(n.feed_forward_norm, h)
             parts["feed_forward"] = feed_forward.build(reader, layer.feed_forward, n.part(feed_forward.names))
             if layer.sandwich_norms:
@@ -132,9 +148,11 @@ class ModelBuilder:
             parts["per_layer_input"] = ple.build_branch(reader, self.spec.per_layer_inputs, n.part(ple.NAMES))
         if layer.output_scale:
             parts["output_scale"] = reader.tensor(n.output_scale, [1])
-        block = DecoderBlock(**parts)
-        self.kept_tensors[i] = reader.kept
-        return block
+        if layer.residual_scale != 1.0:
+            parts["residual_scale"] = layer.residual_scale
+        if layer.parallel:
+            parts["parallel"] = True
+        return DecoderBlock(**parts)
 
     def rotary(self) -> SharedRotary:
         """An empty set of shared rotary modules, for the blocks of one model to fill."""
@@ -147,6 +165,11 @@ class ModelBuilder:
 
     def final_norm(self) -> RMSNorm:
         return self.norm(self.names.prefix + self.names.final_norm, self.spec.hidden_size)
+
+    def embed_norm(self) -> RMSNorm | None:
+        """The norm of the embeddings before the first layer (``ModelSpec.embed_norm``: the final
+        norm's settings, nanochat), or None."""
+        return self.final_norm() if self.spec.embed_norm else None
 
     def build(self, progress: Progress | None = None) -> CausalLM:
         s, n = self.spec, self.names
@@ -173,6 +196,8 @@ class ModelBuilder:
             s.embed_scale,
             s.final_softcap,
             ple.build_per_layer_inputs(self, n.part(ple.NAMES)) if s.per_layer_inputs else None,
+            embed_norm=self.embed_norm(),
+            logit_scale=s.logit_scale,
         )
         if progress:
             progress(1.0, "model loaded")
@@ -216,7 +241,7 @@ class LayerReader:
     def linear(self, name: str, in_features: int, out_features: int, bias: bool = False) -> nn.Module:
         return self._builder.linear(self.key(name), in_features, out_features, bias)
 
-    def norm(self, name: str, dim: int) -> RMSNorm:
+    def norm(self, name: str, dim: int | tuple[int, ...]) -> RMSNorm | LayerNorm:
         return self._builder.norm(self.key(name), dim)
 
     def unscaled_norm(self, dim: int) -> RMSNorm:

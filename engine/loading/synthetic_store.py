@@ -107,7 +107,7 @@ class SyntheticWeightStore(TensorIndex):
         s, n = spec, names
         h = s.hidden_size
         self._plan[n.prefix + n.embed + ".weight"] = ("embed", (s.vocab_size, h))
-        for key, shape, quantizable in layer_tensors(spec, names):
+        for key, shape, quantizable in layer_tensors(spec, names, split_fused=bits is not None):
             if len(shape) == 1:  # a norm's weight or a linear's bias
                 self._plan[key] = ("norm", shape[0])
             elif quantizable:
@@ -191,10 +191,11 @@ class _Planner:
         return torch.empty(self.asked[key], dtype=dtype, device="meta")
 
 
-def layer_tensors(spec, names) -> Iterator[tuple[str, tuple[int, ...], bool]]:
+def layer_tensors(spec, names, split_fused: bool = False) -> Iterator[tuple[str, tuple[int, ...], bool]]:
     """``(key, shape, quantizable)`` of every tensor the layers of ``spec`` read, as their kinds
     build them (on the ``meta`` device); ``quantizable``: it belongs to a linear the layer lists
-    as quantizable."""
+    as quantizable. ``split_fused``: a fused projection's tensors (Phi-3's ``qkv_proj``, GLM-4's
+    ``gate_up_proj``) are listed apart under its outputs' names, as a converter stores them."""
     from engine.loading.builder import ModelBuilder
 
     planner = _Planner()
@@ -203,9 +204,24 @@ def layer_tensors(spec, names) -> Iterator[tuple[str, tuple[int, ...], bool]]:
     for i in range(spec.num_layers):
         block = builder.block(i, rope)
         quantizable = {site.get().key for site in block.quantizable_linears()}
+        outputs = _fused_outputs(block) if split_fused else {}
         for key, shape in planner.asked.items():
-            yield key, shape, key.rpartition(".")[0] in quantizable
+            module, _, leaf = key.rpartition(".")
+            for name, rows in outputs.get(module, [(module, shape[0])]):
+                yield f"{name}.{leaf}", (rows, *shape[1:]), module in quantizable
         planner.asked.clear()
+
+
+def _fused_outputs(block) -> dict[str, list[tuple[str, int]]]:
+    """Per fused projection of ``block`` (one linear split into outputs stored apart once
+    quantized), its outputs' keys and widths."""
+    from engine.modules.linear import ProjectionGroup
+
+    return {
+        group.linears[0].key: list(zip(group.output_keys, group.splits[0], strict=True))
+        for group in block.modules()
+        if isinstance(group, ProjectionGroup) and group.output_keys is not None and len(group.linears) == 1
+    }
 
 
 def synthetic_config(

@@ -30,7 +30,9 @@ class DecoderBlock(nn.Module):
     converter). The optional ``*_out_norm`` give Gemma's "sandwich" layout, where each sub-layer's
     output is normalised again before it joins the residual stream. Gemma 4 adds a third branch,
     ``per_layer_input(h, x)`` on the layer's per-layer input ``x`` (``engine.modules.per_layer_input``),
-    and multiplies the layer's whole output by ``output_scale``.
+    and multiplies the layer's whole output by ``output_scale``. ``residual_scale`` multiplies each
+    sub-layer's output before it joins the stream (HyperCLOVA X). A ``parallel`` block feeds the
+    mixer's normalised input to the feed-forward too and adds both outputs at once (Cohere).
     """
 
     def __init__(
@@ -44,16 +46,23 @@ class DecoderBlock(nn.Module):
         state: SequenceState | None = None,
         per_layer_input: nn.Module | None = None,
         output_scale: torch.Tensor | None = None,
+        residual_scale: float = 1.0,
+        parallel: bool = False,
     ) -> None:
         super().__init__()
         if mixer is None and feed_forward is None:
             raise ValueError("a decoder block needs a mixer, a feed-forward or both")
+        if parallel and (mixer is None or feed_forward is None):
+            raise ValueError("a parallel decoder block needs both a mixer and a feed-forward")
         # Registered in the order they run: the converter writes a block's tensors in this order.
         self.mixer_norm, self.mixer, self.mixer_out_norm = mixer_norm, mixer, mixer_out_norm
         self.feed_forward_norm, self.feed_forward = feed_forward_norm, feed_forward
         self.feed_forward_out_norm = feed_forward_out_norm
         self.per_layer_input = per_layer_input
         self.register_buffer("output_scale", output_scale)
+        self.residual_scale = residual_scale
+        # The feed-forward reads the mixer's input, and their outputs join the stream together.
+        self.parallel = parallel
         self.state = state
 
     @property
@@ -98,17 +107,25 @@ class DecoderBlock(nn.Module):
             pending = self.mixer(x, batch, cache)
             if self.mixer_out_norm is not None:  # Gemma's sandwich norm: before the add, not fused
                 pending = self.mixer_out_norm(pending)
-        if self.feed_forward is not None:
+            pending = self._scaled(pending)
+        if self.feed_forward is not None and self.parallel:  # x: the mixer's input, pending its output
+            pending = pending + self._scaled(self.feed_forward(x))
+        elif self.feed_forward is not None:
             h, x = _add_and_norm(h, pending, self.feed_forward_norm)
             pending = self.feed_forward(x)
             if self.feed_forward_out_norm is not None:
                 pending = self.feed_forward_out_norm(pending)
+            pending = self._scaled(pending)
         if self.per_layer_input is not None:  # reads the stream with the feed-forward's output in
             h = h + pending
             pending = self.per_layer_input(h, layer_input)
         if self.output_scale is not None:
             return (h + pending) * self.output_scale, None
         return h, pending
+
+    def _scaled(self, delta: torch.Tensor) -> torch.Tensor:
+        """A sub-layer's output times ``residual_scale`` (a Python number: graph-capturable)."""
+        return delta if self.residual_scale == 1.0 else delta * self.residual_scale
 
 
 def _add_and_norm(
@@ -132,6 +149,8 @@ class CausalLM(nn.Module):
         embed_scale: float = 1.0,
         final_softcap: float | None = None,
         per_layer_inputs: nn.Module | None = None,
+        embed_norm: nn.Module | None = None,
+        logit_scale: float = 1.0,
     ) -> None:
         super().__init__()
         self.embedding = embedding
@@ -140,6 +159,8 @@ class CausalLM(nn.Module):
         self.embed_scale, self.final_softcap = embed_scale, final_softcap
         # Gemma 4's per-layer inputs, [tokens, layers, width] per step (None: no such inputs).
         self.per_layer_inputs = per_layer_inputs
+        self.embed_norm = embed_norm  # nanochat normalises the embeddings (None: not)
+        self.logit_scale = logit_scale
 
     @property
     def dtype(self) -> torch.dtype:
@@ -168,7 +189,7 @@ class CausalLM(nn.Module):
             # Python number (not a tensor made per call) keeps the step free of host tensors, so a
             # CUDA graph can capture it.
             h = h * _rounded(self.embed_scale, h.dtype)
-        return h
+        return h if self.embed_norm is None else self.embed_norm(h)
 
     def forward(
         self,
@@ -203,6 +224,8 @@ class CausalLM(nn.Module):
             pending = None if pending is None else pending[logit_rows]
         x = self.final_norm(h) if pending is None else add_and_norm(h, pending, self.final_norm)[1]
         logits = self.lm_head(x).float()
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
         if self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits

@@ -12,12 +12,15 @@ from engine.modules.mlp import ACTIVATIONS
 
 
 class FeedForward(nn.Module):
-    def __init__(self, fc1: nn.Module, fc2: nn.Module, activation: str) -> None:
+    """``activation``: a name in ``ACTIVATIONS``, or a module for one with weights of its own
+    (Apertus' xIELU, ``engine.modules.xielu``)."""
+
+    def __init__(self, fc1: nn.Module, fc2: nn.Module, activation: str | nn.Module) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
+        if isinstance(activation, str) and activation not in ACTIVATIONS:
             raise ValueError(f"unsupported activation '{activation}'")
         self.fc1, self.fc2 = fc1, fc2
-        self.act = ACTIVATIONS[activation]
+        self.act = ACTIVATIONS[activation] if isinstance(activation, str) else activation
 
     def quantizable_linears(self) -> list[LinearSite]:
         return [LinearSite("up", self, "fc1"), LinearSite("down", self, "fc2")]

@@ -5,7 +5,8 @@ the per-dimension rotation speeds, and :class:`RotaryEmbedding` rotates queries 
 given absolute positions. Rotation pairs dimension ``i`` with ``i + d/2`` (the "rotate half"
 layout of Hugging Face checkpoints), over the first ``rotary_dim`` dimensions of each head.
 Families that rotate adjacent pairs ``(2i, 2i + 1)`` instead (Ernie 4.5) have their queries and
-keys reordered into halves first (:meth:`RotaryEmbedding.halves_from_pairs`).
+keys reordered into halves first (:meth:`RotaryEmbedding.halves_from_pairs`). nanochat turns
+the other way (``RopeSpec.reverse``: negated speeds).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class RopeSpec:
     partial_rotary_factor: float = 1.0
     max_position_embeddings: int = 4096
     adjacent_pairs: bool = False  # rotates (2i, 2i + 1) rather than (i, i + d/2)
+    reverse: bool = False  # turns by -angle: nanochat's rotate-half has its signs flipped
 
 
 def _default(spec: RopeSpec, dim: int) -> torch.Tensor:
@@ -142,6 +144,8 @@ class RotaryEmbedding(nn.Module):
         self.rotary_dim = int(head_dim * partial)
         self.adjacent_pairs = spec.adjacent_pairs
         inv, self.attention_factor = inverse_frequencies(spec, self.rotary_dim, context)
+        if spec.reverse:  # cos is even and sin odd: negated speeds are the reversed rotation
+            inv = -inv
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -133,6 +133,8 @@ class WindowedTower(nn.Module):
 class QwenVision(VisionModel):
     """The Qwen-VL families' image path around their tower: processing, placeholders, M-RoPE."""
 
+    processing_class: type[QwenImageProcessing] = QwenImageProcessing  # GLM-4V's sizes differ
+
     def __init__(
         self, tower: nn.Module, processing: QwenImageProcessing, marker: str, image_token_id: int
     ) -> None:
@@ -166,7 +168,7 @@ class QwenVision(VisionModel):
         vcfg = config.raw["vision_config"]
         root = first_prefix(store, ["model.visual.", "visual."], "patch_embed.proj.weight")
         tower = tower_class.load(TowerWeights(store, root, dtype, device), vcfg)
-        processing = QwenImageProcessing(
+        processing = cls.processing_class(
             ImageSettings.from_dir(config.directory),
             int(vcfg["patch_size"]),
             int(vcfg.get("spatial_merge_size", 2)),

@@ -22,17 +22,21 @@ from engine.vision.processor_config import ImageSettings
 MAX_ASPECT = 200  # the Qwen processors refuse more elongated images
 
 
-def fit_grid(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """The resized ``(height, width)``: multiples of ``factor``, pixel count within bounds."""
+def fit_grid(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int, frames: int = 1
+) -> tuple[int, int]:
+    """The resized ``(height, width)``: multiples of ``factor``, pixel count within bounds. The
+    bounds count ``frames`` copies of the image (GLM-4V counts a still image as the frames of one
+    temporal patch)."""
     if max(height, width) / min(height, width) > MAX_ASPECT:
         raise ImageInputError(f"image of {width}x{height} is too elongated (aspect ratio above {MAX_ASPECT})")
     h, w = round(height / factor) * factor, round(width / factor) * factor
-    if h * w > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
+    if frames * h * w > max_pixels:
+        beta = math.sqrt(frames * height * width / max_pixels)
         h = max(factor, math.floor(height / beta / factor) * factor)
         w = max(factor, math.floor(width / beta / factor) * factor)
-    elif h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
+    elif frames * h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
         h = math.ceil(height * beta / factor) * factor
         w = math.ceil(width * beta / factor) * factor
     return h, w
@@ -71,12 +75,16 @@ def axial_rotary(coords: torch.Tensor, head_dim: int, theta: float) -> tuple[tor
 class QwenImageProcessing:
     """The Qwen2-VL image processor's settings and steps."""
 
+    # (min, max) pixels where preprocessor_config.json states none
+    default_pixels: tuple[int, int] = (56 * 56, 28 * 28 * 1280)
+
     def __init__(
         self, settings: ImageSettings, patch: int, merge: int, temporal: int, mean: list[float]
     ) -> None:
         size = settings.get("size", {})
-        self.min_pixels = int(settings.get("min_pixels", size.get("shortest_edge", 56 * 56)))
-        self.max_pixels = int(settings.get("max_pixels", size.get("longest_edge", 28 * 28 * 1280)))
+        low, high = self.default_pixels
+        self.min_pixels = int(settings.get("min_pixels", size.get("shortest_edge", low)))
+        self.max_pixels = int(settings.get("max_pixels", size.get("longest_edge", high)))
         self.patch = int(settings.get("patch_size", patch))
         self.merge = int(settings.get("merge_size", merge))
         self.temporal = int(settings.get("temporal_patch_size", temporal))
@@ -85,9 +93,13 @@ class QwenImageProcessing:
         std = [0.26862954, 0.26130258, 0.27577711] if mean[0] != 0.5 else [0.5] * 3
         self.mean, self.std = settings.mean_std(mean, std)
 
+    def fit(self, height: int, width: int) -> tuple[int, int]:
+        """The size an image of ``height x width`` is resized to."""
+        return fit_grid(height, width, self.patch * self.merge, self.min_pixels, self.max_pixels)
+
     def __call__(self, image: Image.Image) -> tuple[torch.Tensor, tuple[int, int]]:
         rgb = to_rgb(image)
-        h, w = fit_grid(rgb.height, rgb.width, self.patch * self.merge, self.min_pixels, self.max_pixels)
+        h, w = self.fit(rgb.height, rgb.width)
         pixels = normalize(
             resize(rgb, h, w, self.resample), self.rescale, self.mean, self.std, self.do_normalize
         )

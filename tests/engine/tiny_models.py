@@ -346,18 +346,20 @@ VARIANTS = [
 ]
 
 
-def build_tiny_model(variant: str, directory: Path, seed: int = 0, dtype=torch.float32):
-    """Save a random model of ``variant`` to ``directory``; returns the transformers model."""
+def build_tiny_model(variant: str, directory: Path, seed: int = 0, dtype=torch.float32, config=None):
+    """Save a random model of ``variant`` to ``directory``; returns the transformers model.
+    ``config``: the transformers config to build it from, where it is not one listed here."""
     import transformers as tf
 
-    config = _configs()[variant]
+    config = config if config is not None else _configs()[variant]
     arch = variant.split("-")[0]
     torch.manual_seed(seed)
     model = getattr(tf, arch)(config).to(dtype).eval()
-    # Random init leaves norms at 1 and biases at 0: perturb them so their handling is tested.
+    # Random init leaves norms at 1, biases at 0 and learned activations (xIELU's) alike in every
+    # layer: perturb them so their handling is tested.
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name or name.endswith(".bias"):
+            if "norm" in name or name.endswith(".bias") or ".act_fn." in name:
                 p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(directory, safe_serialization=True)
     return model

@@ -33,6 +33,20 @@ def test_kv_cache_gemma3_sliding_layers_hold_only_the_window():
     assert kv_cache_bytes(cfg, 8192) == per_token_layer * (5 * 512 + 8192)
 
 
+def test_kv_cache_exaone4_pattern_string_slides_its_l_layers_but_the_last():
+    cfg = {
+        "model_type": "exaone4",
+        "num_hidden_layers": 5,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "sliding_window": 100,
+        "sliding_window_pattern": "LLG",  # layers 0, 1, 3 slide; 2 and 4 (the last, an L) are global
+    }
+    per_token_layer = 2 * 1 * 64 * 2
+    assert kv_cache_bytes(cfg, 1000) == per_token_layer * (3 * 100 + 2 * 1000)
+
+
 def test_estimate_verdicts():
     cfg = tiny_llama_config()
     gpu_box = MachineMemory(

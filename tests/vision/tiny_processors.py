@@ -2,8 +2,8 @@
 
 The tokenizer is byte-level BPE with no merges (ids 0..255 are the bytes) plus each family's
 special tokens from id 256 on. The chat templates are the families' real templates (Gemma 3,
-Qwen2.5-VL) or a faithful reduction of them to one user turn (Qwen3-VL, Mistral 3), kept as
-data in ``templates/``.
+Qwen2.5-VL) or a faithful reduction of them to one user turn (Qwen3-VL, Mistral 3, GLM-4V), kept
+as data in ``templates/``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ SPECIALS: dict[str, list[str]] = {
         "<|image_pad|>", "<|video_pad|>",
     ],
     "mistral3": ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+    "glm4v": [
+        "<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+        "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>",
+        "<|video|>",
+    ],
 }  # fmt: skip
 
 FAMILY = {
@@ -30,6 +35,8 @@ FAMILY = {
     "Qwen2_5_VLForConditionalGeneration": "qwen",
     "Qwen3VLForConditionalGeneration": "qwen",
     "Mistral3ForConditionalGeneration": "mistral3",
+    "Glm4vForConditionalGeneration": "glm4v",
+    "Glm4vMoeForConditionalGeneration": "glm4v",
 }
 
 TEMPLATE_FILE = {
@@ -37,6 +44,8 @@ TEMPLATE_FILE = {
     "Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl.jinja",
     "Qwen3VLForConditionalGeneration": "qwen3_vl.jinja",
     "Mistral3ForConditionalGeneration": "mistral3.jinja",
+    "Glm4vForConditionalGeneration": "glm4v.jinja",
+    "Glm4vMoeForConditionalGeneration": "glm4v.jinja",
 }
 
 
@@ -73,6 +82,7 @@ TOKEN_ROLES = {
     "gemma3": dict(bos_token="<bos>", eos_token="<eos>", pad_token="<pad>"),
     "qwen": dict(eos_token="<|im_end|>", pad_token="<|endoftext|>"),
     "mistral3": dict(bos_token="<s>", eos_token="</s>", unk_token="<unk>"),
+    "glm4v": dict(eos_token="<|user|>", pad_token="<|endoftext|>"),
 }
 
 EXTRA_TOKENS = {
@@ -84,6 +94,7 @@ EXTRA_TOKENS = {
         vision_bos_token="<|vision_start|>", vision_eos_token="<|vision_end|>",
     ),
     "mistral3": dict(image_token="[IMG]", image_break_token="[IMG_BREAK]", image_end_token="[IMG_END]"),
+    "glm4v": dict(image_token="<|image|>", video_token="<|video|>"),
 }  # fmt: skip
 
 
@@ -116,6 +127,20 @@ def image_processor_settings(arch: str, config) -> dict:
             temporal_patch_size=v.temporal_patch_size,
             resample=3,
             **mean_std,
+        )
+    if arch in ("Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"):
+        # The pixel bounds count a still image twice (its temporal patch's frames): with these,
+        # a 30 x 45 image is scaled down only because of that.
+        unit = v.patch_size * v.spatial_merge_size
+        return dict(
+            image_processor_type="Glm4vImageProcessor",
+            size={"shortest_edge": 4 * unit * unit, "longest_edge": 40 * unit * unit},
+            patch_size=v.patch_size,
+            merge_size=v.spatial_merge_size,
+            temporal_patch_size=v.temporal_patch_size,
+            image_mean=[0.48145466, 0.4578275, 0.40821073],
+            image_std=[0.26862954, 0.26130258, 0.27577711],
+            resample=3,
         )
     if arch == "Mistral3ForConditionalGeneration":
         return dict(
@@ -207,6 +232,9 @@ def hf_processor(arch: str, config, directory: Path):
     if arch == "Qwen3VLForConditionalGeneration":
         ip = tf.Qwen2VLImageProcessorPil(**settings)
         return tf.Qwen3VLProcessor(ip, tokenizer, None, chat_template=template)
+    if arch in ("Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"):
+        ip = tf.Glm4vImageProcessorPil(**settings)
+        return tf.Glm4vProcessor(ip, tokenizer, None, chat_template=template)
     if arch == "Mistral3ForConditionalGeneration":
         ip = tf.PixtralImageProcessorPil(**settings)
         return _pixtral_processor_class()(
