@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "activations.cuh"
 #include "chained_launch.cuh"
 #include "float_types.cuh"
 #include "trellis_ext.h"
@@ -275,16 +276,6 @@ __global__ void rope_kernel(const T* __restrict__ q, long long q_stride, T* __re
       store_pack<T, V>(dst + i, load_pack<T, V>(src + i));
     }
   }
-}
-
-enum Act { kSilu = 0, kGeluTanh = 1, kGeluErf = 2, kRelu = 3 };
-
-template <int ACT>
-__device__ __forceinline__ float activate(float g) {
-  if (ACT == kSilu) return g / (1.f + __expf(-g));
-  if (ACT == kGeluTanh) return 0.5f * g * (1.f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
-  if (ACT == kGeluErf) return 0.5f * g * (1.f + erff(g * 0.7071067811865476f));
-  return fmaxf(g, 0.f);
 }
 
 // out = act(gate) * up over rows of width n, V consecutive elements per thread; gate/up rows may

@@ -238,6 +238,10 @@ int64_t exl3_gemv_multi(const at::Tensor& x, const std::vector<at::Tensor>& trel
 
 }  // namespace
 
+int trellis::gemv_multi_splits(int in, int total_groups, int m, int blocks_per_sm, int sms) {
+  return choose_multi_splits(in, total_groups, m, blocks_per_sm, sms);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Trellis Chat CUDA kernels: EXL3 GEMVs and whole weights, paged attention, fused ops, sampling";
   m.def("exl3_gemv", &exl3_gemv,
@@ -259,5 +263,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   trellis::bind_exl3_weight(m);
   trellis::bind_sampling(m);
   trellis::bind_argmax(m);
+  trellis::bind_expert_gemv(m);
   m.attr("ABI_VERSION") = 3;
 }

@@ -54,6 +54,10 @@ void gemv_multi_dispatch_3inst(const GemvMultiArgs& a, int blocks, cudaStream_t 
 void gemv_multi_dispatch_mcg(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
 void gemv_multi_dispatch_mul1(const GemvMultiArgs& a, int blocks, cudaStream_t stream, int* blocks_per_sm);
 
+// The workspace GEMV's split count for one launch of `total_groups` 128-column groups (of all its
+// matrices) over `in` features and m rows (trellis_ext.cpp; the expert GEMV launch uses it too).
+int gemv_multi_splits(int in, int total_groups, int m, int blocks_per_sm, int sms);
+
 }  // namespace trellis
 
 // Kernel families that bind their own entry points (their .cu files include torch/extension.h).
@@ -69,4 +73,5 @@ void bind_quantized_cache_read(pybind11::module_& m);  // ext/quantized_cache_re
 void bind_exl3_weight(pybind11::module_& m);          // ext/exl3_weight.cu
 void bind_sampling(pybind11::module_& m);             // ext/sampling.cu
 void bind_argmax(pybind11::module_& m);               // ext/argmax.cu
+void bind_expert_gemv(pybind11::module_& m);          // ext/exl3_expert_gemv.cu
 }  // namespace trellis

@@ -1,7 +1,9 @@
 """The decode roofline: bytes one decode step must read, over the measured copy bandwidth.
 
 A decode step reads every weight once (whatever the batch), plus per sequence one embedding
-row and the whole KV cache of its context. At batch ``B`` a step yields ``B`` tokens, so
+row and the whole KV cache of its context; of a mixture's routed experts it reads those its
+tokens chose, counted at batch 1's share (``top_k`` of the layer's experts). At batch ``B`` a
+step yields ``B`` tokens, so
 
     roofline tok/s = B * bandwidth / (weight_bytes + B * (embed_row_bytes + context * kv_bytes_per_token))
 
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from engine.modules.moe import SparseMoE
 
 
 @dataclass(frozen=True)
@@ -44,14 +48,27 @@ def module_decode_bytes(module: nn.Module, embedding: torch.Tensor, kv_bytes_per
             continue
         entry = seen.setdefault(t.data_ptr(), (t, set()))
         entry[1].add(name)
+    share = _routed_shares(module)
     total = 0
     emb_ptr = embedding.data_ptr()
     for ptr, (t, names) in seen.items():
         if ptr == emb_ptr and len(names) == 1:
             continue  # untied embedding: only its rows are read
-        total += t.numel() * t.element_size()
+        total += round(t.numel() * t.element_size() * share.get(ptr, 1.0))
     row = embedding.shape[-1] * embedding.element_size()
     return DecodeBytes(total, row, kv_bytes_per_token)
+
+
+def _routed_shares(module: nn.Module) -> dict[int, float]:
+    """``data_ptr -> top_k / experts`` of every tensor of a mixture's routed experts: the share of
+    them one token's step reads (the router and shared experts are read in full)."""
+    share: dict[int, float] = {}
+    for moe in module.modules():
+        if isinstance(moe, SparseMoE):
+            for expert in moe.experts:
+                for t in (*expert.parameters(), *expert.buffers()):
+                    share[t.data_ptr()] = moe.top_k / len(moe.experts)
+    return share
 
 
 def kv_bytes_per_token(

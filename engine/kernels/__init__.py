@@ -10,6 +10,7 @@ sampling rows are passed in.
 - :mod:`~engine.kernels.loader`: building and loading the extension, its process-wide settings,
   chained launches;
 - :mod:`~engine.kernels.gemv`: EXL3 linears (the GEMVs, the whole-weight prefill kernel);
+- :mod:`~engine.kernels.moe`: a mixture's routed EXL3 experts for a few tokens, routed on the device;
 - :mod:`~engine.kernels.tuning`: the GEMVs' split counts, timed per launch shape and per step;
 - :mod:`~engine.kernels.attention`: paged decode attention and the KV cache's writes and reads;
 - :mod:`~engine.kernels.fused`: norms, RoPE, the gated activation;
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.kernels import attention, fused, gemv, loader, sampling, tuning, viterbi
+from engine.kernels import attention, fused, gemv, loader, moe, sampling, tuning, viterbi
 from engine.kernels.loader import chained_launches, chained_launches_supported, extension, status
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "fused",
     "gemv",
     "loader",
+    "moe",
     "reset",
     "sampling",
     "status",
@@ -64,3 +66,4 @@ def reset() -> None:
     ``build-ext``)."""
     loader.reset()
     gemv.clear_workspaces()
+    moe.clear_workspaces()

@@ -52,9 +52,11 @@ SOURCES = (
     "exl3_weight.cu",
     "sampling.cu",
     "argmax.cu",
+    "exl3_expert_gemv.cu",
 )
 HEADERS = (
     "trellis_ext.h",
+    "activations.cuh",
     "chained_launch.cuh",
     "cluster_launch.cuh",
     "exl3_common.cuh",

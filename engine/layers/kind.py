@@ -12,8 +12,9 @@ The module a kind builds:
   step's :class:`~engine.modules.batch.BatchLayout`, ``cache`` the layer's storage for the state
   it declared, None without any) or ``forward(x)`` (feed-forward);
 - lists its quantizable linears, ``quantizable_linears() -> list[LinearSite]``, for the converter;
-- may set ``dynamic_decode`` (a class attribute: a name such as ``"mixture-of-experts"``) where
-  the work of a decode step depends on its tokens, so no CUDA graph can replay it.
+- may set ``dynamic_decode`` (a class attribute or a property: a name such as
+  ``"mixture-of-experts"``, or None) where the work of a decode step depends on its tokens, so no
+  CUDA graph can replay it (a mixture whose experts the device-routed kernels take answers None).
 """
 
 from __future__ import annotations

@@ -6,6 +6,15 @@ here): Mixtral and Qwen-MoE take a softmax over the experts; DeepSeek-V3, GLM-4.
 NemotronH a sigmoid per expert, choose with a learned per-expert bias added to the scores, and
 may limit each token to its best groups of experts. Experts are gated MLPs (SwiGLU) or plain
 two-layer ones (NemotronH's squared ReLU), any module of ``[tokens, d] -> [tokens, d]``.
+
+Two ways to run the chosen experts, same function: :meth:`SparseMoE._dispatch` (the torch
+reference and CPU path, also the GPU's for long prefill chunks) sorts the (token, slot) pairs by
+expert and runs each chosen expert once on its rows; on the GPU, up to
+``engine.kernels.moe.MAX_TOKENS`` rows of streaming EXL3 experts run in four fixed-shape launches
+that read the chosen experts' indices on the device (``engine.kernels.moe``), from the experts'
+weights stacked per projection kind (``engine.modules.stacked_experts``). The routing itself is
+torch ops without a host sync either way, so such a layer's decode step can be replayed from a
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -15,7 +24,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from engine import kernels
 from engine.modules.linear import LinearSite
+from engine.modules.stacked_experts import stack_experts
 
 SCORINGS = ("softmax", "sigmoid")
 
@@ -41,10 +52,6 @@ class SparseMoE(nn.Module):
     Gemma 4: the router reads ``x`` and the routed experts ``expert_norm(x)``; each chosen
     expert's weight is also multiplied by its learned ``expert_scale``, after step 3.
     """
-
-    # Which experts run, and on how many rows, depends on the router's choice: a decode step has
-    # no fixed shapes for a CUDA graph to capture.
-    dynamic_decode = "mixture-of-experts"
 
     def __init__(
         self,
@@ -89,6 +96,17 @@ class SparseMoE(nn.Module):
         self.shared, self.shared_gate = shared, shared_gate
         self.expert_norm = expert_norm
         self.register_buffer("expert_scale", expert_scale)  # [experts], or None
+        # The experts' weights stacked per projection kind for the device-routed kernels (the
+        # experts then hold views of them); None where the experts are not alike streaming EXL3.
+        self.stacked = stack_experts(experts)
+
+    @property
+    def dynamic_decode(self) -> str | None:
+        """Why a decode step's work depends on its tokens, or None where it does not: the torch
+        path reads the per-expert counts on the host and runs the chosen experts on as many rows
+        as chose them; the device-routed kernels (where they take these experts) launch the same
+        shapes whatever the router chose, so a CUDA graph can replay the step."""
+        return None if kernels.moe.supports(self.stacked) else "mixture-of-experts"
 
     def quantizable_linears(self) -> list[LinearSite]:
         """Every expert's linears, the latent projections and the shared expert's; the router
@@ -139,7 +157,7 @@ class SparseMoE(nn.Module):
         inner = self.latent_in(x) if self.latent_in is not None else x
         if self.expert_norm is not None:
             inner = self.expert_norm(inner)
-        out = self._dispatch(inner, weights, chosen)
+        out = self._routed(inner, weights, chosen)
         if self.latent_out is not None:
             out = self.latent_out(out.to(x.dtype)).float()
         if self.shared is not None:
@@ -149,13 +167,22 @@ class SparseMoE(nn.Module):
             out += shared
         return out.to(x.dtype).reshape(shape)
 
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The routed experts' mix in float32: the device-routed kernels where they apply (a few
+        rows of stacked EXL3 experts on the GPU), else :meth:`_dispatch`."""
+        if x.is_cuda and self.stacked is not None:
+            out = kernels.moe.expert_mlp(x, weights, chosen, self.stacked)
+            if out is not None:
+                return out
+        return self._dispatch(x, weights, chosen)
+
     def _dispatch(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The routed experts' mix, in float32 (a token's top-k contributions are added one
         expert at a time)."""
         # Sort the (token, slot) pairs by expert so each expert runs once over a contiguous list
         # of its tokens; an expert nobody chose is skipped. The per-expert counts are read on the
-        # host (one sync per layer): the loop needs them to slice, which is also why a MoE model
-        # decodes without CUDA graphs (engine.generation.generator).
+        # host (one sync per layer): the loop needs them to slice, which is why a decode step that
+        # takes this path cannot be replayed from a CUDA graph (engine.generation.generator).
         flat = chosen.reshape(-1)
         order = flat.argsort(stable=True)
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()

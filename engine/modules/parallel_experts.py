@@ -14,9 +14,6 @@ class ParallelExperts(nn.Module):
     """``mlp_out_norm(mlp(mlp_norm(h))) + moe_out_norm(moe(h))``; ``moe`` normalises its experts'
     input itself (``SparseMoE.expert_norm``), its router reads ``h``."""
 
-    # Which experts run depends on the router's choice (engine.modules.moe.SparseMoE).
-    dynamic_decode = "mixture-of-experts"
-
     def __init__(
         self,
         mlp_norm: nn.Module,
@@ -29,6 +26,11 @@ class ParallelExperts(nn.Module):
         # Registered in the order they run (the converter writes their tensors in this order).
         self.mlp_norm, self.mlp, self.mlp_out_norm = mlp_norm, mlp, mlp_out_norm
         self.moe, self.moe_out_norm = moe, moe_out_norm
+
+    @property
+    def dynamic_decode(self) -> str | None:
+        """The mixture's reason (``engine.modules.moe.SparseMoE.dynamic_decode``), if it has one."""
+        return getattr(self.moe, "dynamic_decode", "mixture-of-experts")
 
     def quantizable_linears(self) -> list[LinearSite]:
         return [*self.mlp.quantizable_linears(), *self.moe.quantizable_linears()]

@@ -1,0 +1,298 @@
+"""The device-routed expert kernels (ext/exl3_expert_gemv.cu, engine.kernels.moe) against a float64
+reference built from the experts' dequantized weights, for random routings: batch 1-8, 8-256
+experts, top-k 1-8, every expert activation, several bit widths and codebooks; graph replays
+with new routings written into the captured inputs; and SparseMoE taking the kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_helpers import capture
+
+from engine.exl3 import EXL3Linear
+from engine.kernels import moe as moe_kernels
+from engine.modules.feed_forward import FeedForward
+from engine.modules.linear import DenseLinear, ProjectionGroup
+from engine.modules.mlp import GatedMLP
+from engine.modules.moe import SparseMoE
+from engine.modules.stacked_experts import stack_experts
+
+pytestmark = pytest.mark.cuda
+
+# Each row's rotated input is rounded to fp16 in the GEMV (twice: x, then the activation), the
+# weights are not: ~1e-3 of the output. A wrong expert, slot, weight or bias is an O(1) error.
+TOL = 1e-2
+# Same kernels, same split counts: only the order of a GEMV block's shared-memory atomics differs.
+SAME_TOL = 5e-4
+
+# name -> (activation, gated, limit, limit_after_act, up_offset, biases)
+ACTIVATIONS = {
+    "silu": ("silu", True, None, True, 0.0, False),  # Qwen3-MoE, Mixtral
+    "gpt_oss": ("quick_gelu", True, 7.0, False, 1.0, True),  # clamped SwiGLU, (up + 1), biases
+    "step": ("silu", True, 7.0, True, 0.0, False),  # Step 3.5: the activation's output clamped
+    "relu2": ("relu2", False, None, True, 0.0, False),  # NemotronH: up and down only
+    "gelu_tanh": ("gelu_pytorch_tanh", True, None, True, 0.0, True),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _expert_kernel(cuda_extension):
+    if not hasattr(cuda_extension, "exl3_expert_gemv"):
+        pytest.fail("the CUDA extension was built without exl3_expert_gemv")
+
+
+def _linear(g: torch.Generator, n_in: int, n_out: int, bits: int, codebook: str, bias: bool) -> EXL3Linear:
+    pad_in, pad_out = -(-n_in // 128) * 128, -(-n_out // 128) * 128
+    trellis = torch.randint(
+        -(2**15),
+        2**15,
+        (pad_in // 16, pad_out // 16, 16 * bits),
+        dtype=torch.int16,
+        device="cuda",
+        generator=g,
+    )
+    sign = lambda n: torch.where(torch.rand(n, device="cuda", generator=g) < 0.5, -1.0, 1.0)  # noqa: E731
+    suh = (sign(pad_in) * (torch.rand(pad_in, device="cuda", generator=g) + 0.5) / n_in**0.5).half()
+    svh = (sign(pad_out) * (torch.rand(pad_out, device="cuda", generator=g) + 0.5)).half()
+    b = torch.randn(n_out, device="cuda", generator=g) if bias else None
+    return EXL3Linear(trellis, suh, svh, codebook, n_in, n_out, b, mode="streaming", dtype=torch.float32)
+
+
+def _experts(n: int, hidden: int, width: int, act: str, bits=(4, 4, 4), codebook="mul1", seed=0) -> list:
+    name, gated, limit, after, offset, bias = ACTIVATIONS[act]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    out = []
+    for _ in range(n):
+        up = _linear(g, hidden, width, bits[1], codebook, bias)
+        down = _linear(g, width, hidden, bits[2], codebook, bias)
+        if not gated:
+            out.append(FeedForward(up, down, name))
+            continue
+        gate = _linear(g, hidden, width, bits[0], codebook, bias)
+        group = ProjectionGroup([(gate, [width]), (up, [width])])
+        out.append(GatedMLP(group, down, name, limit, after, offset))
+    return out
+
+
+def _dense_twin(expert) -> torch.nn.Module:
+    """The expert with its dequantized weights in float64 (the torch modules' own arithmetic)."""
+
+    def dense(lin: EXL3Linear) -> DenseLinear:
+        bias = None if lin.bias is None else lin.bias.double()
+        return DenseLinear(lin.reconstruct().double(), bias)
+
+    if isinstance(expert, FeedForward):
+        return FeedForward(dense(expert.fc1), dense(expert.fc2), "relu2")
+    gate, up = expert.gate_up.linears
+    group = ProjectionGroup([(dense(gate), [gate.out_features]), (dense(up), [up.out_features])])
+    return GatedMLP(
+        group, dense(expert.down), expert.activation, expert.limit, expert.limit_after_act, expert.up_offset
+    )
+
+
+def _reference(experts, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """sum_s weights[t, s] * expert_{chosen[t, s]}(x[t]) in float64; out-of-range experts add nothing."""
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64, device=x.device)
+    x64 = x.double()
+    for e in sorted(set(chosen.flatten().tolist())):
+        if not 0 <= e < len(experts):
+            continue
+        twin = _dense_twin(experts[e])  # one at a time: 256 experts' float64 weights would not fit
+        t, s = (chosen == e).nonzero(as_tuple=True)
+        out.index_add_(0, t, twin(x64[t]) * weights[t, s].double().unsqueeze(1))
+    return out
+
+
+def _routing(tokens: int, experts: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct experts per token (as a router chooses) and positive weights."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    chosen = torch.stack([torch.randperm(experts, device="cuda", generator=g)[:top_k] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, device="cuda", generator=g) + 0.1
+    return weights, chosen
+
+
+def _x(tokens: int, hidden: int, dtype=torch.float16, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator(device="cuda").manual_seed(seed + tokens)
+    # Scaled so that the clamped activations' limits (7) are reached.
+    return (6 * torch.randn(tokens, hidden, device="cuda", generator=g)).to(dtype)
+
+
+def _rows_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The largest relative error of a row (a token) of ``a`` against ``b``."""
+    a, b = a.double(), b.double()
+    return float(((a - b).norm(dim=1) / b.norm(dim=1)).max())
+
+
+def _counters_zero() -> bool:
+    return all(int(ws[1].abs().sum()) == 0 for ws in moe_kernels.workspaces())
+
+
+def _stacked(experts):
+    stack = stack_experts(experts)
+    assert stack is not None and moe_kernels.supports(stack)
+    return stack
+
+
+def _check(experts, stack, tokens, top_k, dtype=torch.float16, seed=0, splits=(0, 0)) -> None:
+    x = _x(tokens, experts[0].down.out_features, dtype, seed)
+    weights, chosen = _routing(tokens, len(experts), top_k, seed)
+    out = moe_kernels.expert_mlp(x, weights, chosen, stack, splits=splits)
+    assert out is not None and out.dtype == torch.float32 and out.shape == x.shape
+    err = _rows_rel(out, _reference(experts, x, weights, chosen))
+    assert err < TOL, (tokens, top_k, err)
+
+
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+@pytest.mark.parametrize("codebook", ["3inst", "mcg", "mul1"])
+@pytest.mark.parametrize("bits", [(4, 4, 4), (2, 3, 5), (1, 6, 8)], ids=["4-4-4", "2-3-5", "1-6-8"])
+def test_activations_codebooks_and_bits_match_the_reference(act, codebook, bits) -> None:
+    # 320 features pad to 384: the activation zeroes the padded columns the down projection reads
+    experts = _experts(16, 256, 320, act, bits, codebook)
+    stack = _stacked(experts)
+    for tokens in range(1, 9):
+        _check(experts, stack, tokens, 4, seed=tokens)
+    torch.cuda.synchronize()
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("num_experts,top_k", [(8, 1), (8, 8), (32, 2), (128, 6), (256, 8)])
+def test_expert_counts_and_top_k_match_the_reference(num_experts, top_k) -> None:
+    experts = _experts(num_experts, 256, 256, "silu", seed=num_experts)
+    stack = _stacked(experts)
+    for tokens in (1, 2, 5, 8):
+        _check(experts, stack, tokens, top_k, seed=100 + tokens)
+
+
+# Qwen3-30B-A3B's expert (2048 -> 768, top 8 of 128) and gpt-oss-20b's (2880 -> 2880 padded to
+# 2944: 23 input chunks, so at least two splits; top 4 of 32, biases, clamped SwiGLU).
+REALISTIC = {"qwen3_30b": (2048, 768, 128, 8, "silu"), "gpt_oss_20b": (2880, 2880, 32, 4, "gpt_oss")}
+
+
+@pytest.mark.parametrize("shape", list(REALISTIC))
+def test_model_shapes_at_every_split_count(shape) -> None:
+    hidden, width, n, top_k, act = REALISTIC[shape]
+    experts = _experts(n, hidden, width, act, (4, 4, 4), "mul1", seed=7)
+    stack = _stacked(experts)
+    chunks_in, chunks_down = -(-hidden // 128), -(-width // 128)
+    for tokens in (1, 3, 8):
+        _check(experts, stack, tokens, top_k, torch.bfloat16, seed=tokens)
+        for splits in (
+            (-(-chunks_in // 16), -(-chunks_down // 16)),
+            (min(chunks_in, 16), min(chunks_down, 16)),
+        ):
+            _check(experts, stack, tokens, top_k, torch.bfloat16, seed=tokens, splits=splits)
+    torch.cuda.synchronize()
+    assert _counters_zero()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_activation_dtypes(dtype) -> None:
+    experts = _experts(16, 256, 384, "gpt_oss", seed=3)
+    _check(experts, _stacked(experts), 5, 4, dtype)
+
+
+def test_tokens_sharing_experts_and_more_rows_than_a_decode_step() -> None:
+    experts = _experts(8, 256, 256, "silu", seed=4)
+    stack = _stacked(experts)
+    x = _x(40, 256)  # a speculative verify step's rows; every token on the same two experts
+    chosen = torch.tensor([[3, 5]] * 40, device="cuda")
+    weights = torch.rand(40, 2, device="cuda") + 0.1
+    out = moe_kernels.expert_mlp(x, weights, chosen, stack)
+    assert _rows_rel(out, _reference(experts, x, weights, chosen)) < TOL
+    assert moe_kernels.expert_mlp(_x(moe_kernels.MAX_TOKENS + 1, 256), weights[:1], chosen[:1], stack) is None
+
+
+def test_an_out_of_range_expert_adds_nothing() -> None:
+    experts = _experts(8, 256, 256, "gpt_oss", seed=5)
+    stack = _stacked(experts)
+    x = _x(3, 256)
+    weights, chosen = _routing(3, 8, 2, seed=5)
+    chosen[0, 1], chosen[2, 0] = -1, 8
+    out = moe_kernels.expert_mlp(x, weights, chosen, stack)
+    assert _rows_rel(out, _reference(experts, x, weights, chosen)) < TOL
+    torch.cuda.synchronize()
+    assert _counters_zero()
+
+
+def test_graph_replays_follow_new_routings() -> None:
+    """The routing is read on the device: a graph captured once computes each new choice."""
+    experts = _experts(64, 512, 384, "gpt_oss", seed=6)
+    stack = _stacked(experts)
+    x = _x(4, 512)
+    weights, chosen = _routing(4, 64, 4, seed=0)
+    moe_kernels.expert_mlp(x, weights, chosen, stack)  # sizes the workspace outside the capture
+    graph, out = capture(lambda: moe_kernels.expert_mlp(x, weights, chosen, stack))
+    for seed in (1, 2, 3):
+        new_w, new_c = _routing(4, 64, 4, seed)
+        weights.copy_(new_w)
+        chosen.copy_(new_c)
+        x.copy_(_x(4, 512, seed=seed))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = moe_kernels.expert_mlp(x, weights, chosen, stack)
+        assert _rows_rel(out, eager) < SAME_TOL
+        assert _rows_rel(out, _reference(experts, x, weights, chosen)) < TOL
+    assert _counters_zero()
+
+
+def test_bad_arguments_are_refused() -> None:
+    experts = _experts(8, 256, 256, "silu", seed=8)
+    stack = _stacked(experts)
+    weights, chosen = _routing(2, 8, 2, seed=8)
+    with pytest.raises(ValueError, match="chosen and weights"):
+        moe_kernels.expert_mlp(_x(3, 256), weights, chosen, stack)
+    with pytest.raises(ValueError, match="features"):
+        moe_kernels.expert_mlp(_x(2, 128), weights, chosen, stack)
+
+
+def _moe_block(act: str, n: int = 16, top_k: int = 4) -> SparseMoE:
+    g = torch.Generator(device="cuda").manual_seed(9)
+    router = DenseLinear((torch.randn(n, 256, device="cuda", generator=g) / 16).half())  # x is fp16
+    return SparseMoE(router, _experts(n, 256, 320, act, seed=9), top_k, True)
+
+
+class _Counting:
+    """Stands in for ``expert_mlp``: counts the calls, passes them on."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def _no_torch_path(*args):
+    pytest.fail("the torch path ran")
+
+
+@pytest.mark.parametrize("act", ["silu", "gpt_oss", "relu2"])
+def test_sparse_moe_takes_the_kernels_for_a_few_rows(act, monkeypatch) -> None:
+    block = _moe_block(act)
+    assert block.stacked is not None and block.dynamic_decode is None  # graph-capturable
+    for tokens in (1, 8):
+        x = _x(tokens, 256)
+        weights, chosen = block.route(x)
+        reference = _reference(block.experts, x, weights, chosen).to(x.dtype)
+        counting = _Counting(moe_kernels.expert_mlp)
+        with monkeypatch.context() as patched:
+            patched.setattr(moe_kernels, "expert_mlp", counting)
+            patched.setattr(SparseMoE, "_dispatch", _no_torch_path)
+            out = block(x)
+        assert counting.calls == 1 and _rows_rel(out, reference) < TOL
+        assert _rows_rel(out.float(), block._dispatch(x, weights, chosen)) < TOL
+    # a prefill chunk beyond the kernels' rows: the torch path (one sync per layer)
+    x = _x(moe_kernels.MAX_TOKENS + 9, 256)
+    weights, chosen = block.route(x)
+    assert _rows_rel(block(x), _reference(block.experts, x, weights, chosen)) < TOL
+
+
+def test_sparse_moe_decode_step_captures_in_a_graph() -> None:
+    block = _moe_block("silu", n=32, top_k=8)
+    x = _x(3, 256)
+    block(x)
+    graph, out = capture(lambda: block(x))
+    x.copy_(_x(3, 256, seed=11))  # new tokens: new routes, chosen on the device
+    graph.replay()
+    torch.cuda.synchronize()
+    assert _rows_rel(out.float(), block(x).float()) < 2e-3
