@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from engine.commands.common import (
     add_cache_args,
@@ -108,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    # Ctrl-C: uvicorn finishes what is in flight, then re-raises it (exit status 130, see cli).
-    serve_forever(server, args.host, args.port, on_ready=ready, log_level=args.log_level)
+    # Ctrl-C: uvicorn finishes what is in flight and stops; the exit status says so (130, as the
+    # cli's other commands), whether or not the re-raised signal reaches us as a KeyboardInterrupt.
+    if serve_forever(server, args.host, args.port, on_ready=ready, log_level=args.log_level):
+        print("interrupted", file=sys.stderr)
+        return 130
     return 0

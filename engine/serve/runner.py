@@ -4,6 +4,7 @@ free one the system picks (port 0; the bound port is read back)."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Callable
 
@@ -19,6 +20,14 @@ class _Uvicorn(uvicorn.Server):
         super().__init__(config)
         self._on_ready = on_ready
         self.address: tuple[str, int] | None = None
+        self.interrupted = False  # stopped by Ctrl-C (SIGINT)
+
+    def handle_exit(self, sig: int, frame) -> None:
+        # uvicorn re-raises the signal once it has shut down, but whether that surfaces as a
+        # KeyboardInterrupt depends on where asyncio's own SIGINT handling stands at that moment:
+        # remember it, so the command's exit status does not.
+        self.interrupted = self.interrupted or sig == signal.SIGINT
+        super().handle_exit(sig, frame)
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
@@ -47,13 +56,16 @@ def serve_forever(
     port: int = 8000,
     on_ready: Callable[[str, int], None] | None = None,
     log_level: str = "warning",
-) -> None:
-    """Serve until interrupted (Ctrl-C: uvicorn finishes the requests in flight, then returns)."""
+) -> bool:
+    """Serve until stopped (Ctrl-C: uvicorn finishes the requests in flight, then returns);
+    True where Ctrl-C stopped it."""
     server.start()
+    uvicorn_server = _Uvicorn(_config(server, host, port, log_level), on_ready)
     try:
-        _Uvicorn(_config(server, host, port, log_level), on_ready).run()
+        uvicorn_server.run()
     finally:
         server.close()
+    return uvicorn_server.interrupted
 
 
 class BackgroundServer:
