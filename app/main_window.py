@@ -1,7 +1,9 @@
 """The main window: composes the panes and connects them; owns no feature logic itself.
 
-Left: the conversation list. Top: the model bar. Centre: tabs for the chat, the model library,
-and (when those packages are present) the Hub browser and the downloads queue.
+Left: the navigation rail (Chats, Models, Discover, Downloads, Settings; Ctrl+1..5). Chats is the
+conversation list beside the chat, whose top row is the model picker; Discover (the Hub browser)
+and Downloads are there when their packages are present. F1 or Ctrl+/ lists the shortcuts. The
+empty states' buttons lead to the pane that fills them (no models: Discover).
 
 Loads ask for the library's load options (context length, context memory), the same numbers its
 memory estimates use. Exports and imports start in the folder used last (the documents folder at
@@ -28,12 +30,12 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
+    QHBoxLayout,
     QLabel,
     QMainWindow,
     QMessageBox,
     QSplitter,
-    QTabWidget,
-    QToolBar,
+    QStackedWidget,
     QWidget,
 )
 
@@ -50,12 +52,16 @@ from app.library.controller import LibraryController
 from app.library.model import LibraryModel
 from app.library.model_bar import ModelBar
 from app.library.pane import LibraryPane
+from app.navigation.page import TitledPage
+from app.navigation.rail import Destination, NavigationRail
 from app.remote.catalog import RemoteCatalog
 from app.remote.dialog import EnginesDialog
 from app.remote.refs import is_remote_ref, split_ref
 from app.serve.status import ServeControl
 from app.settings.dialog import SettingsDialog
+from app.settings.page import SettingsPage
 from app.settings.settings import Settings
+from app.shortcut_overlay import ShortcutOverlay
 from app.store import Store
 from app.store.export import from_json, to_json, to_markdown
 from app.theme import apply_theme, color_roles, error_color, render_theme
@@ -128,24 +134,43 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.serve.status)
         self.library_pane.load_options.set_cache_bits(*self.library.cache_bits())
         self.library_pane.load_options.set_context_length(self.library.context_limit())
-        self.tabs = QTabWidget()
-        self.tabs.setAccessibleName("Main tabs")
-        self.tabs.addTab(self.chat_pane, "Chat")
-        self.tabs.addTab(self.library_pane, "Library")
-        self._add_optional_panes(hub)
+        self.settings_page = SettingsPage(self.settings)
+        self.chat_pane.set_model_bar(self.model_bar)
 
-        splitter = QSplitter(Qt.Orientation.Horizontal)
-        splitter.addWidget(self.conversations)
-        splitter.addWidget(self.tabs)
-        splitter.setStretchFactor(0, 0)
-        splitter.setStretchFactor(1, 1)
-        splitter.setSizes([260, 940])
-        self.setCentralWidget(splitter)
-        toolbar = QToolBar("Model")
-        toolbar.setObjectName("model-toolbar")
-        toolbar.setMovable(False)
-        toolbar.addWidget(self.model_bar)
-        self.addToolBar(Qt.ToolBarArea.TopToolBarArea, toolbar)
+        chats = QSplitter(Qt.Orientation.Horizontal)
+        chats.setAccessibleName("Chats")
+        chats.addWidget(self.conversations)
+        chats.addWidget(self.chat_pane)
+        chats.setStretchFactor(0, 0)
+        chats.setStretchFactor(1, 1)
+        chats.setSizes([260, 940])
+        self.chats_page = chats
+        self.page_for: dict[str, QWidget] = {
+            "chats": chats,
+            "models": TitledPage(
+                "Models",
+                "The models on this computer, what each needs and how to load it.",
+                self.library_pane,
+            ),
+        }
+        self._add_optional_panes(hub)
+        self.page_for["settings"] = self.settings_page
+        labels = {"chats": "Chats", "models": "Models", "discover": "Discover", "downloads": "Downloads"}
+        labels["settings"] = "Settings"
+        self.pages = QStackedWidget()
+        self.pages.setAccessibleName("Panes")
+        for page in self.page_for.values():
+            self.pages.addWidget(page)
+        self.nav = NavigationRail([Destination(key, labels[key]) for key in self.page_for])
+        self.nav.currentChanged.connect(lambda key: self.pages.setCurrentWidget(self.page_for[key]))
+        central = QWidget()
+        row = QHBoxLayout(central)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.setSpacing(0)
+        row.addWidget(self.nav)
+        row.addWidget(self.pages, 1)
+        self.setCentralWidget(central)
+        self.shortcut_overlay = ShortcutOverlay(self)
 
         self._build_menus()
         self._connect()
@@ -155,6 +180,7 @@ class MainWindow(QMainWindow):
         # Restore state: first what could not be saved at the last exit (a full disk, a lock).
         restored = restore_rescued(store, store.db_path.parent)
         self.library.refresh()
+        self.chat_pane.set_has_models(not self.library.is_empty())
         self.library_pane.set_folders([str(p) for p in self.library.folders()])
         self.conversations.refresh()
         ids = self.conversation_model.ids()
@@ -208,8 +234,12 @@ class MainWindow(QMainWindow):
             wrapper.modelInstalled.connect(self._on_model_installed)
             hub_pane = create_hub_pane(self.download_manager, self)
             downloads_pane = create_downloads_pane(self.download_manager, self)
-            self.tabs.addTab(hub_pane, "Hub")
-            self.tabs.addTab(downloads_pane, "Downloads")
+            self.page_for["discover"] = TitledPage(
+                "Discover", "Models on the Hugging Face Hub, and whether they fit this machine.", hub_pane
+            )
+            self.page_for["downloads"] = TitledPage(
+                "Downloads", "Models being downloaded; they resume after a restart.", downloads_pane
+            )
             self.optional_panes = {"hub": hub_pane, "downloads": downloads_pane}
             start = getattr(self.download_manager, "start", None)
             if start is not None:
@@ -254,10 +284,18 @@ class MainWindow(QMainWindow):
             edit_menu, "&Find in conversations…", QKeySequence.StandardKey.Find, self.focus_search
         )
 
+        view_menu = bar.addMenu("&View")
+        for action in self.nav.actions_by_key.values():
+            view_menu.addAction(action)
+
         chat_menu = bar.addMenu("&Chat")
         self._action(chat_menu, "&Regenerate reply", QKeySequence("Ctrl+R"), self.chat.regenerate)
         self._action(chat_menu, "Conversation &settings…", None, self.chat_pane.open_conversation_settings)
         help_menu = bar.addMenu("&Help")
+        self.shortcuts_action = self._action(
+            help_menu, "&Keyboard shortcuts", QKeySequence("F1"), self.shortcut_overlay.toggle
+        )
+        self.shortcuts_action.setShortcuts([QKeySequence("F1"), QKeySequence("Ctrl+/")])
         self._action(help_menu, "&About Trellis Chat", None, self.open_about)
         self._action(help_menu, "Open &logs folder", None, self.open_logs_folder)
         # Esc stops a reply; a window-wide shortcut so it works wherever the focus is.
@@ -294,6 +332,15 @@ class MainWindow(QMainWindow):
         self.library.foldersChanged.connect(self.library_pane.set_folders)
         self.library.notModelsChanged.connect(self.library_pane.set_not_models)
         self.library.refreshed.connect(self._update_starter_banner)
+        self.library.refreshed.connect(lambda *_: self.chat_pane.set_has_models(not self.library.is_empty()))
+        # The empty states' buttons: to the pane that fills them.
+        self.library_pane.discoverRequested.connect(lambda: self.go_to("discover"))
+        self.chat_pane.navigateRequested.connect(self.go_to)
+        downloads = self.optional_panes.get("downloads")
+        if downloads is not None:
+            downloads.discoverRequested.connect(lambda: self.go_to("discover"))
+        self.settings_page.enginesRequested.connect(self.open_engines)
+        self.settings_page.toolsRequested.connect(self.open_tools)
         self.model_bar.loadRequested.connect(self.request_load)
         self.model_bar.unloadRequested.connect(self.unload_model)
 
@@ -315,9 +362,17 @@ class MainWindow(QMainWindow):
 
     # -- conversations -------------------------------------------------------------------------------
 
+    def go_to(self, key: str) -> None:
+        """Show pane ``key`` ("chats", "models", "discover", ...); a pane this window does not
+        have (the Hub packages missing) says so in the status bar instead."""
+        if key in self.page_for:
+            self.nav.select(key)
+        else:
+            self.statusBar().showMessage(f"The {key} pane is not available in this installation", 10000)
+
     def _open_conversation(self, conversation_id: int) -> None:
         self.chat.open_conversation(conversation_id)
-        self.tabs.setCurrentWidget(self.chat_pane)
+        self.go_to("chats")
 
     def focus_search(self) -> None:
         self.conversations.focus_search()
@@ -393,7 +448,7 @@ class MainWindow(QMainWindow):
 
     def add_model_folder(self, folder: str) -> None:
         info = self.library.add_folder(folder)
-        self.tabs.setCurrentWidget(self.library_pane)
+        self.go_to("models")
         if info is not None:
             self.library_pane.select_path(str(info.path))
             if not info.ok:

@@ -15,10 +15,64 @@ window and base colours: the light theme's red is unreadable on the dark theme's
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtGui import QColor, QFont, QFontDatabase, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QWidget
 
 from app.chat.markdown import RenderTheme
+
+# Spacing, in pixels: every margin and gap in the app is one of these steps, so panes line up.
+SPACE_XS, SPACE_S, SPACE_M, SPACE_L, SPACE_XL = 4, 8, 12, 16, 24
+
+# The type scale: each kind of text is the application font scaled by its factor (and weight), so
+# the scale follows the user's font size.
+TYPE_SCALE: dict[str, tuple[float, QFont.Weight]] = {
+    "caption": (0.85, QFont.Weight.Normal),  # timestamps, statistics, secondary notes
+    "body": (1.0, QFont.Weight.Normal),
+    "label": (1.0, QFont.Weight.DemiBold),  # role names, list headers
+    "title": (1.25, QFont.Weight.DemiBold),  # a pane's or conversation's title
+    "display": (1.6, QFont.Weight.DemiBold),  # an empty state's headline
+}
+
+# Emoji in replies: a colour emoji font where the system has one (Qt falls back to whatever
+# glyphs it finds otherwise, often none).
+EMOJI_FAMILIES = ("Noto Color Emoji", "Apple Color Emoji", "Segoe UI Emoji", "Twemoji")
+
+# The accent colour of avatars and the navigation rail's current item, per role: (light, dark).
+ACCENT_COLORS = {
+    "user": ("#2f6fde", "#5b8def"),
+    "assistant": ("#0f8a5f", "#34b27b"),
+    "system": ("#8e5bd8", "#a881e6"),
+}
+
+
+def font_for(kind: str, base: QFont) -> QFont:
+    """``base`` (a widget's font) at the type scale's size and weight for ``kind``."""
+    if kind not in TYPE_SCALE:
+        raise ValueError(f"no text kind {kind!r} in the type scale (one of {', '.join(TYPE_SCALE)})")
+    factor, weight = TYPE_SCALE[kind]
+    font = QFont(base)
+    if base.pointSizeF() > 0:
+        font.setPointSizeF(base.pointSizeF() * factor)
+    else:
+        font.setPixelSize(max(1, round(base.pixelSize() * factor)))
+    font.setWeight(weight)
+    return font
+
+
+def install_emoji_font() -> str | None:
+    """Make the first installed colour emoji family Qt's emoji font; returns it, or None."""
+    installed = set(QFontDatabase.families())
+    for family in EMOJI_FAMILIES:
+        if family in installed:
+            if hasattr(QFontDatabase, "addApplicationEmojiFontFamily"):  # Qt 6.9+
+                QFontDatabase.addApplicationEmojiFontFamily(family)
+            else:  # older Qt: a fallback family of the application font
+                font = QGuiApplication.font()
+                font.setFamilies([*font.families(), family])
+                QGuiApplication.setFont(font)
+            return family
+    return None
+
 
 # (light theme, dark theme)
 ERROR_COLORS = ("#b3261e", "#ff8a80")
@@ -109,6 +163,7 @@ def apply_theme(app: QApplication, mode: str) -> bool:
     """Style the whole app for ``mode`` ("system", "light", "dark"); returns whether it is dark."""
     dark = is_dark(mode)
     app.setStyle("Fusion")
+    install_emoji_font()
     app.setPalette(_palette(dark))
     return dark
 

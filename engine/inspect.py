@@ -17,6 +17,7 @@ from pathlib import Path
 from engine.cache_footprint import CacheFootprint
 from engine.cache_footprint import kv_bytes_per_token as kv_bytes_per_token  # the app's name for it
 from engine.config_footprint import config_footprint
+from engine.loading.int8 import SCALE_SUFFIX, is_int8_config
 from engine.loading.read_dequantized import dequantized_on_load
 from engine.safe_paths import UnsafePathError, safe_join
 from engine.supported import SUPPORTED_ARCHITECTURES
@@ -255,6 +256,9 @@ def _apply_config(info: ModelInfo, config: dict) -> None:
             bits = qcfg.get("bits")
             info.bits_per_weight = float(bits) if bits is not None else None
             info.quantization = f"EXL3 {_bits_text(info.bits_per_weight)} bpw" if bits is not None else "EXL3"
+        elif is_int8_config(qcfg):  # engine.loading.int8: int8 matrices with row scales
+            info.quantization = "INT8"
+            info.bits_per_weight = 8.0
         else:
             info.quantization = method.upper()
             if not dequantized_on_load(qcfg):
@@ -320,6 +324,8 @@ def _apply_headers(info: ModelInfo, files: list[Path]) -> None:
                 continue
             if name.endswith((".suh", ".svh", ".su", ".sv", ".mcg", ".mul1")):
                 continue  # EXL3 side tensors: scales and codebook flags, not parameters
+            if name.endswith("weight" + SCALE_SUFFIX) and entry.get("dtype") != "I8":
+                continue  # an int8 matrix's row scales (engine.loading.int8), not parameters
             count = 1
             for dim in shape:
                 count *= dim

@@ -11,6 +11,7 @@ import torch
 
 from engine.architectures import ModelSpec, architecture_for
 from engine.config import ModelConfig
+from engine.loading import int8
 from engine.loading.builder import ModelBuilder
 from engine.loading.safetensors_store import WeightStore
 from engine.modules.decoder import CausalLM
@@ -39,6 +40,12 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     vision: Any = None  # engine.vision.base.VisionModel of a vision-language model, else None
+    # What each layer of this process's cache keeps (a tensor-parallel rank: its own KV heads,
+    # engine.parallel); None: what the spec declares.
+    cache_states: list | None = None
+    # Each layer's device where the layers are split across devices (engine.parallel.placement);
+    # None: all on ``device``.
+    layer_devices: list[torch.device] | None = None
 
     @property
     def directory(self) -> Path:
@@ -65,6 +72,8 @@ def load_model(
     they are).
     """
     config = ModelConfig.from_dir(directory)
+    if int8.is_int8_config(config.quantization):
+        int8.check_config(config.quantization, str(config.directory / "config.json"))
     store = WeightStore(config.directory)
     if progress:
         progress(0.0, f"loading {config.architecture} from {config.directory.name}")

@@ -57,7 +57,7 @@ class EngineOptions:
       Environment: ``TRELLIS_STEP_TUNE=1``.
     - ``draft``: speculative decoding's drafter (``engine.generation.speculative``): ``off``,
       ``ngram`` (prompt lookup), ``model:DIR`` (a smaller model with the same tokenizer) or
-      ``mtp`` (the checkpoint's own prediction heads; not implemented yet), or ``auto`` (n-gram on
+      ``mtp`` (the checkpoint's own multi-token-prediction layer), or ``auto`` (n-gram on
       the CPU, off on a GPU). Off by default for the library; the front ends ask for
       :meth:`with_front_end_draft`. Environment: ``TRELLIS_DRAFT``. ``draft_tokens``: the most
       tokens drafted per step (1..8; the draft length adapts below that to the acceptance rate).

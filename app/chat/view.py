@@ -5,7 +5,8 @@ re-emits what the user asked for; it never writes the model or the store. A ``da
 one row touches that row's widget only, so a streaming reply re-renders one message, not the
 conversation. Scrolling sticks to the bottom while the user is at the bottom, and stays put when
 they have scrolled up to read. Long conversations are built a page at a time from the end;
-scrolling to the top builds the previous page.
+scrolling to the top builds the previous page. On a wide window the messages keep to a centred
+column of ``READING_WIDTH`` pixels, a comfortable line length.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from app.chat.message_widget import MessageWidget
 # Messages get widgets a page at a time, newest first: opening a conversation of hundreds of
 # messages builds ~40 widgets, not hundreds (widget construction and layout dominate its cost).
 PAGE = 40
+
+# The widest the column of messages gets; the sides stay empty beyond it.
+READING_WIDTH = 980
 
 
 class ChatView(QScrollArea):
@@ -70,6 +74,11 @@ class ChatView(QScrollArea):
         model.rowsRemoved.connect(lambda *_: self._rebuild())
         model.dataChanged.connect(self._on_data_changed)
         self._rebuild()
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt naming)
+        side = max(0, (self.viewport().width() - READING_WIDTH) // 2)
+        self._layout.setContentsMargins(side, 0, side, 0)
+        super().resizeEvent(event)
 
     # -- access for the pane and tests -----------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The conversation list pane: search box, list (titles elided, dates, highlighted matches while
-searching), New / Rename / Delete."""
+searching), New / Rename / Delete; with no conversations (or no matches) it says so and how to
+start one."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from PySide6.QtWidgets import (
 
 from app.conversations.delegate import ConversationDelegate
 from app.conversations.model import ID_ROLE, ConversationListModel
+from app.empty_state import EmptyStack, EmptyState
+from app.theme import SPACE_S, font_for
 
 # The rename dialog is wide enough for a long title (QInputDialog's default fits ~20 characters).
 RENAME_DIALOG_WIDTH = 480
@@ -36,7 +39,8 @@ class ConversationPane(QWidget):
         self.model = model
         self.setAccessibleName("Conversations")
         layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 6, 6, 6)
+        layout.setContentsMargins(SPACE_S, SPACE_S, SPACE_S, SPACE_S)
+        layout.setSpacing(SPACE_S)
 
         self.search = QLineEdit()
         self.search.setAccessibleName("Search conversations")
@@ -56,7 +60,12 @@ class ConversationPane(QWidget):
         self.list.setWordWrap(False)
         self.delegate = ConversationDelegate(self.list)
         self.list.setItemDelegate(self.delegate)
-        layout.addWidget(self.list, 1)
+        self.empty = EmptyState("No conversations yet", "Your chats are listed here.", "Start a chat")
+        self.empty.title.setFont(font_for("title", self.font()))  # the list is narrow: a smaller headline
+        self.stack = EmptyStack(self.list, self.empty)
+        layout.addWidget(self.stack, 1)
+        for signal in (model.modelReset, model.rowsInserted, model.rowsRemoved):
+            signal.connect(self._update_empty)
 
         buttons = QHBoxLayout()
         self.new_button = QPushButton("New")
@@ -73,9 +82,24 @@ class ConversationPane(QWidget):
         self.search.textChanged.connect(model.set_query)
         self.list.selectionModel().currentChanged.connect(self._on_current_changed)
         self.new_button.clicked.connect(self.newRequested)
+        self.empty.actionRequested.connect(self.newRequested)
         self.rename_button.clicked.connect(self.rename_current)
         self.delete_button.clicked.connect(self.delete_current)
         self._current_id = 0
+        self._update_empty()
+
+    def _update_empty(self, *_args) -> None:
+        if self.model.query:
+            self.empty.set_message(
+                "No matches", f"No conversation mentions “{self.model.query}”. Try other words.", ""
+            )
+        else:
+            self.empty.set_message(
+                "No conversations yet",
+                "Your chats are listed here. Start one, or press Ctrl+N.",
+                "Start a chat",
+            )
+        self.stack.set_empty(self.model.rowCount() == 0)
 
     def current_id(self) -> int:
         index = self.list.currentIndex()

@@ -1,13 +1,14 @@
 """``DownloadsPane``: the queue as a table with a progress bar column, and the buttons that act on
 the selected download. The view only displays ``DownloadsModel``; the pane is the controller that
-connects the model to ``QtDownloadManager`` and the buttons to its commands."""
+connects the model to ``QtDownloadManager`` and the buttons to its commands. An empty queue says
+where downloads come from, with a button to the Discover pane (``discoverRequested``)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from PySide6.QtCore import QModelIndex, Qt, QUrl
+from PySide6.QtCore import QModelIndex, Qt, QUrl, Signal
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -27,6 +28,7 @@ from PySide6.QtWidgets import (
 from app.downloads.model import FRACTION_ROLE, JOB_ROLE, PROGRESS_COLUMN, DownloadsModel
 from app.downloads.qt_manager import QtDownloadManager
 from app.elided_label import never_widen
+from app.empty_state import EmptyStack, EmptyState
 from engine.hub.downloads import RUNNING_STATES, JobSnapshot, JobState
 
 
@@ -46,6 +48,8 @@ class ProgressDelegate(QStyledItemDelegate):
 
 
 class DownloadsPane(QWidget):
+    discoverRequested = Signal()  # the empty queue's "Browse models"
+
     def __init__(self, manager: QtDownloadManager, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.manager = manager
@@ -89,8 +93,16 @@ class DownloadsPane(QWidget):
         ):
             buttons.addWidget(b)
         buttons.addStretch(1)
+        self.empty = EmptyState(
+            "No downloads",
+            "Models you download from Discover are listed here with their progress. "
+            "Downloads carry on where they stopped after a restart.",
+            "Browse models",
+        )
+        self.empty.actionRequested.connect(self.discoverRequested)
+        self.stack = EmptyStack(self.view, self.empty)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.view)
+        layout.addWidget(self.stack, 1)
         layout.addWidget(self.detail)
         layout.addLayout(buttons)
 
@@ -102,7 +114,13 @@ class DownloadsPane(QWidget):
         self.view.selectionModel().selectionChanged.connect(self._update_buttons)
         self.model.dataChanged.connect(self._update_buttons)
         self.model.rowsInserted.connect(self._select_new_row)
+        for signal in (self.model.rowsInserted, self.model.rowsRemoved, self.model.modelReset):
+            signal.connect(self._update_empty)
         self._update_buttons()
+        self._update_empty()
+
+    def _update_empty(self, *_args) -> None:
+        self.stack.set_empty(self.model.rowCount() == 0)
 
     def selected_job(self) -> JobSnapshot | None:
         rows = self.view.selectionModel().selectedRows()

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from app.downloads.qt_manager import QtDownloadManager
 from app.elided_label import ElidedLabel, never_widen
+from app.empty_state import EmptyStack, EmptyState
 from app.hub.controller import HubController, ModelPage
 from app.hub.models import SUMMARY_ROLE, FilesModel, SearchResultsModel
 from engine.hub.client import SearchQuery
@@ -160,11 +161,23 @@ class HubBrowserPane(QWidget):
         splitter.setStretchFactor(0, 1)
         splitter.setStretchFactor(1, 1)
         splitter.setSizes([560, 440])
+        # Before the first search, and when a search finds nothing: say what to do next.
+        self.empty = EmptyState(
+            "Discover models",
+            "Search the Hugging Face Hub for a model to run here: type a name such as SmolLM2, "
+            "Qwen3 or Llama and press Enter. Open a result to see its files, the memory it needs "
+            "and its branches, then download it.",
+            "Show popular models",
+        )
+        self.empty.actionRequested.connect(self._empty_action)
+        self.stack = EmptyStack(splitter, self.empty)
+        self.stack.set_empty(True)
+        self.results_were_empty = False  # no search has answered yet
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addLayout(filters)
         layout.addWidget(self.notice)
-        layout.addWidget(splitter, 1)
+        layout.addWidget(self.stack, 1)
 
         # -- wiring
         self.search_edit.returnPressed.connect(self.run_search)
@@ -240,6 +253,36 @@ class HubBrowserPane(QWidget):
         self.notice.hide()
         self.results.set_rows(hits)
         self.status.setText(f"{len(hits)} models" if hits else "No models found")
+        if not hits:
+            text = self.search_edit.text().strip()
+            self.empty.set_message(
+                f"No models match “{text}”" if text else "No models match these filters",
+                "Check the spelling, try a shorter name, or loosen the filters (Supported "
+                "architectures, EXL3 only, size).",
+                "Clear filters",
+            )
+        self.results_were_empty = not hits
+        self.stack.set_empty(not hits)
+
+    def _empty_action(self) -> None:
+        """The empty state's button: before a search, list popular models; after a search that
+        found nothing, clear the filters and search again."""
+        if self.results_were_empty:
+            self.clear_filters()
+        else:
+            self.run_search()
+
+    def clear_filters(self) -> None:
+        """Every filter off (one search, not one per filter changed)."""
+        widgets = (self.exl3_check, self.supported_check, self.size_combo)
+        for widget in widgets:
+            widget.blockSignals(True)
+        self.exl3_check.setChecked(False)
+        self.supported_check.setChecked(False)
+        self.size_combo.setCurrentIndex(0)
+        for widget in widgets:
+            widget.blockSignals(False)
+        self.run_search()
 
     def _open_selected(self, current, previous) -> None:
         if current.isValid():

@@ -1,5 +1,6 @@
-"""The model bar: which model is loaded, load/unload, load progress, and the memory estimate of the
-model picked.
+"""The model bar at the top of the chat: the model picker, whether the model picked fits (its
+quantization, the memory it needs, the verdict: ``app.library.fit``), load/unload, load progress,
+and which model is loaded.
 
 How a model is loaded (context length, context memory) is chosen in the library's load options,
 in words; the bar only says what is in effect. Its texts are elided to the room they get (the
@@ -9,12 +10,14 @@ toolbar; the progress bar shows only its percentage, the message goes to the sta
 
 from __future__ import annotations
 
-from PySide6.QtCore import QAbstractItemModel, QConcatenateTablesProxyModel, Signal
+from PySide6.QtCore import QAbstractItemModel, QConcatenateTablesProxyModel, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QProgressBar, QPushButton, QWidget
 
 from app.elided_label import ElidedLabel
 from app.library.context_memory import describe
+from app.library.fit import fit_text
 from app.library.model import INFO_ROLE, PATH_ROLE, LibraryModel
+from app.theme import SPACE_S
 from engine.api import ModelInfo
 from engine.units import format_bytes
 
@@ -29,12 +32,16 @@ class ModelBar(QWidget):
         self.library = library
         self._loading_name = ""
         layout = QHBoxLayout(self)
-        layout.setContentsMargins(6, 2, 6, 2)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(SPACE_S)
         self.status = ElidedLabel("No model loaded")
+        self.status.setAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        self.status.setProperty("role", "muted")
         self.status.setAccessibleName("Loaded model")
         self.picker = QComboBox()
         self.picker.setAccessibleName("Model to load")
         self.picker.setModel(library)  # column 0: names; PATH_ROLE gives the folder
+        self.picker.setPlaceholderText("No models yet")
         self.picker.setMinimumContentsLength(22)
         self.picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.load_button = QPushButton("Load")
@@ -50,12 +57,12 @@ class ModelBar(QWidget):
         self.estimate = QLabel()
         self.estimate.setAccessibleName("Memory estimate")
         self.estimate.setProperty("role", "muted")
-        layout.addWidget(self.status, 1)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.estimate)
         layout.addWidget(self.picker)
+        layout.addWidget(self.estimate)
         layout.addWidget(self.load_button)
         layout.addWidget(self.unload_button)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status, 1)
         self.unload_button.setEnabled(False)
         self.load_button.clicked.connect(self._load_clicked)
         self.unload_button.clicked.connect(self.unloadRequested)
@@ -89,7 +96,7 @@ class ModelBar(QWidget):
         k, v = self.library.cache_bits
         context = self.library.context_for(info)
         cache = info.kv_cache_bytes(context, 4 if self.library.device == "cpu" else 2, (k, v))
-        self.estimate.setText(f"≈ {format_bytes(verdict.needed_bytes)} ({verdict.verdict})")
+        self.estimate.setText(fit_text(info, verdict))
         self.estimate.setToolTip(
             f"Estimated memory for {info.name} on {self.library.device} with {context:,} tokens of "
             f"context: {format_bytes(verdict.needed_bytes)}, of which the context memory "

@@ -1,6 +1,7 @@
 """The library pane: folders, the table of models, details of the selected one (with the reasons
 a broken model cannot load), the folders that hold no model (dimmed, apart), the load options,
-and Load / Show in folder / Delete for the selected model."""
+and Load / Show in folder / Delete for the selected model. With no model at all it says how to get
+one: "Download a model" (the window opens Discover) or a folder of models."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.elided_label import ElidedLabel
+from app.empty_state import EmptyStack, EmptyState
 from app.library.load_options import LoadOptions
 from app.library.model import INFO_ROLE, LibraryModel
 from app.theme import ERROR_COLORS
@@ -72,6 +74,7 @@ class LibraryPane(QWidget):
     refreshRequested = Signal()
     deleteRequested = Signal(str)  # a model folder; the user has confirmed
     showInFolderRequested = Signal(str)
+    discoverRequested = Signal()  # the empty library's "Download a model"
 
     def __init__(self, model: LibraryModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -122,7 +125,15 @@ class LibraryPane(QWidget):
         splitter.setStretchFactor(0, 3)
         splitter.setStretchFactor(1, 1)
         splitter.setSizes([720, 260])
-        layout.addWidget(splitter, 1)
+        self.empty = EmptyState(
+            "No models yet",
+            "Download a model from Discover, or add a folder that already holds models "
+            "(Add folder… above). Models in these folders are listed here.",
+            "Download a model",
+        )
+        self.empty.actionRequested.connect(self.discoverRequested)
+        self.stack = EmptyStack(splitter, self.empty)
+        layout.addWidget(self.stack, 1)
 
         # Folders that were looked at and hold no model: said apart, dimmed, not as model rows.
         self.not_models = ElidedLabel()
@@ -158,6 +169,7 @@ class LibraryPane(QWidget):
         self.table.doubleClicked.connect(lambda _i: self._load_selected())
         self.table.selectionModel().currentRowChanged.connect(self._show_details)
         model.modelReset.connect(self._on_reset)
+        self.stack.set_empty(model.rowCount() == 0)
         # The estimates changed (context, cache widths, device): the details say them too.
         model.dataChanged.connect(lambda *_: self._show_details(self.table.currentIndex()))
 
@@ -193,6 +205,7 @@ class LibraryPane(QWidget):
         self._show_details(self.table.currentIndex())
 
     def _on_reset(self) -> None:
+        self.stack.set_empty(self.model.rowCount() == 0)
         self.details.clear()
         self.load_options.set_estimate("Select a model to see the memory it needs.")
         for button in (self.show_button, self.delete_button, self.load_button):

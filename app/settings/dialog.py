@@ -2,53 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
     QDialog,
     QDialogButtonBox,
     QFormLayout,
-    QLineEdit,
-    QSpinBox,
     QVBoxLayout,
     QWidget,
 )
 
+from app.settings.editors import editor_for, editor_value
 from app.settings.folders import FoldersBox
-from app.settings.schema import SETTINGS, Setting
+from app.settings.schema import SETTINGS
 from app.settings.settings import Settings
-
-
-def _editor(setting: Setting, value: Any) -> QWidget:
-    if setting.choices is not None:
-        box = QComboBox()
-        for choice, label in setting.choices:
-            box.addItem(label, choice)
-        box.setCurrentIndex(max(0, box.findData(value)))
-        return box
-    if isinstance(setting.default, bool):
-        check = QCheckBox()
-        check.setChecked(bool(value))
-        return check
-    if isinstance(setting.default, int):
-        spin = QSpinBox()
-        spin.setRange(setting.minimum or 0, setting.maximum or 2**31 - 1)
-        spin.setValue(int(value))
-        return spin
-    return QLineEdit(str(value))
-
-
-def _value(widget: QWidget) -> Any:
-    if isinstance(widget, QComboBox):
-        return widget.currentData()
-    if isinstance(widget, QCheckBox):
-        return widget.isChecked()
-    if isinstance(widget, QSpinBox):
-        return widget.value()
-    assert isinstance(widget, QLineEdit)
-    return widget.text()
 
 
 class SettingsDialog(QDialog):
@@ -64,7 +29,7 @@ class SettingsDialog(QDialog):
         for setting in SETTINGS:
             if setting.hidden:
                 continue
-            editor = _editor(setting, settings.get(setting.key))
+            editor = editor_for(setting, settings.get(setting.key))
             editor.setAccessibleName(setting.label)
             editor.setToolTip(setting.description)
             self.editors[setting.key] = editor
@@ -84,4 +49,4 @@ class SettingsDialog(QDialog):
 
     def apply(self) -> None:
         for key, editor in self.editors.items():
-            self.settings.set(key, _value(editor))
+            self.settings.set(key, editor_value(editor))

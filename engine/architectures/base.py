@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from engine.architectures.mtp_names import MtpNames
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.layers.attention import AttentionSpec
@@ -67,6 +68,8 @@ class Architecture:
     qk_norm: ClassVar[bool] = False
     default_tie: ClassVar[bool] = False
     sandwich_norms: ClassVar[bool] = False
+    # Where the checkpoint keeps multi-token-prediction layers (a drafter), if the family has any.
+    mtp: ClassVar[MtpNames | None] = None
 
     def spec(self, cfg: ModelConfig) -> ModelSpec:
         n = int(cfg.require("num_hidden_layers"))

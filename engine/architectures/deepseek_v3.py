@@ -3,13 +3,15 @@ keeps one compressed row per position (``engine.layers.latent_attention``); dens
 first ``first_k_dense_replace`` layers and DeepSeek's mixtures of experts after them
 (``engine.architectures.deepseek_moe``). RoPE covers only each head's ``qk_rope_head_dim`` part,
 in DeepSeek's interleaved pairs unless ``rope_interleave`` is false. The multi-token-prediction
-layers stored after the last one are not read. Defaults are those of transformers' config class."""
+layers stored after the last one are read only by the MTP drafter (``--draft mtp``). Defaults are
+those of transformers' config class."""
 
 from __future__ import annotations
 
 from engine.architectures.base import FULL, Architecture, TensorNames
 from engine.architectures.deepseek_moe import DEEPSEEK_EXPERTS, deepseek_experts
 from engine.architectures.expert_layers import with_experts
+from engine.architectures.mtp_names import DEEPSEEK_MTP
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.layers.latent_attention import LatentAttentionSpec
@@ -21,6 +23,7 @@ from engine.modules.rope import RopeSpec
 class DeepseekV3(Architecture):
     hf_names = ("DeepseekV3ForCausalLM",)
     names = TensorNames(parts=(DEEPSEEK_EXPERTS,))
+    mtp = DEEPSEEK_MTP
 
     def mixer(self, cfg: ModelConfig, layer_type: str, rope: RopeSpec | None) -> LatentAttentionSpec:
         if layer_type != FULL or rope is None:

@@ -2,7 +2,8 @@
 never one on o_proj), optional per-head q/k norms (``use_qk_norm``) and RoPE on part of each head
 (``partial_rotary_factor``, half where the config does not say); the first
 ``first_k_dense_replace`` layers keep a dense MLP and the others are DeepSeek-V3 mixtures of
-experts. The multi-token-prediction layers stored after the last one are not read."""
+experts. The multi-token-prediction layers stored after the last one (DeepSeek-V3's layout) are
+read only by the MTP drafter (``--draft mtp``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import replace
 from engine.architectures.base import Architecture, TensorNames
 from engine.architectures.deepseek_moe import DEEPSEEK_EXPERTS, deepseek_experts
 from engine.architectures.expert_layers import with_experts
+from engine.architectures.mtp_names import DEEPSEEK_MTP
 from engine.config import ModelConfig
 from engine.layers.attention import AttentionSpec
 from engine.layers.spec import ModelSpec
@@ -26,6 +28,7 @@ def states_partial_rotary(cfg: ModelConfig) -> bool:
 class Glm4Moe(Architecture):
     hf_names = ("Glm4MoeForCausalLM",)
     names = TensorNames(parts=(DEEPSEEK_EXPERTS,))
+    mtp = DEEPSEEK_MTP
 
     def attention(self, cfg: ModelConfig, layer_type: str, rope: RopeSpec | None) -> AttentionSpec:
         spec = super().attention(cfg, layer_type, rope)

@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from engine.architectures.base import FULL, ModelSpec, mixture_of_experts
+from engine.architectures.mtp_names import QWEN3_NEXT_MTP
 from engine.architectures.qwen3 import Qwen3
 from engine.config import ModelConfig
 from engine.layers.gated_delta_net import GatedDeltaNetSpec
@@ -35,6 +36,7 @@ class Qwen3NextHybrid(Qwen3):
     norms. ``head_grouped``: the delta nets' projections are Qwen3-Next's fused ones."""
 
     head_grouped: ClassVar[bool] = False
+    mtp = QWEN3_NEXT_MTP
 
     def layer_types(self, cfg: ModelConfig) -> list[str]:
         n, interval = int(cfg.require("num_hidden_layers")), int(cfg.get("full_attention_interval", 4))

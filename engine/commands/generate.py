@@ -17,6 +17,7 @@ from engine.commands.common import (
 )
 from engine.errors import SamplingSettingError, UsageError
 from engine.generation.sampling import SamplingSettings
+from engine.parallel.command_line import add_parallel_args
 from engine.vision.prompt import user_message
 
 
@@ -56,6 +57,7 @@ def register(sub) -> None:
         help="a string the reply never contains (repeatable)",
     )
     add_draft_args(p)
+    add_parallel_args(p)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument(
         "--image", action="append", default=[], help="image shown before the prompt (repeatable, with --chat)"
@@ -113,7 +115,8 @@ def add_draft_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="KIND",
         help="speculative decoding: off, auto (default: ngram on the CPU, off on a GPU), ngram (prompt "
-        "lookup), model:DIR (a smaller model with the same tokenizer) or mtp (TRELLIS_DRAFT: the default)",
+        "lookup), model:DIR (a smaller model with the same tokenizer) or mtp (the model's own multi-token-"
+        "prediction layer: Qwen3.5/Qwen3-Next, DeepSeek-V3, GLM-4.5, MiMo) (TRELLIS_DRAFT: the default)",
     )
     p.add_argument(
         "--draft-tokens",
@@ -174,7 +177,11 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingSettings:
 
 
 def run(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    from engine.parallel.command_line import parallel_model
     from engine.session import ChatSession
+    from engine.tokenizer import Tokenizer
 
     # Everything the command line alone decides is checked before the model loads.
     if args.image and not args.chat:
@@ -186,14 +193,25 @@ def run(args: argparse.Namespace) -> int:
     options = draft_options(args)
     bits = cache_bits(args)
     constraint = constraint_from_args(args)
-    session = ChatSession.load(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        progress=None if args.json else stderr_progress,
-        cache_bits=bits,
-        options=options,
-    )
+    with ExitStack() as stack:  # closes a tensor-parallel run's other ranks
+        parallel = parallel_model(args, options, stack, args.dtype)
+        if parallel is None:
+            session = ChatSession.load(
+                args.model,
+                device=args.device,
+                dtype=args.dtype,
+                progress=None if args.json else stderr_progress,
+                cache_bits=bits,
+                options=options,
+            )
+        else:
+            model, options = parallel
+            session = ChatSession(model, Tokenizer.from_dir(args.model), cache_bits=bits, options=options)
+        return _reply(args, session, settings, constraint)
+
+
+def _reply(args: argparse.Namespace, session, settings: SamplingSettings, constraint) -> int:
+    """Encode the prompt, stream (or collect) the reply and report it; the exit status."""
     media = None  # the images of the prompt, when --image is given
     if args.chat:
         # Without images the content stays a plain string, which every chat template accepts.

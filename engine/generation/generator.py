@@ -63,7 +63,7 @@ from engine.generation.speculative import acceptance
 from engine.generation.speculative.drafter import Drafter
 from engine.generation.speculative.factory import make_drafter
 from engine.generation.speculative.speculation import Speculation
-from engine.generation.step import StepItem, run_step
+from engine.generation.step import StepItem, run_step, run_step_with_hidden
 from engine.generation.stops import StopStringMatcher
 from engine.model import LoadedModel
 from engine.options import DEFAULT_OPTIONS, EngineOptions
@@ -248,7 +248,15 @@ class Generator:
         if cache is None:
             tokens = cache_tokens or min(model.spec.max_position_embeddings, 8192)
             cache = PagedKVCache.for_model(
-                model.spec, tokens, page_size, model.dtype, model.device, cache_bits, max_batch_size
+                model.spec,
+                tokens,
+                page_size,
+                model.dtype,
+                model.device,
+                cache_bits,
+                max_batch_size,
+                states=model.cache_states,
+                devices=model.layer_devices,
             )
         self.cache = cache
         if max_chunk_tokens is None:
@@ -267,10 +275,10 @@ class Generator:
         self._use_graphs = options.cuda_graphs and on_gpu
         dynamic = getattr(model.module, "dynamic_decode", None)
         if self._use_graphs and dynamic:
-            # E.g. a mixture-of-experts block reads its per-expert token counts on the host and
-            # runs only the chosen experts, on as many rows as chose them: no fixed shapes for a
-            # graph to capture. Such a model decodes eagerly (and so, by default, without
-            # pipelining).
+            # E.g. a mixture-of-experts block whose experts the device-routed kernels do not take
+            # (engine.modules.moe) reads its per-expert token counts on the host and runs only the
+            # chosen experts, on as many rows as chose them: no fixed shapes for a graph to
+            # capture. Such a model decodes eagerly (and so, by default, without pipelining).
             print(
                 f"trellis: {dynamic} model: decode steps run without CUDA graphs "
                 "(the work of each step depends on its tokens)",
@@ -486,9 +494,14 @@ class Generator:
                 self._flight = _InFlight.start(runs, ids, sampled=on_device)
                 self._hold_snapshots(runs, items)
                 return []
-        logits = self._decode_with_graphs(items, to_cpu=not (argmax_only or on_device))
-        if logits is None:
-            logits = self._eager_step(items)
+        hidden = None
+        if self.speculation is not None and self.speculation.wants_hidden:
+            # An MTP drafter reads every position's final hidden state: the general step path.
+            logits, hidden = run_step_with_hidden(self.model.module, self.cache, items)
+        else:
+            logits = self._decode_with_graphs(items, to_cpu=not (argmax_only or on_device))
+            if logits is None:
+                logits = self._eager_step(items)
         plain = [None if run in drafts else row for run, row in zip(runs, logits)]  # verify rows apart
         if argmax_only:
             chosen = _argmax_rows(plain)
@@ -507,6 +520,8 @@ class Generator:
                 self._keep_decode_snapshot(run, run.keys[-1])
             if row is not None:
                 results.append(self._advance(run, row[-1], chosen.get(i)))
+        if hidden is not None:  # after the tokens are chosen: the drafter reads them too
+            self.speculation.observe(self, runs, items, hidden)
         return results
 
     def _decode_with_graphs(self, items: list[StepItem], to_cpu: bool):

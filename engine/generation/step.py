@@ -36,6 +36,23 @@ class StepItem:
 
 @torch.inference_mode()
 def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) -> list[torch.Tensor | None]:
+    """Each item's logit rows (None where it asks for none)."""
+    return _run(model, cache, items, hidden=False)[0]
+
+
+@torch.inference_mode()
+def run_step_with_hidden(
+    model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
+    """:func:`run_step`, and each item's final hidden states ``[len(tokens), hidden]`` (after the
+    final norm: what an MTP drafter reads, ``engine.generation.speculative.mtp``). Opt-in: the
+    plain step computes the final norm only at its logit rows."""
+    return _run(model, cache, items, hidden=True)
+
+
+def _run(
+    model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem], hidden: bool
+) -> tuple[list[torch.Tensor | None], list[torch.Tensor]]:
     device = model.device
     ids, positions, write_slots, sequences, logit_rows = [], [], [], [], []
     spans: list[tuple[int, int] | None] = []
@@ -83,8 +100,29 @@ def run_step(model: CausalLM, cache: PagedKVCache, items: Sequence[StepItem]) ->
     if splice is not None:
         splice = splice.to(device)
     # Always run, even without logits: a prefill chunk fills the cache.
-    logits = model(input_ids, batch, cache, rows, splice=splice)
-    return [None if span is None else logits[span[0] : span[1]] for span in spans]
+    if not hidden:
+        logits = model(input_ids, batch, cache, rows, splice=splice)
+        return [None if span is None else logits[span[0] : span[1]] for span in spans], []
+    every = torch.arange(row, device=device)
+    logits, states = model(input_ids, batch, cache, rows, splice=splice, hidden_rows=every)
+    starts = [s.start for s in sequences]
+    per_item = [states[start : start + len(item.tokens)] for start, item in zip(starts, items)]
+    return [None if span is None else logits[span[0] : span[1]] for span in spans], per_item
+
+
+def text_layout(items: Sequence[StepItem], cache: PagedKVCache, device: torch.device) -> BatchLayout:
+    """The layout of a step over text-only ``items`` (no images, no recurrent state), for modules
+    run outside a model's forward (an MTP drafter's layer over its own cache)."""
+    positions, write_slots, sequences = [], [], []
+    row = 0
+    for item in items:
+        n, end = len(item.tokens), item.past + len(item.tokens)
+        slots = cache.slots(item.block_table, 0, end)
+        positions.append(torch.arange(item.past, end))
+        write_slots.append(slots[item.past :])
+        sequences.append(SequenceSlice(row, n, item.past, slots))
+        row += n
+    return BatchLayout(sequences, torch.cat(positions).to(device), torch.cat(write_slots))
 
 
 @torch.inference_mode()

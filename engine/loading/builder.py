@@ -4,8 +4,9 @@ The builder turns a :class:`~engine.layers.spec.ModelSpec` and the architecture'
 :class:`~engine.architectures.base.TensorNames` into modules. Each layer is built by its kinds'
 build functions (``engine.layers``), which read the layer's weights through a
 :class:`LayerReader`: the one place where a checkpoint key becomes a module. Linears go through
-:meth:`ModelBuilder.linear`, which returns a dense or an EXL3 linear depending on what the
-checkpoint stores under that key; every linear and norm keeps the key it was read from.
+:meth:`ModelBuilder.linear`, which returns a dense, int8 or EXL3 linear depending on what the
+checkpoint stores under that key (and the device); every linear and norm keeps the key it was read
+from.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from engine.layers import FEED_FORWARDS, MIXERS, LayerSpec, ModelSpec
 from engine.layers import per_layer_input as ple
 from engine.loading.safetensors_store import WeightStore
 from engine.modules.decoder import CausalLM, DecoderBlock
+from engine.modules.int8 import Int8Embedding, Int8Linear
 from engine.modules.layer_norm import LayerNorm
 from engine.modules.linear import DenseLinear, ProjectionGroup
 from engine.modules.mrope import MultimodalRotaryEmbedding
@@ -61,9 +63,20 @@ class ModelBuilder:
     def optional(self, key: str, shape: list[int]) -> torch.Tensor | None:
         return self.tensor(key, shape) if self.store.has(key) else None
 
+    def keeps_int8(self, key: str) -> bool:
+        """Whether the int8 matrix stored under ``key`` (``engine.loading.int8``) stays int8: on
+        the CPU, where its matmul reads a quarter of float32's bytes. A GPU runs it dequantized
+        (read as a plain weight), which its kernels are made for."""
+        is_int8 = getattr(self.store, "is_int8", None)  # a store of plain weights may lack it
+        return self.device.type == "cpu" and is_int8 is not None and is_int8(key)
+
     def linear(self, key: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
-        """A linear stored under ``key`` (``key.weight`` dense, or EXL3 tensors ``key.trellis`` ...)."""
+        """A linear stored under ``key`` (``key.weight`` dense or int8 with ``key.weight_scale``,
+        or EXL3 tensors ``key.trellis`` ...)."""
         bias_t = self.optional(f"{key}.bias", [out_features]) if bias else None
+        if self.keeps_int8(f"{key}.weight"):
+            codes, scale = self.store.int8_matrix(f"{key}.weight", [out_features, in_features])
+            return Int8Linear(codes, scale, bias_t, key=key)
         if self.store.has(f"{key}.trellis"):
             from engine.exl3 import load_exl3_linear
 
@@ -158,10 +171,12 @@ class ModelBuilder:
         """An empty set of shared rotary modules, for the blocks of one model to fill."""
         return {}
 
-    def embedding(self) -> nn.Embedding:
+    def embedding(self) -> nn.Embedding | Int8Embedding:
         s, n = self.spec, self.names
-        weight = self.tensor(n.prefix + n.embed + ".weight", [s.vocab_size, s.hidden_size])
-        return nn.Embedding.from_pretrained(weight, freeze=True)
+        key, shape = n.prefix + n.embed + ".weight", [s.vocab_size, s.hidden_size]
+        if self.keeps_int8(key):
+            return Int8Embedding(*self.store.int8_matrix(key, shape), self.dtype)
+        return nn.Embedding.from_pretrained(self.tensor(key, shape), freeze=True)
 
     def final_norm(self) -> RMSNorm:
         return self.norm(self.names.prefix + self.names.final_norm, self.spec.hidden_size)
@@ -185,7 +200,10 @@ class ModelBuilder:
         # quantizes the head separately even when the unquantized model ties it).
         if s.tie_word_embeddings and not self.store.has(f"{n.lm_head}.trellis"):
             bias = self.tensor(f"{n.lm_head}.bias", [s.vocab_size]) if s.head_bias else None
-            lm_head: nn.Module = DenseLinear(embed_w, bias)
+            if isinstance(embedding, Int8Embedding):
+                lm_head: nn.Module = embedding.head(bias)
+            else:
+                lm_head = DenseLinear(embed_w, bias)
         else:
             lm_head = self.linear(n.lm_head, s.hidden_size, s.vocab_size, s.head_bias)
         model = CausalLM(

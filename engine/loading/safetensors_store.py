@@ -18,14 +18,15 @@ from safetensors import safe_open
 
 from engine.config import read_json
 from engine.errors import ModelLoadError
-from engine.loading import mxfp4
+from engine.loading import int8, mxfp4
 from engine.safe_paths import UnsafePathError, safe_join
 
 _HEADER_LIMIT = 100 * 1024 * 1024  # safetensors caps its JSON header at 100 MB
 
 
-def _check_header(path: Path) -> None:
-    """Validate a safetensors header ourselves so a corrupt file gets an error naming it.
+def _check_header(path: Path) -> dict[str, int]:
+    """Validate a safetensors header ourselves so a corrupt file gets an error naming it; return
+    where each tensor's bytes start in the file.
 
     The safetensors library's own message ("HeaderTooLarge", "InvalidHeaderDeserialization")
     does not say which of possibly dozens of shards is broken.
@@ -43,6 +44,7 @@ def _check_header(path: Path) -> None:
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ModelLoadError(f"{path} has a corrupt safetensors header (not valid JSON)") from None
     data_size = size - 8 - n
+    starts = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -51,6 +53,8 @@ def _check_header(path: Path) -> None:
             raise ModelLoadError(
                 f"{path} is truncated: tensor '{name}' ends at byte {end} of {data_size} data bytes"
             )
+        starts[name] = 8 + n + start
+    return starts
 
 
 class TensorIndex:
@@ -69,6 +73,11 @@ class TensorIndex:
     def has_prefix(self, prefix: str) -> bool:
         return any(k.startswith(prefix) for k in self._index())
 
+    def is_int8(self, key: str) -> bool:
+        """Whether ``key`` is an int8 matrix with row scales (``engine.loading.int8``), which
+        :meth:`WeightStore.int8_matrix` reads as stored; a store of other weights has none."""
+        return False
+
 
 # safetensors' dtype names, for placeholders of stored tensors (WeightStore.meta)
 _DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
@@ -81,14 +90,17 @@ class WeightStore(TensorIndex):
     the safetensors ``files`` given, e.g. a conversion's finished blocks).
 
     An MXFP4 tensor (gpt-oss's experts: ``name_blocks`` + ``name_scales``) is listed and read as
-    the one dequantized tensor ``name`` (``engine.loading.mxfp4``); its two parts are not listed."""
+    the one dequantized tensor ``name`` (``engine.loading.mxfp4``); its two parts are not listed.
+    An int8 matrix with row scales (``name`` + ``name_scale``, ``engine.loading.int8``) is listed
+    as ``name`` and read dequantized; :meth:`int8_matrix` gives its codes and scales as stored."""
 
     def __init__(self, directory: str | Path, files: Iterable[Path] | None = None) -> None:
         self.directory = Path(directory)
         self._file_of: dict[str, Path] = {}
         self._handles: dict[Path, object] = {}
+        self._starts: dict[str, int] = {}  # where each tensor's bytes start in its file
         for path in self._shard_paths() if files is None else files:
-            _check_header(path)
+            self._starts |= _check_header(path)
             try:
                 handle = safe_open(str(path), framework="pt")
             except Exception as exc:  # the library raises its own exception types
@@ -97,7 +109,8 @@ class WeightStore(TensorIndex):
             for key in handle.keys():
                 self._file_of[key] = path
         self._mxfp4 = mxfp4.packed_pairs(self._file_of)
-        hidden = {part for pair in self._mxfp4.values() for part in pair}
+        self._int8 = int8.scale_pairs(self._file_of, self._stored_dtype)
+        hidden = {part for pair in self._mxfp4.values() for part in pair} | set(self._int8.values())
         self._listed = {k: p for k, p in self._file_of.items() if k not in hidden}
         self._listed |= {name: self._file_of[blocks] for name, (blocks, _) in self._mxfp4.items()}
 
@@ -141,8 +154,46 @@ class WeightStore(TensorIndex):
         """A ``meta`` tensor of the stored shape and dtype (nothing is read)."""
         if key in self._mxfp4:
             return torch.empty(self.shape(key), dtype=mxfp4.DTYPE, device="meta")
+        if key in self._int8:  # read as its dequantized float32 matrix
+            return torch.empty(self.shape(key), dtype=torch.float32, device="meta")
         info = self._handle(key).get_slice(key)
         return torch.empty(info.get_shape(), dtype=_DTYPES[info.get_dtype()], device="meta")
+
+    def _stored_dtype(self, key: str) -> str:
+        return self._handle(key).get_slice(key).get_dtype()
+
+    def is_int8(self, key: str) -> bool:
+        return key in self._int8
+
+    def int8_matrix(self, key: str, shape: Iterable[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The int8 codes ``[rows, cols]`` and float32 row scales ``[rows]`` stored for ``key``
+        (see :meth:`is_int8`), checked against each other and ``shape``."""
+        if key not in self._int8:
+            raise ModelLoadError(f"tensor '{key}' in {self.directory} is not stored as int8 with row scales")
+        codes = self._read_copy(key)
+        scale = self._handle(self._int8[key]).get_tensor(self._int8[key])
+        int8.check_pair(key, codes, scale, str(self.directory))
+        if shape is not None and list(codes.shape) != list(shape):
+            raise ModelLoadError(
+                f"tensor '{key}' in {self.directory} has shape {list(codes.shape)}, expected {list(shape)}"
+            )
+        return codes, scale.to(torch.float32)
+
+    def _read_copy(self, key: str) -> torch.Tensor:
+        """``key`` read from its file into memory of its own, not mapped from the file.
+
+        The int8 codes stay in use for the model's life: read through the memory map, each
+        touched page of the file would stay resident beside the copy the kernel needs anyway (it
+        wants aligned memory, and a tensor in a safetensors file starts at any byte), doubling the
+        model in memory. A fresh tensor is aligned, and the codes' pages are never mapped."""
+        path = self._file_of[key]
+        info = self._handle(key).get_slice(key)
+        tensor = torch.empty(info.get_shape(), dtype=_DTYPES[info.get_dtype()])
+        with open(path, "rb") as f:
+            f.seek(self._starts[key])
+            if f.readinto(tensor.view(-1).view(torch.uint8).numpy()) != tensor.nbytes:
+                raise ModelLoadError(f"{path} is truncated: tensor '{key}' could not be read whole")
+        return tensor
 
     def _handle(self, key: str):
         try:
@@ -161,8 +212,17 @@ class WeightStore(TensorIndex):
         if key in self._mxfp4:
             blocks, scales = (self._handle(k).get_tensor(k) for k in self._mxfp4[key])
             tensor = mxfp4.dequantize(blocks, scales, dtype if dtype is not None else mxfp4.DTYPE)
+        elif key in self._int8:
+            tensor = int8.dequantize(*self.int8_matrix(key), dtype if dtype is not None else torch.float32)
         else:
             tensor = self._handle(key).get_tensor(key)
+            wants_float = dtype is not None and dtype.is_floating_point
+            if tensor.dtype == torch.int8 and key.endswith("weight") and wants_float:
+                # Codes without their scales would load as weights 127x too large, silently.
+                raise ModelLoadError(
+                    f"tensor '{key}' in {self.directory} is int8 but its scale tensor "
+                    f"'{key}{int8.SCALE_SUFFIX}' is missing"
+                )
         if shape is not None and list(tensor.shape) != list(shape):
             raise ModelLoadError(
                 f"tensor '{key}' in {self.directory} has shape {list(tensor.shape)}, expected {list(shape)}"

@@ -164,7 +164,9 @@ class CausalLM(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embedding.weight.dtype
+        weight = self.embedding.weight
+        # An int8 table (engine.modules.int8) stores codes; its rows come out in the model's dtype.
+        return weight.dtype if weight.is_floating_point() else self.embedding.dtype
 
     @property
     def device(self) -> torch.device:
@@ -198,12 +200,15 @@ class CausalLM(nn.Module):
         cache,
         logit_rows: torch.Tensor | None = None,
         splice: InputSplice | None = None,
-    ) -> torch.Tensor:
+        hidden_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[len(logit_rows), vocab]`` (all rows when ``logit_rows`` is None), float32.
 
         ``input_ids`` is the flat ``[tokens]`` batch described by ``batch``; ``cache`` gives each
         block its layer of the cache via ``cache.layer(i)``. ``splice`` gives some rows' input vectors
-        directly (image embeddings at their placeholder tokens).
+        directly (image embeddings at their placeholder tokens). ``hidden_rows`` (opt-in, for an
+        MTP drafter): also the final hidden states of those rows, after the final norm (what the
+        LM head reads), returned as ``(logits, hidden)``.
         """
         h = self.embed(input_ids)
         if splice is not None:
@@ -219,10 +224,23 @@ class CausalLM(nn.Module):
             h, pending = block.residual_forward(h, pending, batch, cache.layer(i), layer_input)
             if splice is not None and i < len(splice.layer_additions):  # adds to the whole stream
                 h, pending = splice.after_layer(i, h if pending is None else h + pending), None
-        if logit_rows is not None:  # the add is elementwise: select rows first, add only those
-            h = h[logit_rows]
-            pending = None if pending is None else pending[logit_rows]
-        x = self.final_norm(h) if pending is None else add_and_norm(h, pending, self.final_norm)[1]
+        hidden = None if hidden_rows is None else self._final(h, pending, hidden_rows)
+        logits = self.head_logits(self._final(h, pending, logit_rows))
+        return logits if hidden is None else (logits, hidden)
+
+    def _final(
+        self, h: torch.Tensor, pending: torch.Tensor | None, rows: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The final norm of the stream ``h + pending`` at ``rows`` (all where None); the add is
+        elementwise, so rows are selected first and only those added."""
+        if rows is not None:
+            h = h[rows]
+            pending = None if pending is None else pending[rows]
+        return self.final_norm(h) if pending is None else add_and_norm(h, pending, self.final_norm)[1]
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of final hidden states ``x`` (after the final norm): the LM head, then
+        the model's logit scale and soft cap."""
         logits = self.lm_head(x).float()
         if self.logit_scale != 1.0:
             logits = logits * self.logit_scale

@@ -4,7 +4,6 @@ path's CUDA graphs, and a verify step's logits equal to the eager step's."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -19,18 +18,13 @@ from engine.model import load_model
 from engine.options import EngineOptions
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
-from test_speculative_greedy import CHAT, _random_draft_model  # noqa: E402
+from test_speculative_greedy import _random_draft_model, starter_prompt_texts  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
-PROMPTS = Path(__file__).parents[2] / "engine" / "bench" / "data" / "speculative_prompts.json"
-
 
 def _prompts(tok) -> list[list[int]]:
-    sets = json.loads(PROMPTS.read_text())
-    texts = list(dict.fromkeys([*sets["code-edit"], *sets["chat"], *CHAT, "List five prime numbers."]))
-    assert len(texts) == 10
-    return [tok.encode_chat([{"role": "user", "content": text}]) for text in texts]
+    return [tok.encode_chat([{"role": "user", "content": text}]) for text in starter_prompt_texts()]
 
 
 @pytest.mark.slow

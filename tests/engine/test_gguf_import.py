@@ -19,6 +19,7 @@ from engine.cli import main as cli_main
 from engine.errors import GGUFImportError
 from engine.generation.step import score_tokens
 from engine.loading import gguf_import as gguf_import_module
+from engine.loading import int8
 from engine.loading.gguf_import import import_gguf
 from engine.loading.gguf_reader import read_gguf
 from engine.model import load_model
@@ -70,8 +71,8 @@ def hf_smollm2(smollm2_gguf):
 
 
 @pytest.mark.slow
-def test_smollm2_weights_equal_transformers(smollm2_dir, hf_smollm2):
-    ours = _state_dict(smollm2_dir)
+def test_smollm2_weights_equal_transformers(smollm2_f32_dir, hf_smollm2):
+    ours = _state_dict(smollm2_f32_dir)
     ref = hf_smollm2.state_dict()
     # Tied embeddings: HF keeps lm_head as an alias of embed_tokens; the file stores it once.
     assert set(ref) - set(ours) == {"lm_head.weight"}
@@ -635,6 +636,34 @@ def test_bfloat16_output_rounds_like_torch(tiny_llama_gguf, tmp_path):
         assert torch.equal(ours[name], torch.from_numpy(w).to(torch.bfloat16)), name
 
 
+def test_int8_output_quantizes_the_matrices(tiny_llama_gguf, tmp_path):
+    path, state = tiny_llama_gguf
+    out = import_gguf(path, tmp_path / "int8", dtype="int8")
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization_config"] == int8.quantization_config()
+    assert config["torch_dtype"] == "float32"  # of what stays unquantized: the norms
+    stored = load_file(out / "model.safetensors")
+    for name, w in state.items():
+        if w.ndim == 2:
+            codes, scale = stored[name], stored[name + int8.SCALE_SUFFIX]
+            assert codes.dtype == torch.int8 and scale.shape == (w.shape[0],)
+            expected = torch.from_numpy(w)
+            error = (codes.float() * scale[:, None] - expected).abs()
+            assert (error <= scale[:, None] / 2 + 1e-7).all(), name  # half a step at most
+        else:
+            assert torch.equal(stored[name], torch.from_numpy(w)), name
+    float32 = import_gguf(path, tmp_path / "float32")
+    ids = [5, 17, 300, 42, 9, 1000, 77]
+    logits = []
+    for directory in (float32, out):
+        model = load_model(directory, device="cpu")
+        cache = PagedKVCache.for_model(model.spec, 64, page_size=16)
+        logits.append(score_tokens(model.module, cache, ids))
+    assert ((logits[1] - logits[0]).abs().max() / logits[0].abs().max()).item() < 0.02
+    weights = [d / "model.safetensors" for d in (float32, out)]
+    assert weights[1].stat().st_size < 0.27 * weights[0].stat().st_size  # a quarter, and the scales
+
+
 def test_large_models_are_sharded(tiny_llama_gguf, tmp_path, monkeypatch):
     path, state = tiny_llama_gguf
     monkeypatch.setattr(gguf_import_module, "SHARD_BYTES", 200_000)
@@ -854,6 +883,57 @@ def test_ensure_starter_model_imports_once(smollm2_dir, monkeypatch):
         == smollm2_dir
     )
     assert messages and "ready" in messages[-1]
+
+
+def test_the_starter_is_stored_compactly(smollm2_dir, smollm2_gguf):
+    from engine.starter import stored_dtype
+
+    assert stored_dtype(smollm2_dir) == "int8"
+    stored = load_file(smollm2_dir / "model.safetensors")
+    assert stored["model.embed_tokens.weight"].dtype == torch.int8  # the tied head's too
+    assert stored["model.layers.0.mlp.down_proj.weight"].dtype == torch.int8
+    assert stored["model.norm.weight"].dtype == torch.float32
+    on_disk = sum(f.stat().st_size for f in smollm2_dir.iterdir())
+    assert on_disk < 2 * smollm2_gguf.stat().st_size  # 139 MB for the 98 MB GGUF
+    model = load_model(smollm2_dir, device="cpu")
+    assert model.parameter_bytes() < 1.5 * smollm2_gguf.stat().st_size
+
+
+@pytest.fixture
+def tiny_starter(tiny_llama_gguf, monkeypatch):
+    """The starter-model functions over the tiny GGUF."""
+    from engine import starter
+
+    monkeypatch.setattr(starter, "find_starter_gguf", lambda: tiny_llama_gguf[0])
+    return starter
+
+
+def test_an_older_float32_starter_is_imported_again_compactly(tiny_starter, tmp_path):
+    models = tmp_path / "models"
+    old = tiny_starter.ensure_starter_model(models, dtype="float32")
+    assert tiny_starter.stored_dtype(old) == "float32"
+    (old / "marker").write_text("the old import")
+    messages = []
+    new = tiny_starter.ensure_starter_model(models, progress=lambda f, m: messages.append(m))
+    assert new == old and tiny_starter.stored_dtype(new) == "int8"
+    assert not (new / "marker").exists() and messages and "imported" in messages[-1]
+    assert sorted(p.name for p in models.iterdir()) == [new.name]  # nothing left beside it
+    load_model(new, device="cpu")
+    assert tiny_starter.ensure_starter_model(models) == new  # and then kept
+
+
+def test_a_failed_reimport_keeps_the_old_starter(tiny_starter, tmp_path, monkeypatch):
+    models = tmp_path / "models"
+    old = tiny_starter.ensure_starter_model(models, dtype="float32")
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gguf_import_module, "import_gguf", fail)
+    with pytest.raises(OSError, match="disk full"):
+        tiny_starter.ensure_starter_model(models)
+    assert tiny_starter.stored_dtype(old) == "float32" and tiny_starter.is_complete(old)
+    assert sorted(p.name for p in models.iterdir()) == [old.name]
 
 
 def test_starter_missing_package_is_a_clear_error(monkeypatch):

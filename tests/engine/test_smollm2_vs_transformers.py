@@ -1,5 +1,7 @@
 """SmolLM2-135M-Instruct (real weights, imported from its GGUF) against transformers loading the
-same GGUF: greedy generations, a factual answer, perplexity, and prefix reuse across chat turns."""
+same GGUF: greedy generations and perplexity of the float32 import (the exact dequantized weights);
+a factual answer, prefix reuse across chat turns, and the perplexity of the starter model's compact
+int8 import."""
 
 from pathlib import Path
 
@@ -36,7 +38,13 @@ def session(smollm2_dir):
     return ChatSession.load(smollm2_dir, device="cpu", cache_tokens=2048)
 
 
-def test_greedy_generation_matches_transformers(session, reference):
+@pytest.fixture(scope="module")
+def f32_session(smollm2_f32_dir):
+    return ChatSession.load(smollm2_f32_dir, device="cpu", cache_tokens=2048)
+
+
+def test_greedy_generation_matches_transformers(f32_session, reference):
+    session = f32_session
     tok = session.tokenizer
     jobs = [Job(tok.encode_chat([{"role": "user", "content": p}]), max_new_tokens=64) for p in PROMPTS]
     ours = Generator(session.model, tok, cache_tokens=2048).generate(jobs)  # all three batched
@@ -66,11 +74,10 @@ def test_capital_of_france(session):
     assert chunks[-1].done and chunks[-1].stop_reason == "eos"
 
 
-def test_perplexity_matches_transformers(smollm2_dir, reference):
-    tokenizer = Tokenizer.from_dir(smollm2_dir)
-    model = load_model(smollm2_dir, device="cpu")
-    ours, count = perplexity(model, tokenizer, TEXT.read_text(), ctx=512)
-    # Reference: the same windows through transformers.
+@pytest.fixture(scope="module")
+def reference_perplexity(reference, smollm2_f32_dir) -> tuple[float, int]:
+    """The perplexity of transformers' model on the windows ``perplexity`` scores, and their count."""
+    tokenizer = Tokenizer.from_dir(smollm2_f32_dir)
     ids = tokenizer.encode(TEXT.read_text(), add_special_tokens=False)
     nll, n = 0.0, 0
     for start in range(0, len(ids) - 1, 512):
@@ -81,10 +88,27 @@ def test_perplexity_matches_transformers(smollm2_dir, reference):
             logits = reference(window).logits[0]
         nll += torch.nn.functional.cross_entropy(logits[:-1], window[0, 1:], reduction="sum").item()
         n += window.shape[1] - 1
-    theirs = float(torch.tensor(nll / n).exp())
+    return float(torch.tensor(nll / n).exp()), n
+
+
+def test_perplexity_matches_transformers(smollm2_f32_dir, reference_perplexity):
+    tokenizer = Tokenizer.from_dir(smollm2_f32_dir)
+    model = load_model(smollm2_f32_dir, device="cpu")
+    ours, count = perplexity(model, tokenizer, TEXT.read_text(), ctx=512)
+    theirs, n = reference_perplexity
     assert count == n
     assert abs(ours - theirs) / theirs < 0.005
     assert 1.5 < ours < 100  # a real model on English prose
+
+
+def test_compact_starter_perplexity_is_within_two_percent(smollm2_dir, reference_perplexity):
+    # int8 matrices with row scales, run by the CPU's int8 kernel with bfloat16 activations.
+    tokenizer = Tokenizer.from_dir(smollm2_dir)
+    model = load_model(smollm2_dir, device="cpu")
+    ours, count = perplexity(model, tokenizer, TEXT.read_text(), ctx=512)
+    theirs, n = reference_perplexity
+    assert count == n
+    assert abs(ours - theirs) / theirs < 0.02
 
 
 def test_second_chat_turn_reuses_the_first_turns_pages(session):

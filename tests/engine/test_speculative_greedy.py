@@ -194,15 +194,10 @@ def test_draft_settings_are_checked():
             parse_draft(bad)
 
 
-def test_mtp_is_named_as_not_implemented_or_absent(llama):
+def test_mtp_on_a_model_without_mtp_heads_is_refused(llama):
+    # MTP drafting itself: tests/engine/test_mtp_drafter.py.
     with pytest.raises(UsageError, match="has no MTP heads"):
         make_drafter("mtp", llama)
-    llama.config.raw["num_nextn_predict_layers"] = 1
-    try:
-        with pytest.raises(NotImplementedError, match="MTP drafting .* not implemented"):
-            make_drafter("mtp", llama)
-    finally:
-        del llama.config.raw["num_nextn_predict_layers"]
 
 
 def test_engine_options_choose_the_drafter(llama):
@@ -217,11 +212,14 @@ def test_engine_options_choose_the_drafter(llama):
 
 # -- the starter model -----------------------------------------------------------------------
 
-CHAT = ["What is the capital of France?", "Write a haiku about the sea."]
-CODE = [
-    "Add type hints to this function and keep everything else the same:\n\n"
-    "def area(width, height):\n    result = width * height\n    return result\n",
-]
+BENCH_PROMPTS = Path(__file__).parents[2] / "engine" / "bench" / "data" / "speculative_prompts.json"
+
+
+def starter_prompt_texts() -> list[str]:
+    """Ten prompts: the bench's code-edit and chat sets and two more."""
+    sets = json.loads(BENCH_PROMPTS.read_text())
+    extra = ["Write a haiku about the sea.", "List five prime numbers."]
+    return [*sets["code-edit"], *sets["chat"], *extra]
 
 
 def _random_draft_model(smollm2_dir: Path, directory: Path) -> Path:
@@ -247,12 +245,20 @@ def _random_draft_model(smollm2_dir: Path, directory: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_the_starter_model_with_each_drafter(smollm2_dir, tmp_path):
+@pytest.mark.parametrize("count", [3, pytest.param(10, marks=pytest.mark.acceptance)])
+def test_the_starter_model_with_each_drafter(smollm2_f32_dir, tmp_path, count):
+    # Ten prompts x 128 tokens is the issue's acceptance run (-m acceptance); three by default.
+    # The float32 import: plain and verify steps run different row counts, and the compact
+    # starter's int8 matmuls round activations to bfloat16, where a near-tie can flip on rounding
+    # alone (as in half precision on the GPU), which is not what this test is about.
     from engine.tokenizer import Tokenizer
+
+    smollm2_dir = smollm2_f32_dir
 
     model = load_model(smollm2_dir, device="cpu")
     tok = Tokenizer.from_dir(smollm2_dir)
-    prompts = [tok.encode_chat([{"role": "user", "content": text}]) for text in CHAT + CODE]
+    texts = starter_prompt_texts()[:count]
+    prompts = [tok.encode_chat([{"role": "user", "content": text}]) for text in texts]
 
     def run(draft: str | None, stop: str | None = None):
         options = EngineOptions(draft=draft or "off", draft_tokens=4)

@@ -168,7 +168,7 @@ def main(out: Path) -> None:
 
     for theme in ("light", "dark"):
         window.settings.set("appearance.theme", theme)
-        window.tabs.setCurrentWidget(window.chat_pane)
+        window.go_to("chats")
         spin(lambda: False, 0.3)
         window.chat_pane.view.scroll_to_bottom()
         shot(window, f"chat-{theme}-bottom")
@@ -182,11 +182,11 @@ def main(out: Path) -> None:
         window.chat_pane.view.verticalScrollBar().setValue(0)
         shot(window, f"chat-search-{theme}")
         window.conversations.search.clear()
-        window.tabs.setCurrentWidget(window.library_pane)
+        window.go_to("models")
         window.library_pane.select_path(str(broken))
         shot(window, f"library-{theme}")
         if hub_pane is not None:
-            window.tabs.setCurrentWidget(hub_pane)
+            window.go_to("discover")
             shot(window, f"hub-{theme}")
             # What the pane shows when the Hub cannot be reached (a long error message).
             hub_pane.controller.failed.emit(
@@ -206,9 +206,9 @@ def main(out: Path) -> None:
                 shot(window, f"hub-offline-{theme}")
                 hub_pane.controller.client._endpoint = None
         if downloads_pane is not None:
-            window.tabs.setCurrentWidget(downloads_pane)
+            window.go_to("downloads")
             shot(window, f"downloads-{theme}")
-        window.tabs.setCurrentWidget(window.chat_pane)
+        window.go_to("chats")
         if hasattr(window.chat, "prefillProgress"):  # a long prompt being read
             script.prefill_chunk, script.prefill_delay = 200, 0.15
             window.chat.submit("Summarise this: " + "lorem ipsum dolor sit amet " * 300)

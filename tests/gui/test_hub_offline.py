@@ -97,7 +97,7 @@ def test_no_message_widens_the_window(qtbot, make_window, monkeypatch) -> None:
     window.resize(1280, 800)
     qtbot.waitExposed(window)
     pane = window.optional_panes["hub"]
-    window.tabs.setCurrentWidget(pane)
+    window.go_to("discover")
     long_message = "cannot reach https://huggingface.co/api/models?search=llama&limit=200 " * 6
     pane.controller.failed.emit(long_message)  # as a failure of any request reports itself
     qtbot.wait(100)
@@ -106,7 +106,7 @@ def test_no_message_widens_the_window(qtbot, make_window, monkeypatch) -> None:
     qtbot.waitUntil(lambda: pane.notice.isVisible(), timeout=10_000)
     qtbot.wait(100)
     assert window.width() == 1280
-    window.tabs.setCurrentWidget(window.chat_pane)
+    window.go_to("chats")
     window.chat_pane.show_error("Could not load /a/very/long/path/" + "x" * 400)
     qtbot.wait(100)
     assert window.width() == 1280

@@ -190,7 +190,7 @@ def test_table_columns_are_not_cut_off(qtbot, window) -> None:
     broken = make_model_dir(window.models_dir / "broken", architecture="MambaForCausalLM")
     (broken / "tokenizer.json").unlink()
     window.library.refresh()
-    window.tabs.setCurrentWidget(window.library_pane)
+    window.go_to("models")
     qtbot.wait(50)
     table = window.library_pane.table
     header = table.horizontalHeader()

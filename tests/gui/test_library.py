@@ -62,7 +62,7 @@ def test_opening_a_bad_model_folder_says_why(qtbot, window, tmp_path) -> None:
     bad = make_model_dir(tmp_path / "mamba", architecture="MambaForCausalLM")
     (bad / "tokenizer.json").unlink()
     window.add_model_folder(str(bad))
-    assert window.tabs.currentWidget() is window.library_pane
+    assert window.nav.current() == "models" and window.pages.currentWidget().isAncestorOf(window.library_pane)
     assert str(bad) in [
         window.library_pane.folders.item(i).text() for i in range(window.library_pane.folders.count())
     ]

@@ -159,16 +159,16 @@ def test_dark_theme_applies_and_rerenders(qtbot, window) -> None:
     assert QApplication.instance().palette().color(QPalette.ColorRole.Window).lightness() > 200
 
 
-def test_hub_and_downloads_tabs_when_their_packages_exist(make_window) -> None:
+def test_discover_and_downloads_panes_when_their_packages_exist(make_window) -> None:
     try:
         import app.downloads  # noqa: F401
         import app.hub  # noqa: F401
     except ImportError:
-        expected = ["Chat", "Library"]
+        expected = ["chats", "models", "settings"]
     else:
-        expected = ["Chat", "Library", "Hub", "Downloads"]
+        expected = ["chats", "models", "discover", "downloads", "settings"]
     window = make_window(hub=True)
-    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == expected
+    assert window.nav.keys() == expected
 
 
 def test_app_starts_without_the_optional_panes(make_window, monkeypatch) -> None:
@@ -176,4 +176,4 @@ def test_app_starts_without_the_optional_panes(make_window, monkeypatch) -> None
 
     monkeypatch.setitem(sys.modules, "app.hub", None)  # import of app.hub now raises ImportError
     window = make_window(hub=True)
-    assert [window.tabs.tabText(i) for i in range(window.tabs.count())] == ["Chat", "Library"]
+    assert window.nav.keys() == ["chats", "models", "settings"]

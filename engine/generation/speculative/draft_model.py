@@ -23,6 +23,7 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.errors import ContextOverflowError
 from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest
+from engine.generation.speculative.proposal import draft_generator, pick
 from engine.generation.state_checkpoint import StateCheckpoint, recurrent_layers
 from engine.generation.step import StepItem, run_step
 from engine.model import LoadedModel
@@ -109,11 +110,7 @@ class ModelDrafter(Drafter):
                 slot = self.cache.state_slots.allocate()
             except ContextOverflowError:
                 return None
-            seq = self._seqs[request.key] = _Sequence(slot=slot)
-            if request.temperature > 0:
-                seq.generator = torch.Generator()
-                seed = request.seed if request.seed is not None else int(torch.randint(0, 2**62, (1,)))
-                seq.generator.manual_seed(seed ^ 0x5EED)  # not the job's own stream
+            seq = self._seqs[request.key] = _Sequence(slot=slot, generator=draft_generator(request))
         target = request.tokens
         common = 0
         limit = min(len(seq.fed), len(target) - 1)  # the target's last token is always fed again
@@ -166,13 +163,7 @@ class ModelDrafter(Drafter):
     ) -> None:
         """The draft's next token from the draft model's ``logits``: the argmax for a greedy job,
         else a draw at the job's temperature (its distribution kept as the proposal)."""
-        x = logits.float().cpu()
-        width = min(x.shape[-1], self.vocab_size)
-        if request.temperature <= 0:
-            tokens.append(int(x[:width].argmax()))
-            return
-        q = torch.zeros(self.vocab_size, dtype=torch.float32)
-        q[:width] = torch.softmax(x[:width] / request.temperature, dim=0)
-        token = int(torch.multinomial(q, 1, generator=seq.generator))
+        token, q = pick(logits, request.temperature, self.vocab_size, seq.generator)
         tokens.append(token)
-        probs.append(q)
+        if q is not None:
+            probs.append(q)

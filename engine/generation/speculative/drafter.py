@@ -53,10 +53,28 @@ class Draft:
 NO_DRAFT = Draft([])
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What a target step computed for one sequence, for a drafter that reads the target's hidden
+    states (:attr:`Drafter.wants_hidden`): the step fed ``inputs`` from position ``start`` on and
+    computed their final ``hidden`` states ``[len(inputs), hidden]``; the sequence's ``tokens``
+    are what it holds after the step (kept drafts and the target's token included). Positions
+    whose input is not among ``tokens`` any more (rejected drafts) are stale."""
+
+    key: Hashable
+    tokens: Sequence[int]
+    start: int
+    inputs: Sequence[int]
+    hidden: torch.Tensor
+
+
 class Drafter:
     """Base class: ``kind`` names it in statistics and errors."""
 
     kind = "drafter"
+    # Whether the target's steps hand it their final hidden states (:meth:`observe`): opt-in, since
+    # such steps run the general step path (no fixed-shape decode, no CUDA graphs).
+    wants_hidden = False
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         """One draft per request (of at most its ``max_tokens``; empty when there is no guess)."""
@@ -64,3 +82,6 @@ class Drafter:
 
     def forget(self, key: Hashable) -> None:
         """The sequence ``key`` is over (or was rewound): drop what is kept for it."""
+
+    def observe(self, seen: Sequence[Observation]) -> None:
+        """After a target step (only where :attr:`wants_hidden`): what it computed per sequence."""

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.architectures.mtp_names import declared_mtp_layers
 from engine.errors import UsageError
 from engine.generation.speculative.draft_model import ModelDrafter
 from engine.generation.speculative.drafter import Drafter
-from engine.generation.speculative.mtp import MtpDrafter, mtp_layers
+from engine.generation.speculative.mtp import MtpDrafter
 from engine.generation.speculative.ngram import NgramDrafter
 from engine.generation.speculative.speculation import MAX_DRAFT_TOKENS
 
@@ -30,7 +31,7 @@ def parse_draft(text: str | None) -> tuple[str, Path | None]:
 
 def check_mtp(config: dict, name: str) -> None:
     """Refuse ``--draft mtp`` for a model whose config.json declares no MTP heads."""
-    if not mtp_layers(config):
+    if not declared_mtp_layers(config):
         raise UsageError(f"--draft mtp: {name} has no MTP heads in its config.json")
 
 
@@ -54,7 +55,9 @@ def make_drafter(
         return NgramDrafter()
     if kind == "mtp":
         check_mtp(model.config.raw, model.directory.name)
-        return MtpDrafter(model)  # raises MtpNotImplementedError: designed, not built yet
+        tokens = cache.capacity if cache is not None else None
+        page_size = cache.page_size if cache is not None else 64
+        return MtpDrafter(model, tokens, max_sequences=max_sequences, page_size=page_size)
     return _model_drafter(directory, model, tokenizer, cache, max_sequences)
 
 

@@ -45,7 +45,7 @@ from engine.cache.paged import PagedKVCache
 from engine.generation.job import JobResult
 from engine.generation.sampling import active_processors
 from engine.generation.speculative.draft_length import DraftLength
-from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest
+from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest, Observation
 from engine.generation.state_checkpoint import StateCheckpoint, recurrent_layers
 
 MAX_DRAFT_TOKENS = 8
@@ -194,6 +194,24 @@ class Speculation:
         length = self._lengths.get(run)
         if length is not None:
             length.update(drafted, accepted)
+
+    # -- a drafter that reads the target's hidden states --------------------------------------
+
+    @property
+    def wants_hidden(self) -> bool:
+        """Whether the target's steps must return their final hidden states (an MTP drafter)."""
+        return getattr(self.drafter, "wants_hidden", False)  # a drafter may only duck-type one
+
+    def observe(self, gen, runs: list, items: list, hidden: list[torch.Tensor]) -> None:
+        """After a step (its tokens accepted and reported): hand the drafter each still active
+        job's hidden states of the step's positions, with the tokens it holds now."""
+        seen = [
+            Observation(run, run.tokens, item.past, item.tokens, rows)
+            for run, item, rows in zip(runs, items, hidden)
+            if run in gen._active
+        ]
+        if seen:
+            self.drafter.observe(seen)
 
     def forget(self, run) -> None:
         """``run`` finished: drop its drafter state, draft length and checkpoint."""

@@ -1,0 +1,1 @@
+"""The window's left navigation rail and the icons it paints."""

@@ -1,0 +1,8 @@
+"""Several processes over one model: tensor parallelism on ``torch.distributed`` and layer split.
+
+One concept per module: :mod:`~engine.parallel.launch` starts the ranks, :mod:`~.sharding` cuts a
+loaded model into a rank's shard (:mod:`~.heads`, :mod:`~.slicing`, :mod:`~.vocab`,
+:mod:`~.reduced`), :mod:`~.leader` and :mod:`~.follower` run the step protocol of
+:mod:`~.step_plan`, and :mod:`~.placement` puts consecutive layers on different devices.
+See docs/PARALLEL.md.
+"""

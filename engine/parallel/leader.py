@@ -1,0 +1,112 @@
+"""Rank 0's model: the rank's shard behind the ``CausalLM`` interface the Generator drives.
+
+Each forward first broadcasts the step (:class:`~engine.parallel.step_plan.StepPlan`) so that
+the other ranks run the same step on their shards, then runs rank 0's shard; the collectives
+inside the shards pair up, and the vocabulary-parallel head gathers the logits on rank 0. A cache
+rank 0 has not seen before is announced first, and its snapshot pool is recorded from then on
+(:mod:`engine.parallel.snapshot_mirror`). Nothing else of the Generator changes: scheduling,
+paging, prefix reuse and sampling stay on rank 0, and so does a vision tower: its image
+embeddings travel with the step that reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from engine.cache.paged import PagedKVCache
+from engine.modules.batch import BatchLayout
+from engine.modules.decoder import CausalLM
+from engine.modules.splice import InputSplice
+from engine.parallel import messages
+from engine.parallel.snapshot_mirror import RecordedSnapshots
+from engine.parallel.step_plan import CacheSetup, StepPlan
+
+# What a failed collective becomes: the run names the rank that ended (engine.parallel.launch).
+ErrorTranslator = Callable[[BaseException], BaseException]
+
+
+class LeaderModule(nn.Module):
+    def __init__(self, inner: CausalLM, translate: ErrorTranslator | None = None) -> None:
+        super().__init__()
+        self.inner = inner
+        self._translate = translate or (lambda exc: exc)
+        self._caches: dict[int, PagedKVCache] = {}  # announced caches, kept so ids stay unique
+        # Why a step failed part way: the ranks' collectives no longer pair up, so no later step
+        # may run (the run has to start again).
+        self._broken: BaseException | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.inner.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inner.dtype
+
+    @property
+    def dynamic_decode(self) -> str | None:
+        # Each step broadcasts its plan from the host: no CUDA graph can replay it (yet).
+        return "tensor-parallel"
+
+    @property
+    def static_decode(self) -> bool:
+        return False
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.inner.blocks
+
+    @property
+    def embedding(self) -> nn.Module:
+        return self.inner.embedding
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        batch: BatchLayout,
+        cache: PagedKVCache,
+        logit_rows: torch.Tensor | None = None,
+        splice: InputSplice | None = None,
+    ) -> torch.Tensor:
+        if self._broken is not None:
+            raise RuntimeError(
+                f"the tensor-parallel run failed earlier ({self._broken}); load the model again"
+            )
+        try:
+            cache_id = self._announce(cache)
+            ops = cache.snapshots.drain() if isinstance(cache.snapshots, RecordedSnapshots) else []
+            messages.send(StepPlan.capture(cache_id, input_ids, batch, logit_rows, splice, ops))
+            return self.inner(input_ids, batch, cache, logit_rows, splice=splice)
+        except RuntimeError as exc:  # a collective failed (another rank is gone), or this rank did
+            self._broken = self._translate(exc)
+            if self._broken is exc:
+                raise
+            raise self._broken from exc
+        except BaseException as exc:
+            self._broken = exc
+            raise
+
+    def _announce(self, cache: PagedKVCache) -> int:
+        key = id(cache)
+        if key not in self._caches:
+            pool = cache.snapshots
+            messages.send(
+                CacheSetup(
+                    key,
+                    cache.num_pages,
+                    cache.page_size,
+                    self.dtype,
+                    cache.bits,
+                    cache.state_slots.count,
+                    None if pool is None else pool.capacity,
+                )
+            )
+            if pool is not None:
+                recorded = RecordedSnapshots(pool)
+                cache.snapshots = recorded
+                cache.pages.on_forget = recorded.discard
+            self._caches[key] = cache
+        return key
