@@ -6,10 +6,16 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
+    # The bundle's GPU runtime (app.runtime), if installed, must be on sys.path before torch loads.
+    from app.runtime.activate import activate, managed_runtime_enabled
+
+    if managed_runtime_enabled():
+        activate(given)
     if given[:1] == ["serve"]:  # the engine's OpenAI-compatible server, no window: python -m engine serve
         from engine.cli import main as engine_main
 
@@ -35,12 +41,25 @@ def main(argv: list[str] | None = None) -> int:
         help="add Trellis Chat to this user's desktop menu (Linux; --uninstall-desktop-entry removes it)",
     )
     parser.add_argument("--uninstall-desktop-entry", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--install-gpu-runtime",
+        action="store_true",
+        help="download and install the GPU runtime for this machine's NVIDIA driver, then exit "
+        "(what the first-run offer does; --gpu-runtime-wheels DIR takes wheels downloaded elsewhere)",
+    )
+    parser.add_argument("--gpu-runtime-wheels", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.data_dir:
         os.environ["TRELLIS_DATA_DIR"] = args.data_dir
     if args.models_dir:
         os.environ["TRELLIS_MODELS_DIR"] = args.models_dir
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.install_gpu_runtime:
+        from app import paths
+        from app.runtime.cli import install_gpu_runtime
+
+        wheels = Path(args.gpu_runtime_wheels) if args.gpu_runtime_wheels else None
+        return install_gpu_runtime(paths.data_dir(), wheels)
     # Before Qt loads a platform plugin: where it would abort, say why (and what to install).
     from app.display_check import check
 
@@ -101,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
 
     gpu = GpuCheck(window)
     gpu.finished.connect(window.show_gpu_report)
+    if not args.ask:
+        from app.runtime.offer import maybe_offer
+
+        # An NVIDIA GPU the bundled CPU torch cannot use: offer the GPU runtime download.
+        gpu.finished.connect(lambda report: maybe_offer(window, report, window.settings, paths.data_dir()))
     QTimer.singleShot(500, lambda: gpu.start(window.settings.get("engine.device")))
     ask = None
     if args.ask:

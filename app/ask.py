@@ -52,6 +52,11 @@ class AskRun(QObject):
         engine.loadFailed.connect(self._fail)
         engine.starterFailed.connect(self._fail)
         window.chat.busyChanged.connect(self._on_busy)
+        # Time to first token, for measuring a bundle: the wall-clock time (epoch seconds, to
+        # compare with when the program was started) and the time since the question was sent.
+        self._asked_at: float | None = None
+        self._first_token_logged = False
+        engine.chunk.connect(self._on_chunk)
         window.chat.errorOccurred.connect(lambda message: self._log(f"chat: {message}"))
         QTimer.singleShot(int(timeout_s * 1000), lambda: self._fail(f"no reply within {timeout_s:.0f} s"))
 
@@ -86,8 +91,16 @@ class AskRun(QObject):
                 QTimer.singleShot(500, lambda: self._ask_in_new_conversation(deadline))
             return
         chat.set_sampling("greedy", {"max_new_tokens": self.max_new_tokens})
+        self._asked_at = time.monotonic()
         if not chat.submit(self.question):
             self._fail("the question could not be sent")
+
+    def _on_chunk(self, _request: int, text: str) -> None:
+        if self._first_token_logged or self._asked_at is None or not text:
+            return
+        self._first_token_logged = True
+        waited = time.monotonic() - self._asked_at
+        self._log(f"first token at {time.time():.3f} (epoch), {waited:.2f} s after the question")
 
     def _on_busy(self, busy: bool) -> None:
         if busy:

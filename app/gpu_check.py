@@ -159,8 +159,9 @@ def diagnose(facts: GpuFacts) -> GpuReport:
             name = f.nvidia_gpus[0] if f.nvidia_gpus else "an NVIDIA GPU"
             reason = f"this installation has the CPU-only build of torch, although {name} is present{driver}"
             advice = (
-                "Install the GPU runtime (Help › GPU check explains how; from a source install: "
-                "pip install torch from https://download.pytorch.org/whl/cu128)."
+                "Install the GPU runtime: the app offers it at startup, or run trellis-chat "
+                "--install-gpu-runtime (from a source install: pip install torch from "
+                "https://download.pytorch.org/whl/cu128)."
             )
         elif f.platform == "darwin":
             reason = "the engine's GPU path needs an NVIDIA GPU with CUDA; Apple GPUs are not used yet"

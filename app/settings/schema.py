@@ -115,6 +115,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("library.folders", [], "Extra model folders", hidden=True),
     Setting("library.last_model", "", "Last loaded model", hidden=True),
     Setting("library.starter_dismissed", False, "Starter model offer dismissed", hidden=True),
+    # The offer to download the GPU runtime (app.runtime) when an NVIDIA GPU sits unused.
+    Setting("runtime.offer_dismissed", False, "GPU runtime offer dismissed", hidden=True),
     Setting("export.last_folder", "", "Folder of the last export or import", hidden=True),
     # Remote engines (app.remote): base URLs; their API keys are in the system keyring.
     Setting("remote.endpoints", [], "Remote engines", hidden=True),

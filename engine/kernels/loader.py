@@ -1,10 +1,13 @@
 """The CUDA extension (``ext/``): building it, loading it, and the process-wide settings of its use.
 
-The extension is compiled on first use for the GPU that is present (JIT with
+A prebuilt module is used first where one fits exactly (the same sources, torch version, CUDA
+version and Python, with code for the GPU present; :mod:`engine.kernels.prebuilt` says where they
+are looked for: the configured folder, the managed GPU runtime beside torch, the package). Else
+the extension is compiled on first use for the GPU that is present (JIT with
 ``torch.utils.cpp_extension``, ninja, cached per torch version, CUDA version and GPU architecture),
-or ahead of time with ``python -m engine build-ext``. A prebuilt module (e.g. compiled on a
-machine with nvcc but no GPU, ``build-ext --arch 9.0 --export DIR``) is used instead when the
-configured prebuilt folder holds one built from the same sources for the same torch.
+where a CUDA toolkit exists, or ahead of time with ``python -m engine build-ext``. Else the
+callers run their torch paths, and :func:`status` gives the reason (including why each prebuilt
+module found did not fit).
 
 Nothing here runs at import time, and nothing reads the environment: the settings
 (:func:`configure`) come from the caller's ``EngineOptions``. The extension is built or loaded by
@@ -33,6 +36,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
+from engine.kernels import prebuilt
 
 EXT_DIR = Path(__file__).resolve().parents[2] / "ext"
 MODULE_NAME = "trellis_ext"
@@ -176,31 +181,51 @@ def _import_from(path: Path, name: str) -> ModuleType:
     return module
 
 
+def current_target(arch: str) -> prebuilt.Target:
+    """What a prebuilt module must match in this process, for a GPU of ``arch``."""
+    return prebuilt.Target(
+        sources=sources_hash(),
+        torch=torch.__version__.split("+")[0],
+        cuda=torch.version.cuda,
+        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        arch=arch,
+    )
+
+
+def _load_manifest(manifest: prebuilt.Manifest) -> tuple[ModuleType, BuildInfo]:
+    t0 = time.perf_counter()
+    try:
+        module = _import_from(manifest.module, manifest.name)
+    except (ImportError, OSError) as exc:
+        raise ExtensionUnavailable(f"prebuilt extension {manifest.module} does not load: {exc}") from exc
+    arch = ",".join(manifest.archs)
+    return module, BuildInfo(
+        str(manifest.module), str(manifest.path.parent), arch, time.perf_counter() - t0, True
+    )
+
+
+def find_prebuilt(configured: str | Path | None, arch: str) -> tuple[prebuilt.Manifest | None, list[str]]:
+    """The prebuilt module that fits this process for a GPU of ``arch`` (see
+    :mod:`engine.kernels.prebuilt` for the folders), and why each other one found does not."""
+    torch_dir = Path(torch.__file__).resolve().parent
+    dirs = prebuilt.search_dirs(Path(configured) if configured else None, torch_dir)
+    return prebuilt.find(dirs, current_target(arch))
+
+
 def load_prebuilt(root: str | Path | None, arch: str | None) -> tuple[ModuleType, BuildInfo] | None:
-    """The module exported to ``root`` if it matches these sources, this torch and ``arch``."""
+    """The module in the folder ``root`` if one there fits these sources, this torch and
+    ``arch`` (None: the GPU present)."""
     if not root:
         return None
-    meta_path = Path(root) / "meta.json"
-    if not meta_path.is_file():
+    manifest, reasons = prebuilt.find([Path(root)], current_target(arch or detect_arch()))
+    if manifest is None:
+        if reasons:
+            print(
+                f"trellis: prebuilt extension in {root} does not match ({'; '.join(reasons)})",
+                file=sys.stderr,
+            )
         return None
-    meta = json.loads(meta_path.read_text())
-    same = (
-        meta.get("sources") == sources_hash()
-        and meta.get("torch") == torch.__version__.split("+")[0]
-        and meta.get("cuda") == torch.version.cuda
-        and (arch is None or meta.get("arch") == arch)
-    )
-    if not same:
-        print(
-            f"trellis: prebuilt extension in {root} does not match (sources/torch/arch); building instead",
-            file=sys.stderr,
-        )
-        return None
-    t0 = time.perf_counter()
-    module = _import_from(Path(root) / meta["file"], meta.get("name", MODULE_NAME))
-    return module, BuildInfo(
-        str(Path(root) / meta["file"]), str(root), meta["arch"], time.perf_counter() - t0, True
-    )
+    return _load_manifest(manifest)
 
 
 def load(
@@ -214,19 +239,31 @@ def load(
 
     ``arch`` (``"9.0"``) compiles for that architecture without looking at a GPU (to prebuild
     on a machine without one); by default the present GPU decides. ``force`` rebuilds from
-    scratch. ``prebuilt_dir``: a folder ``export`` wrote, used instead of a build where it
-    matches. ``cache_dir``: the folder of JIT builds (None: the user cache folder); the build
-    directory is reused, so a second call is only an import.
+    scratch (no prebuilt module). ``prebuilt_dir``: a folder of prebuilt modules looked in
+    first (:func:`find_prebuilt`). ``cache_dir``: the folder of JIT builds (None: the user cache
+    folder); the build directory is reused, so a second call is only an import.
     """
     global _info
     if arch is None:
         arch = detect_arch()
+    passed_over: list[str] = []
     if not force:
-        pre = load_prebuilt(prebuilt_dir, arch)
-        if pre is not None:
-            _info = pre[1]
-            return pre[0]
-    check_toolchain()
+        manifest, passed_over = find_prebuilt(prebuilt_dir, arch)
+        if manifest is not None:
+            try:
+                module, _info = _load_manifest(manifest)
+                return module
+            except ExtensionUnavailable as exc:
+                passed_over.append(str(exc))
+    try:
+        check_toolchain()
+    except ExtensionUnavailable as exc:
+        target = current_target(arch)
+        found = "; ".join(passed_over) if passed_over else "none found"
+        raise ExtensionUnavailable(
+            f"{exc}; and no prebuilt extension fits torch {target.torch}, CUDA {target.cuda}, "
+            f"sm_{arch.replace('.', '')} ({found})"
+        ) from exc
     from torch.utils import cpp_extension
 
     bdir = build_dir(arch, cache_dir)

@@ -42,7 +42,10 @@ def test_ask_on_a_reused_data_folder_loads_once_and_answers_whole(make_window, f
         == f"You said: {question}. Here is some code:\n\n```python\nprint({question!r})\n```\n\nDone."
     )
     assert fake_engine.loads == [str(starter)]
-    assert run.reply in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert run.reply in captured.out
+    # Time to first token, once, on stderr (the bundle's measurement reads it).
+    assert captured.err.count("first token at ") == 1 and "s after the question" in captured.err
 
 
 def test_ask_ignores_a_restored_model_that_is_not_the_starter(make_window, fake_engine, qtbot, data_dir):
