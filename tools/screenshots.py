@@ -58,7 +58,9 @@ def _parse_size(text: str) -> tuple[int, int]:
     return width, height
 
 
-def _fake_hub():
+def demo_hub():
+    """The local Hub look-alike, started, with two llama repositories to search, page and download
+    (``fake_hub`` must be importable: tests/support on ``sys.path``)."""
     from fake_hub import FakeHub, PatternBlob, tiny_llama_config
 
     hub = FakeHub()
@@ -78,6 +80,18 @@ def _fake_hub():
         {"config.json": cfg, "tokenizer.json": "{}", "model.safetensors": PatternBlob(100_000, 3)},
         downloads=999,
     )
+    return hub
+
+
+def isolated_from_user():
+    """Keep the app away from the user's Hub cache, token and keyring; point it at a started
+    :func:`demo_hub`, which is returned (stop it when done)."""
+    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="trellis-shots-hf-")
+    os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.null.Keyring"
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        os.environ.pop(var, None)
+    hub = demo_hub()
+    os.environ["HF_ENDPOINT"] = hub.endpoint
     return hub
 
 
@@ -231,13 +245,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"{root} is not a Trellis Chat checkout (no app/main_window.py)")
     sys.path[:0] = [str(root / "tests" / "gui"), str(root / "tests" / "support"), str(root)]
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="trellis-shots-hf-")
-    os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.null.Keyring"
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
-        os.environ.pop(var, None)
     args.out.mkdir(parents=True, exist_ok=True)
-    hub = _fake_hub()
-    os.environ["HF_ENDPOINT"] = hub.endpoint
+    hub = isolated_from_user()
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication([])

@@ -6,19 +6,9 @@ keyring under that URL; the field shows whether one is stored, never the key its
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (
-    QDialog,
-    QDialogButtonBox,
-    QFormLayout,
-    QHBoxLayout,
-    QLabel,
-    QLineEdit,
-    QListWidget,
-    QPushButton,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QPushButton, QWidget
 
+from app.entry_list_dialog import EntryField, EntryListDialog
 from app.remote.catalog import RemoteCatalog
 from app.remote.keys import KeyringUnavailable, delete_key, get_key, set_key
 from app.remote.refs import normalize_base_url
@@ -26,50 +16,29 @@ from app.settings.settings import Settings
 
 SETTING = "remote.endpoints"
 
+FIELDS = (
+    EntryField("Base URL", "Base URL", "http://127.0.0.1:8000/v1"),
+    EntryField("API key", "API key", "optional; kept in the system keyring", secret=True),
+)
 
-class EnginesDialog(QDialog):
+
+class EnginesDialog(EntryListDialog):
     def __init__(self, settings: Settings, catalog: RemoteCatalog, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.settings, self.catalog = settings, catalog
-        self.setWindowTitle("Remote engines")
-        self.setAccessibleName("Remote engines")
-        layout = QVBoxLayout(self)
-        layout.addWidget(
-            QLabel(
-                "OpenAI-compatible servers (vLLM, llama.cpp's llama-server, SGLang, TabbyAPI, Ollama, "
-                "another Trellis Chat): their models appear in the model picker."
-            )
+        super().__init__(
+            "Remote engines",
+            "OpenAI-compatible servers (vLLM, llama.cpp's llama-server, SGLang, TabbyAPI, Ollama, "
+            "another Trellis Chat): their models appear in the model picker.",
+            "Endpoints",
+            FIELDS,
+            parent,
         )
-        self.list = QListWidget()
-        self.list.setAccessibleName("Endpoints")
-        layout.addWidget(self.list)
-        form = QFormLayout()
-        self.url = QLineEdit()
-        self.url.setPlaceholderText("http://127.0.0.1:8000/v1")
-        self.url.setAccessibleName("Base URL")
-        self.key = QLineEdit()
-        self.key.setEchoMode(QLineEdit.EchoMode.Password)
-        self.key.setPlaceholderText("optional; kept in the system keyring")
-        self.key.setAccessibleName("API key")
-        form.addRow("Base URL", self.url)
-        form.addRow("API key", self.key)
-        layout.addLayout(form)
-        row = QHBoxLayout()
-        self.add_button = QPushButton("Add")
-        self.remove_button = QPushButton("Remove")
-        self.refresh_button = QPushButton("Refresh models")
-        for button in (self.add_button, self.remove_button, self.refresh_button):
-            row.addWidget(button)
-        layout.addLayout(row)
-        self.status = QLabel()
-        self.status.setWordWrap(True)
+        self.settings, self.catalog = settings, catalog
+        self.setAccessibleName("Remote engines")
         self.status.setAccessibleName("Engines status")
-        layout.addWidget(self.status)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        buttons.rejected.connect(self.reject)
-        layout.addWidget(buttons)
-        self.add_button.clicked.connect(lambda: self.add(self.url.text(), self.key.text()))
-        self.remove_button.clicked.connect(self.remove_selected)
+        self.list = self.entries
+        self.url, self.key = self.fields
+        self.refresh_button = QPushButton("Refresh models")
+        self.button_row.addWidget(self.refresh_button)
         self.refresh_button.clicked.connect(self.refresh)
         catalog.refreshed.connect(self._show_models)
         catalog.endpointFailed.connect(lambda url, why: self.status.setText(f"{url}: {why}"))
@@ -99,8 +68,7 @@ class EnginesDialog(QDialog):
         endpoints = self.endpoints()
         if url not in endpoints:
             self.settings.set(SETTING, [*endpoints, url])
-        self.key.clear()
-        self.url.clear()
+        self.clear_fields()
         self._fill()
         self.status.setText(
             f"Added {url}{' (API key stored in the keyring)' if key else ''}; listing its models…"

@@ -10,9 +10,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings.editors import editor_for, editor_value
+from app.settings.editors import add_schema_rows, editor_value
 from app.settings.folders import FoldersBox
-from app.settings.schema import SETTINGS
 from app.settings.settings import Settings
 
 
@@ -25,15 +24,7 @@ class SettingsDialog(QDialog):
         layout = QVBoxLayout(self)
         form = QFormLayout()
         layout.addLayout(form)
-        self.editors: dict[str, QWidget] = {}
-        for setting in SETTINGS:
-            if setting.hidden:
-                continue
-            editor = editor_for(setting, settings.get(setting.key))
-            editor.setAccessibleName(setting.label)
-            editor.setToolTip(setting.description)
-            self.editors[setting.key] = editor
-            form.addRow(setting.label, editor)
+        self.editors: dict[str, QWidget] = add_schema_rows(form, settings)
         self.folders = FoldersBox(self)  # where data, models and logs live, with "Open" buttons
         layout.addWidget(self.folders)
         buttons = QDialogButtonBox(

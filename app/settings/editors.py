@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtWidgets import QCheckBox, QComboBox, QLineEdit, QSpinBox, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QFormLayout, QLineEdit, QSpinBox, QWidget
 
-from app.settings.schema import Setting
+from app.settings.schema import SETTINGS, Setting
+from app.settings.settings import Settings
 
 
 def editor_for(setting: Setting, value: Any) -> QWidget:
@@ -52,3 +53,18 @@ def set_editor_value(widget: QWidget, value: Any) -> None:
     elif isinstance(widget, QLineEdit):
         widget.setText(str(value))
     widget.blockSignals(blocked)
+
+
+def add_schema_rows(form: QFormLayout, settings: Settings) -> dict[str, QWidget]:
+    """One labelled row in ``form`` per visible setting of the schema, showing its current value
+    (accessible name: its label; tooltip: its description); returns the editors by key."""
+    editors: dict[str, QWidget] = {}
+    for setting in SETTINGS:
+        if setting.hidden:
+            continue
+        editor = editor_for(setting, settings.get(setting.key))
+        editor.setAccessibleName(setting.label)
+        editor.setToolTip(setting.description)
+        editors[setting.key] = editor
+        form.addRow(setting.label, editor)
+    return editors

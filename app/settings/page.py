@@ -22,9 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.settings.editors import editor_for, editor_value, set_editor_value
+from app.settings.editors import add_schema_rows, editor_value, set_editor_value
 from app.settings.folders import FoldersBox
-from app.settings.schema import SETTINGS
 from app.settings.settings import Settings
 from app.theme import SPACE_L, SPACE_M, SPACE_XL, font_for
 
@@ -57,16 +56,9 @@ class SettingsPage(QScrollArea):
         form = QFormLayout()
         form.setHorizontalSpacing(SPACE_L)
         form.setVerticalSpacing(SPACE_M)
-        self.editors: dict[str, QWidget] = {}
-        for setting in SETTINGS:
-            if setting.hidden:
-                continue
-            editor = editor_for(setting, settings.get(setting.key))
-            editor.setAccessibleName(setting.label)
-            editor.setToolTip(setting.description)
-            self.editors[setting.key] = editor
-            form.addRow(setting.label, editor)
-            self._on_edit(editor, lambda key=setting.key: self._apply(key))
+        self.editors: dict[str, QWidget] = add_schema_rows(form, settings)
+        for key, editor in self.editors.items():
+            self._on_edit(editor, lambda key=key: self._apply(key))
         column.addLayout(form)
 
         more = QHBoxLayout()

@@ -3,71 +3,45 @@ tools each offers, and the tools that run without asking."""
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import (
-    QDialog,
-    QDialogButtonBox,
-    QFormLayout,
-    QHBoxLayout,
-    QLabel,
-    QLineEdit,
-    QListWidget,
-    QPushButton,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QLabel, QListWidget, QPushButton, QWidget
 
+from app.entry_list_dialog import EntryField, EntryListDialog
 from app.settings.settings import Settings
 from app.tools.manager import ToolManager
 from app.tools.servers import make_server, servers_from_setting
 
 SERVERS, ALWAYS = "tools.mcp_servers", "tools.always_allowed"
 
+FIELDS = (
+    EntryField("Name", "Server name"),
+    EntryField(
+        "Command or URL",
+        "Command or URL",
+        "a command (npx -y @modelcontextprotocol/server-filesystem ~/notes) or http://…/mcp",
+    ),
+)
 
-class ToolsDialog(QDialog):
+
+class ToolsDialog(EntryListDialog):
     def __init__(self, settings: Settings, manager: ToolManager, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
+        super().__init__(
+            "Tools (MCP servers)",
+            "MCP servers whose tools the model may call (turn tools on per conversation).",
+            "MCP servers",
+            FIELDS,
+            parent,
+        )
         self.settings, self.manager = settings, manager
-        self.setWindowTitle("Tools (MCP servers)")
         self.setAccessibleName("Tools")
-        layout = QVBoxLayout(self)
-        layout.addWidget(
-            QLabel("MCP servers whose tools the model may call (turn tools on per conversation).")
-        )
-        self.servers = QListWidget()
-        self.servers.setAccessibleName("MCP servers")
-        layout.addWidget(self.servers)
-        form = QFormLayout()
-        self.name = QLineEdit()
-        self.name.setAccessibleName("Server name")
-        self.target = QLineEdit()
-        self.target.setPlaceholderText(
-            "a command (npx -y @modelcontextprotocol/server-filesystem ~/notes) or http://…/mcp"
-        )
-        self.target.setAccessibleName("Command or URL")
-        form.addRow("Name", self.name)
-        form.addRow("Command or URL", self.target)
-        layout.addLayout(form)
-        row = QHBoxLayout()
-        self.add_button = QPushButton("Add")
-        self.remove_button = QPushButton("Remove")
-        row.addWidget(self.add_button)
-        row.addWidget(self.remove_button)
-        layout.addLayout(row)
-        layout.addWidget(QLabel("Tools (✓: runs without asking; select and press Forget to ask again):"))
+        self.status.setAccessibleName("Tools status")
+        self.servers = self.entries
+        self.name, self.target = self.fields
+        self.add_section(QLabel("Tools (✓: runs without asking; select and press Forget to ask again):"))
         self.tools = QListWidget()
         self.tools.setAccessibleName("Tools")
-        layout.addWidget(self.tools)
+        self.add_section(self.tools)
         self.forget_button = QPushButton("Forget “always allow”")
-        layout.addWidget(self.forget_button)
-        self.status = QLabel()
-        self.status.setWordWrap(True)
-        self.status.setAccessibleName("Tools status")
-        layout.addWidget(self.status)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
-        buttons.rejected.connect(self.reject)
-        layout.addWidget(buttons)
-        self.add_button.clicked.connect(lambda: self.add(self.name.text(), self.target.text()))
-        self.remove_button.clicked.connect(self.remove_selected)
+        self.add_section(self.forget_button)
         self.forget_button.clicked.connect(self.forget_selected)
         manager.toolsChanged.connect(self._fill_tools)
         manager.serverFailed.connect(lambda name, why: self.status.setText(why))
@@ -100,8 +74,7 @@ class ToolsDialog(QDialog):
             self.status.setText(f"There already is a server named {server.name!r}.")
             return False
         self.settings.set(SERVERS, [*self.settings.get(SERVERS), server.to_setting()])
-        self.name.clear()
-        self.target.clear()
+        self.clear_fields()
         self._apply()
         return True
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "vision"))
+from tiny_models import GLM4_MOE_EXPERTS  # noqa: E402  (beside this file)
 from tiny_processors import hf_processor, special_id, write_processor_files  # noqa: E402
 from tiny_vlms import TEXT  # noqa: E402
 
@@ -40,18 +41,6 @@ VISION = dict(
     attention_bias=True,
 )
 
-# GLM-4.5V's decoder: layer 0 dense, then sigmoid routers over 4 groups of 2 experts (2 groups
-# kept, 3 experts chosen), scaled by 2.5, and a shared expert.
-EXPERTS = dict(
-    n_routed_experts=8,
-    num_experts_per_tok=3,
-    moe_intermediate_size=32,
-    n_shared_experts=1,
-    first_k_dense_replace=1,
-    n_group=4,
-    topk_group=2,
-    routed_scaling_factor=2.5,
-)
 ROUTER_GAIN = 10.0  # router logits spread by ~1.6: no expert choice hangs on rounding
 
 
@@ -76,8 +65,8 @@ def _config(variant: str):
         # Heads of hidden / heads = 32 (GLM-4V's decoder reads no head_dim).
         text |= dict(num_attention_heads=2, num_key_value_heads=1)
         return tf.Glm4vConfig(text_config=text, vision_config=VISION, **ids)
-    # Heads wider than hidden / heads; q/k/v biases.
-    text |= dict(num_hidden_layers=3, head_dim=32, attention_bias=True, **EXPERTS)
+    # Heads wider than hidden / heads; q/k/v biases; GLM-4.5's mixtures of experts.
+    text |= dict(num_hidden_layers=3, head_dim=32, attention_bias=True, **GLM4_MOE_EXPERTS)
     return tf.Glm4vMoeConfig(text_config=text, vision_config=VISION, **ids)
 
 

@@ -63,6 +63,19 @@ _LATENT = dict(
     routed_scaling_factor=2.5,
 )
 
+# GLM-4.5's mixtures of experts (and GLM-4.5V's decoder's): layer 0 dense, then sigmoid routers
+# over 4 groups of 2 experts (2 groups kept, 3 experts chosen), scaled by 2.5, and a shared expert.
+GLM4_MOE_EXPERTS = dict(
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    moe_intermediate_size=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
+)
+
 
 def _configs():
     import transformers as tf
@@ -253,18 +266,7 @@ def _configs():
         # experts (2 kept), scaled by 2.5; a shared expert; q/k/v biases, q/k norms, half-rotary
         # heads wider than hidden / heads.
         "Glm4MoeForCausalLM": tf.Glm4MoeConfig(
-            **COMMON,
-            head_dim=32,
-            attention_bias=True,
-            use_qk_norm=True,
-            n_routed_experts=8,
-            num_experts_per_tok=3,
-            moe_intermediate_size=32,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            n_group=4,
-            topk_group=2,
-            routed_scaling_factor=2.5,
+            **COMMON, head_dim=32, attention_bias=True, use_qk_norm=True, **GLM4_MOE_EXPERTS
         ),
         # MiniMax-M2: every layer sparse (experts intermediate_size wide), q/k norms across heads,
         # a quarter of each head rotated (rotary_dim).

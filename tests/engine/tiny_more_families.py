@@ -23,18 +23,11 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from tiny_models import COMMON  # beside this file
 
-VOCAB = 320
-SMALL = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+VOCAB = COMMON["vocab_size"]
+# tiny_models' sizes, less the MLP width: each family below sets its own (or keeps its default).
+SMALL = {k: v for k, v in COMMON.items() if k != "intermediate_size"}
 # DeciLM's layers, cut to measure: query heads per KV head (None: no attention) and ffn_mult
 # (None: no MLP). Widths: 2 * mult * 64 / 3 rounded up to a multiple of 256 (mult 1: 256, 7: 512).
 DECI_BLOCKS = [(2, 1.0), (4, 7.0), (None, 7.0), (1, None), (2, 1.0)]

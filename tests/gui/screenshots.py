@@ -2,7 +2,8 @@
 
 Not a test: ``QT_QPA_PLATFORM=offscreen python tests/gui/screenshots.py OUT_DIR`` writes PNGs for
 a human to look at (nothing cut off, nothing overlapping, no window wider than the screen). Uses
-the scripted engine and the fake Hub of the tests: no network, no real model.
+the scripted engine of the tests and the Hub look-alike of ``tools/screenshots.py`` (the
+per-pane shots at any size and theme): no network, no real model.
 """
 
 from __future__ import annotations
@@ -56,40 +57,12 @@ for line in open("x"):
 LONG_TITLE = "A very long conversation title about Rust lifetimes, borrowing and the async runtime"
 
 
-def _fake_hub():
-    import json
-
-    from fake_hub import FakeHub, PatternBlob, tiny_llama_config
-
-    hub = FakeHub()
-    hub.start()
-    cfg = json.dumps(tiny_llama_config())
-    hub.add_repo(
-        "turbo/llama-8B-exl3",
-        {"config.json": cfg, "README.md": "---\nlicense: llama3.1\n---\n# Llama EXL3\n\nPick a **branch**."},
-        branches={"4.0bpw": {"config.json": cfg, "model.safetensors": PatternBlob(400_000, seed=2)}},
-        tags=["exl3"],
-        downloads=100,
-        card_data={"license": "llama3.1"},
-        params=8_000_000_000,
-    )
-    hub.add_repo(
-        "meta/llama-8B",
-        {"config.json": cfg, "tokenizer.json": "{}", "model.safetensors": PatternBlob(100_000, 3)},
-        downloads=999,
-    )
-    return hub
-
-
 def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     os.environ["TRELLIS_DATA_DIR"] = tempfile.mkdtemp(prefix="trellis-shots-")
-    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="trellis-shots-hf-")
-    os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.null.Keyring"
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
-        os.environ.pop(var, None)
-    hub = _fake_hub()
-    os.environ["HF_ENDPOINT"] = hub.endpoint
+    from tools.screenshots import isolated_from_user
+
+    hub = isolated_from_user()
     from fake_engine import FakeEngine, fake_starter, make_model_dir
     from PySide6.QtWidgets import QApplication, QDialog, QInputDialog
 

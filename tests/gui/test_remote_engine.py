@@ -6,14 +6,11 @@ never stalls over 50 ms meanwhile (a 5 ms QTimer probe, its thread CPU time betw
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from engine_serve_process import engine_serve
 from faulty_endpoint import KEY, PARTIAL, REPLY, FaultyEndpoint
 from gui_helpers import send, visible_texts, wait_idle
 from memory_keyring import memory_keyring
@@ -154,26 +151,10 @@ def test_slow_first_byte_keeps_the_gui_responsive_and_stop_works(qtbot, window, 
 
 @pytest.mark.slow
 def test_the_app_against_engine_serve_in_another_process(qtbot, window, smollm2_dir, keys):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "engine",
-        "serve",
-        "-m",
-        str(smollm2_dir),
-        "--port",
-        "0",
-        "--api-key",
-        "s3",
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        line = process.stdout.readline()
-        found = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)
-        assert found, line
-        add_endpoint(qtbot, window, found.group(1), "s3")
-        ref = make_ref(found.group(1), smollm2_dir.name)
+    with engine_serve(smollm2_dir, "s3") as served:
+        base_url = served.base_url
+        add_endpoint(qtbot, window, base_url, "s3")
+        ref = make_ref(base_url, smollm2_dir.name)
         assert ref in picker_refs(window)
         load_remote(qtbot, window, ref)
         window.chat.new_conversation()
@@ -186,9 +167,3 @@ def test_the_app_against_engine_serve_in_another_process(qtbot, window, smollm2_
         stats = window.chat.model.items()[-1].stats
         assert 0 < stats["new_tokens"] <= 12 and stats["prompt_tokens"] > 0
         assert probe.longest_cpu_ms < 50, probe.longest_cpu_ms
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()

@@ -3,15 +3,13 @@ the API key, and a clean stop on Ctrl-C (SIGINT: exit status 130, as every comma
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import httpx2
 import pytest
+from engine_serve_process import engine_serve
 
 from engine.cli import build_parser
 
@@ -37,25 +35,10 @@ def test_trellis_chat_serve_is_the_engines_serve(capsys):
 
 @pytest.mark.slow
 def test_serve_subprocess_binds_localhost_and_wants_the_key(smollm2_dir):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable,
-        "-m",
-        "engine",
-        "serve",
-        "-m",
-        str(smollm2_dir),
-        "--port",
-        "0",
-        "--api-key",
-        "k3y",
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        line = process.stdout.readline()  # printed once the socket listens
-        found = re.search(r"at http://127\.0\.0\.1:(\d+)/v1 .*bound to 127\.0\.0\.1: this machine only", line)
-        assert found, line + process.stderr.read() if process.poll() is not None else line
-        base = f"http://127.0.0.1:{found.group(1)}/v1"
+    with engine_serve(smollm2_dir, "k3y") as served:
+        base = served.base_url
+        line = served.startup_line
+        assert re.search(r"bound to 127\.0\.0\.1: this machine only", line), line
         assert httpx2.get(base + "/models", timeout=30).status_code == 401
         auth = {"Authorization": "Bearer k3y"}
         models = httpx2.get(base + "/models", headers=auth, timeout=30).json()
@@ -65,12 +48,6 @@ def test_serve_subprocess_binds_localhost_and_wants_the_key(smollm2_dir):
         assert (
             reply["usage"]["completion_tokens"] <= 3 and reply["choices"][0]["message"]["role"] == "assistant"
         )
-    finally:
-        process.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 30
-        while process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if process.poll() is None:
-            process.kill()
+    process = served.process
     errors = process.stderr.read()
     assert process.returncode == 130 and "Traceback" not in errors, errors  # Ctrl-C, as every command
