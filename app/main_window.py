@@ -466,7 +466,8 @@ class MainWindow(QMainWindow):
         device, cache_bits = self.settings.get("engine.device"), self.library.cache_bits()
         info = self.library.info_for(path)
         context = self.library.load_context(info)
-        if self.engine.has_load(path, device, cache_bits, context):
+        parallel = self.library_pane.load_options.parallel_choice()  # several GPUs: how to split
+        if self.engine.has_load(path, device, cache_bits, context, parallel):
             return
         self.chat_pane.clear_error()  # the previous model's trouble is not this one's
         if not info.ok:
@@ -478,7 +479,7 @@ class MainWindow(QMainWindow):
             self.chat.stop()
         self.model_bar.set_loading(info.name)
         self.model_bar.select_path(path)
-        self.engine.load(path, device, cache_bits, context)
+        self.engine.load(path, device, cache_bits, context, parallel)
 
     def open_tools(self) -> ToolsDialog:
         dialog = ToolsDialog(self.settings, self.tool_manager, self)
@@ -642,6 +643,8 @@ class MainWindow(QMainWindow):
             self.statusBar().addPermanentWidget(label)
         label.setText(report.short)
         label.setToolTip(report.text())
+        gpus = len(report.facts.devices) if report.uses_gpu else 0
+        self.library_pane.load_options.set_gpu_count(gpus)  # several: offer to split a model
         self.statusBar().showMessage(report.headline, 20000)
 
     # -- shutdown ------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import Protocol
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from app.library.parallel_choice import ParallelChoice
 from app.remote.refs import is_remote_ref, split_ref
 from engine.api import ChatMessage, GenerationRequest, ModelInfo, ReplyStats, SessionProtocol, StreamChunk
 from engine.errors import EngineError
@@ -74,6 +75,7 @@ def _default_session_factory(
     progress: ProgressFn,
     cache_bits: CacheBits = (16, 16),
     context: int | None = None,
+    parallel: ParallelChoice | None = None,
 ) -> SessionProtocol:
     from engine.options import EngineOptions
     from engine.session import ChatSession  # lazy: pulls in torch
@@ -81,6 +83,19 @@ def _default_session_factory(
     # The app has no engine settings of its own; the development switches still apply, and the
     # users' default drafter (n-gram on the CPU; TRELLIS_DRAFT chooses another).
     options = EngineOptions.from_environment().with_front_end_draft()
+    if parallel is not None and not parallel.is_single:
+        from engine.parallel.session import ParallelChatSession  # starts the other ranks
+
+        return ParallelChatSession.load_parallel(
+            model_dir,
+            parallel.gpus,
+            parallel.split_layers or None,
+            device=device,
+            progress=progress,
+            cache_tokens=context,
+            cache_bits=cache_bits,
+            options=options,
+        )
     return ChatSession.load(
         model_dir,
         device=device,
@@ -180,12 +195,18 @@ class EngineWorker(EngineSignals):
 
     # -- slots (engine thread) -------------------------------------------------------------------
 
-    @Slot(str, str, object, object)
+    @Slot(str, str, object, object, object)
     def load(
-        self, model_dir: str, device: str, cache_bits: Sequence[int] = (16, 16), context: int | None = None
+        self,
+        model_dir: str,
+        device: str,
+        cache_bits: Sequence[int] = (16, 16),
+        context: int | None = None,
+        parallel: ParallelChoice | None = None,
     ) -> None:
         """Load, then warm up (the first reply's one-time costs, paid here behind the progress
-        bar rather than in silence after the first Send); ``loaded`` comes after both."""
+        bar rather than in silence after the first Send); ``loaded`` comes after both.
+        ``parallel``: how to spread the model over several GPUs (None: one device)."""
         if self._session is not None:
             self._unload_session()
         bits = (int(cache_bits[0]), int(cache_bits[1]))
@@ -197,6 +218,10 @@ class EngineWorker(EngineSignals):
 
             if is_remote_ref(model_dir):  # a model of a remote endpoint: same protocol, over HTTP
                 self._session = self._remote_factory(model_dir, progress)
+            elif parallel is not None and not parallel.is_single:
+                self._session = self._session_factory(
+                    model_dir, device, progress, cache_bits=bits, context=context, parallel=parallel
+                )
             else:
                 self._session = self._session_factory(
                     model_dir, device, progress, cache_bits=bits, context=context
@@ -356,7 +381,7 @@ class EngineClient(EngineSignals):
     loadStarted = Signal(str)
 
     # Requests: queued across the thread boundary because the worker lives in the other thread.
-    _requestLoad = Signal(str, str, object, object)
+    _requestLoad = Signal(str, str, object, object, object)
     _requestUnload = Signal()
     _requestGenerate = Signal(int, object, object)
     _requestCount = Signal(int, object, bool)
@@ -380,10 +405,10 @@ class EngineClient(EngineSignals):
         self._next_id = 0
         self.model_info: ModelInfo | None = None
         self.loading = False
-        # What the last load asked for (folder, device, cache bits, context) while it is in
-        # flight or loaded: asking again for the same is a no-op rather than a reload that would
-        # cancel the replies sent to it meanwhile.
-        self._load_request: tuple[str, str, CacheBits, int | None] | None = None
+        # What the last load asked for (folder, device, cache bits, context, parallel choice)
+        # while it is in flight or loaded: asking again for the same is a no-op rather than a
+        # reload that would cancel the replies sent to it meanwhile.
+        self._load_request: tuple[str, str, CacheBits, int | None, ParallelChoice | None] | None = None
         self.active_requests: set[int] = set()
 
         self._requestLoad.connect(self.worker.load)
@@ -437,15 +462,18 @@ class EngineClient(EngineSignals):
         device: str = "auto",
         cache_bits: Sequence[int] = (16, 16),
         context: int | None = None,
+        parallel: ParallelChoice | None = None,
     ) -> None:
         """Load a model; ``cache_bits`` are the KV cache's key and value widths (16: unquantized),
-        ``context`` the tokens of context to allocate (None: the engine's default)."""
+        ``context`` the tokens of context to allocate (None: the engine's default), ``parallel``
+        how to spread it over several GPUs (None: one device)."""
         bits = (int(cache_bits[0]), int(cache_bits[1]))
+        parallel = None if parallel is None or parallel.is_single else parallel
         self.loading = True
-        self._load_request = (_folder_key(model_dir), device, bits, context)
+        self._load_request = (_folder_key(model_dir), device, bits, context, parallel)
         self.model_info = None
         self.loadStarted.emit(str(model_dir))
-        self._requestLoad.emit(str(model_dir), device, bits, context)
+        self._requestLoad.emit(str(model_dir), device, bits, context, parallel)
 
     def load_target(self) -> str | None:
         """The folder (resolved) of the model loaded or loading; None when there is none."""
@@ -454,10 +482,17 @@ class EngineClient(EngineSignals):
         return self._load_request[0]
 
     def has_load(
-        self, model_dir: str | Path, device: str, cache_bits: Sequence[int], context: int | None = None
+        self,
+        model_dir: str | Path,
+        device: str,
+        cache_bits: Sequence[int],
+        context: int | None = None,
+        parallel: ParallelChoice | None = None,
     ) -> bool:
         """Whether exactly this load is in flight or done (and not unloaded or failed since)."""
-        wanted = (_folder_key(model_dir), device, (int(cache_bits[0]), int(cache_bits[1])), context)
+        parallel = None if parallel is None or parallel.is_single else parallel
+        bits = (int(cache_bits[0]), int(cache_bits[1]))
+        wanted = (_folder_key(model_dir), device, bits, context, parallel)
         return self._load_request == wanted and (self.loading or self.model_info is not None)
 
     def unload(self) -> None:

@@ -63,13 +63,15 @@ def load_model(
     progress: Callable[[float, str], None] | None = None,
     exl3_mode: str | None = None,
     options: EngineOptions | None = None,
+    make_builder: Callable[..., ModelBuilder] = ModelBuilder,
 ) -> LoadedModel:
     """Load a Hugging Face model directory onto ``device``.
 
     ``context`` is the longest sequence the caller will run (it only matters for RoPE schemes
     that depend on it); it defaults to the model's own maximum. ``options``: the process's
     kernels follow them from now on (:meth:`EngineOptions.configure_kernels`; None leaves them as
-    they are).
+    they are). ``make_builder``: the :class:`ModelBuilder` (class, or a factory taking its
+    arguments) that builds the modules, e.g. a tensor-parallel rank's, which reads only its shard.
     """
     config = ModelConfig.from_dir(directory)
     if int8.is_int8_config(config.quantization):
@@ -77,7 +79,7 @@ def load_model(
     store = WeightStore(config.directory)
     if progress:
         progress(0.0, f"loading {config.architecture} from {config.directory.name}")
-    return build_model(config, store, device, dtype, context, progress, exl3_mode, options)
+    return build_model(config, store, device, dtype, context, progress, exl3_mode, options, make_builder)
 
 
 def build_model(
@@ -89,10 +91,11 @@ def build_model(
     progress: Callable[[float, str], None] | None = None,
     exl3_mode: str | None = None,
     options: EngineOptions | None = None,
+    make_builder: Callable[..., ModelBuilder] = ModelBuilder,
 ) -> LoadedModel:
     """Build a model from its config and a weight store (a :class:`WeightStore`, or anything that
-    answers ``has``/``get`` the same way, e.g. ``engine.loading.synthetic_store``). ``options``: as
-    for :func:`load_model`."""
+    answers ``has``/``get`` the same way, e.g. ``engine.loading.synthetic_store``). ``options`` and
+    ``make_builder``: as for :func:`load_model`."""
     if options is not None:
         options.configure_kernels()  # before the builder asks whether the kernels are there
     arch = architecture_for(config.architecture)
@@ -103,7 +106,7 @@ def build_model(
     dtype = dtype or default_dtype(dev)
     with torch.inference_mode():
         names = arch.tensor_names(store.has)
-        builder = ModelBuilder(
+        builder = make_builder(
             spec, names, store, dtype, dev, context or spec.max_position_embeddings, exl3_mode
         )
         module = builder.build(progress)

@@ -1,6 +1,7 @@
-"""The model's load options, in words: how much context, and how its memory is stored.
+"""The model's load options, in words: how much context, how its memory is stored and, where
+there is more than one GPU, how the model is split across them.
 
-Both take effect at the next load (the cache is allocated then); the estimate beside them follows
+They take effect at the next load (the cache is allocated then); the estimate beside them follows
 every change at once, for the model selected in the library, so the user sees what a choice costs
 before loading. A view: it shows what it is told and emits what the user picks.
 """
@@ -8,10 +9,11 @@ before loading. A view: it shows what it is told and emits what the user picks.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QSpinBox, QWidget
+from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QSpinBox, QWidget
 
 from app.elided_label import ElidedLabel
 from app.library.context_memory import CHOICES, describe
+from app.library.parallel_choice import ParallelChoice
 
 
 def _key(key_bits: int, value_bits: int) -> str:
@@ -45,6 +47,27 @@ class LoadOptions(QGroupBox):
             "The most a conversation can hold (capped at the model's own limit). More context "
             "needs more memory. Applies when a model is loaded."
         )
+        # Shown only where there is more than one GPU (set_gpu_count).
+        self.split_gpus = QSpinBox()
+        self.split_gpus.setAccessibleName("Split across GPUs")
+        self.split_gpus.setRange(1, 1)
+        self.split_gpus.setToolTip(
+            "Run the model on this many GPUs at once (tensor parallel): each holds a part of every "
+            "layer. Applies when a model is loaded."
+        )
+        self.layer_split = QLineEdit()
+        self.layer_split.setAccessibleName("Layer split")
+        self.layer_split.setPlaceholderText("e.g. 20,12")
+        self.layer_split.setToolTip(
+            "Or put consecutive layers on each GPU: how many on GPU 0, GPU 1, ... (they must add "
+            "up to the model's layers). Leave empty for none. Applies when a model is loaded."
+        )
+        self._parallel_widgets = [
+            QLabel("Split across GPUs:"),
+            self.split_gpus,
+            QLabel("Layer split:"),
+            self.layer_split,
+        ]
         self.estimate = ElidedLabel()
         self.estimate.setAccessibleName("Memory estimate")
         self.estimate.setProperty("role", "muted")
@@ -54,6 +77,10 @@ class LoadOptions(QGroupBox):
         row.addSpacing(12)
         row.addWidget(QLabel("Context length:"))
         row.addWidget(self.context)
+        for widget in self._parallel_widgets:
+            row.addSpacing(12 if isinstance(widget, QLabel) else 0)
+            row.addWidget(widget)
+            widget.setVisible(False)
         row.addSpacing(12)
         row.addWidget(self.estimate, 1)
         self.memory.activated.connect(self._memory_chosen)
@@ -85,3 +112,20 @@ class LoadOptions(QGroupBox):
         self.estimate.setText(text)
         if tooltip:
             self.estimate.setToolTip(tooltip)
+
+    def set_gpu_count(self, count: int) -> None:
+        """Offer splitting a model across GPUs where there are ``count`` > 1 of them (from the
+        GPU check); with fewer, the fields are hidden and a load uses one device."""
+        several = count > 1
+        self.split_gpus.setRange(1, max(1, count))
+        for widget in self._parallel_widgets:
+            widget.setVisible(several)
+        if not several:
+            self.split_gpus.setValue(1)
+            self.layer_split.clear()
+
+    def parallel_choice(self) -> ParallelChoice:
+        """How the next load is to spread the model (one device where the fields are hidden)."""
+        if self.split_gpus.maximum() <= 1:
+            return ParallelChoice()
+        return ParallelChoice(self.split_gpus.value(), self.layer_split.text().strip())

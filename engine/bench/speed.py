@@ -330,8 +330,9 @@ def parse_bpw(text: str) -> list[int]:
 
 
 def synthetic_rows(args, device: torch.device, dtype: torch.dtype, bandwidth: float, results: dict) -> None:
-    """One row per ``--bpw`` value (and ``--fp16``), each model built, measured and freed in turn."""
-    from engine.loading.synthetic_store import synthetic_model
+    """One row per ``--bpw`` value (and ``--fp16``), each model built, measured and freed in turn
+    (with ``--tp N``: over N ranks, each building the same seeded model and keeping its shard)."""
+    from contextlib import ExitStack
 
     name, hf_config = synthetic_shape(args.synthetic)
     variants: list[int | None] = list(parse_bpw(args.bpw))
@@ -341,19 +342,45 @@ def synthetic_rows(args, device: torch.device, dtype: torch.dtype, bandwidth: fl
         label = f"{bits} bpw" if bits is not None else str(dtype).replace("torch.", "")
         _log(f"building {name} at {label} ...")
         _reset_peak(device)
-        t = time.perf_counter()
-        model = synthetic_model(hf_config, bits, device, dtype, args.head_bits, args.codebook, name=name)
-        build_s = time.perf_counter() - t
-        mode = _exl3_mode(model)
-        _log(f"  built in {build_s:.1f} s; measuring")
-        if mode == "dense" and device.type == "cuda":
-            _log("  warning: no CUDA extension, so this EXL3 row runs reconstructed dense weights")
-        row = {"label": label, "bits": bits, "exl3_mode": mode, "build_s": build_s}
-        row.update(verify_cost_row(model, args) if args.verify_cost else bench_ours(model, args, bandwidth))
-        row["peak_memory_bytes"] = _peak(device)
-        results["rows"].append(row)
-        del model
+        with ExitStack() as stack:  # closes a tensor-parallel run's other ranks
+            t = time.perf_counter()
+            model = _synthetic_model(args, name, hf_config, bits, device, dtype, stack)
+            build_s = time.perf_counter() - t
+            mode = _exl3_mode(model)
+            _log(f"  built in {build_s:.1f} s; measuring")
+            if mode == "dense" and device.type == "cuda":
+                _log("  warning: no CUDA extension, so this EXL3 row runs reconstructed dense weights")
+            row = {"label": label, "bits": bits, "exl3_mode": mode, "build_s": build_s}
+            if args.tp > 1:
+                row["tp"] = args.tp
+            row.update(
+                verify_cost_row(model, args) if args.verify_cost else bench_ours(model, args, bandwidth)
+            )
+            row["peak_memory_bytes"] = _peak(device)
+            results["rows"].append(row)
+            del model
         _write(args, results)
+
+
+def _synthetic_model(args, name: str, hf_config: dict, bits: int | None, device, dtype, stack):
+    """The random-weight model of one row: built here, or over ``--tp`` ranks (seed 0 on each;
+    the run is closed by ``stack``)."""
+    from engine.loading.synthetic_store import synthetic_model
+
+    if args.tp <= 1:
+        return synthetic_model(hf_config, bits, device, dtype, args.head_bits, args.codebook, name=name)
+    from engine.parallel.launch import start_tensor_parallel
+
+    spec = {"hf_config": hf_config, "bits": bits, "head_bits": args.head_bits}
+    spec |= {"codebook": args.codebook, "name": name, "seed": 0}
+    kind = device.type if device.type in ("cpu", "cuda") else "cuda"
+    model, run, report = start_tensor_parallel(
+        None, args.tp, kind, dtype, options=args.options, exit_on_failure=True, synthetic=spec
+    )
+    stack.enter_context(run)
+    for line in report.lines():
+        _log(f"tp {args.tp}: {line}")
+    return model
 
 
 def peer_row(args, device: torch.device, dtype: torch.dtype, bandwidth: float, results: dict) -> None:
@@ -390,8 +417,8 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.model) == bool(args.synthetic):
         raise SystemExit("error: give either -m/--model DIR or --synthetic SHAPE")
-    if args.synthetic and (args.tp > 1 or args.split_layers):
-        raise SystemExit("error: --tp and --split-layers need -m/--model DIR (each rank loads it)")
+    if args.synthetic and args.split_layers:
+        raise SystemExit("error: --split-layers needs -m/--model DIR")
     if getattr(args, "draft", None):
         from engine.bench.speculative import run_draft_bench
         from engine.commands.generate import draft_options

@@ -485,6 +485,8 @@ class Generator:
             self._device_sampling,
         )
         argmax_only, on_device = path == "argmax", path == "device"
+        if hasattr(self.model.module, "argmax_only"):  # ranks then pass each row's best id alone
+            self.model.module.argmax_only = argmax_only and self.speculation is None
         # (Not with a drafter: the next step's drafts need this step's tokens on the host.)
         pipelined = self._pipeline and self.speculation is None and not self._queue
         pipelined = pipelined and all(map(is_decode_item, items))

@@ -178,6 +178,12 @@ class ModelBuilder:
             return Int8Embedding(*self.store.int8_matrix(key, shape), self.dtype)
         return nn.Embedding.from_pretrained(self.tensor(key, shape), freeze=True)
 
+    def tied_head(self, embedding: nn.Module, bias: torch.Tensor | None) -> nn.Module:
+        """The LM head of a model whose head is its embedding table."""
+        if isinstance(embedding, Int8Embedding):
+            return embedding.head(bias)
+        return DenseLinear(embedding.weight, bias)
+
     def final_norm(self) -> RMSNorm:
         return self.norm(self.names.prefix + self.names.final_norm, self.spec.hidden_size)
 
@@ -190,7 +196,6 @@ class ModelBuilder:
         s, n = self.spec, self.names
         rope = self.rotary()
         embedding = self.embedding()
-        embed_w = embedding.weight
         blocks = []
         for i in range(s.num_layers):
             blocks.append(self.block(i, rope))
@@ -200,10 +205,7 @@ class ModelBuilder:
         # quantizes the head separately even when the unquantized model ties it).
         if s.tie_word_embeddings and not self.store.has(f"{n.lm_head}.trellis"):
             bias = self.tensor(f"{n.lm_head}.bias", [s.vocab_size]) if s.head_bias else None
-            if isinstance(embedding, Int8Embedding):
-                lm_head: nn.Module = embedding.head(bias)
-            else:
-                lm_head = DenseLinear(embed_w, bias)
+            lm_head: nn.Module = self.tied_head(embedding, bias)
         else:
             lm_head = self.linear(n.lm_head, s.hidden_size, s.vocab_size, s.head_bias)
         model = CausalLM(

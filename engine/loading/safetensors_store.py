@@ -195,6 +195,39 @@ class WeightStore(TensorIndex):
                 raise ModelLoadError(f"{path} is truncated: tensor '{key}' could not be read whole")
         return tensor
 
+    def get_part(
+        self,
+        key: str,
+        dim: int,
+        start: int,
+        end: int,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """Rows (``dim`` 0) or columns (``dim`` 1) ``start .. end - 1`` of ``key``, read alone
+        from the memory-mapped file: the rest of the tensor is never read (a tensor-parallel rank
+        loading its shard). A tensor stored packed (MXFP4, int8 with scales) is read whole and
+        cut."""
+        if key in self._mxfp4 or key in self._int8:
+            tensor = self.get(key, dtype=dtype).narrow(dim, start, end - start)
+        else:
+            tensor = _read_part(self._handle(key).get_slice(key), dim, start, end)
+            if dtype is not None and tensor.is_floating_point():
+                tensor = tensor.to(dtype)
+        return tensor if device is None else tensor.to(device)
+
+    def int8_part(self, key: str, dim: int, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The int8 codes of rows (``dim`` 0) or columns (``dim`` 1) ``start .. end - 1`` of
+        ``key`` (see :meth:`int8_matrix`) and the scales of those rows (of every row for
+        columns), read alone from the file."""
+        if key not in self._int8:
+            raise ModelLoadError(f"tensor '{key}' in {self.directory} is not stored as int8 with row scales")
+        codes = _read_part(self._handle(key).get_slice(key), dim, start, end)
+        scale_key = self._int8[key]
+        scales = self._handle(scale_key).get_slice(scale_key)
+        scale = _read_part(scales, 0, start, end) if dim == 0 else scales[:]
+        return codes.contiguous(), scale.to(torch.float32)
+
     def _handle(self, key: str):
         try:
             return self._handles[self._file_of[key]]
@@ -235,3 +268,12 @@ class WeightStore(TensorIndex):
 
     def total_bytes(self) -> int:
         return sum(p.stat().st_size for p in self._handles)
+
+
+def _read_part(stored, dim: int, start: int, end: int) -> torch.Tensor:
+    """``start:end`` along ``dim`` (0 or 1) of a safetensors slice handle, read from the file."""
+    if dim == 0:
+        return stored[start:end]
+    if dim == 1:
+        return stored[:, start:end]
+    raise ValueError(f"a part is taken along dimension 0 or 1, not {dim}")

@@ -11,6 +11,7 @@ from engine.modules.decoder import CausalLM
 from engine.parallel import messages
 from engine.parallel.snapshot_mirror import replay
 from engine.parallel.step_plan import CacheSetup, StepPlan, Stop
+from engine.parallel.vocab import set_argmax_only
 
 
 @torch.inference_mode()
@@ -39,6 +40,7 @@ def follow(module: CausalLM, states: Sequence, device: torch.device) -> int:
             cache = caches[message.cache_id]
             replay(cache.snapshots, message.cache_ops)
             ids, layout, rows, splice = message.inputs(device)
+            set_argmax_only(module, message.argmax_only)
             module(ids, layout, cache, rows, splice=splice)
             steps += 1
         else:

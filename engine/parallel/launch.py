@@ -2,7 +2,8 @@
 
 :func:`start_tensor_parallel` picks a free port on 127.0.0.1, spawns ranks ``1 .. N-1``
 (``torch.multiprocessing``'s spawn), joins them in one process group (gloo on the CPU, NCCL
-between GPUs; nothing listens beyond the loopback interface) and loads this rank's shard; each
+between GPUs; nothing listens beyond the loopback interface) and loads this rank's shard (read
+alone from the files: :mod:`engine.parallel.shard_loading`); each
 other rank loads its own and enters :func:`engine.parallel.follower.follow`. The result is a
 :class:`~engine.model.LoadedModel` whose module is rank 0's :class:`LeaderModule`, for the usual
 Generator, and the :class:`TensorParallelRun` that owns the processes.
@@ -28,6 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,13 +38,16 @@ import torch.multiprocessing as mp
 
 from engine.errors import EngineError, UsageError
 from engine.layers import sequence_states
+from engine.loading.builder import ModelBuilder
 from engine.model import LoadedModel, load_model
 from engine.options import EngineOptions
 from engine.parallel import messages
 from engine.parallel.follower import follow
 from engine.parallel.leader import LeaderModule
+from engine.parallel.shard_loading import ShardBuilder
 from engine.parallel.sharding import ShardReport, local_states, shard_model
 from engine.parallel.step_plan import Stop
+from engine.parallel.stored_linear import load_stored
 
 # How long rank 0 waits for its failed collective to surface before ending its process.
 FAILURE_GRACE_S = 2.0
@@ -74,6 +79,9 @@ class RankSetup:
     context: int | None
     options: EngineOptions | None
     timeout_s: float
+    # Random weights of a shape instead of a directory: synthetic_model's arguments (shape,
+    # bits, head bits, codebook, name, seed); every rank builds the same model and cuts it.
+    synthetic: dict | None = None
 
     def rank_device(self, rank: int) -> torch.device:
         return torch.device("cuda", rank) if self.device == "cuda" else torch.device("cpu")
@@ -104,20 +112,58 @@ def join_group(setup: RankSetup, rank: int) -> None:
 
 
 def load_shard(setup: RankSetup, rank: int) -> tuple[LoadedModel, ShardReport]:
-    """This rank's model: loaded whole on its device, then cut to its shard."""
-    model = load_model(
-        setup.directory,
-        device=str(setup.rank_device(rank)),
-        dtype=setup.dtype,
-        context=setup.context,
-        exl3_mode=setup.exl3_mode,
-        options=setup.options,
-    )
+    """This rank's model, reading only its shard of each split tensor from the files
+    (:mod:`engine.parallel.shard_loading`): the whole model never has to fit one device."""
+    if setup.synthetic is not None:
+        model = _synthetic(setup, rank)
+    else:
+        builder = partial(ShardBuilder, rank=rank, world=setup.world) if setup.world > 1 else ModelBuilder
+        model = load_model(
+            setup.directory,
+            device=str(setup.rank_device(rank)),
+            dtype=setup.dtype,
+            context=setup.context,
+            exl3_mode=setup.exl3_mode,
+            options=setup.options,
+            make_builder=builder,
+        )
     if rank > 0:  # rank 0's vision tower encodes the images; the steps carry its embeddings
         model = replace(model, vision=None)
     with torch.inference_mode():
         report = shard_model(model.module, rank, setup.world)
+        if load_stored(model.module):  # the linears kept whole on every rank
+            _restack_whole_mixtures(model.module)
     return model, report
+
+
+def _restack_whole_mixtures(module: torch.nn.Module) -> None:
+    """Stack the experts of mixtures kept whole on every rank for the device-routed kernels, as
+    the builder does: their linears were read only after the split."""
+    from engine.modules.moe import SparseMoE
+    from engine.modules.stacked_experts import stack_experts
+    from engine.parallel.sharding import AbsentExpert
+
+    for moe in module.modules():
+        if isinstance(moe, SparseMoE) and not any(isinstance(e, AbsentExpert) for e in moe.experts):
+            moe.stacked = stack_experts(moe.experts)
+
+
+def _synthetic(setup: RankSetup, rank: int) -> LoadedModel:
+    """The random-weight model ``setup.synthetic`` describes, whole on this rank's device: its
+    weights come from one seeded stream in the builder's order, so every rank builds it whole
+    (the same on each) before cutting its shard."""
+    from engine.loading.synthetic_store import synthetic_model
+
+    if setup.options is not None:
+        setup.options.configure_kernels()
+    dtype = getattr(torch, setup.dtype) if isinstance(setup.dtype, str) else setup.dtype
+    return synthetic_model(
+        **setup.synthetic,
+        device=setup.rank_device(rank),
+        dtype=dtype,
+        context=setup.context,
+        exl3_mode=setup.exl3_mode,
+    )
 
 
 def _follower_main(rank: int, setup: RankSetup, parent: int) -> None:
@@ -171,8 +217,9 @@ class TensorParallelRun:
         self.failure: RankFailedError | None = None
         self._closing = False
         self._surfaced = threading.Event()  # rank 0's main thread raised the failure
-        self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
-        self._watchdog.start()
+        if processes:  # a run of one rank has nothing to watch
+            self._watchdog = threading.Thread(target=self._watch, name="tp-watchdog", daemon=True)
+            self._watchdog.start()
 
     @property
     def pids(self) -> list[int]:
@@ -220,6 +267,8 @@ class TensorParallelRun:
         if self._closing:
             return
         self._closing = True
+        if not self.processes:  # one rank: no process group was made
+            return
         if self.failure is None and not abort:
             try:
                 messages.send(Stop())
@@ -244,7 +293,7 @@ class TensorParallelRun:
 
 
 def start_tensor_parallel(
-    directory: str | Path,
+    directory: str | Path | None,
     world: int,
     device: str | None = "auto",
     dtype: str | None = None,
@@ -253,21 +302,35 @@ def start_tensor_parallel(
     options: EngineOptions | None = None,
     timeout_s: float = 300.0,
     exit_on_failure: bool = False,
+    synthetic: dict | None = None,
 ) -> tuple[LoadedModel, TensorParallelRun, ShardReport]:
     """Start ``world`` ranks over the model in ``directory``; this process becomes rank 0.
 
     ``device``: ``cpu``, ``cuda`` (rank ``r`` on GPU ``r``) or ``auto`` (CUDA where there are
     ``world`` GPUs). ``timeout_s`` bounds every collective inside a step. ``exit_on_failure``:
     end this process when a rank dies and rank 0 cannot be woken otherwise (a command line's
-    choice, not a library's). The caller closes the run (:meth:`TensorParallelRun.close`, or
+    choice, not a library's). ``world`` 1 is the single-process model (:func:`load_model`), with a
+    run that has nothing to close. ``synthetic``: random weights of a shape instead of
+    ``directory`` (the arguments of ``engine.loading.synthetic_store.synthetic_model``). The
+    caller closes the run (:meth:`TensorParallelRun.close`, or
     ``with run:``, which ends the other ranks at once where its block raised) when done.
     """
     if world < 1:
         raise UsageError(f"--tp takes a number of ranks >= 1, got {world}")
     kind = _device_kind(device, world)
-    if options is not None and kind == "cuda":  # each step broadcasts from the host: no graphs
+    if options is not None and kind == "cuda" and world > 1:  # each step broadcasts from the host
         options = replace(options, cuda_graphs=False)
-    setup = RankSetup(str(directory), world, free_port(), kind, dtype, exl3_mode, context, options, timeout_s)
+    where = "" if directory is None else str(directory)
+    setup = RankSetup(
+        where, world, free_port(), kind, dtype, exl3_mode, context, options, timeout_s, synthetic
+    )
+    if world == 1:  # the single-process model itself: no processes, no process group, no collectives
+        if synthetic is not None:
+            return _synthetic(setup, 0), TensorParallelRun([], exit_on_failure), ShardReport()
+        model = load_model(
+            directory, device=kind, dtype=dtype, context=context, exl3_mode=exl3_mode, options=options
+        )
+        return model, TensorParallelRun([], exit_on_failure), ShardReport()
     context_mp = mp.get_context("spawn")
     processes = []
     for rank in range(1, world):

@@ -2,7 +2,8 @@
 
 Each forward first broadcasts the step (:class:`~engine.parallel.step_plan.StepPlan`) so that
 the other ranks run the same step on their shards, then runs rank 0's shard; the collectives
-inside the shards pair up, and the vocabulary-parallel head gathers the logits on rank 0. A cache
+inside the shards pair up, and the vocabulary-parallel head gathers the logits on rank 0 (or, for
+a step the Generator only takes argmaxes of, each row's best id: ``argmax_only``). A cache
 rank 0 has not seen before is announced first, and its snapshot pool is recorded from then on
 (:mod:`engine.parallel.snapshot_mirror`). Nothing else of the Generator changes: scheduling,
 paging, prefix reuse and sampling stay on rank 0, and so does a vision tower: its image
@@ -23,6 +24,7 @@ from engine.modules.splice import InputSplice
 from engine.parallel import messages
 from engine.parallel.snapshot_mirror import RecordedSnapshots
 from engine.parallel.step_plan import CacheSetup, StepPlan
+from engine.parallel.vocab import set_argmax_only
 
 # What a failed collective becomes: the run names the rank that ended (engine.parallel.launch).
 ErrorTranslator = Callable[[BaseException], BaseException]
@@ -37,6 +39,14 @@ class LeaderModule(nn.Module):
         # Why a step failed part way: the ranks' collectives no longer pair up, so no later step
         # may run (the run has to start again).
         self._broken: BaseException | None = None
+        # Set by the Generator before a step whose rows it only takes the argmax of (plain
+        # greedy): the ranks then move each row's best (value, id), not its whole vocabulary.
+        self.argmax_only = False
+
+    @property
+    def broken(self) -> BaseException | None:
+        """Why a step failed part way (the run must start again), or None."""
+        return self._broken
 
     @property
     def device(self) -> torch.device:
@@ -78,7 +88,10 @@ class LeaderModule(nn.Module):
         try:
             cache_id = self._announce(cache)
             ops = cache.snapshots.drain() if isinstance(cache.snapshots, RecordedSnapshots) else []
-            messages.send(StepPlan.capture(cache_id, input_ids, batch, logit_rows, splice, ops))
+            messages.send(
+                StepPlan.capture(cache_id, input_ids, batch, logit_rows, splice, ops, self.argmax_only)
+            )
+            set_argmax_only(self.inner, self.argmax_only)
             return self.inner(input_ids, batch, cache, logit_rows, splice=splice)
         except RuntimeError as exc:  # a collective failed (another rank is gone), or this rank did
             self._broken = self._translate(exc)

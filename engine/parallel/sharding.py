@@ -67,10 +67,14 @@ def shard_model(module: CausalLM, rank: int, world: int) -> ShardReport:
     if module.per_layer_inputs is not None:
         raise UsageError("tensor parallelism does not support per-layer inputs (Gemma 4) yet")
     notes = SliceNotes(dtype=module.dtype)
-    vocab = module.embedding.weight.shape[0]
-    module.embedding = VocabParallelEmbedding.from_embedding(module.embedding, rank, world)
-    head_vocab = getattr(module.lm_head, "out_features", vocab)
-    module.lm_head = VocabParallelHead.from_linear(module.lm_head, head_vocab, rank, world, notes)
+    if isinstance(module.embedding, VocabParallelEmbedding):  # read as the rank's slice already
+        vocab = module.embedding.vocab
+    else:
+        vocab = module.embedding.weight.shape[0]
+        module.embedding = VocabParallelEmbedding.from_embedding(module.embedding, rank, world)
+    if not isinstance(module.lm_head, VocabParallelHead):  # else: a tied head read as the slice
+        head_vocab = getattr(module.lm_head, "out_features", vocab)
+        module.lm_head = VocabParallelHead.from_linear(module.lm_head, head_vocab, rank, world, notes)
     for i, block in enumerate(module.blocks):
         if block.per_layer_input is not None:
             raise UsageError("tensor parallelism does not support per-layer inputs (Gemma 4) yet")

@@ -23,6 +23,7 @@ from engine.exl3.hadamard import HADAMARD_SIZE
 from engine.exl3.trellis import TILE
 from engine.modules.int8 import Int8Linear
 from engine.modules.linear import DenseLinear
+from engine.parallel.stored_linear import StoredLinear
 
 
 @dataclass
@@ -37,6 +38,8 @@ class SliceNotes:
 def take_outputs(linear: nn.Module, index: torch.Tensor, notes: SliceNotes | None = None) -> nn.Module:
     """A linear computing ``linear(x)[..., index]`` (its bias sliced alike)."""
     index = index.long()
+    if isinstance(linear, StoredLinear):  # not read yet: read just these rows
+        return linear.outputs(index, notes)
     if isinstance(linear, Int8Linear):  # a scale per output row: rows and scales together
         bias = None if linear.bias is None else linear.bias.data[index]
         return Int8Linear(linear.codes.data[index], linear.scale.data[index], bias, linear.key)
@@ -63,6 +66,8 @@ def take_inputs(
     the row-parallel piece whose sum over a partition of the inputs is ``linear(x)``. The bias
     belongs to one piece only (``keep_bias``)."""
     index = index.long()
+    if isinstance(linear, StoredLinear):  # not read yet: read just these columns
+        return linear.inputs(index, keep_bias, notes)
     if isinstance(linear, Int8Linear):  # the row scales apply to any part of a row
         bias = linear.bias.data if keep_bias and linear.bias is not None else None
         return Int8Linear(linear.codes.data[:, index], linear.scale.data, bias, linear.key)

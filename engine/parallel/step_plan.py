@@ -40,7 +40,8 @@ class Stop:
 class StepPlan:
     """One forward step: ``model(ids, layout, cache, logit_rows, splice)`` after replaying
     ``cache_ops`` (``(method, args)`` calls on the cache's snapshot pool, in rank 0's order).
-    ``splice``: the step's image embeddings, which rank 0's vision tower computed."""
+    ``splice``: the step's image embeddings, which rank 0's vision tower computed. ``argmax_only``:
+    the head reduces each row to its best id across ranks instead of gathering it whole."""
 
     cache_id: int
     ids: torch.Tensor
@@ -52,6 +53,7 @@ class StepPlan:
     logit_rows: torch.Tensor | None
     splice: InputSplice | None = None
     cache_ops: list[tuple[str, tuple]] = field(default_factory=list)
+    argmax_only: bool = False  # the step's logit rows are wanted only for their argmax
 
     @classmethod
     def capture(
@@ -62,6 +64,7 @@ class StepPlan:
         logit_rows: torch.Tensor | None,
         splice: InputSplice | None,
         cache_ops: list[tuple[str, tuple]],
+        argmax_only: bool = False,
     ) -> StepPlan:
         cpu = _to(torch.device("cpu"))
         decode = batch.decode
@@ -83,6 +86,7 @@ class StepPlan:
             cpu(logit_rows),
             None if splice is None else splice.to("cpu"),
             cache_ops,
+            argmax_only,
         )
 
     def inputs(

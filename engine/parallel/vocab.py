@@ -3,7 +3,7 @@
 The embedding looks up the ids in its slice (zeros for the others) and the ranks' rows are
 summed. The head computes its slice's logits; rank 0 gathers the slices when the caller needs
 the whole row, while :func:`parallel_argmax` and :func:`parallel_top_k` reduce across ranks and
-move only ``k`` numbers per row.
+move only ``k`` numbers per row (a step of plain greedy rows: ``VocabParallelHead.argmax_only``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from torch import nn
 
 from engine.modules.int8 import Int8Embedding
 from engine.parallel.collectives import all_gather, all_reduce_sum, gather_to_leader
+from engine.parallel.collectives import rank as this_rank
 from engine.parallel.slicing import SliceNotes, take_outputs
 
 
@@ -25,12 +26,13 @@ def vocab_slice(vocab: int, rank: int, world: int) -> tuple[int, int]:
 
 
 class VocabParallelEmbedding(nn.Module):
-    """The embedding rows of ids ``start .. start + rows - 1`` (``table``: an ``nn.Embedding`` or
-    an int8 one of just those rows); the rank sum gives every id's row."""
+    """The embedding rows of ids ``start .. start + rows - 1`` of a ``vocab``-id table
+    (``table``: an ``nn.Embedding`` or an int8 one of just those rows); the rank sum gives every
+    id's row."""
 
-    def __init__(self, table: nn.Module, start: int) -> None:
+    def __init__(self, table: nn.Module, start: int, vocab: int) -> None:
         super().__init__()
-        self.table, self.start = table, start
+        self.table, self.start, self.vocab = table, start, vocab  # vocab: every rank's ids
 
     @property
     def weight(self) -> torch.Tensor:  # CausalLM reads the dtype and device here
@@ -48,7 +50,7 @@ class VocabParallelEmbedding(nn.Module):
             table = Int8Embedding(embedding.weight.data[start:end], scale, embedding.dtype)
         else:
             table = nn.Embedding.from_pretrained(embedding.weight.data[start:end].clone(), freeze=True)
-        return cls(table, start)
+        return cls(table, start, embedding.weight.shape[0])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.weight.shape[0]
@@ -65,6 +67,7 @@ class VocabParallelHead(nn.Module):
     def __init__(self, linear: nn.Module, vocab: int, start: int, per_rank: int) -> None:
         super().__init__()
         self.linear, self.vocab, self.start, self.per_rank = linear, vocab, start, per_rank
+        self.argmax_only = False  # see forward
 
     @classmethod
     def from_linear(
@@ -82,10 +85,33 @@ class VocabParallelHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = self.local_logits(x)
+        if self.argmax_only:
+            return self._argmax_rows(local)
         parts = gather_to_leader(local)
         if parts is None:
             return local
         return torch.cat(parts, dim=-1)[..., : self.vocab]
+
+    def _argmax_rows(self, local: torch.Tensor) -> torch.Tensor:
+        """Rows whose argmax is the whole row's (ties: the lowest id), from each row's best
+        ``(value, id)`` across ranks (:func:`parallel_top_k`): the row's maximum at that id and
+        ``-inf`` elsewhere. Made on rank 0 from ``2 * world`` numbers per row; the other ranks
+        return their slice."""
+        flat = local.reshape(-1, local.shape[-1])
+        values, ids = parallel_top_k(flat, self.start, 1)
+        if this_rank() != 0:
+            return local
+        rows = flat.new_full((flat.shape[0], self.vocab), float("-inf"))
+        rows.scatter_(1, ids, values.to(rows.dtype))
+        return rows.reshape(*local.shape[:-1], self.vocab)
+
+
+def set_argmax_only(module: nn.Module, argmax_only: bool) -> None:
+    """Make ``module``'s vocabulary-parallel head (if it has one) return argmax rows
+    (:meth:`VocabParallelHead._argmax_rows`) or whole rows in the steps that follow."""
+    head = getattr(module, "lm_head", None)
+    if isinstance(head, VocabParallelHead):
+        head.argmax_only = argmax_only
 
 
 def parallel_argmax(local: torch.Tensor, start: int) -> torch.Tensor:

@@ -112,6 +112,67 @@ def test_killed_rank_ends_the_run_and_a_new_one_starts(tiny_model_factory) -> No
     assert len(result.token_ids) == 4
 
 
+def test_one_rank_is_the_single_process_model(tiny_model_factory, monkeypatch) -> None:
+    """``--tp 1`` costs nothing: no process is started, no process group made, no step
+    broadcast; the model is the one ``load_model`` gives, and so are its logits."""
+    import argparse
+
+    import torch.distributed as dist
+
+    import engine.parallel.launch as launch
+    from engine.modules.decoder import CausalLM
+    from engine.parallel.command_line import parallel_model
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a run of one rank made a process or a process group")
+
+    monkeypatch.setattr(launch.mp, "get_context", refuse)
+    monkeypatch.setattr(launch.dist, "init_process_group", refuse)
+    monkeypatch.setattr(launch.messages, "send", refuse)
+    directory = tiny_model_factory("LlamaForCausalLM")[0]
+    args = argparse.Namespace(tp=1, split_layers=None, model=str(directory), device="cpu")
+    assert parallel_model(args, None, None) is None  # the CLI loads the model as without --tp
+    model, run, report = start_tensor_parallel(directory, 1, device="cpu")
+    with run:
+        assert type(model.module) is CausalLM and model.cache_states is None
+        assert report.lines() == []
+        assert run.pids == [] and not dist.is_initialized()
+        logits = step_logits(model)
+    reference = step_logits(load_model(directory, device="cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(logits, reference))
+
+
+def test_greedy_steps_gather_no_vocabulary_rows(tiny_model_factory, monkeypatch) -> None:
+    """Plain greedy steps reduce each row to its best (value, id) across ranks: rank 0 never
+    gathers a whole row (a gather is a collective: no rank does) and the tokens are the single
+    process's; a sampled job's steps gather the rows."""
+    import engine.parallel.vocab as vocab
+    from engine.generation.generator import Generator
+    from engine.generation.job import Job
+    from engine.generation.sampling_settings import SamplingSettings
+
+    directory = tiny_model_factory("LlamaForCausalLM")[0]
+    prompts = [list(range(3, 40)), list(range(50, 61))]
+
+    def greedy(model) -> list[list[int]]:
+        gen = Generator(model, cache_tokens=512, page_size=16, max_batch_size=2)
+        return [r.token_ids for r in gen.generate([Job(p, 24, stop_token_ids=[]) for p in prompts])]
+
+    reference = greedy(load_model(directory, device="cpu"))
+    gathered: list[torch.Size] = []
+    real_gather = vocab.gather_to_leader
+    monkeypatch.setattr(vocab, "gather_to_leader", lambda t: gathered.append(t.shape) or real_gather(t))
+    model, run, _ = start_tensor_parallel(directory, 2, device="cpu")
+    with run:
+        assert greedy(model) == reference
+        assert gathered == []
+        sampled = SamplingSettings(temperature=0.8, seed=5)
+        Generator(model, cache_tokens=512, page_size=16).generate(
+            [Job(prompts[0], 4, stop_token_ids=[], sampling=sampled)]
+        )
+    assert gathered and all(shape[-1] == model.module.inner.lm_head.per_rank for shape in gathered)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "variant",

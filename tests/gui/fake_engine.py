@@ -111,6 +111,7 @@ class FakeEngine:
         progress: Callable[[float, str], None],
         cache_bits: tuple[int, int] = (16, 16),
         context: int | None = None,
+        parallel: Any = None,
     ) -> FakeSession:
         for i in range(5):
             progress(i / 5, f"Loading layer {i + 1}/5")
@@ -119,6 +120,8 @@ class FakeEngine:
             raise self.load_error
         self.loads.append(model_dir)
         self.load_options.append({"device": device, "cache_bits": cache_bits, "context": context})
+        if parallel is not None:  # the worker passes it only for a load across several GPUs
+            self.load_options[-1]["parallel"] = parallel
         return FakeSession(self, Path(model_dir).name, context)
 
     def sampling(self, values: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,86 @@
+"""A chat session over a model spread across devices: tensor parallel ranks or a layer split.
+
+What a front end (the app's worker) loads when the user asks for more than one GPU; unloading
+the session ends the tensor-parallel run's other ranks, and after a failed run (a rank that
+died) the model can be loaded again in the same process.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from engine.cache.state import RecurrentState
+from engine.errors import UsageError
+from engine.model import LoadedModel, load_model, resolve_device
+from engine.options import EngineOptions
+from engine.parallel.launch import TensorParallelRun, start_tensor_parallel
+from engine.parallel.placement import default_devices, parse_split, split_layers
+from engine.session import ChatSession, Progress
+from engine.tokenizer import Tokenizer
+
+
+def without_recurrent_draft(model: LoadedModel, options: EngineOptions | None) -> EngineOptions | None:
+    """``options`` with speculative decoding off where a tensor-parallel model has recurrent
+    layers: a verify step's rollback restores recurrent state on rank 0 only."""
+    recurrent = any(isinstance(state, RecurrentState) for state in model.cache_states or [])
+    if options is not None and options.draft != "off" and recurrent:
+        return replace(options, draft="off")
+    return options
+
+
+class ParallelChatSession(ChatSession):
+    """A :class:`ChatSession` whose model is split across devices; ``run``: the tensor-parallel
+    run it owns (None for a layer split)."""
+
+    def __init__(self, *args, run: TensorParallelRun | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.run = run
+
+    @classmethod
+    def load_parallel(
+        cls,
+        model_dir: str | Path,
+        tensor_parallel: int = 1,
+        split: str | None = None,
+        device: str = "auto",
+        progress: Progress | None = None,
+        cache_tokens: int | None = None,
+        cache_bits: tuple[int, int] = (16, 16),
+        options: EngineOptions | None = None,
+    ) -> ParallelChatSession:
+        """Load ``model_dir`` over ``tensor_parallel`` ranks (one GPU each, or the CPU) or with
+        ``split`` layers per device (``"20,12"``); not both."""
+        if tensor_parallel > 1 and split:
+            raise UsageError("a model is split either across ranks or by layers, not both")
+        tokenizer = Tokenizer.from_dir(model_dir)  # fail fast, before reading weights
+        if progress:
+            progress(0.0, "loading the model's parts")
+        if tensor_parallel > 1:
+            kind = device if device in ("auto", "cpu", "cuda") else "cuda"
+            model, run, report = start_tensor_parallel(
+                model_dir, tensor_parallel, kind, context=cache_tokens, options=options
+            )
+            for line in report.lines():
+                print(f"trellis: tp {tensor_parallel}: {line}", file=sys.stderr)
+            try:
+                options = without_recurrent_draft(model, options)
+                return cls(model, tokenizer, cache_tokens, cache_bits, options, run=run)
+            except BaseException:
+                run.close(abort=True)
+                raise
+        parts = len(split.split(",")) if split else 1
+        devices = default_devices(parts) if device == "auto" else [resolve_device(device)] * parts
+        model = load_model(model_dir, device=str(devices[0]), context=cache_tokens, options=options)
+        if split:
+            model = split_layers(model, parse_split(split, len(model.module.blocks)), devices)
+        return cls(model, tokenizer, cache_tokens, cache_bits, options)
+
+    def unload(self) -> None:
+        """Drop the model; end the other ranks (at once where the run failed)."""
+        broken = getattr(self.model.module, "broken", None) if self.model is not None else None
+        super().unload()
+        if self.run is not None:
+            self.run.close(abort=broken is not None or self.run.failure is not None)
+            self.run = None
