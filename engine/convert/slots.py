@@ -86,8 +86,13 @@ def block_linears(block: nn.Module) -> list[LinearSlot]:
 
 def checkpoint_order(block: nn.Module) -> list[str]:
     """The keys of the block's modules read from the checkpoint (linears and norms), in module
-    order: the order the output lists them in (EXL3_FORMAT.md section 2)."""
-    return [module.key for module in block.modules() if getattr(module, "key", "")]
+    order: the order the output lists them in (EXL3_FORMAT.md section 2). A module made from
+    several stored ones (``source_keys``: Qwen3.5's b and a as one matrix) lists those."""
+    keys: list[str] = []
+    for module in block.modules():
+        sources = getattr(module, "source_keys", None)
+        keys += sources if sources else [module.key] if getattr(module, "key", "") else []
+    return keys
 
 
 __all__ = ["LinearSlot", "block_linears", "checkpoint_order", "unfuse_projections"]

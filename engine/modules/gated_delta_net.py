@@ -180,7 +180,11 @@ class SplitProjections(nn.Module):
         self.qkvz = ProjectionGroup([*zip(qkv.linears, qkv.splits), (z, [z.out_features])])
         self.heads = b.out_features
         dense = [isinstance(m, DenseLinear) and m.bias is None for m in (b, a)]
-        self.ba: nn.Module | None = DenseLinear(torch.cat([b.weight, a.weight])) if all(dense) else None
+        self.ba: nn.Module | None = None
+        if all(dense):
+            self.ba = DenseLinear(torch.cat([b.weight, a.weight]))
+            # What the checkpoint stores (and a conversion writes back): b and a apart.
+            self.ba.source_keys = [key for key in (b.key, a.key) if key]
         self.b, self.a = (None, None) if self.ba is not None else (b, a)
         self.d_v = d_v
 

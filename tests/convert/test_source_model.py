@@ -213,3 +213,17 @@ def test_convert_passes_states_to_the_converter(tmp_path: Path, monkeypatch, arg
     assert cli_main(["convert", "-i", str(tmp_path), "-o", str(tmp_path / "out"), "-b", "4", *argv]) == 0
     assert seen["options"].states == expected
     assert "states" not in seen["options"].job_key()  # a resume may change where they live
+
+
+def test_projections_the_engine_fuses_are_listed_as_stored():
+    # Qwen3.5's 16-bit b and a run as one matrix; the output must still hold them apart, as the
+    # checkpoint does, or the converted model would not load.
+    from engine.convert.source_model import SourceModel
+
+    directory = Path(__file__).parents[1] / "data" / "tiny-hybrids" / "qwen3_5"
+    source = SourceModel(directory, torch.device("cpu"))
+    linear_attention = [keys for keys in source.layouts if any("linear_attn" in k for k in keys)]
+    assert linear_attention
+    for keys in linear_attention:
+        prefix = next(k for k in keys if "linear_attn" in k).split("linear_attn")[0]
+        assert {prefix + "linear_attn.in_proj_b", prefix + "linear_attn.in_proj_a"} <= set(keys)
