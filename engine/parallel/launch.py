@@ -264,9 +264,12 @@ class TensorParallelRun:
         """Tell the other ranks to stop, wait for them and leave the process group. ``abort``
         (rank 0 failed, perhaps between a step's collectives): end them instead, since a stop
         message would not pair with the collective they wait in."""
+        global _current
         if self._closing:
             return
         self._closing = True
+        if _current is self:
+            _current = None
         if not self.processes:  # one rank: no process group was made
             return
         if self.failure is None and not abort:
@@ -290,6 +293,15 @@ class TensorParallelRun:
 
     def __exit__(self, kind, error, traceback) -> None:
         self.close(abort=error is not None)
+
+
+# The run this process leads, until it is closed (see start_tensor_parallel).
+_current: TensorParallelRun | None = None
+
+
+def _set_current(run: TensorParallelRun) -> None:
+    global _current
+    _current = run
 
 
 def start_tensor_parallel(
@@ -331,6 +343,10 @@ def start_tensor_parallel(
             directory, device=kind, dtype=dtype, context=context, exl3_mode=exl3_mode, options=options
         )
         return model, TensorParallelRun([], exit_on_failure), ShardReport()
+    # One run per process (the process group is the process's): a run its owner dropped without
+    # closing it ends here, rather than leaving the next one unable to make its group.
+    if _current is not None:
+        _current.close(abort=True)
     context_mp = mp.get_context("spawn")
     processes = []
     for rank in range(1, world):
@@ -338,6 +354,7 @@ def start_tensor_parallel(
         process.start()
         processes.append(process)
     run = TensorParallelRun(processes, exit_on_failure)
+    _set_current(run)
     try:
         join_group(setup, 0)
         model, report = load_shard(setup, 0)

@@ -112,6 +112,23 @@ def test_killed_rank_ends_the_run_and_a_new_one_starts(tiny_model_factory) -> No
     assert len(result.token_ids) == 4
 
 
+def test_a_run_left_open_ends_when_the_next_one_starts(tiny_model_factory) -> None:
+    # The process group belongs to the process: a run dropped without close() must not leave the
+    # next run unable to make its own.
+    from engine.generation.generator import Generator
+    from engine.generation.job import Job
+
+    directory = tiny_model_factory("LlamaForCausalLM")[0]
+    _, dropped, _ = start_tensor_parallel(directory, 2, device="cpu")
+    model, run, _ = start_tensor_parallel(directory, 2, device="cpu")
+    assert all(p.exitcode is not None for p in dropped.processes)
+    with run:
+        (result,) = Generator(model, cache_tokens=256, page_size=16).generate(
+            [Job([3, 4, 5], 4, stop_token_ids=[])]
+        )
+    assert len(result.token_ids) == 4
+
+
 def test_one_rank_is_the_single_process_model(tiny_model_factory, monkeypatch) -> None:
     """``--tp 1`` costs nothing: no process is started, no process group made, no step
     broadcast; the model is the one ``load_model`` gives, and so are its logits."""
