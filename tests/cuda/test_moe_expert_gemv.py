@@ -134,7 +134,9 @@ def _stacked(experts):
 
 
 def _check(experts, stack, tokens, top_k, dtype=torch.float16, seed=0, splits=(0, 0)) -> None:
-    x = _x(tokens, experts[0].down.out_features, dtype, seed)
+    # The model width: a gated expert's down projection's outputs, an ungated one's fc2's.
+    last = getattr(experts[0], "down", None) or experts[0].fc2
+    x = _x(tokens, last.out_features, dtype, seed)
     weights, chosen = _routing(tokens, len(experts), top_k, seed)
     out = moe_kernels.expert_mlp(x, weights, chosen, stack, splits=splits)
     assert out is not None and out.dtype == torch.float32 and out.shape == x.shape
