@@ -19,6 +19,7 @@ from engine.options import EngineOptions
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine"))
 from test_speculative_greedy import _random_draft_model, starter_prompt_texts  # noqa: E402
+from tiny_models import build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 
@@ -52,8 +53,10 @@ def test_greedy_tokens_with_every_drafter_equal_plain_decoding_on_the_gpu(smollm
         assert any(rows > 4 for rows, _ in gen._graphs.captured), (draft, gen._graphs.captured)
 
 
-def test_verify_rows_on_the_gpu_give_the_eager_verify_logits(tiny_model_factory):
-    directory, _ = tiny_model_factory("LlamaForCausalLM")
+def test_verify_rows_on_the_gpu_give_the_eager_verify_logits(tmp_path):
+    # tests/engine's tiny_model_factory fixture is not visible from tests/cuda: build directly.
+    directory = tmp_path / "llama"
+    build_tiny_model("LlamaForCausalLM", directory)
     model = load_model(directory, device="cuda", dtype="float32")
     from engine.cache.paged import PagedKVCache
 
