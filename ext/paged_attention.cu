@@ -1013,12 +1013,19 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 1) paged_decode_kerne
 // docs/KERNELS.md, section 5.) Indices past the end are clamped to the
 // last split; an empty split's unwritten accumulator is read but never used (a select, not a
 // product).
+//
+// Learned attention sinks (GPT-OSS; `sinks` [heads] fp32 logits, nullptr: none) join here, once
+// per head and not per split: one more term exp(sink) in the denominator, with no value. The
+// sink, in base 2 like the splits' maxima, starts the running max, so exp2 of neither the sink
+// nor a split can overflow; without sinks the max starts at -inf and the sums are unchanged.
 constexpr int kCombineChunk = 16;
 
 template <typename T>
 __global__ void combine_kernel(const float* __restrict__ part_acc, const float* __restrict__ part_m,
-                               const float* __restrict__ part_l, T* __restrict__ out, int heads, int splits,
-                               int D, bool rotated) {
+                               const float* __restrict__ part_l, const float* __restrict__ sinks,
+                               T* __restrict__ out, int heads, int splits, int D, bool rotated) {
+  // A weight, not an output of the step's kernels: read before the chain wait.
+  const float sink = sinks != nullptr ? sinks[blockIdx.x] * kLog2e : -INFINITY;
   chain_wait();
   chain_release();
   const int row = blockIdx.y * heads + blockIdx.x, d = threadIdx.x;
@@ -1033,7 +1040,7 @@ __global__ void combine_kernel(const float* __restrict__ part_acc, const float* 
       a[i] = part_acc[at * D + d];
     }
   };
-  float mx = -INFINITY, num = 0.0f, den = 0.0f;
+  float mx = sink, num = 0.0f, den = 0.0f;
   auto add_chunk = [&](int s0) {
 #pragma unroll
     for (int i = 0; i < kCombineChunk; ++i) {
@@ -1061,6 +1068,7 @@ __global__ void combine_kernel(const float* __restrict__ part_acc, const float* 
       add_chunk(s0);
     }
   }
+  if (sink != -INFINITY) den += exp2f(sink - mx);  // the sink's share: no value row
   float o = den > 0.0f ? num / den : 0.0f;
   if (rotated) o = hadamard32_warp(o, threadIdx.x % 32) * kInvSqrtGroup;
   store1(out + static_cast<size_t>(row) * D + d, o);
@@ -1211,7 +1219,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
                                   const c10::optional<at::Tensor>& v_codes, const c10::optional<at::Tensor>& v_scales,
                                   int64_t v_bits, const at::Tensor& block_tables, const at::Tensor& lengths,
                                   int64_t page_size, double scale, int64_t window, double softcap, int64_t splits,
-                                  bool tensor_cores) {
+                                  bool tensor_cores, const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.is_cuda() && q.is_contiguous() && q.dim() == 3, "q must be a contiguous [batch, heads, dim] CUDA tensor");
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
@@ -1227,6 +1235,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
                   lengths.numel() == B,
               "lengths must be contiguous int32 [batch] on the GPU");
   TORCH_CHECK(page_size >= 1 && B >= 1 && block_tables.size(1) >= 1, "empty batch or page table");
+  const float* sink_logits = nullptr;  // nullptr: no sink term (every model but GPT-OSS)
+  if (sinks.has_value()) {
+    const at::Tensor& t = *sinks;
+    TORCH_CHECK(t.is_cuda() && t.device() == q.device() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+                    t.dim() == 1 && t.size(0) == H,
+                "sinks must be a contiguous fp32 [heads] tensor on q's device (", H, " heads)");
+    sink_logits = t.data_ptr<float>();
+  }
   const c10::cuda::CUDAGuard guard(q.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
 
@@ -1274,14 +1290,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
     launch_decode_dim<__half>(static_cast<int>(D), p, grid, stream, nullptr, tensor_cores);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     launch_chained(combine_kernel<__half>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc, p.part_m,
-                   p.part_l, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
+                   p.part_l, sink_logits, reinterpret_cast<__half*>(out.data_ptr<at::Half>()), p.heads, p.splits,
                    static_cast<int>(D), rotated);
   } else {
     launch_decode_dim<__nv_bfloat16>(static_cast<int>(D), p, grid, stream, nullptr, tensor_cores);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     launch_chained(combine_kernel<__nv_bfloat16>, cgrid, dim3(static_cast<unsigned>(D)), 0, stream, p.part_acc,
-                   p.part_m, p.part_l, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()), p.heads,
-                   p.splits, static_cast<int>(D), rotated);
+                   p.part_m, p.part_l, sink_logits, reinterpret_cast<__nv_bfloat16*>(out.data_ptr<at::BFloat16>()),
+                   p.heads, p.splits, static_cast<int>(D), rotated);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -1336,11 +1352,13 @@ namespace trellis {
 void bind_paged_attention(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention over a paged (dense or 2-8 bit) KV cache; splits <= 0: chosen from the table width",
+        "decode attention over a paged (dense or 2-8 bit) KV cache; splits <= 0: chosen from the table width; "
+        "sinks: fp32 [heads] learned sink logits in each head's softmax denominator, or None",
         py::arg("q"), py::arg("k_dense"), py::arg("k_codes"), py::arg("k_scales"), py::arg("k_bits"),
         py::arg("v_dense"), py::arg("v_codes"), py::arg("v_scales"), py::arg("v_bits"), py::arg("block_tables"),
         py::arg("lengths"), py::arg("page_size"), py::arg("scale"), py::arg("window") = 0,
-        py::arg("softcap") = 0.0, py::arg("splits") = 0, py::arg("tensor_cores") = true);
+        py::arg("softcap") = 0.0, py::arg("splits") = 0, py::arg("tensor_cores") = true,
+        py::arg("sinks") = py::none());
   m.def("quantized_cache_write", &quantized_cache_write,
         "quantize x [n, kv_heads, dim] to 2-8 bit planes and write rows `slots` of codes/scales", py::arg("x"),
         py::arg("slots"), py::arg("codes"), py::arg("scales"), py::arg("bits"));

@@ -85,8 +85,7 @@ def paged_decode_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`paged_decode_attention_reference`'s result, from the CUDA kernel where it applies
-    (the kernel declines a layer with ``sinks`` until it has the sink term: the reference then
-    runs, graph-safe too)."""
+    (``sinks`` included), else from the reference (graph-safe too)."""
     from engine import kernels
 
     args = (q, layer, block_tables, lengths, page_size, scale, window, softcap)

@@ -34,20 +34,21 @@ def paged_decode_attention(
     Graph-safe: no host sync; the split count depends only on the shapes (``block_tables``' width).
     ``tensor_cores=False`` runs version 2 (CUDA cores) where version 3 (tensor cores) would run:
     version 3 is the faster one (docs/KERNELS.md section 5), version 2 covers the other cases, and
-    tests and ``bench-attention --compare-v2`` compare the two.
+    tests and ``bench-attention --compare-v2`` compare the two. ``sinks`` ``[heads]``: learned
+    sink logits (GPT-OSS), added once per head by the kernel's split combine.
     """
     ext = loader.kernel_ready(q, block_tables, lengths)
     if ext is None or not hasattr(ext, "paged_decode_attention"):
         return None
-    if sinks is not None:
-        # Learned attention sinks (GPT-OSS, ``Attention.sinks``): ext/paged_attention.cu has no
-        # sink term in its softmax yet, so such layers take the torch reference (correct, slower).
-        return None
     if q.ndim != 3 or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[2] not in PAGED_HEAD_DIMS:
         return None
+    if sinks is not None and sinks.shape != (q.shape[1],):
+        raise ValueError(f"sinks must hold one logit per head ({q.shape[1]}), got shape {tuple(sinks.shape)}")
     k_side, v_side = cache_side(layer.keys, q), cache_side(layer.values, q)
     if k_side is None or v_side is None or q.shape[1] % k_side[0] != 0:
         return None
+    if sinks is not None:  # the layer keeps them fp32 on its device: then no copy per step
+        sinks = sinks.to(device=q.device, dtype=torch.float32).contiguous()
     return ext.paged_decode_attention(
         q.contiguous(),
         *k_side[1:],
@@ -59,6 +60,7 @@ def paged_decode_attention(
         int(window or 0),
         float(softcap or 0.0),
         tensor_cores=tensor_cores,
+        sinks=sinks,
     )
 
 

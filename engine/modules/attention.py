@@ -173,7 +173,7 @@ class Attention(nn.Module):
         self.sliding_window, self.softcap = sliding_window, softcap
         self.qk_norm_across_heads, self.output_gate = qk_norm_across_heads, output_gate
         # [heads] float32 learned sink logits, or None: every attention path reads this one
-        # attribute (a GPU kernel that has no sink term must leave such a layer to the reference).
+        # attribute (the paged decode kernel included).
         self.register_buffer("sinks", sinks)
         # The output gate's own projection: heads * head_dim outputs, or one per head.
         self.gate_proj, self.gate_per_head = gate_proj, gate_per_head

@@ -158,3 +158,44 @@ def test_exl3_moe_greedy_tokens_on_gpu_match_cpu(name, tmp_path):
     cpu, _ = _greedy(cpu_model, graphs=False)
     # The GPU's GEMVs round their rotated inputs to fp16: a near tie may resolve either way.
     _same_up_to_near_ties(cpu_model, cpu, gpu, tie=2e-2)
+
+
+def test_gpt_oss_sink_layers_decode_through_the_attention_kernel(tmp_path, monkeypatch):
+    """Every gpt-oss layer has attention sinks, its sliding-window layers and its full ones alike:
+    their decode steps run the paged attention kernel, never the torch reference, and give the
+    greedy tokens that the reference gives (up to near ties)."""
+    import engine.cache.decode_attention as decode_attention
+    from engine.kernels import attention as kernel_attention
+
+    model = load_model(_exl3_moe("gpt_oss", tmp_path), device="cuda", dtype="float16")
+    mixers = [b.mixer for b in model.module.blocks]
+    assert all(m.sinks is not None for m in mixers)
+    assert [m.sliding_window for m in mixers] == [32, None]  # the prompts + 64 tokens pass 32
+    kernel = kernel_attention.paged_decode_attention
+
+    def declined_with_sinks(*args, sinks=None, **kwargs):
+        return None if sinks is not None else kernel(*args, sinks=sinks, **kwargs)
+
+    with monkeypatch.context() as patch:  # the reference's tokens
+        patch.setattr(kernel_attention, "paged_decode_attention", declined_with_sinks)
+        reference, _ = _greedy(model, graphs=False)
+
+    calls = {"kernel with sinks": 0, "reference": 0}
+    reference_attention = decode_attention.paged_decode_attention_reference
+
+    def counted_kernel(*args, sinks=None, **kwargs):
+        out = kernel(*args, sinks=sinks, **kwargs)
+        calls["kernel with sinks"] += sinks is not None and out is not None
+        return out
+
+    def counted_reference(*args, **kwargs):
+        calls["reference"] += 1
+        return reference_attention(*args, **kwargs)
+
+    monkeypatch.setattr(kernel_attention, "paged_decode_attention", counted_kernel)
+    monkeypatch.setattr(decode_attention, "paged_decode_attention_reference", counted_reference)
+    got, _ = _greedy(model, graphs=False)
+    # one launch per layer and decode step (all rows at once): ~63 steps
+    assert calls["kernel with sinks"] >= len(mixers) * _NEW_TOKENS // 2, calls
+    assert calls["reference"] == 0
+    _same_up_to_near_ties(model, reference, got, tie=2e-2)

@@ -41,15 +41,19 @@ def _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=PAGE, se
     return layer, tables, torch.tensor(lengths, dtype=torch.int32, device="cuda"), q
 
 
-def _check(layer, tables, lengths, q, page=PAGE, window=None, softcap=None, tol=None, tensor_cores=True):
+def _check(
+    layer, tables, lengths, q, page=PAGE, window=None, softcap=None, tol=None, tensor_cores=True, sinks=None
+):
     scale = q.shape[-1] ** -0.5
     got = attention.paged_decode_attention(
-        q, layer, tables, lengths, page, scale, window, softcap, tensor_cores
+        q, layer, tables, lengths, page, scale, window, softcap, tensor_cores, sinks=sinks
     )
     assert got is not None, "the kernel did not take this case"
     # fp32 reference over the same stored cache (dequantized in fp32, so only the kernel rounds)
     exact = KVCacheLayer(layer.keys, layer.values, torch.float32)
-    want = paged_decode_attention_reference(q.float(), exact, tables, lengths, page, scale, window, softcap)
+    want = paged_decode_attention_reference(
+        q.float(), exact, tables, lengths, page, scale, window, softcap, sinks
+    )
     assert got.dtype == q.dtype and got.shape == q.shape
     assert torch.isfinite(got).all()
     err = rel_fro(got, want)
@@ -234,7 +238,7 @@ def test_store_write_uses_the_kernel_and_reads_back():
     assert 0.02 < rel_fro(back, x.float()) < 0.15
 
 
-def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits=0):
+def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits=0, sinks=None):
     """``attention.paged_decode_attention``'s extension call, with the binding's ``splits``."""
     k_side, v_side = attention.cache_side(layer.keys, q), attention.cache_side(layer.values, q)
     return kernels.extension().paged_decode_attention(
@@ -248,6 +252,7 @@ def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits
         window=int(window or 0),
         softcap=float(softcap or 0.0),
         splits=splits,
+        sinks=sinks,
     )
 
 
@@ -272,3 +277,146 @@ def test_combine_over_split_counts(kbits, vbits, head_dim, dtype, splits):
         assert torch.isfinite(got).all()
         assert rel_fro(got, want) < TOL[dtype], (window, softcap)
         assert torch.equal(got, _ext_call(layer, tables, lens, q, 64, window, softcap, splits=splits))
+
+
+# Learned attention sinks (GPT-OSS): one fp32 logit per query head in the softmax's denominator,
+# added once by the split combine. GPT-OSS itself: 64 heads over 8 kv heads, head_dim 64,
+# sliding-window (128) layers alternating with full ones.
+
+
+def _sinks(heads: int, seed: int) -> torch.Tensor:
+    """Random sink logits near the log-sum-exp of a few hundred scores (a share of every head's
+    weight goes to its sink, at short and long contexts alike), with one sink far above every
+    score (that head attends almost nowhere) and one far below (no effect): neither may overflow
+    or turn into NaN."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    sinks = torch.randn(heads, generator=g, device="cuda") * 2.0 + 5.0
+    sinks[0], sinks[-1] = 60.0, -60.0
+    return sinks
+
+
+def _check_sinks(layer, tables, lens, q, page=PAGE, window=None, softcap=None, tensor_cores=True, seed=0):
+    """The kernel with sinks against the reference with them, also row by row (a long row's
+    output is small beside a short one's: a sink counted once per split there would hide in the
+    whole tensor's error), and far enough from the result without them that a kernel ignoring
+    its sinks would fail."""
+    sinks = _sinks(q.shape[1], seed)
+    got = _check(layer, tables, lens, q, page, window, softcap, tensor_cores=tensor_cores, sinks=sinks)
+    exact = KVCacheLayer(layer.keys, layer.values, torch.float32)
+    scale = q.shape[-1] ** -0.5
+    want = paged_decode_attention_reference(
+        q.float(), exact, tables, lens, page, scale, window, softcap, sinks
+    )
+    for row in range(q.shape[0]):
+        assert rel_fro(got[row], want[row]) < 2 * TOL[q.dtype], f"row {row}"
+    without = paged_decode_attention_reference(q.float(), exact, tables, lens, page, scale, window, softcap)
+    assert rel_fro(got, without) > 10 * TOL[q.dtype]
+    return got
+
+
+SINK_BITS = [(16, 16), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (8, 8), (4, 6), (16, 4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kbits,vbits", SINK_BITS)
+@pytest.mark.parametrize("window", [None, 128])
+def test_sinks_bits_and_head_dims(kbits, vbits, head_dim, dtype, window):
+    """Every cache the kernel reads (version 3 where it applies, version 2 beside it), with and
+    without a sliding window, on lengths from one key to several splits."""
+    lengths = [1, PAGE + 1, 5 * PAGE + 3, 700, 129, 3000]
+    seed = kbits * 31 + vbits + head_dim
+    layer, tables, lens, q = _case(kbits, vbits, head_dim, 16, 2, lengths, dtype, seed=seed)
+    v3 = _check_sinks(layer, tables, lens, q, window=window, seed=seed)
+    v2 = _check_sinks(layer, tables, lens, q, window=window, tensor_cores=False, seed=seed)
+    assert rel_fro(v3, v2) < TOL[dtype]
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(8, 8), (16, 2), (24, 2), (32, 8), (64, 8), (7, 1)])
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (8, 8), (2, 2), (4, 16)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sinks_gqa_ratios(heads, kv_heads, kbits, vbits, dtype):
+    """Each query head gets its own sink, also where a kv head's query heads take several blocks
+    (ratios 8, 12) or a ragged last one (7); GPT-OSS's 64 heads over 8 at head_dim 64."""
+    lengths = [300, 1, PAGE + 1, 4097]
+    layer, tables, lens, q = _case(kbits, vbits, 64, heads, kv_heads, lengths, dtype, seed=heads)
+    for window in (None, 128):
+        _check_sinks(layer, tables, lens, q, window=window, seed=heads + kv_heads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (8, 8), (2, 2), (4, 6), (3, 3)])
+@pytest.mark.parametrize("splits", [1, 15, 16, 17, 33, 200])
+def test_sinks_are_added_once_whatever_the_split_count(kbits, vbits, head_dim, dtype, splits):
+    """The sink joins in the combine, once per head: right for one split as for many (one chunk
+    of 16 and several), with windows that leave most splits empty; deterministic."""
+    lengths = [1, 64 * 40 - 5, 700, 65]
+    layer, tables, lens, q = _case(
+        kbits, vbits, head_dim, 16, 2, lengths, dtype, page=64, seed=splits + head_dim
+    )
+    exact = KVCacheLayer(layer.keys, layer.values, torch.float32)
+    scale = head_dim**-0.5
+    sinks = _sinks(16, splits)
+    for window, softcap in ((None, None), (128, None), (100, 30.0)):
+        got = _ext_call(layer, tables, lens, q, 64, window, softcap, splits=splits, sinks=sinks)
+        want = paged_decode_attention_reference(
+            q.float(), exact, tables, lens, 64, scale, window, softcap, sinks
+        )
+        assert torch.isfinite(got).all()
+        assert rel_fro(got, want) < TOL[dtype], (window, softcap)
+        for row in range(len(lengths)):
+            assert rel_fro(got[row], want[row]) < 2 * TOL[dtype], (window, softcap, row)
+        again = _ext_call(layer, tables, lens, q, 64, window, softcap, splits=splits, sinks=sinks)
+        assert torch.equal(got, again)
+
+
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (8, 8), (3, 6)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 128])
+def test_sinks_on_verify_rows(kbits, vbits, dtype, window):
+    """A speculative verify step runs as decode rows of one sequence over the same block table,
+    row j attending up to its own position; rows of other sequences beside them."""
+    past, k = 1000, 5
+    lengths = [past + 1 + j for j in range(k + 1)] + [37, 200]
+    layer, tables, lens, q = _case(kbits, vbits, 64, 64, 8, lengths, dtype, page=16, seed=kbits)
+    tables[: k + 1] = tables[0]  # one sequence
+    got = _check_sinks(layer, tables, lens, q, page=16, window=window, seed=kbits)
+    assert not torch.equal(got[0], got[1])  # each row sees its own keys
+
+
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (5, 5)])
+def test_sinks_at_minus_infinity_change_nothing(kbits, vbits):
+    """A sink of -inf has no weight: bit-equal to no sinks (the combine's max starts at -inf either
+    way), for every version of the kernel."""
+    layer, tables, lens, q = _case(kbits, vbits, 128, 32, 8, [1, 300, 4000], torch.float16, seed=7)
+    none = torch.full((32,), float("-inf"), device="cuda")
+    for tc in (True, False):
+        args = (q, layer, tables, lens, PAGE, 128**-0.5, None, None, tc)
+        plain = attention.paged_decode_attention(*args)
+        assert torch.equal(attention.paged_decode_attention(*args, sinks=none), plain)
+
+
+def test_sinks_in_a_graph_are_read_at_replay():
+    """The kernel reads the sinks' memory at run time: a captured decode step sees new values."""
+    layer, tables, lens, q = _case(4, 4, 64, 64, 8, [500, 1, 77, 1000], torch.float16, seed=13)
+    sinks = _sinks(64, 1)
+
+    def run():
+        return attention.paged_decode_attention(q, layer, tables, lens, PAGE, 0.125, 128, None, sinks=sinks)
+
+    graph, out = capture(run)
+    for seed in (2, 3):
+        sinks.copy_(_sinks(64, seed))
+        lens.copy_(lens + 3)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run())
+        _check(layer, tables, lens, q, window=128, sinks=sinks)
+
+
+def test_sinks_of_another_shape_or_dtype_are_refused_by_the_binding():
+    layer, tables, lens, q = _case(16, 16, 64, 8, 2, [40], torch.float16)
+    for bad in (torch.zeros(7, device="cuda"), torch.zeros(8, device="cuda", dtype=torch.float16)):
+        with pytest.raises(RuntimeError, match="sinks must be"):
+            _ext_call(layer, tables, lens, q, PAGE, sinks=bad)

@@ -1,7 +1,8 @@
 """Learned attention sinks (gpt-oss) in every torch attention path: the prompt path (``attend``),
 the CPU decode over cache runs (``attend_one``) and the paged decode reference, dense or
 quantized cache; each against a plain definition: a softmax over the scores and one more logit
-per head, whose weight is dropped."""
+per head, whose weight is dropped. Also that the GPU kernel's wrapper hands the sinks to the
+kernel (a stand-in extension here; the kernel's numbers: tests/cuda/test_paged_attention.py)."""
 
 from __future__ import annotations
 
@@ -109,21 +110,114 @@ def test_the_paged_decode_reference_applies_the_sinks(bits, window) -> None:
         torch.testing.assert_close(got[b : b + 1], want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_gpu_kernel_is_never_asked_to_attend_with_sinks(monkeypatch) -> None:
-    """The paged decode kernel has no sink term: with sinks its wrapper declines before calling
-    it, even where the extension is there, so the reference runs (correct on any device)."""
+KERNEL_D = 64  # a head size the kernel is built for
+
+
+class _DenseSides:
+    """A dense cache layer as the kernel's binding sees it: keys and values read by slot."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+
+    def read(self, slots: torch.Tensor):
+        return self.keys[slots], self.values[slots]
+
+
+class _StandInExtension:
+    """The binding ``paged_decode_attention`` in torch: the reference over its dense sides, with
+    whatever ``sinks`` the wrapper passed (the kernel's numbers are tested in tests/cuda)."""
+
+    def __init__(self) -> None:
+        self.sinks_passed: list[torch.Tensor | None] = []
+
+    def paged_decode_attention(
+        self,
+        q,
+        k_dense,
+        k_codes,
+        k_scales,
+        k_bits,
+        v_dense,
+        v_codes,
+        v_scales,
+        v_bits,
+        tables,
+        lengths,
+        page,
+        scale,
+        window,
+        softcap,
+        tensor_cores=True,
+        sinks=None,
+    ):
+        assert k_bits == v_bits == 16 and tables.dtype == lengths.dtype == torch.int32
+        self.sinks_passed.append(sinks)
+        return paged_decode_attention_reference(
+            q,
+            _DenseSides(k_dense, v_dense),
+            tables,
+            lengths,
+            page,
+            scale,
+            window or None,
+            softcap or None,
+            sinks,
+        )
+
+
+def _kernel_case(monkeypatch, dtype=torch.float16):
+    """A dense one-layer cache on the CPU with the stand-in extension and the dense sides the
+    wrapper reads off it (its own ``cache_side`` takes only CUDA tensors)."""
     from engine.kernels import attention as kernel_attention
     from engine.kernels import loader
 
-    class Extension:
-        calls = 0
+    ext = _StandInExtension()
+    monkeypatch.setattr(loader, "kernel_ready", lambda *tensors: ext)
+    monkeypatch.setattr(
+        kernel_attention, "cache_side", lambda store, q: (store.data.shape[1], store.data, None, None, 16)
+    )
+    page, lengths = 4, [1, 6, 13, 12]  # the last two: verify rows of one sequence
+    g = torch.Generator().manual_seed(5)
+    cache = PagedKVCache(1, KV_HEADS, KERNEL_D, 16, page, dtype, "cpu")
+    layer = cache.layer(0)
+    shape = (cache.capacity, KV_HEADS, KERNEL_D)
+    layer.write(
+        torch.arange(cache.capacity),
+        torch.randn(shape, generator=g).to(dtype),
+        torch.randn(shape, generator=g).to(dtype),
+    )
+    tables = torch.randperm(16, generator=g)[:16].view(4, 4)
+    tables[3] = tables[2]
+    q = torch.randn(len(lengths), HEADS, KERNEL_D, generator=g).to(dtype)
+    sinks = torch.randn(HEADS, generator=g) * 3.0
+    return ext, (q, layer, tables, torch.tensor(lengths), page, KERNEL_D**-0.5), sinks
 
-        def paged_decode_attention(self, *args, **kwargs):
-            Extension.calls += 1
-            raise AssertionError("the kernel was called for a layer with sinks")
 
-    monkeypatch.setattr(loader, "kernel_ready", lambda *tensors: Extension())
-    q = torch.zeros(1, HEADS, D, dtype=torch.float16)
-    args = (q, None, torch.zeros(1, 1), torch.ones(1), 4, 1.0, None, None)
-    assert kernel_attention.paged_decode_attention(*args, sinks=torch.zeros(HEADS)) is None
-    assert Extension.calls == 0
+@pytest.mark.parametrize("window", [None, 5])
+def test_the_gpu_kernel_takes_the_sinks(monkeypatch, window) -> None:
+    """With sinks the decode entry point runs the kernel (no longer the reference), handing it
+    the layer's per-head logits as fp32 [heads] (bf16 ones converted), and None without."""
+    ext, (q, layer, tables, lengths, page, scale), sinks = _kernel_case(monkeypatch)
+    args = (q, layer, tables, lengths, page, scale, window, None)
+    got = paged_decode_attention(*args, sinks=sinks)
+    (passed,) = ext.sinks_passed
+    assert passed.dtype == torch.float32 and passed.is_contiguous() and torch.equal(passed, sinks)
+    assert torch.equal(got, paged_decode_attention_reference(*args, sinks))
+    assert (got.float() - paged_decode_attention_reference(*args).float()).abs().max() > 1e-2
+    paged_decode_attention(*args, sinks=sinks.to(torch.bfloat16))
+    assert ext.sinks_passed[-1].dtype == torch.float32
+    assert torch.equal(ext.sinks_passed[-1], sinks.to(torch.bfloat16).float())
+    paged_decode_attention(*args)
+    assert ext.sinks_passed[-1] is None
+
+
+def test_sinks_of_the_wrong_shape_are_refused(monkeypatch) -> None:
+    from engine.kernels import attention as kernel_attention
+
+    ext, (q, layer, tables, lengths, page, scale), sinks = _kernel_case(monkeypatch)
+    for bad in (sinks[:-1], sinks[None, :]):
+        with pytest.raises(ValueError, match="one logit per head"):
+            kernel_attention.paged_decode_attention(
+                q, layer, tables, lengths, page, scale, None, None, sinks=bad
+            )
+    assert ext.sinks_passed == []
