@@ -16,12 +16,11 @@ import torch
 from parity import random_ids, reference_logits, rel_err
 from PIL import Image
 from tiny_glm4v import GLM4V, GLM4V_MOE, VARIANTS, build_tiny_glm4v
+from vision_reply import assert_replies_follow_reference
 
 from engine.architectures import architecture_for
 from engine.cache.paged import PagedKVCache
 from engine.config import ModelConfig
-from engine.generation.generator import Generator
-from engine.generation.job import Job
 from engine.generation.step import score_tokens
 from engine.model import load_model
 from engine.modules.mlp import GatedMLP
@@ -137,26 +136,7 @@ def test_the_generator_decodes_after_an_image_as_transformers_scores(variant, mo
     tokenizer = Tokenizer.from_dir(directory)
     ids, media = encode_chat_with_images(tokenizer, model.vision, messages, pictures)
     text_only = random_ids(13, seed=5)
-    gen = Generator(model, tokenizer, cache_tokens=512, page_size=16, max_chunk_tokens=20)
-    with_image, plain = gen.generate(
-        [
-            Job(ids, max_new_tokens=12, stop_token_ids=[], media=media),
-            Job(text_only, max_new_tokens=12, stop_token_ids=[]),
-        ]
-    )
-    sequence = ids + with_image.token_ids[:-1]
-    reply = len(sequence) - len(ids)  # text tokens: type 0
-    types = torch.cat([inputs["mm_token_type_ids"], inputs["mm_token_type_ids"].new_zeros(1, reply)], dim=1)
-    with torch.no_grad():
-        logits = reference(
-            input_ids=torch.tensor([sequence]),
-            pixel_values=inputs["pixel_values"],
-            image_grid_thw=inputs["image_grid_thw"],
-            mm_token_type_ids=types,
-        ).logits[0]
-    assert logits[len(ids) - 1 :].argmax(-1).tolist() == with_image.token_ids
-    text_logits = reference_logits(reference, text_only + plain.token_ids[:-1])
-    assert text_logits[len(text_only) - 1 :].argmax(-1).tolist() == plain.token_ids
+    assert_replies_follow_reference(model, tokenizer, reference, inputs, ids, media, text_only)
 
 
 @pytest.mark.parametrize(

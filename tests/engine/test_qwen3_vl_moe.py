@@ -15,11 +15,10 @@ from PIL import Image
 from safetensors.torch import load_file, save_file
 from spread_routers import smallest_margin
 from tiny_qwen3_vl_moe import build_tiny_qwen3_vl_moe
+from vision_reply import assert_replies_follow_reference
 
 from engine.cache.paged import PagedKVCache
 from engine.errors import ModelLoadError
-from engine.generation.generator import Generator
-from engine.generation.job import Job
 from engine.generation.step import score_tokens
 from engine.model import load_model
 from engine.modules.mlp import GatedMLP
@@ -103,26 +102,7 @@ def test_the_generator_decodes_after_an_image_as_transformers_scores(tiny):
     tokenizer = Tokenizer.from_dir(directory)
     ids, media = encode_chat_with_images(tokenizer, model.vision, messages, pictures)
     text_only = _ids(13, seed=5)
-    gen = Generator(model, tokenizer, cache_tokens=512, page_size=16, max_chunk_tokens=20)
-    with_image, plain = gen.generate(
-        [
-            Job(ids, max_new_tokens=12, stop_token_ids=[], media=media),
-            Job(text_only, max_new_tokens=12, stop_token_ids=[]),
-        ]
-    )
-    sequence = ids + with_image.token_ids[:-1]
-    reply = len(sequence) - len(ids)  # text tokens: type 0
-    types = torch.cat([inputs["mm_token_type_ids"], inputs["mm_token_type_ids"].new_zeros(1, reply)], dim=1)
-    with torch.no_grad():
-        logits = reference(
-            input_ids=torch.tensor([sequence]),
-            pixel_values=inputs["pixel_values"],
-            image_grid_thw=inputs["image_grid_thw"],
-            mm_token_type_ids=types,
-        ).logits[0]
-        text_logits = reference(torch.tensor([text_only + plain.token_ids[:-1]])).logits[0]
-    assert logits[len(ids) - 1 :].argmax(-1).tolist() == with_image.token_ids
-    assert text_logits[len(text_only) - 1 :].argmax(-1).tolist() == plain.token_ids
+    assert_replies_follow_reference(model, tokenizer, reference, inputs, ids, media, text_only)
 
 
 def test_qwens_transposed_expert_tensors_load_alike(tiny, tmp_path):
