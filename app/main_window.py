@@ -644,7 +644,10 @@ class MainWindow(QMainWindow):
         label.setText(report.short)
         label.setToolTip(report.text())
         gpus = len(report.facts.devices) if report.uses_gpu else 0
-        self.library_pane.load_options.set_gpu_count(gpus)  # several: offer to split a model
+        memory = report.facts.devices[0].memory_bytes if gpus else 0
+        # one or more: where the model runs (chosen by its size); several: splitting it across them
+        self.library_pane.load_options.set_gpu_count(gpus, memory)
+        self.library_pane.refresh_placement()
         self.statusBar().showMessage(report.headline, 20000)
 
     # -- shutdown ------------------------------------------------------------------------------------------

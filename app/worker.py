@@ -95,6 +95,8 @@ def _default_session_factory(
             cache_tokens=context,
             cache_bits=cache_bits,
             options=options,
+            experts_on=parallel.experts_on,
+            gpu_layers=parallel.gpu_layers,
         )
     return ChatSession.load(
         model_dir,
@@ -206,7 +208,8 @@ class EngineWorker(EngineSignals):
     ) -> None:
         """Load, then warm up (the first reply's one-time costs, paid here behind the progress
         bar rather than in silence after the first Send); ``loaded`` comes after both.
-        ``parallel``: how to spread the model over several GPUs (None: one device)."""
+        ``parallel``: how to spread the model over several GPUs, or over the GPU and system memory
+        (None: one device)."""
         if self._session is not None:
             self._unload_session()
         bits = (int(cache_bits[0]), int(cache_bits[1]))
@@ -466,7 +469,7 @@ class EngineClient(EngineSignals):
     ) -> None:
         """Load a model; ``cache_bits`` are the KV cache's key and value widths (16: unquantized),
         ``context`` the tokens of context to allocate (None: the engine's default), ``parallel``
-        how to spread it over several GPUs (None: one device)."""
+        how to spread it over several GPUs or over the GPU and system memory (None: one device)."""
         bits = (int(cache_bits[0]), int(cache_bits[1]))
         parallel = None if parallel is None or parallel.is_single else parallel
         self.loading = True

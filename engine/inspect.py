@@ -76,6 +76,11 @@ class ModelInfo:
     # What each layer keeps per sequence (keys and values, or a recurrent state), from
     # config.json (``engine.config_footprint``); None: each of ``num_layers`` layers attends.
     footprint: CacheFootprint | None = None
+    # The share of the weights in the decoder layers, and in their routed experts (stored bytes and
+    # parameters): what a split between the GPU and system memory moves (engine.placement_memory).
+    layer_weight_bytes: int = 0
+    expert_weight_bytes: int = 0
+    expert_parameter_count: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -302,6 +307,12 @@ def _is_exl3_trellis(name: str, entry: dict) -> bool:
     return name.endswith(".trellis") and len(entry["shape"]) == 3
 
 
+def _is_routed_expert(name: str) -> bool:
+    """A tensor of a routed expert (``mlp.experts.3.up_proj``, the fused ``mlp.experts.gate_up_proj``),
+    not of a shared one (``mlp.shared_expert``, ``shared_experts``)."""
+    return ".experts." in name
+
+
 def _apply_headers(info: ModelInfo, files: list[Path]) -> None:
     params = 0
     weight_bytes = 0
@@ -318,9 +329,16 @@ def _apply_headers(info: ModelInfo, files: list[Path]) -> None:
             shape = entry["shape"]
             start, end = entry["data_offsets"]
             weight_bytes += end - start
+            expert = _is_routed_expert(name)
+            if ".layers." in name:
+                info.layer_weight_bytes += end - start
+            if expert:
+                info.expert_weight_bytes += end - start
             if _is_exl3_trellis(name, entry):
                 # A trellis of shape (in/16, out/16, 16K) encodes an in x out weight matrix.
                 params += shape[0] * 16 * shape[1] * 16
+                if expert:
+                    info.expert_parameter_count += shape[0] * 16 * shape[1] * 16
                 continue
             if name.endswith((".suh", ".svh", ".su", ".sv", ".mcg", ".mul1")):
                 continue  # EXL3 side tensors: scales and codebook flags, not parameters
@@ -330,6 +348,8 @@ def _apply_headers(info: ModelInfo, files: list[Path]) -> None:
             for dim in shape:
                 count *= dim
             params += count
+            if expert:
+                info.expert_parameter_count += count
             dtype = entry.get("dtype", "?")
             dtype_bytes[dtype] = dtype_bytes.get(dtype, 0) + (end - start)
     info.parameter_count = params or None

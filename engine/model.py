@@ -11,9 +11,11 @@ import torch
 
 from engine.architectures import ModelSpec, architecture_for
 from engine.config import ModelConfig
+from engine.errors import UsageError
 from engine.loading import int8
 from engine.loading.builder import ModelBuilder
 from engine.loading.safetensors_store import WeightStore
+from engine.modules import host_experts
 from engine.modules.decoder import CausalLM
 from engine.options import EngineOptions
 
@@ -46,6 +48,9 @@ class LoadedModel:
     # Each layer's device where the layers are split across devices (engine.parallel.placement);
     # None: all on ``device``.
     layer_devices: list[torch.device] | None = None
+    # Where the routed experts are where not on ``device`` (host memory: --experts-on cpu,
+    # engine.modules.host_experts); None: with the rest.
+    experts_device: torch.device | None = None
 
     @property
     def directory(self) -> Path:
@@ -64,6 +69,7 @@ def load_model(
     exl3_mode: str | None = None,
     options: EngineOptions | None = None,
     make_builder: Callable[..., ModelBuilder] = ModelBuilder,
+    experts_on: str = "device",
 ) -> LoadedModel:
     """Load a Hugging Face model directory onto ``device``.
 
@@ -72,6 +78,9 @@ def load_model(
     kernels follow them from now on (:meth:`EngineOptions.configure_kernels`; None leaves them as
     they are). ``make_builder``: the :class:`ModelBuilder` (class, or a factory taking its
     arguments) that builds the modules, e.g. a tensor-parallel rank's, which reads only its shard.
+    ``experts_on``: ``"device"`` (default) or ``"cpu"``: the routed experts of its mixture-of-experts
+    layers in host memory, computed on the CPU, the rest on ``device``
+    (``engine.modules.host_experts``).
     """
     config = ModelConfig.from_dir(directory)
     if int8.is_int8_config(config.quantization):
@@ -79,7 +88,9 @@ def load_model(
     store = WeightStore(config.directory)
     if progress:
         progress(0.0, f"loading {config.architecture} from {config.directory.name}")
-    return build_model(config, store, device, dtype, context, progress, exl3_mode, options, make_builder)
+    return build_model(
+        config, store, device, dtype, context, progress, exl3_mode, options, make_builder, experts_on
+    )
 
 
 def build_model(
@@ -92,14 +103,18 @@ def build_model(
     exl3_mode: str | None = None,
     options: EngineOptions | None = None,
     make_builder: Callable[..., ModelBuilder] = ModelBuilder,
+    experts_on: str = "device",
 ) -> LoadedModel:
     """Build a model from its config and a weight store (a :class:`WeightStore`, or anything that
-    answers ``has``/``get`` the same way, e.g. ``engine.loading.synthetic_store``). ``options`` and
-    ``make_builder``: as for :func:`load_model`."""
+    answers ``has``/``get`` the same way, e.g. ``engine.loading.synthetic_store``). ``options``,
+    ``make_builder`` and ``experts_on``: as for :func:`load_model`."""
     if options is not None:
         options.configure_kernels()  # before the builder asks whether the kernels are there
     arch = architecture_for(config.architecture)
     spec = arch.spec(config)
+    host = host_experts.experts_device(experts_on)
+    if host is not None and not has_routed_experts(spec):
+        raise UsageError(f"--experts-on {experts_on}: {config.architecture} has no mixture-of-experts layers")
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     if isinstance(dtype, str):
         dtype = _DTYPES[dtype]
@@ -109,6 +124,15 @@ def build_model(
         builder = make_builder(
             spec, names, store, dtype, dev, context or spec.max_position_embeddings, exl3_mode
         )
+        builder.place_experts(host)
         module = builder.build(progress)
+        if host is not None:
+            host_experts.keep_experts_on_host(module, host, pin=dev.type == "cuda")
         vision = arch.vision_model(config, store, dtype, dev)
-    return LoadedModel(config, spec, module, dev, dtype, vision)
+    return LoadedModel(config, spec, module, dev, dtype, vision, experts_device=host)
+
+
+def has_routed_experts(spec: ModelSpec) -> bool:
+    """Whether any layer of ``spec`` has a mixture of experts (alone or beside a dense MLP)."""
+    kinds = {"sparse_moe", "parallel_experts"}
+    return any(layer.feed_forward is not None and layer.feed_forward.kind in kinds for layer in spec.layers)

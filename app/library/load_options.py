@@ -1,5 +1,6 @@
-"""The model's load options, in words: how much context, how its memory is stored and, where
-there is more than one GPU, how the model is split across them.
+"""The model's load options, in words: how much context, how its memory is stored, where there is
+a GPU where the model runs (all on the GPU, its experts in system memory, or its first layers on
+the GPU), and where there is more than one GPU, how the model is split across them.
 
 They take effect at the next load (the cache is allocated then); the estimate beside them follows
 every change at once, for the model selected in the library, so the user sees what a choice costs
@@ -9,7 +10,16 @@ before loading. A view: it shows what it is told and emits what the user picks.
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QSpinBox, QWidget
+from PySide6.QtWidgets import (
+    QComboBox,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.elided_label import ElidedLabel
 from app.library.context_memory import CHOICES, describe
@@ -21,9 +31,28 @@ def _key(key_bits: int, value_bits: int) -> str:
     return f"{int(key_bits)}/{int(value_bits)}"
 
 
+# "Where the model runs": (data, label, tooltip); the data as engine.placement_memory names it.
+PLACEMENTS = (
+    ("gpu", "All on the GPU", "The whole model in GPU memory: the fastest, where it fits."),
+    (
+        "experts",
+        "Experts in system memory",
+        "A mixture-of-experts model's experts stay in system memory and run on the CPU; attention "
+        "and everything else on the GPU. For a model larger than the GPU.",
+    ),
+    (
+        "layers",
+        "First layers on the GPU",
+        "The first layers on the GPU, the rest in system memory, run on the CPU (slower the more "
+        "layers the CPU runs). For a model larger than the GPU.",
+    ),
+)
+
+
 class LoadOptions(QGroupBox):
     contextMemoryChosen = Signal(int, int)  # key bits, value bits (16 = full precision)
     contextLengthChosen = Signal(int)  # tokens
+    placementChosen = Signal()  # the user changed where the model runs
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Load options", parent)
@@ -68,10 +97,31 @@ class LoadOptions(QGroupBox):
             QLabel("Layer split:"),
             self.layer_split,
         ]
+        # Shown only where there is a GPU (set_gpu_count).
+        self.placement = QComboBox()
+        self.placement.setAccessibleName("Where the model runs")
+        for data, label, tip in PLACEMENTS:
+            self.placement.addItem(label, data)
+            self.placement.setItemData(self.placement.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
+        self.placement.setToolTip(
+            "Where the model's weights are kept and computed. Applies when a model is loaded."
+        )
+        self.gpu_layers = QSpinBox()
+        self.gpu_layers.setAccessibleName("Layers on the GPU")
+        self.gpu_layers.setRange(0, 1024)
+        self.gpu_layers.setSuffix(" layers")
+        self.gpu_layers.setToolTip("How many of the model's first layers run on the GPU.")
+        self.placement_reason = ElidedLabel()
+        self.placement_reason.setAccessibleName("Why the model runs there")
+        self.placement_reason.setProperty("role", "muted")
+        self._placement_label = QLabel("Where the model runs:")
+        self.gpu_memory_bytes = 0  # of the GPU the model would run on (set_gpu_count); 0: unknown
         self.estimate = ElidedLabel()
         self.estimate.setAccessibleName("Memory estimate")
         self.estimate.setProperty("role", "muted")
-        row = QHBoxLayout(self)
+        outer = QVBoxLayout(self)
+        row = QHBoxLayout()
+        outer.addLayout(row)
         row.addWidget(QLabel("Context memory:"))
         row.addWidget(self.memory)
         row.addSpacing(12)
@@ -83,7 +133,16 @@ class LoadOptions(QGroupBox):
             widget.setVisible(False)
         row.addSpacing(12)
         row.addWidget(self.estimate, 1)
+        placement_row = QHBoxLayout()
+        outer.addLayout(placement_row)
+        for widget in (self._placement_label, self.placement, self.gpu_layers):
+            placement_row.addWidget(widget)
+        placement_row.addSpacing(12)
+        placement_row.addWidget(self.placement_reason, 1)
+        self._set_placement_visible(False)
         self.memory.activated.connect(self._memory_chosen)
+        self.placement.activated.connect(self._placement_chosen)
+        self.gpu_layers.valueChanged.connect(lambda _n: self.placementChosen.emit())
         self.context.editingFinished.connect(lambda: self.contextLengthChosen.emit(self.context.value()))
 
     def _memory_chosen(self, index: int) -> None:
@@ -113,9 +172,59 @@ class LoadOptions(QGroupBox):
         if tooltip:
             self.estimate.setToolTip(tooltip)
 
-    def set_gpu_count(self, count: int) -> None:
-        """Offer splitting a model across GPUs where there are ``count`` > 1 of them (from the
-        GPU check); with fewer, the fields are hidden and a load uses one device."""
+    def _placement_chosen(self, _index: int) -> None:
+        self.placement_reason.setText("")  # the user's choice now, not the estimate's
+        self._show_layer_count()
+        self.placementChosen.emit()
+
+    def _show_layer_count(self) -> None:
+        self.gpu_layers.setVisible(self.placement_offered() and self.placement.currentData() == "layers")
+
+    def _set_placement_visible(self, visible: bool) -> None:
+        for widget in (self._placement_label, self.placement, self.placement_reason):
+            widget.setVisible(visible)
+        self._show_layer_count()
+
+    def placement_offered(self) -> bool:
+        """Whether the choice of where the model runs is offered (there is a GPU)."""
+        return not self.placement.isHidden()
+
+    def set_placement(self, placement: str, gpu_layers: int | None = None, reason: str = "") -> None:
+        """Show ``placement`` (one of :data:`PLACEMENTS`' data) with ``gpu_layers`` and the line
+        saying why it was chosen (empty: none); emits nothing."""
+        index = self.placement.findData(placement)
+        if index < 0:
+            raise ValueError(f"unknown placement {placement!r}")
+        self.placement.setCurrentIndex(index)
+        if gpu_layers is not None:
+            blocked = self.gpu_layers.blockSignals(True)
+            self.gpu_layers.setValue(int(gpu_layers))
+            self.gpu_layers.blockSignals(blocked)
+        self.placement_reason.setText(reason)
+        self.placement_reason.setToolTip(reason)
+        self._show_layer_count()
+
+    def set_layer_count(self, layers: int | None) -> None:
+        """The selected model's layers: the most the GPU can be given (unknown: no limit)."""
+        self.gpu_layers.setMaximum(int(layers) if layers else 1024)
+
+    def current_placement(self) -> tuple[str, int | None]:
+        """``(placement, layers on the GPU)`` as chosen ("gpu" where the choice is not offered);
+        the layers only for "layers"."""
+        if not self.placement_offered():
+            return "gpu", None
+        placement = self.placement.currentData()
+        return placement, self.gpu_layers.value() if placement == "layers" else None
+
+    def set_gpu_count(self, count: int, memory_bytes: int = 0) -> None:
+        """Offer where the model runs where there is a GPU, and splitting a model across GPUs
+        where there are ``count`` > 1 of them (from the GPU check; ``memory_bytes``: the first
+        GPU's memory, what the automatic choice compares with); with fewer, the fields are hidden
+        and a load uses one device."""
+        self.gpu_memory_bytes = int(memory_bytes) if count else 0
+        self._set_placement_visible(count > 0)
+        if not count:
+            self.set_placement("gpu")
         several = count > 1
         self.split_gpus.setRange(1, max(1, count))
         for widget in self._parallel_widgets:
@@ -125,7 +234,13 @@ class LoadOptions(QGroupBox):
             self.layer_split.clear()
 
     def parallel_choice(self) -> ParallelChoice:
-        """How the next load is to spread the model (one device where the fields are hidden)."""
+        """How the next load is to spread the model (one device where the fields are hidden);
+        where it runs other than all on the GPU takes the place of a split across GPUs."""
+        placement, gpu_layers = self.current_placement()
+        if placement == "experts":
+            return ParallelChoice(experts_on="cpu")
+        if placement == "layers":
+            return ParallelChoice(gpu_layers=gpu_layers)
         if self.split_gpus.maximum() <= 1:
             return ParallelChoice()
         return ParallelChoice(self.split_gpus.value(), self.layer_split.text().strip())

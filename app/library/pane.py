@@ -29,8 +29,10 @@ from app.elided_label import ElidedLabel
 from app.empty_state import EmptyStack, EmptyState
 from app.library.load_options import LoadOptions
 from app.library.model import INFO_ROLE, LibraryModel
+from app.library.placement import advise, estimate_split, split_text
 from app.theme import ERROR_COLORS
 from engine.inspect import MemoryVerdict, ModelInfo
+from engine.placement_memory import MemorySplit
 from engine.units import format_bytes, format_count
 
 
@@ -144,6 +146,7 @@ class LibraryPane(QWidget):
 
         self.load_options = LoadOptions(self)
         layout.addWidget(self.load_options)
+        self._placed_for: str | None = None  # the model the automatic placement was chosen for
 
         bottom = QHBoxLayout()
         self.show_button = QPushButton("Show in folder")
@@ -172,6 +175,7 @@ class LibraryPane(QWidget):
         self.stack.set_empty(model.rowCount() == 0)
         # The estimates changed (context, cache widths, device): the details say them too.
         model.dataChanged.connect(lambda *_: self._show_details(self.table.currentIndex()))
+        self.load_options.placementChosen.connect(lambda: self._show_details(self.table.currentIndex()))
 
     def set_folders(self, folders: list[str], removable_from: int = 1) -> None:
         self.folders.clear()
@@ -220,15 +224,36 @@ class LibraryPane(QWidget):
         context = self.model.context_for(info)
         self.details.setHtml(details_html(info, verdict, context, self.model.device, self.error_color))
         if info.ok:
-            self.load_options.set_estimate(
+            estimate = (
                 f"{info.name}: ≈ {format_bytes(verdict.needed_bytes)} at {context:,} tokens "
                 f"({verdict.verdict}, {format_bytes(verdict.available_bytes)} free)"
             )
+            split = self._place(info, context)
+            self.load_options.set_estimate(estimate if split is None else f"{estimate}; {split_text(split)}")
         else:
             self.load_options.set_estimate(f"{info.name} cannot be loaded (see its details).")
         self.load_button.setEnabled(info.ok)
         self.show_button.setEnabled(True)
         self.delete_button.setEnabled(True)
+
+    def refresh_placement(self) -> None:
+        """Choose where the selected model runs again (the GPU the choice depends on changed)."""
+        self._placed_for = None
+        self._show_details(self.table.currentIndex())
+
+    def _place(self, info: ModelInfo, context: int) -> MemorySplit | None:
+        """Where the model runs, where that is offered: chosen automatically when another model is
+        selected (kept as the user changes it after), and the split of its memory between the GPU
+        and system memory (None: all on the GPU)."""
+        options = self.load_options
+        if not options.placement_offered():
+            return None
+        options.set_layer_count(info.num_layers)
+        if self._placed_for != str(info.path):
+            self._placed_for = str(info.path)
+            advice = advise(info, context, self.model.cache_bits, options.gpu_memory_bytes)
+            options.set_placement(advice.placement, advice.gpu_layers, advice.reason)
+        return estimate_split(info, context, self.model.cache_bits, *options.current_placement())
 
     def _choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder with models (or a model folder)")

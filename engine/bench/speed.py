@@ -117,6 +117,12 @@ def register(sub) -> None:
         help="instead of the usual figures: the cost of a verify step of 1 + k tokens per sequence "
         "against a decode step, k = 0..8, near-empty and at --context (engine.bench.verify_cost)",
     )
+    p.add_argument(
+        "--allreduce-cost",
+        action="store_true",
+        help="with --tp N: also time the all-reduce of one hidden-size row across the ranks inside "
+        "a CUDA graph (a graph of one per layer against one without; engine.parallel.allreduce_cost)",
+    )
     p.set_defaults(func=run)
 
 
@@ -292,7 +298,9 @@ def _options(args):
 
 
 def _graphs_on(args, device: torch.device) -> bool:
-    return _options(args).cuda_graphs and device.type == "cuda"
+    # Experts in host memory run on the CPU: such decode steps are never replayed from a graph.
+    experts_on_device = getattr(args, "experts_on", "device") == "device"
+    return _options(args).cuda_graphs and device.type == "cuda" and experts_on_device
 
 
 def _exl3_mode(model) -> str | None:
@@ -356,6 +364,7 @@ def synthetic_rows(args, device: torch.device, dtype: torch.dtype, bandwidth: fl
             row.update(
                 verify_cost_row(model, args) if args.verify_cost else bench_ours(model, args, bandwidth)
             )
+            _add_allreduce_cost(row, model, args)
             row["peak_memory_bytes"] = _peak(device)
             results["rows"].append(row)
             del model
@@ -368,7 +377,16 @@ def _synthetic_model(args, name: str, hf_config: dict, bits: int | None, device,
     from engine.loading.synthetic_store import synthetic_model
 
     if args.tp <= 1:
-        return synthetic_model(hf_config, bits, device, dtype, args.head_bits, args.codebook, name=name)
+        return synthetic_model(
+            hf_config,
+            bits,
+            device,
+            dtype,
+            args.head_bits,
+            args.codebook,
+            name=name,
+            experts_on=args.experts_on,
+        )
     from engine.parallel.launch import start_tensor_parallel
 
     spec = {"hf_config": hf_config, "bits": bits, "head_bits": args.head_bits}
@@ -381,6 +399,15 @@ def _synthetic_model(args, name: str, hf_config: dict, bits: int | None, device,
     for line in report.lines():
         _log(f"tp {args.tp}: {line}")
     return model
+
+
+def _add_allreduce_cost(row: dict, model, args) -> None:
+    """``--allreduce-cost``: the figure of ``engine.parallel.allreduce_cost`` over the run's ranks."""
+    if getattr(args, "allreduce_cost", False):
+        from engine.parallel.allreduce_cost import all_reduce_cost
+
+        _log("  timing all-reduces across the ranks")
+        row["allreduce_cost"] = all_reduce_cost(model)
 
 
 def peer_row(args, device: torch.device, dtype: torch.dtype, bandwidth: float, results: dict) -> None:
@@ -417,8 +444,10 @@ def run(args: argparse.Namespace) -> int:
 
     if bool(args.model) == bool(args.synthetic):
         raise SystemExit("error: give either -m/--model DIR or --synthetic SHAPE")
-    if args.synthetic and args.split_layers:
-        raise SystemExit("error: --split-layers needs -m/--model DIR")
+    if args.synthetic and (args.split_layers or args.gpu_layers is not None):
+        raise SystemExit("error: --split-layers and --gpu-layers need -m/--model DIR")
+    if args.synthetic and args.tp > 1 and args.experts_on != "device":
+        raise SystemExit("error: --experts-on cpu cannot be combined with --tp yet")
     if getattr(args, "draft", None):
         from engine.bench.speculative import run_draft_bench
         from engine.commands.generate import draft_options
@@ -431,6 +460,8 @@ def run(args: argparse.Namespace) -> int:
         return run_draft_bench(args)
     if args.decode_tokens < 2:
         raise SystemExit("error: --decode-tokens must be at least 2")
+    if getattr(args, "allreduce_cost", False) and getattr(args, "tp", 1) < 2:
+        raise SystemExit("error: --allreduce-cost needs --tp N with N >= 2")
     if args.verify_cost:
         args.no_peer = True  # a table of our own steps: no peer figure to set beside it
     missing = None if args.no_peer else peer_missing()
@@ -454,6 +485,7 @@ def run(args: argparse.Namespace) -> int:
         "decode_tokens": args.decode_tokens,
         "batch": args.batch,
         "cache_bits": list(cache_bits(args)),
+        "experts_on": args.experts_on,  # cpu: routed experts in host memory, run on the CPU
         "cuda_graphs": _graphs_on(args, device),
         "chained_launches": False,  # set below where the decode step's kernels launch chained
         "int8_gemv": False,  # set below where MUL1 GEMVs at 1-2 rows run on the integer tensor cores
@@ -479,11 +511,13 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     model, args.options = parallel
                     results["tp"], results["split_layers"] = args.tp, args.split_layers
+                    results["gpu_layers"] = args.gpu_layers
                 _log("measuring our engine")
                 figures = (
                     verify_cost_row(model, args) if args.verify_cost else bench_ours(model, args, bandwidth)
                 )
                 row = {"label": "model", **figures}
+                _add_allreduce_cost(row, model, args)
                 row["peak_memory_bytes"] = _peak(device)
                 results["rows"].append(row)
                 del model
@@ -521,7 +555,9 @@ def format_table(r: dict) -> str:
         f"chained launches {'on' if r['chained_launches'] else 'off'}, "
         f"int8 GEMV {'on' if r.get('int8_gemv') else 'off'}"
         + (f", tp {r['tp']}" if r.get("tp", 1) > 1 else "")
-        + (f", layers split {r['split_layers']}" if r.get("split_layers") else ""),
+        + (f", layers split {r['split_layers']}" if r.get("split_layers") else "")
+        + (f", first {r['gpu_layers']} layers on the GPU" if r.get("gpu_layers") is not None else "")
+        + (", experts on the CPU" if r.get("experts_on") == "cpu" else ""),
         f"{'':<14}{'GB/step':>8}{'decode':>9}{'roof':>8}{'%':>5}"
         f"{'@' + str(r['context']):>9}{'roof':>8}{'%':>5}{'prefill':>10}{'peak GB':>9}",
         f"{'':<14}{'':>8}{'tok/s':>9}{'tok/s':>8}{'':>5}{'tok/s':>9}{'tok/s':>8}{'':>5}"
@@ -551,6 +587,11 @@ def format_table(r: dict) -> str:
                 f"at context {vs.get('decode_ctx_tokens_per_s', 0):.2f}x, "
                 f"prefill {vs.get('prefill_tokens_per_s', 0):.2f}x"
             )
+    for row in r["rows"]:
+        if "allreduce_cost" in row:
+            from engine.parallel.allreduce_cost import describe
+
+            lines.append(f"{row['label']}: {describe(row['allreduce_cost'], r.get('tp') or row.get('tp'))}")
     for row in r["rows"]:
         if "decode_sampled_tokens_per_s" in row:
             sampled = row["decode_sampled_tokens_per_s"]

@@ -14,6 +14,7 @@ from engine.commands.common import (
     stderr_progress,
 )
 from engine.errors import UsageError
+from engine.parallel.command_line import add_placement_args
 
 LOCAL = ("127.0.0.1", "localhost", "::1")
 
@@ -59,7 +60,29 @@ def register(sub) -> None:
         "--max-body-mb", type=positive_int, default=8, help="largest request body in MiB (default 8)"
     )
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add_placement_args(p)
     p.set_defaults(func=run)
+
+
+def _session(args: argparse.Namespace, bits: tuple[int, int]):
+    """The served model's session, placed as ``--gpu-layers`` / ``--experts-on`` ask."""
+    from engine.parallel.command_line import parallel_model
+    from engine.session import ChatSession
+    from engine.tokenizer import Tokenizer
+
+    placed = parallel_model(args, args.options, None, args.dtype, args.cache_tokens)
+    if placed is None:
+        return ChatSession.load(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            progress=stderr_progress,
+            cache_tokens=args.cache_tokens,
+            cache_bits=bits,
+            options=args.options,
+        )
+    model, options = placed
+    return ChatSession(model, Tokenizer.from_dir(args.model), args.cache_tokens, bits, options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,17 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"serve needs the HTTP stack ({exc.name} is missing): pip install starlette uvicorn"
         ) from None
-    from engine.session import ChatSession
-
-    session = ChatSession.load(
-        args.model,
-        device=args.device,
-        dtype=args.dtype,
-        progress=stderr_progress,
-        cache_tokens=args.cache_tokens,
-        cache_bits=bits,
-        options=args.options,
-    )
+    session = _session(args, bits)
     options = ServeOptions(
         model_name=args.served_model_name,
         api_key=args.api_key,

@@ -18,12 +18,17 @@ whole cache causes only a handful of captures. Graphs are captured lazily, on fi
 share one memory pool (only one replays at a time). Anything that does not fit (more sequences
 or pages than the largest bucket, no page free for padding) returns None: the caller runs the
 eager step instead.
+
+A model may take part in a step with other processes (a tensor-parallel run's rank 0,
+``engine.parallel.graph_steps``): its :class:`GraphHooks` then say what a graph's step runs, what
+else a graph depends on (part of its key), and tell the other ranks before each capture and
+replay, so that every rank captures and replays the same graphs in the same order.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import torch
 
@@ -55,11 +60,38 @@ def _bucket(n: int, limit: int, smallest: int = 1) -> int:
     return min(b, limit)
 
 
+class GraphHooks:
+    """How a decode graph's step runs and whom it tells: the single-process default, the model
+    alone. A model that steps with other processes offers its own as ``model.graph_hooks``."""
+
+    # Other processes take part in each step: every capture and replay must be announced, so no
+    # capture of one's own (step tuning times whole steps by capturing them) is allowed.
+    shared = False
+
+    def variant(self) -> Hashable:
+        """What the next step's graph depends on besides its shape (part of its key)."""
+        return None
+
+    def forward(self, model: CausalLM, cache: PagedKVCache, inputs: DecodeInputs, variant: Hashable):
+        """The step to warm up and capture: logits ``[batch, vocab]`` from ``inputs``' buffer."""
+        return decode_forward(model, cache, inputs)
+
+    def before_capture(self, cache: PagedKVCache, key: tuple) -> None:
+        """The graph ``key`` (batch, pages, variant) is about to be warmed up and captured."""
+
+    def before_replay(self, cache: PagedKVCache, key: tuple) -> None:
+        """The graph ``key`` is about to be replayed (its inputs are on the device)."""
+
+    def capture_failed(self, cache: PagedKVCache) -> None:
+        """A capture failed: every later step over ``cache`` runs eagerly."""
+
+
 class _Graph:
     """One captured decode shape: its input buffer, the graph and its static output."""
 
-    def __init__(self, inputs: DecodeInputs) -> None:
+    def __init__(self, inputs: DecodeInputs, key: tuple = ()) -> None:
         self.inputs = inputs
+        self.key = key  # (batch, pages, the hooks' variant)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.keepalive: tuple = ()  # buffers outside the pool the graph writes to
@@ -84,7 +116,8 @@ class DecodeGraphs:
         """``tune_splits``: before the first capture of a step shape, revise the GEMVs' split
         counts by timing whole steps (engine.kernels.tuning.tune_step; ``EngineOptions.step_tuning``)."""
         self.model, self.cache = model, cache
-        self.tune_splits = tune_splits
+        self.hooks: GraphHooks = getattr(model, "graph_hooks", None) or GraphHooks()
+        self.tune_splits = tune_splits and not self.hooks.shared
         self.max_batch = max_batch
         self.max_pages = min(max_pages or cache.num_pages, cache.num_pages)
         self.min_pages = min_pages
@@ -93,8 +126,9 @@ class DecodeGraphs:
         dynamic = getattr(model, "dynamic_decode", None)  # the Generator decodes these eagerly too
         if dynamic:
             self.failed = f"a {dynamic} step has data-dependent shapes"
-        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._graphs: dict[tuple, _Graph] = {}  # by (batch, pages, the hooks' variant)
         self._pool = None
+        self.replays = 0  # steps replayed from a graph (statistics, tests)
 
     def _pages(self, rows: Sequence[StepItem]) -> int | None:
         """Block-table columns the step's decode rows need, or None when they do not fit a graph."""
@@ -166,18 +200,21 @@ class DecodeGraphs:
             if self.cache.pages.available == 0:
                 return None
             (scratch,) = self.cache.pages.allocate(1)
+        key = (batch, pages, self.hooks.variant())
         try:
-            entry = self._graphs.get((batch, pages))
+            entry = self._graphs.get(key)
             if entry is None:
-                entry = self._graphs[(batch, pages)] = _Graph(
-                    DecodeInputs(batch, pages, self.cache.page_size, self.device)
+                entry = self._graphs[key] = _Graph(
+                    DecodeInputs(batch, pages, self.cache.page_size, self.device), key
                 )
             entry.inputs.fill(items, scratch, self.cache.state_slots.scratch)
             if ids is not None:  # stream-ordered after the step that produced them
                 entry.inputs.buffer[: len(items)].copy_(ids)
             if entry.graph is None and not self._capture(entry):
                 return None
+            self.hooks.before_replay(self.cache, key)
             entry.graph.replay()
+            self.replays += 1
             return entry.logits[: len(items)]
         finally:
             if scratch is not None:
@@ -193,17 +230,22 @@ class DecodeGraphs:
         real_slots = slots.clone()
         slots.fill_(self.cache.state_slots.scratch)
         try:
-            return self._warm_up_and_capture(entry)
+            self.hooks.before_capture(self.cache, entry.key)
+            captured = self._warm_up_and_capture(entry)
         finally:
             slots.copy_(real_slots)
+        if not captured:
+            self.hooks.capture_failed(self.cache)
+        return captured
 
     def _warm_up_and_capture(self, entry: _Graph) -> bool:
+        step, variant = self.hooks.forward, entry.key[2]
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream), kernels.tuning.recorded_keys() as keys:
                 for _ in range(WARMUP_STEPS):
-                    decode_forward(self.model, self.cache, entry.inputs)
+                    step(self.model, self.cache, entry.inputs, variant)
             torch.cuda.current_stream(self.device).wait_stream(stream)
             if self.tune_splits:
                 tuning = kernels.tuning.tune_step_once(sorted(keys, key=repr), lambda: self._time_step(entry))
@@ -218,7 +260,7 @@ class DecodeGraphs:
             # thread_local: only this thread's calls are checked while capturing (the app decodes
             # on a worker thread; another thread's unrelated CUDA call must not fail the capture).
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                logits = decode_forward(self.model, self.cache, entry.inputs)
+                logits = step(self.model, self.cache, entry.inputs, variant)
         except Exception as exc:  # an op that cannot be captured: stay eager from now on
             self.failed = f"{type(exc).__name__}: {exc}"
             print(f"trellis: CUDA graph capture failed ({self.failed}); decoding eagerly", file=sys.stderr)
@@ -249,7 +291,7 @@ class DecodeGraphs:
     @property
     def captured(self) -> list[tuple[int, int]]:
         """(batch, pages) shapes captured so far."""
-        return sorted(key for key, g in self._graphs.items() if g.graph is not None)
+        return sorted({key[:2] for key, g in self._graphs.items() if g.graph is not None})
 
 
 def describe_step(entry: _Graph) -> str:

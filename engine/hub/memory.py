@@ -153,6 +153,27 @@ def _gpus() -> list[tuple[str, int, int]]:
     return gpus
 
 
+def _expert_share(config: dict[str, Any]) -> float:
+    """The share of a mixture of experts' parameters in its routed experts (0 for a dense model),
+    counted from the config: the experts' projections against the attention's and the
+    embedding's (norms and routers are too small to matter)."""
+    cfg = text_config(config)
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+    hidden = int(cfg.get("hidden_size") or 0)
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    width = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+    if not (experts and hidden and layers and width):
+        return 0.0
+    moe_layers = max(0, layers - int(cfg.get("first_k_dense_replace") or 0))
+    routed = moe_layers * experts * 3 * hidden * width
+    heads = int(cfg.get("num_attention_heads") or 0)
+    head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    attention = layers * hidden * head_dim * (2 * heads + 2 * kv_heads)
+    embedding = int(cfg.get("vocab_size") or 0) * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    return routed / (routed + attention + embedding)
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     weights: int
@@ -160,6 +181,10 @@ class MemoryEstimate:
     overhead: int
     context_length: int
     machine: MachineMemory
+    # The weights of the routed experts (a mixture of experts; 0 for a dense model) and the
+    # decoder layers: what the GPU could leave to system memory (gpu_split).
+    expert_weights: int = 0
+    layers: int = 0
 
     @property
     def total(self) -> int:
@@ -191,7 +216,33 @@ class MemoryEstimate:
             "cpu": "fits in RAM only (CPU, slow)",
             "no": "does not fit",
         }[self.verdict]
-        return f"{verdict}: {need}; {have}"
+        split = self.gpu_split()
+        return f"{verdict}: {need}; {have}" + (f"; {split}" if split else "")
+
+    def gpu_split(self) -> str | None:
+        """Where a model too big for the GPU would run with part of it in system memory: its
+        routed experts there (``--experts-on cpu``) where the rest then fits the GPU, else its
+        first layers on the GPU (``--gpu-layers N``); None where it fits whole or there is no GPU."""
+        m, h = self.machine, format_bytes
+        if not m.gpus or self.total <= m.vram_total:
+            return None
+        vram = m.gpus[0][1]
+        if self.expert_weights:
+            gpu = self.total - int(self.expert_weights * (1 + OVERHEAD_FRACTION))
+            if gpu <= vram:
+                return (
+                    f"with its experts in system memory: GPU ≈ {h(gpu)} + system memory ≈ "
+                    f"{h(self.expert_weights)}"
+                )
+        if not self.layers:
+            return None
+        per_layer = (self.weights + self.kv_cache) / self.layers * (1 + OVERHEAD_FRACTION)
+        on_gpu = max(0, min(self.layers, int((vram - (self.total - per_layer * self.layers)) // per_layer)))
+        host = int((self.weights + self.kv_cache) * (self.layers - on_gpu) / self.layers)
+        return (
+            f"with its first {on_gpu} of {self.layers} layers on the GPU: GPU ≈ "
+            f"{h(self.total - int(host * (1 + OVERHEAD_FRACTION)))} + system memory ≈ {h(host)}"
+        )
 
 
 def estimate_memory(
@@ -204,10 +255,13 @@ def estimate_memory(
 ) -> MemoryEstimate:
     kv = kv_cache_bytes(config or {}, context_length, kv_bytes_per_element)
     overhead = OVERHEAD_FIXED + int(OVERHEAD_FRACTION * weights_bytes)
+    cfg = text_config(config or {})
     return MemoryEstimate(
         weights=weights_bytes,
         kv_cache=kv,
         overhead=overhead,
         context_length=context_length,
         machine=machine or machine_memory(),
+        expert_weights=int(weights_bytes * _expert_share(config or {})),
+        layers=int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0),
     )

@@ -150,9 +150,12 @@ def build_sparse_moe(reader: LayerReader, spec: SparseMoESpec, names: SparseMoEN
         n = spec.num_experts
         shape = [1, n] if names.selection_bias_row else [n]
         bias = reader.tensor(names.selection_bias, shape, torch.float32).reshape(n)
+    router = reader.linear(names.router, h, spec.num_experts, spec.router_bias)
+    with reader.routed_experts():  # in host memory with --experts-on cpu (engine.modules.host_experts)
+        experts = _routed_experts(reader, spec, names, d)
     return SparseMoE(
-        reader.linear(names.router, h, spec.num_experts, spec.router_bias),
-        _routed_experts(reader, spec, names, d),
+        router,
+        experts,
         spec.experts_per_token,
         spec.normalize,
         shared,

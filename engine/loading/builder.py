@@ -11,7 +11,8 @@ from.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -49,9 +50,35 @@ class ModelBuilder:
         self.spec, self.names, self.store = spec, names, store
         self.dtype, self.device, self.context = dtype, torch.device(device), context
         self._exl3_mode = exl3_mode
+        # Where the routed experts of mixture-of-experts layers are built (``place_experts``;
+        # None: on ``device`` with the rest); ``_decode_on``: where EXL3 weights are decoded while
+        # such experts are built on the host (the model's device: a GPU dequantizes far faster).
+        self.experts_device: torch.device | None = None
+        self._decode_on: torch.device | None = None
         # Per layer built, the keys of the stored tensors it keeps as they are, outside any linear
         # or norm (LayerReader.tensor): what a converter copies besides those.
         self.kept_tensors: dict[int, list[str]] = {}
+
+    def place_experts(self, device: torch.device | str | None) -> None:
+        """Build the routed experts of every mixture-of-experts layer on ``device`` (the host,
+        for ``--experts-on cpu``: ``engine.modules.host_experts``); None: on the model's device."""
+        self.experts_device = None if device is None else torch.device(device)
+
+    @contextmanager
+    def routed_experts(self) -> Iterator[None]:
+        """Within: tensors and linears are made on :attr:`experts_device` (where one is set), EXL3
+        ones dequantized once into dense weights of the model's dtype (the CPU runs those
+        fastest), decoded on the model's device and then moved."""
+        host = self.experts_device
+        if host is None or host == self.device:
+            yield
+            return
+        saved = self.device, self._exl3_mode, self._decode_on
+        self.device, self._exl3_mode, self._decode_on = host, "dense", self.device
+        try:
+            yield
+        finally:
+            self.device, self._exl3_mode, self._decode_on = saved
 
     # -- leaves ---------------------------------------------------------------------------
 
@@ -87,7 +114,7 @@ class ModelBuilder:
                 out_features,
                 mode=self.exl3_mode(),
                 dtype=self.dtype,
-                device=self.device,
+                device=self._decode_on or self.device,
             )
             if bias_t is not None:
                 layer.bias = bias_t
@@ -251,6 +278,11 @@ class LayerReader:
         selection bias); a converter copies it unquantized."""
         self.kept.append(self.key(name))
         return self._builder.tensor(self.key(name), shape, dtype)
+
+    def routed_experts(self):
+        """A context within which the layer's routed experts are read (where the model keeps them:
+        :meth:`ModelBuilder.routed_experts`)."""
+        return self._builder.routed_experts()
 
     def packed_tensor(self, name: str, shape: list[int] | None) -> torch.Tensor:
         """A stored tensor that packs several weights, which the module takes apart (the fused

@@ -257,16 +257,18 @@ def synthetic_model(
     exl3_mode: str | None = None,
     name: str = "custom",
     seed: int = 0,
+    experts_on: str = "device",
 ):
     """A :class:`LoadedModel` of shape ``hf_config`` with random EXL3 weights at ``bits`` (dense
-    weights of ``dtype`` when ``bits`` is None), built by the normal builder on ``device``."""
+    weights of ``dtype`` when ``bits`` is None), built by the normal builder on ``device``
+    (``experts_on``: as for ``engine.model.load_model``)."""
     from engine.model import build_model, default_dtype
 
     dev = torch.device(device)
     dtype = dtype or default_dtype(dev)
     config = synthetic_config(hf_config, name, bits, head_bits, codebook)
     store = SyntheticWeightStore(config, bits, head_bits, codebook, dtype, dev, seed)
-    return build_model(config, store, dev, dtype, context, exl3_mode=exl3_mode)
+    return build_model(config, store, dev, dtype, context, exl3_mode=exl3_mode, experts_on=experts_on)
 
 
 def write_synthetic_model(

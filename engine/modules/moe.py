@@ -14,7 +14,8 @@ expert and runs each chosen expert once on its rows; on the GPU, up to
 that read the chosen experts' indices on the device (``engine.kernels.moe``), from the experts'
 weights stacked per projection kind (``engine.modules.stacked_experts``). The routing itself is
 torch ops without a host sync either way, so such a layer's decode step can be replayed from a
-CUDA graph.
+CUDA graph. With ``--experts-on cpu`` the routed experts live in host memory and
+:meth:`SparseMoE._dispatch` runs there (``engine.modules.host_experts``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from engine import kernels
+from engine.modules import host_experts
 from engine.modules.linear import LinearSite
 from engine.modules.stacked_experts import stack_experts
 
@@ -99,13 +101,19 @@ class SparseMoE(nn.Module):
         # The experts' weights stacked per projection kind for the device-routed kernels (the
         # experts then hold views of them); None where the experts are not alike streaming EXL3.
         self.stacked = stack_experts(experts)
+        # Where the routed experts live and run when that is not where the rest of the layer is:
+        # host memory, with --experts-on cpu (engine.modules.host_experts); None: with the rest.
+        self.experts_host: torch.device | None = None
 
     @property
     def dynamic_decode(self) -> str | None:
         """Why a decode step's work depends on its tokens, or None where it does not: the torch
         path reads the per-expert counts on the host and runs the chosen experts on as many rows
         as chose them; the device-routed kernels (where they take these experts) launch the same
-        shapes whatever the router chose, so a CUDA graph can replay the step."""
+        shapes whatever the router chose, so a CUDA graph can replay the step. Experts in host
+        memory run on the host's torch path."""
+        if self.experts_host is not None:
+            return host_experts.REASON
         return None if kernels.moe.supports(self.stacked) else "mixture-of-experts"
 
     def quantizable_linears(self) -> list[LinearSite]:
@@ -169,7 +177,10 @@ class SparseMoE(nn.Module):
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """The routed experts' mix in float32: the device-routed kernels where they apply (a few
-        rows of stacked EXL3 experts on the GPU), else :meth:`_dispatch`."""
+        rows of stacked EXL3 experts on the GPU), else :meth:`_dispatch`, on the host for experts
+        kept there (one copy each way)."""
+        if self.experts_host is not None:
+            return host_experts.mix_on_host(self._dispatch, x, weights, chosen, self.experts_host)
         if x.is_cuda and self.stacked is not None:
             out = kernels.moe.expert_mlp(x, weights, chosen, self.stacked)
             if out is not None:

@@ -3,6 +3,8 @@
 One concept per module: :mod:`~engine.parallel.launch` starts the ranks, :mod:`~.sharding` cuts a
 loaded model into a rank's shard (:mod:`~.heads`, :mod:`~.slicing`, :mod:`~.vocab`,
 :mod:`~.reduced`), :mod:`~.leader` and :mod:`~.follower` run the step protocol of
-:mod:`~.step_plan`, and :mod:`~.placement` puts consecutive layers on different devices.
+:mod:`~.step_plan` (decode steps through CUDA graphs every rank captures alike:
+:mod:`~.graph_steps`; the cost of an all-reduce in one: :mod:`~.allreduce_cost`), and
+:mod:`~.placement` puts consecutive layers on different devices.
 See docs/PARALLEL.md.
 """

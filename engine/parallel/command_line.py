@@ -1,4 +1,5 @@
-"""``--tp N`` and ``--split-layers COUNTS`` for the commands that load a model (generate, bench)."""
+"""``--tp N``, ``--split-layers COUNTS``, ``--gpu-layers N`` and ``--experts-on cpu`` for the
+commands that load a model (generate, bench; serve takes the last two)."""
 
 from __future__ import annotations
 
@@ -31,28 +32,70 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
         help="consecutive layers per device, e.g. 20,12 (GPUs 0, 1, ...; the CPU where there are "
         "fewer GPUs than parts)",
     )
+    add_placement_args(p)
+
+
+def add_placement_args(p: argparse.ArgumentParser) -> None:
+    """The options that put part of one model in host memory, run by the CPU."""
+    p.add_argument(
+        "--gpu-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the first N layers on the GPU, the rest on the CPU (a model larger than the GPU)",
+    )
+    p.add_argument(
+        "--experts-on",
+        choices=("device", "cpu"),
+        default="device",
+        help="cpu: the routed experts of a mixture-of-experts model in host memory, computed on the "
+        "CPU; attention, router and shared experts on the device (default: device)",
+    )
 
 
 def parallel_model(
     args: argparse.Namespace,
     options: EngineOptions | None,
-    stack: ExitStack,
+    stack: ExitStack | None,
     dtype: str | None = None,
     context: int | None = None,
 ) -> tuple[LoadedModel, EngineOptions | None] | None:
-    """The model as ``--tp``/``--split-layers`` ask (the tensor-parallel run closed by ``stack``)
-    and the options to run it with, or None where neither is given (the caller loads it as
-    usual)."""
+    """The model as ``--tp``/``--split-layers``/``--gpu-layers``/``--experts-on`` ask (the
+    tensor-parallel run closed by ``stack``, which a command without ``--tp`` may leave None) and
+    the options to run it with, or None where none is given (the caller loads it as usual)."""
     from engine.cache.state import RecurrentState
     from engine.model import load_model, resolve_device
 
     tp, split = getattr(args, "tp", 1), getattr(args, "split_layers", None)
-    if tp == 1 and split is None:
+    gpu_layers, experts_on = getattr(args, "gpu_layers", None), getattr(args, "experts_on", "device")
+    if tp == 1 and split is None and gpu_layers is None and experts_on == "device":
         return None
     if tp > 1 and split is not None:
         raise UsageError("--tp and --split-layers cannot be combined yet")
+    if gpu_layers is not None and (tp > 1 or split is not None):
+        raise UsageError("--gpu-layers is a layer split of its own: it takes neither --tp nor --split-layers")
+    if experts_on != "device" and (tp > 1 or split is not None or gpu_layers is not None):
+        raise UsageError("--experts-on cpu cannot be combined with --tp, --split-layers or --gpu-layers yet")
     if not getattr(args, "model", None):
-        raise UsageError("--tp and --split-layers need -m/--model DIR")
+        raise UsageError("--tp, --split-layers, --gpu-layers and --experts-on need -m/--model DIR")
+    if experts_on != "device":
+        model = load_model(
+            args.model,
+            device=args.device,
+            dtype=dtype,
+            context=context,
+            options=options,
+            experts_on=experts_on,
+        )
+        return model, options
+    if gpu_layers is not None:
+        from engine.parallel.gpu_layers import load_gpu_layers
+
+        if args.device == "cpu":
+            raise UsageError("--gpu-layers puts layers on a GPU: it cannot run with --device cpu")
+        gpu = resolve_device(args.device) if str(args.device).startswith("cuda") else None
+        model = load_gpu_layers(args.model, gpu_layers, gpu, dtype=dtype, context=context, options=options)
+        return model, options
     if tp > 1:
         from engine.parallel.launch import start_tensor_parallel
 

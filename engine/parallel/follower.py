@@ -9,8 +9,10 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.modules.decoder import CausalLM
 from engine.parallel import messages
+from engine.parallel.allreduce_cost import TimeAllReduces, replay_times
+from engine.parallel.graph_steps import FollowerGraphs
 from engine.parallel.snapshot_mirror import replay
-from engine.parallel.step_plan import CacheSetup, StepPlan, Stop
+from engine.parallel.step_plan import CacheSetup, DropGraphs, GraphStep, StepPlan, Stop
 from engine.parallel.vocab import set_argmax_only
 
 
@@ -18,8 +20,9 @@ from engine.parallel.vocab import set_argmax_only
 def follow(module: CausalLM, states: Sequence, device: torch.device) -> int:
     """Run rank 0's steps on this rank's shard ``module`` until it says stop; ``states``: the
     per-layer states this rank's caches keep (``engine.parallel.sharding.local_states``).
-    Returns the number of steps run."""
+    Returns the number of steps run (eager and from graphs; captures not counted)."""
     caches: dict[int, PagedKVCache] = {}
+    graphs = FollowerGraphs(module, device)
     steps = 0
     while True:
         message = messages.receive()
@@ -43,5 +46,14 @@ def follow(module: CausalLM, states: Sequence, device: torch.device) -> int:
             set_argmax_only(module, message.argmax_only)
             module(ids, layout, cache, rows, splice=splice)
             steps += 1
+        elif isinstance(message, GraphStep):
+            cache = caches[message.cache_id]
+            replay(cache.snapshots, message.cache_ops)
+            graphs.run(cache, message)
+            steps += 0 if message.capture else 1
+        elif isinstance(message, DropGraphs):
+            graphs.drop(message.cache_id)
+        elif isinstance(message, TimeAllReduces):
+            replay_times(message, device)
         else:
             raise TypeError(f"unknown message from rank 0: {type(message).__name__}")

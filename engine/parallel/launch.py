@@ -82,6 +82,14 @@ class RankSetup:
     # Random weights of a shape instead of a directory: synthetic_model's arguments (shape,
     # bits, head bits, codebook, name, seed); every rank builds the same model and cuts it.
     synthetic: dict | None = None
+    # A run of one rank that still makes its process group and shards (start_tensor_parallel's
+    # group_of_one): the tensor-parallel path, collectives included, on one device.
+    group_of_one: bool = False
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the ranks load shards (and join a process group)."""
+        return self.world > 1 or self.group_of_one
 
     def rank_device(self, rank: int) -> torch.device:
         return torch.device("cuda", rank) if self.device == "cuda" else torch.device("cpu")
@@ -117,7 +125,7 @@ def load_shard(setup: RankSetup, rank: int) -> tuple[LoadedModel, ShardReport]:
     if setup.synthetic is not None:
         model = _synthetic(setup, rank)
     else:
-        builder = partial(ShardBuilder, rank=rank, world=setup.world) if setup.world > 1 else ModelBuilder
+        builder = partial(ShardBuilder, rank=rank, world=setup.world) if setup.sharded else ModelBuilder
         model = load_model(
             setup.directory,
             device=str(setup.rank_device(rank)),
@@ -130,7 +138,7 @@ def load_shard(setup: RankSetup, rank: int) -> tuple[LoadedModel, ShardReport]:
     if rank > 0:  # rank 0's vision tower encodes the images; the steps carry its embeddings
         model = replace(model, vision=None)
     with torch.inference_mode():
-        report = shard_model(model.module, rank, setup.world)
+        report = shard_model(model.module, rank, setup.world, grouped=setup.sharded)
         if load_stored(model.module):  # the linears kept whole on every rank
             _restack_whole_mixtures(model.module)
     return model, report
@@ -211,9 +219,12 @@ def _how(exitcode: int) -> str:
 class TensorParallelRun:
     """Rank 0's handle on the other ranks: their processes, the watchdog, shutting down."""
 
-    def __init__(self, processes: list, exit_on_failure: bool) -> None:
+    def __init__(self, processes: list, exit_on_failure: bool, grouped: bool | None = None) -> None:
+        """``grouped``: this process is in the run's process group (default: where there are
+        other ranks; a test's run of one rank may make one too)."""
         self.processes = processes  # rank r's process at index r - 1
         self.exit_on_failure = exit_on_failure
+        self.grouped = bool(processes) if grouped is None else grouped
         self.failure: RankFailedError | None = None
         self._closing = False
         self._surfaced = threading.Event()  # rank 0's main thread raised the failure
@@ -270,9 +281,9 @@ class TensorParallelRun:
         self._closing = True
         if _current is self:
             _current = None
-        if not self.processes:  # one rank: no process group was made
+        if not self.grouped:  # one rank: no process group was made
             return
-        if self.failure is None and not abort:
+        if self.processes and self.failure is None and not abort:
             try:
                 messages.send(Stop())
             except RuntimeError:
@@ -315,6 +326,7 @@ def start_tensor_parallel(
     timeout_s: float = 300.0,
     exit_on_failure: bool = False,
     synthetic: dict | None = None,
+    group_of_one: bool = False,
 ) -> tuple[LoadedModel, TensorParallelRun, ShardReport]:
     """Start ``world`` ranks over the model in ``directory``; this process becomes rank 0.
 
@@ -323,20 +335,31 @@ def start_tensor_parallel(
     end this process when a rank dies and rank 0 cannot be woken otherwise (a command line's
     choice, not a library's). ``world`` 1 is the single-process model (:func:`load_model`), with a
     run that has nothing to close. ``synthetic``: random weights of a shape instead of
-    ``directory`` (the arguments of ``engine.loading.synthetic_store.synthetic_model``). The
-    caller closes the run (:meth:`TensorParallelRun.close`, or
-    ``with run:``, which ends the other ranks at once where its block raised) when done.
+    ``directory`` (the arguments of ``engine.loading.synthetic_store.synthetic_model``).
+    ``group_of_one`` (tests, not a user option): with ``world`` 1, make the process group (NCCL
+    on CUDA) and shard all the same, so that one device runs the tensor-parallel path, its
+    collectives and their capture in CUDA graphs included. The caller closes the run
+    (:meth:`TensorParallelRun.close`, or ``with run:``, which ends the other ranks at once where
+    its block raised) when done.
     """
     if world < 1:
         raise UsageError(f"--tp takes a number of ranks >= 1, got {world}")
     kind = _device_kind(device, world)
-    if options is not None and kind == "cuda" and world > 1:  # each step broadcasts from the host
-        options = replace(options, cuda_graphs=False)
     where = "" if directory is None else str(directory)
     setup = RankSetup(
-        where, world, free_port(), kind, dtype, exl3_mode, context, options, timeout_s, synthetic
+        where,
+        world,
+        free_port(),
+        kind,
+        dtype,
+        exl3_mode,
+        context,
+        options,
+        timeout_s,
+        synthetic,
+        group_of_one,
     )
-    if world == 1:  # the single-process model itself: no processes, no process group, no collectives
+    if not setup.sharded:  # the single-process model itself: no processes, no process group, no collectives
         if synthetic is not None:
             return _synthetic(setup, 0), TensorParallelRun([], exit_on_failure), ShardReport()
         model = load_model(
@@ -353,7 +376,7 @@ def start_tensor_parallel(
         process = context_mp.Process(target=_follower_main, args=(rank, setup, os.getpid()), daemon=True)
         process.start()
         processes.append(process)
-    run = TensorParallelRun(processes, exit_on_failure)
+    run = TensorParallelRun(processes, exit_on_failure, grouped=True)
     _set_current(run)
     try:
         join_group(setup, 0)

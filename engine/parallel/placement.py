@@ -132,13 +132,13 @@ def split_layers(model: LoadedModel, counts: Sequence[int], devices: Sequence[to
     last = len(blocks) - 1
     for i in range(counts[0], len(blocks)):
         device, block = per_layer[i], blocks[i]
-        _own_rotaries(block, device, rotaries)  # shared RoPE tables stay where the others use them
+        own_rotaries(block, device, rotaries)  # shared RoPE tables stay where the others use them
         block.to(device)
         blocks[i] = PlacedBlock(block, device, home, last=i == last)
     return replace(model, layer_devices=per_layer)
 
 
-def _own_rotaries(block: nn.Module, device: torch.device, copies: dict) -> None:
+def own_rotaries(block: nn.Module, device: torch.device, copies: dict) -> None:
     """Give ``block`` its device's copy of every rotary module it shares with other blocks."""
     for module in block.modules():
         rope = getattr(module, "rope", None)

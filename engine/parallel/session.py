@@ -1,4 +1,5 @@
-"""A chat session over a model spread across devices: tensor parallel ranks or a layer split.
+"""A chat session over a model spread across devices: tensor parallel ranks, a layer split (also
+the first N layers on the GPU and the rest on the CPU) or routed experts in host memory.
 
 What a front end (the app's worker) loads when the user asks for more than one GPU; unloading
 the session ends the tensor-parallel run's other ranks, and after a failed run (a rank that
@@ -15,6 +16,7 @@ from engine.cache.state import RecurrentState
 from engine.errors import UsageError
 from engine.model import LoadedModel, load_model, resolve_device
 from engine.options import EngineOptions
+from engine.parallel.gpu_layers import load_gpu_layers
 from engine.parallel.launch import TensorParallelRun, start_tensor_parallel
 from engine.parallel.placement import default_devices, parse_split, split_layers
 from engine.session import ChatSession, Progress
@@ -49,11 +51,18 @@ class ParallelChatSession(ChatSession):
         cache_tokens: int | None = None,
         cache_bits: tuple[int, int] = (16, 16),
         options: EngineOptions | None = None,
+        experts_on: str = "device",
+        gpu_layers: int | None = None,
     ) -> ParallelChatSession:
-        """Load ``model_dir`` over ``tensor_parallel`` ranks (one GPU each, or the CPU) or with
-        ``split`` layers per device (``"20,12"``); not both."""
-        if tensor_parallel > 1 and split:
-            raise UsageError("a model is split either across ranks or by layers, not both")
+        """Load ``model_dir`` over ``tensor_parallel`` ranks (one GPU each, or the CPU), with
+        ``split`` layers per device (``"20,12"``), with its first ``gpu_layers`` layers on the GPU
+        and the rest on the CPU (``engine.parallel.gpu_layers``), or on one device with its routed
+        experts in host memory (``experts_on="cpu"``); one of these at a time."""
+        chosen = [tensor_parallel > 1, bool(split), gpu_layers is not None, experts_on != "device"]
+        if sum(chosen) > 1:
+            raise UsageError(
+                "a model is split across ranks, by layers, by GPU layers or by experts: one at a time"
+            )
         tokenizer = Tokenizer.from_dir(model_dir)  # fail fast, before reading weights
         if progress:
             progress(0.0, "loading the model's parts")
@@ -70,9 +79,19 @@ class ParallelChatSession(ChatSession):
             except BaseException:
                 run.close(abort=True)
                 raise
+        if gpu_layers is not None:
+            if device == "cpu":
+                raise UsageError("the first layers on the GPU need a GPU, and the device is the CPU")
+            gpu = resolve_device(device) if device.startswith("cuda") else None
+            model = load_gpu_layers(
+                model_dir, gpu_layers, gpu, context=cache_tokens, options=options, progress=progress
+            )
+            return cls(model, tokenizer, cache_tokens, cache_bits, options)
         parts = len(split.split(",")) if split else 1
         devices = default_devices(parts) if device == "auto" else [resolve_device(device)] * parts
-        model = load_model(model_dir, device=str(devices[0]), context=cache_tokens, options=options)
+        model = load_model(
+            model_dir, device=str(devices[0]), context=cache_tokens, options=options, experts_on=experts_on
+        )
         if split:
             model = split_layers(model, parse_split(split, len(model.module.blocks)), devices)
         return cls(model, tokenizer, cache_tokens, cache_bits, options)

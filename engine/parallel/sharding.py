@@ -59,10 +59,12 @@ class ShardReport:
         return out
 
 
-def shard_model(module: CausalLM, rank: int, world: int) -> ShardReport:
-    """Turn ``module`` (a whole model, on this rank's device) into rank ``rank``'s shard, in place."""
+def shard_model(module: CausalLM, rank: int, world: int, grouped: bool = False) -> ShardReport:
+    """Turn ``module`` (a whole model, on this rank's device) into rank ``rank``'s shard, in place.
+    ``grouped``: with ``world`` 1, shard all the same (every part whole, the collectives kept: a
+    test's run of one rank in a process group); else one rank keeps the model as it is."""
     report = ShardReport()
-    if world == 1:
+    if world == 1 and not grouped:
         return report
     if module.per_layer_inputs is not None:
         raise UsageError("tensor parallelism does not support per-layer inputs (Gemma 4) yet")

@@ -37,6 +37,33 @@ class Stop:
 
 
 @dataclass
+class GraphStep:
+    """A decode step through the CUDA graph of shape ``(batch, pages)`` and head mode
+    ``argmax_only`` over cache ``cache_id`` (:mod:`engine.parallel.graph_steps`): ``capture``
+    warms it up and captures it (no replay), else it is replayed. The step's inputs reach the
+    other ranks inside the step itself (broadcast from rank 0's device buffer), so the message
+    names only the graph, after replaying ``cache_ops`` as :class:`StepPlan` does."""
+
+    cache_id: int
+    batch: int
+    pages: int
+    argmax_only: bool
+    capture: bool
+    cache_ops: list[tuple[str, tuple]] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[int, int, bool]:
+        return self.batch, self.pages, self.argmax_only
+
+
+@dataclass
+class DropGraphs:
+    """Rank 0's capture failed: drop cache ``cache_id``'s graphs (its decode steps run eagerly)."""
+
+    cache_id: int
+
+
+@dataclass
 class StepPlan:
     """One forward step: ``model(ids, layout, cache, logit_rows, splice)`` after replaying
     ``cache_ops`` (``(method, args)`` calls on the cache's snapshot pool, in rank 0's order).

@@ -1,0 +1,97 @@
+"""How a model's memory divides between the GPU and system memory, for each way it can run: all on
+the GPU, its routed experts in system memory (``--experts-on cpu``), or its first N layers on the
+GPU and the rest on the CPU (``--gpu-layers N``); and which of them to suggest for a GPU of a
+given size. From what ``engine.inspect`` read of the files: no torch, cheap enough for a label.
+
+Parts that move to system memory take the form the engine gives them there: routed experts and
+layers of an EXL3 model are dequantized to 16 bits, anything else stays as stored. The estimate's
+overhead (activations, allocator slack) follows the part left on the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.inspect import ModelInfo
+
+PLACEMENTS = ("gpu", "experts", "layers")
+_OVERHEAD_RATIO = 0.10  # as engine.inspect's estimate
+
+
+@dataclass(frozen=True)
+class MemorySplit:
+    """Bytes on the GPU and in system memory."""
+
+    gpu_bytes: int
+    host_bytes: int
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """Where to run a model: ``placement`` one of :data:`PLACEMENTS`, ``gpu_layers`` the layers
+    on the GPU for "layers"; ``needed`` the all-on-GPU estimate it was chosen against."""
+
+    placement: str
+    gpu_layers: int | None
+    needed: MemorySplit
+
+
+def _host_form(info: ModelInfo, stored: int, parameters: int | None = None) -> int:
+    """Bytes in system memory of ``stored`` bytes of weights (EXL3: dequantized to 16 bits)."""
+    if not info.is_exl3:
+        return stored
+    if parameters is not None:
+        return 2 * parameters
+    bits = info.bits_per_weight or 16.0
+    return int(stored * 16 / bits)
+
+
+def memory_split(
+    info: ModelInfo,
+    context: int,
+    cache_bits: tuple[int, int] = (16, 16),
+    placement: str = "gpu",
+    gpu_layers: int | None = None,
+) -> MemorySplit:
+    """The GPU and system-memory parts of running ``info``'s model with ``context`` tokens of
+    context placed as ``placement`` says (``gpu_layers`` for "layers")."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {', '.join(PLACEMENTS)}, got {placement!r}")
+    total = info.memory_needed(context, "cuda", cache_bits)
+    if placement == "gpu":
+        return MemorySplit(total, 0)
+    if placement == "experts":
+        moved = info.expert_weight_bytes
+        host = _host_form(info, moved, info.expert_parameter_count)
+        return MemorySplit(total - int(moved * (1 + _OVERHEAD_RATIO)), host)
+    layers = info.num_layers or 0
+    n = layers if gpu_layers is None else max(0, min(int(gpu_layers), layers))
+    share = (layers - n) / layers if layers else 0.0
+    moved = int(info.layer_weight_bytes * share)
+    cache = int(info.kv_cache_bytes(context, 2, cache_bits) * share)
+    host = _host_form(info, moved) + cache
+    return MemorySplit(total - int((moved + cache) * (1 + _OVERHEAD_RATIO)), host)
+
+
+def layers_that_fit(info: ModelInfo, context: int, cache_bits: tuple[int, int], gpu_bytes: int) -> int:
+    """The most layers whose "layers" split fits ``gpu_bytes`` on the GPU (0 where none does)."""
+    fitting = [
+        n
+        for n in range((info.num_layers or 0) + 1)
+        if memory_split(info, context, cache_bits, "layers", n).gpu_bytes <= gpu_bytes
+    ]
+    return fitting[-1] if fitting else 0
+
+
+def suggest_placement(
+    info: ModelInfo, context: int, cache_bits: tuple[int, int], gpu_bytes: int
+) -> Suggestion:
+    """All on the GPU where the model fits ``gpu_bytes`` (or the GPU's size is unknown, 0); else
+    its routed experts in system memory where the rest then fits; else as many layers on the GPU
+    as fit."""
+    needed = memory_split(info, context, cache_bits)
+    if gpu_bytes <= 0 or needed.gpu_bytes <= gpu_bytes:
+        return Suggestion("gpu", None, needed)
+    if info.expert_weight_bytes and memory_split(info, context, cache_bits, "experts").gpu_bytes <= gpu_bytes:
+        return Suggestion("experts", None, needed)
+    return Suggestion("layers", layers_that_fit(info, context, cache_bits, gpu_bytes), needed)
