@@ -19,11 +19,13 @@
 namespace trellis {
 namespace {
 
-int cluster_call(int codebook, bool int8, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+// rg: the kernel's column groups (gemv_row_groups of the launch's rows).
+int cluster_call(int codebook, bool int8, int rg, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
                  cudaStream_t stream, bool pdl = false) {
-  if (codebook == CB_3INST) return gemv_cluster_dispatch<CB_3INST>(int8, mode, a, blocks, splits, smem, stream, pdl);
-  if (codebook == CB_MCG) return gemv_cluster_dispatch<CB_MCG>(int8, mode, a, blocks, splits, smem, stream, pdl);
-  return gemv_cluster_dispatch<CB_MUL1>(int8, mode, a, blocks, splits, smem, stream, pdl);
+  if (codebook == CB_3INST)
+    return gemv_cluster_dispatch<CB_3INST>(int8, rg, mode, a, blocks, splits, smem, stream, pdl);
+  if (codebook == CB_MCG) return gemv_cluster_dispatch<CB_MCG>(int8, rg, mode, a, blocks, splits, smem, stream, pdl);
+  return gemv_cluster_dispatch<CB_MUL1>(int8, rg, mode, a, blocks, splits, smem, stream, pdl);
 }
 
 // The q/k/v epilogue's arguments (see GemvRopeEpilogue), checked; false when none was asked for.
@@ -77,14 +79,14 @@ bool set_epilogue(GemvMultiArgs& a, const at::Tensor& x, const std::vector<c10::
 }
 
 // Occupancy answers depend only on (kernel, smem, cluster size): cached (host-side queries).
-int cluster_query(int codebook, bool int8, int mode, int splits, int smem) {
+int cluster_query(int codebook, bool int8, int rg, int mode, int splits, int smem) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, int>, int> cache;
-  const auto key = std::make_tuple(codebook, int8 ? 1 : 0, mode, splits, smem);
+  static std::map<std::tuple<int, int, int, int, int, int>, int> cache;
+  const auto key = std::make_tuple(codebook, int8 ? 1 : 0, rg, mode, splits, smem);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  const int v = cluster_call(codebook, int8, mode, nullptr, 0, splits, smem, nullptr);
+  const int v = cluster_call(codebook, int8, rg, mode, nullptr, 0, splits, smem, nullptr);
   cache[key] = v;
   return v;
 }
@@ -94,8 +96,8 @@ int cluster_smem(int ring, int m, int n_chunks, int splits) {
   return cluster_u_bytes(n_chunks, splits, m) + std::max(ring, cluster_red_bytes(m));
 }
 
-bool cluster_size_ok(int codebook, bool int8, int splits, int smem) {
-  return splits <= 8 || cluster_query(codebook, int8, 2, splits, smem) > 0;
+bool cluster_size_ok(int codebook, bool int8, int rg, int splits, int smem) {
+  return splits <= 8 || cluster_query(codebook, int8, rg, 2, splits, smem) > 0;
 }
 
 // Splits = cluster size. As the workspace GEMV's multi launch: minimise (waves) x (input chunks per block + ~2
@@ -105,14 +107,15 @@ bool cluster_size_ok(int codebook, bool int8, int splits, int smem) {
 int cluster_choose_splits(int codebook, bool int8, int ring, int m, int n_chunks, int total_groups, int sms) {
   const int min_s = (n_chunks + kGemvMaxChunks - 1) / kGemvMaxChunks;
   const int max_s = std::min(n_chunks, kClusterMaxSize);
+  const int rg = gemv_row_groups(m);
   int best = -1;
   long long best_cost = LLONG_MAX;
   for (int sp = min_s; sp <= max_s; ++sp) {
     const int smem = cluster_smem(ring, m, n_chunks, sp);
-    long long clusters = cluster_query(codebook, int8, 2, sp, smem);  // co-resident clusters of sp blocks
+    long long clusters = cluster_query(codebook, int8, rg, 2, sp, smem);  // co-resident clusters of sp blocks
     if (clusters <= 0) {
       if (sp > 8) continue;  // not launchable here
-      clusters = std::max(1LL, std::max(1, cluster_query(codebook, int8, 1, sp, smem)) * (long long)sms / sp);
+      clusters = std::max(1LL, std::max(1, cluster_query(codebook, int8, rg, 1, sp, smem)) * (long long)sms / sp);
     }
     const long long waves = (total_groups + clusters - 1) / clusters;
     const long long cost = waves * ((n_chunks + sp - 1) / sp + 2);
@@ -139,7 +142,7 @@ int dtype_code(const at::Tensor& t) {
 }
 
 // y[i] = had(had(x * suh[i]) @ Q[i]) * svh[i], 1..3 matrices of the same in features and
-// codebook, 1..8 rows, one launch. splits <= 0: the launch's choice. A chained launch while
+// codebook, 1..16 rows, one launch. splits <= 0: the launch's choice. A chained launch while
 // chained launches are on (chained_launch.cuh). int8: the integer-MMA variant (MUL1,
 // <= kClusterInt8MaxRows rows). Returns the split count.
 int64_t exl3_gemv_cluster(const at::Tensor& x, const std::vector<at::Tensor>& trellis,
@@ -155,7 +158,7 @@ int64_t exl3_gemv_cluster(const at::Tensor& x, const std::vector<at::Tensor>& tr
               "trellis, suh, svh and y lists must have the same length");
   TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
   const int m = static_cast<int>(x.size(0));
-  TORCH_CHECK(m >= 1 && m <= kGemvMaxRows, "exl3_gemv_cluster takes 1..8 rows, got ", m);
+  TORCH_CHECK(m >= 1 && m <= kGemvWideRows, "exl3_gemv_cluster takes 1..", kGemvWideRows, " rows, got ", m);
   TORCH_CHECK(!int8 || (codebook == CB_MUL1 && m <= kClusterInt8MaxRows),
               "the int8 GEMV takes the MUL1 codebook and 1..", kClusterInt8MaxRows, " rows");
   const int in = static_cast<int>(x.size(1));
@@ -211,7 +214,8 @@ int64_t exl3_gemv_cluster(const at::Tensor& x, const std::vector<at::Tensor>& tr
               std::min(n_chunks, kClusterMaxSize), "]");
   const int sp = static_cast<int>(splits);
   const int smem = cluster_smem(ring, m, n_chunks, sp);
-  TORCH_CHECK(cluster_size_ok(cb, int8, sp, smem), "clusters of ", sp, " blocks cannot be launched here");
+  const int rg = gemv_row_groups(m);
+  TORCH_CHECK(cluster_size_ok(cb, int8, rg, sp, smem), "clusters of ", sp, " blocks cannot be launched here");
   int blocks = 0;
   for (int i = 0; i < kGemvMaxMats; ++i) a.begin[i] = INT_MAX;
   for (int i = 0; i < count; ++i) {
@@ -222,7 +226,7 @@ int64_t exl3_gemv_cluster(const at::Tensor& x, const std::vector<at::Tensor>& tr
   const bool epi = set_epilogue(a, x, caches, rope, cos, sin, slots, head_dim);
   TORCH_CHECK(!epi || int8, "the q/k/v epilogue runs with the int8 GEMV only");
   const cudaError_t err =
-      static_cast<cudaError_t>(cluster_call(cb, int8, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
+      static_cast<cudaError_t>(cluster_call(cb, int8, rg, 0, &a, blocks, sp, smem, stream, chained_launch_enabled()));
   TORCH_CHECK(err == cudaSuccess, "exl3_gemv_cluster launch (", blocks, " blocks, clusters of ", sp, ", ", smem,
               " B shared): ", cudaGetErrorString(err));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -233,7 +237,7 @@ int64_t exl3_gemv_cluster(const at::Tensor& x, const std::vector<at::Tensor>& tr
 
 void bind_gemv_cluster(pybind11::module_& m) {
   m.def("exl3_gemv_cluster", &exl3_gemv_cluster,
-        "EXL3 GEMV (sm_90+, split-K over a thread-block cluster) of 1..3 matrices of one input; "
+        "EXL3 GEMV (sm_90+, split-K over a thread-block cluster) of 1..3 matrices of one input, 1..16 rows; "
         "returns the split count",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("codebook"),
         py::arg("splits") = 0, py::arg("int8") = false,

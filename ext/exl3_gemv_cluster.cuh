@@ -1,4 +1,4 @@
-// The cluster split-K EXL3 GEMV (1..8 rows, sm_90+): the workspace GEMV's block (exl3_gemv.cuh)
+// The cluster split-K EXL3 GEMV (1..16 rows, sm_90+): the workspace GEMV's block (exl3_gemv.cuh)
 // without its serial fixed costs. It runs wherever the GPU has thread-block clusters; the
 // workspace GEMV stays the portable one for older GPUs.
 //
@@ -21,6 +21,9 @@
 //  - the activation tile u_s holds only the m live rows (m x 32 bytes per tile row, not 8 x 32),
 //    so more blocks fit per SM; lanes of absent rows use a zero B fragment.
 // The single and the multi-matrix GEMV are the same kernel (one matrix = a multi launch of one).
+// 9..16 rows are two column groups of N = 8 (RG = 2 instances, exl3_gemv.cuh gemv_row_groups):
+// each tile is decoded once and its A fragment feeds both groups' MMAs; the block sum runs per
+// group through the same 8-row area, so only u_s (m rows) and the static sums grow.
 // Same products and fp32 accumulation as the workspace GEMV (same decode functions, same MMAs per
 // tile). Like it, the decode skips the final fp16 rounding of each weight (exl3_gemv.cuh).
 //
@@ -34,6 +37,7 @@
 // inputs to 8 bits (~0.6 % output error); this one to 15 bits (~1e-4 of the row's largest input).
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "chained_launch.cuh"
@@ -56,14 +60,17 @@ __host__ __device__ constexpr int cluster_u_bytes(int n_chunks, int splits, int 
 // is no faster than the fp16 kernel (docs/KERNELS.md, section 3.3), so it stops at 2.
 constexpr int kClusterInt8MaxRows = 2;
 // The per-warp sums; the int8 variant stores its hi and lo sums apart (two rows per batch row).
+// Above 8 rows the column groups take turns in an 8-row area.
 __host__ __device__ constexpr int cluster_red_bytes(int m) {
-  return (kGemvThreads / 32) * (m <= kClusterInt8MaxRows ? 2 * m : m) * kClusterRedStride * 4;
+  return (kGemvThreads / 32) * (m <= kClusterInt8MaxRows ? 2 * m : (m < kGemvMaxRows ? m : kGemvMaxRows)) *
+         kClusterRedStride * 4;
 }
 constexpr float kClusterInt8Range = 16383.f;  // |q| <= 2^14 - 1: hi = q >> 7 fits a signed byte
 
+template <int RG>
 struct alignas(16) GemvClusterSmem {
-  float red_s[kGemvMaxRows][128];           // this block's sums, read by the cluster
-  float usum_s[kGemvMaxChunks][kGemvMaxRows]; // MUL1 fp16: per (chunk, row) sums of u
+  float red_s[kGemvMaxRows * RG][128];              // this block's sums, read by the cluster
+  float usum_s[kGemvMaxChunks][kGemvMaxRows * RG];  // MUL1 fp16: per (chunk, row) sums of u
   float wmax_s[kGemvThreads / 32][kClusterInt8MaxRows];  // int8: each warp's max |u| per row
   int wqsum_s[kGemvThreads / 32][kClusterInt8MaxRows];   // int8: each warp's sum of q per row
 };
@@ -150,9 +157,11 @@ __device__ __forceinline__ void epilogue_store(const GemvArgs& a, const GemvRope
   }
 }
 
-template <int K, int CB, bool I8>
-__device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const int g, const int s, GemvClusterSmem& sm,
-                                              uint32_t* dyn, const GemvRopeEpilogue& epi, const int mat) {
+template <int K, int CB, bool I8, int RG>
+__device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const int g, const int s,
+                                                   GemvClusterSmem<RG>& sm, uint32_t* dyn,
+                                                   const GemvRopeEpilogue& epi, const int mat) {
+  static_assert(!I8 || RG == 1, "the int8 variant takes 1..kClusterInt8MaxRows rows");
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
   using Pipe = GemvPipe<K>;
@@ -211,7 +220,7 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
   // P (1, 2 or 4) follows the item count, so a warp rotates no more absent (all-zero) items than
   // it must: a block of few chunks (most decode GEMVs) has at most 1-2 items per warp.
   const int items = nch * m;
-  // item / m as a multiply and shift: exact for m <= 8 and item < 4096 (items <= 16 * 8).
+  // item / m as a multiply and shift: exact for m <= 16 and item < 4096 (items <= 16 * 16).
   const uint32_t inv_m = (65536u + m - 1) / m;
   float wmax[kClusterInt8MaxRows] = {};  // int8: this warp's max |u| per row
   auto rotate = [&](auto batch) {
@@ -325,15 +334,22 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
   }
 
   // ---- 2. decode + MMA over this warp's rows (the workspace GEMV's math) -------------------
-  float acc[8][4];
+  float acc[RG][8][4];  // [column group][tile][C fragment]
   int acci[8][4];  // int8 variant
 #pragma unroll
   for (int t = 0; t < 8; ++t) acci[t][0] = acci[t][1] = acci[t][2] = acci[t][3] = 0;
 #pragma unroll
-  for (int t = 0; t < 8; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-  const int bn = lane >> 2;            // B fragment column (batch row) of this lane
-  const bool b_live = bn < m;
-  const uint2* u_lane = u_s + (warp * m + (b_live ? bn : 0)) * 4 + (lane & 3);
+  for (int q = 0; q < RG; ++q)
+#pragma unroll
+    for (int t = 0; t < 8; ++t) acc[q][t][0] = acc[q][t][1] = acc[q][t][2] = acc[q][t][3] = 0.f;
+  const int bn = lane >> 2;            // B fragment column (batch row 8q + bn of group q) of this lane
+  bool b_live[RG];
+  const uint2* u_lane[RG];
+#pragma unroll
+  for (int q = 0; q < RG; ++q) {
+    b_live[q] = 8 * q + bn < m;
+    u_lane[q] = u_s + (warp * m + (b_live[q] ? 8 * q + bn : 0)) * 4 + (lane & 3);
+  }
   const int u_step = 8 * m * 4;        // uint2 between this warp's tile rows
   // int8: B column bn < 4 takes row bn's hi bytes, bn >= 4 row bn - 4's lo bytes.
   const int q_row = bn & 3;
@@ -346,11 +362,15 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
     __syncwarp();             // ... and every lane's; the slot of row i-1 is free again
     uint32_t cur[8][NR];
     const uint32_t* stage = wbuf + slot * RW;
+    // Two column groups read each tile's words right before its decode: their 64 accumulators
+    // leave no registers for the whole row's words (that spilled).
+    if constexpr (RG == 1) {
 #pragma unroll
-    for (int t = 0; t < 8; ++t)
+      for (int t = 0; t < 8; ++t)
 #pragma unroll
-      for (int w = 0; w < NR; ++w) cur[t][w] = stage[t * TW + plan.word[w]];
-    issue_next();  // row i + ST - 1 into the slot of row i - 1
+        for (int w = 0; w < NR; ++w) cur[t][w] = stage[t * TW + plan.word[w]];
+    }
+    issue_next();  // row i + ST - 1 into the slot of row i - 1 (not this row's)
     if constexpr (I8) {
       // The even MMA of a tile takes the lane's weights of inputs 2c and 2c+8 (states 0, 4, 2, 6:
       // rows r, r+8 at k-slots 4c.. and 16+4c..), the odd one inputs 2c+1 and 2c+9; each slot
@@ -372,13 +392,21 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
         mma_16832_u8s8(acci[t], ao, bo0, bo1);
       }
     } else {
-      uint2 b = u_lane[i * u_step];
-      if (!b_live) b = make_uint2(0u, 0u);
       // One weight per A register, each input twice in B (see inst_halves / mul1_halves).
-      const uint32_t be0 = __byte_perm(b.x, 0, 0x1010), be1 = __byte_perm(b.y, 0, 0x1010);
-      const uint32_t bo0 = __byte_perm(b.x, 0, 0x3232), bo1 = __byte_perm(b.y, 0, 0x3232);
+      uint32_t be0[RG], be1[RG], bo0[RG], bo1[RG];
+#pragma unroll
+      for (int q = 0; q < RG; ++q) {
+        uint2 b = u_lane[q][i * u_step];
+        if (!b_live[q]) b = make_uint2(0u, 0u);
+        be0[q] = __byte_perm(b.x, 0, 0x1010), be1[q] = __byte_perm(b.y, 0, 0x1010);
+        bo0[q] = __byte_perm(b.x, 0, 0x3232), bo1[q] = __byte_perm(b.y, 0, 0x3232);
+      }
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
+        if constexpr (RG == 2) {
+#pragma unroll
+          for (int w = 0; w < NR; ++w) cur[t][w] = stage[t * TW + plan.word[w]];
+        }
         uint32_t st[8];
         lane_states<K>(cur[t], plan.r, st);
         uint32_t x[8];
@@ -386,8 +414,11 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
         for (int j = 0; j < 8; ++j) x[j] = CB == CB_MUL1 ? mul1_halves(st[j]) : inst_halves<CB>(st[j]);
         const uint32_t ae[4] = {x[0], x[4], x[2], x[6]};
         const uint32_t ao[4] = {x[1], x[5], x[3], x[7]};
-        mma_16816(acc[t], ae, be0, be1);
-        mma_16816(acc[t], ao, bo0, bo1);
+#pragma unroll
+        for (int q = 0; q < RG; ++q) {  // one decode, the MMAs of every column group
+          mma_16816(acc[q][t], ae, be0[q], be1[q]);
+          mma_16816(acc[q][t], ao, bo0[q], bo1[q]);
+        }
       }
     }
     __syncwarp();  // all lanes done reading this slot before it is refilled
@@ -401,80 +432,96 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
 
   // ---- 3. block sum: per-warp stores, one fixed-order sum ---------------------------------
   float* red_w = reinterpret_cast<float*>(area);  // [warp][n][kClusterRedStride]
-  if constexpr (I8) {
-    // C columns 0..3 hold sum(b * hi) of rows n = 0..3, columns 4..7 sum(b * lo): lanes with
-    // lane % 4 == 0 store the hi sums of rows 0, 1 and lanes with lane % 4 == 2 the lo sums, as
-    // integers ([warp][hi/lo][n][kClusterRedStride]); the block sum combines them (no shuffles here).
-    const int q = lane & 3, col = lane >> 2;
-    int* rw = reinterpret_cast<int*>(red_w) + (warp * 2 + (q >> 1)) * m * kClusterRedStride;
-    if ((q & 1) == 0) {
+  // Two column groups take turns in an area of 8 rows (cluster_red_bytes); one uses m rows.
+  const int mr = RG == 1 ? m : kGemvMaxRows;
+#pragma unroll
+  for (int grp = 0; grp < RG; ++grp) {
+    if (grp > 0) __syncthreads();  // the previous group's sums have been read
+    // this group's rows: batch rows 8 grp .. 8 grp + gm - 1
+    const int gm = RG == 1 ? m : min(m - kGemvMaxRows * grp, kGemvMaxRows);
+    if constexpr (I8) {
+      // C columns 0..3 hold sum(b * hi) of rows n = 0..3, columns 4..7 sum(b * lo): lanes with
+      // lane % 4 == 0 store the hi sums of rows 0, 1 and lanes with lane % 4 == 2 the lo sums, as
+      // integers ([warp][hi/lo][n][kClusterRedStride]); the block sum combines them (no shuffles here).
+      const int q = lane & 3, col = lane >> 2;
+      int* rw = reinterpret_cast<int*>(red_w) + (warp * 2 + (q >> 1)) * m * kClusterRedStride;
+      if ((q & 1) == 0) {
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          rw[16 * t + col] = acci[t][0];
+          rw[16 * t + col + 8] = acci[t][2];
+          if (m > 1) {
+            rw[kClusterRedStride + 16 * t + col] = acci[t][1];
+            rw[kClusterRedStride + 16 * t + col + 8] = acci[t][3];
+          }
+        }
+      }
+    } else {
+      // C fragment: c0 = (out 16t + lane/4, batch 8 grp + 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
+      const int n0 = 2 * (lane & 3);
+      const int col = lane >> 2;
+      float* rw = red_w + warp * mr * kClusterRedStride;
 #pragma unroll
       for (int t = 0; t < 8; ++t) {
-        rw[16 * t + col] = acci[t][0];
-        rw[16 * t + col + 8] = acci[t][2];
-        if (m > 1) {
-          rw[kClusterRedStride + 16 * t + col] = acci[t][1];
-          rw[kClusterRedStride + 16 * t + col + 8] = acci[t][3];
+        if (n0 < gm) {
+          rw[n0 * kClusterRedStride + 16 * t + col] = acc[grp][t][0];
+          rw[n0 * kClusterRedStride + 16 * t + col + 8] = acc[grp][t][2];
+        }
+        if (n0 + 1 < gm) {
+          rw[(n0 + 1) * kClusterRedStride + 16 * t + col] = acc[grp][t][1];
+          rw[(n0 + 1) * kClusterRedStride + 16 * t + col + 8] = acc[grp][t][3];
         }
       }
     }
-  } else {
-    // C fragment: c0 = (out 16t + lane/4, batch 2*(lane%4)), c1 = batch + 1, c2/c3 = out + 8.
-    const int n0 = 2 * (lane & 3);
-    const int col = lane >> 2;
-    float* rw = red_w + warp * m * kClusterRedStride;
+    __syncthreads();
+    for (int e = threadIdx.x; e < gm * 128; e += kGemvThreads) {
+      const int n = e >> 7, c = e & 127;  // row n of the group (batch row 8 grp + n)
+      float a = 0.f;
+      if constexpr (I8) {
+        // sum(b * q) = 128 * hi part + lo part per warp, then the warps in order
+        const int* ri = reinterpret_cast<const int*>(red_w);
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      if (n0 < m) {
-        rw[n0 * kClusterRedStride + 16 * t + col] = acc[t][0];
-        rw[n0 * kClusterRedStride + 16 * t + col + 8] = acc[t][2];
+        for (int w = 0; w < kWarps; ++w) {
+          const int hi = ri[((w * 2) * m + n) * kClusterRedStride + c];
+          const int lo = ri[((w * 2 + 1) * m + n) * kClusterRedStride + c];
+          a += fmaf(128.f, static_cast<float>(hi), static_cast<float>(lo));
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) a += red_w[(w * mr + n) * kClusterRedStride + c];
       }
-      if (n0 + 1 < m) {
-        rw[(n0 + 1) * kClusterRedStride + 16 * t + col] = acc[t][1];
-        rw[(n0 + 1) * kClusterRedStride + 16 * t + col + 8] = acc[t][3];
+      if constexpr (I8) {
+        // sum_k u_k w_k with w = (1024 + b) k_inv + k_bias and u = q max|u| / 16383:
+        // (max|u| / 16383) (k_inv sum(b q) + (1024 k_inv + k_bias) sum(q)).
+        const float k_inv = __half2float(__ushort_as_half(0x1EEE));
+        const float k_off = 1024.f * k_inv + __half2float(__ushort_as_half(0xC931));  // exact in fp32
+        float amax = 0.f;
+        int qsum = 0;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) amax = max_nan(amax, sm.wmax_s[w][n]), qsum += sm.wqsum_s[w][n];
+        a = amax / kClusterInt8Range * fmaf(k_inv, a, k_off * static_cast<float>(qsum));
+      } else if constexpr (CB == CB_MUL1) {
+        // sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u), per block (linear in the splits)
+        float us = 0.f;
+        for (int q = 0; q < nch; ++q) us += sm.usum_s[q][kGemvMaxRows * grp + n];
+        a = fmaf(__half2float(__ushort_as_half(0x1EEE)), a, __half2float(__ushort_as_half(0xC931)) * us);
       }
+      sm.red_s[kGemvMaxRows * grp + n][c] = a;
     }
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < m * 128; e += kGemvThreads) {
-    const int n = e >> 7, c = e & 127;
-    float a = 0.f;
-    if constexpr (I8) {
-      // sum(b * q) = 128 * hi part + lo part per warp, then the warps in order
-      const int* ri = reinterpret_cast<const int*>(red_w);
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const int hi = ri[((w * 2) * m + n) * kClusterRedStride + c], lo = ri[((w * 2 + 1) * m + n) * kClusterRedStride + c];
-        a += fmaf(128.f, static_cast<float>(hi), static_cast<float>(lo));
-      }
-    } else {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) a += red_w[(w * m + n) * kClusterRedStride + c];
-    }
-    if constexpr (I8) {
-      // sum_k u_k w_k with w = (1024 + b) k_inv + k_bias and u = q max|u| / 16383:
-      // (max|u| / 16383) (k_inv sum(b q) + (1024 k_inv + k_bias) sum(q)).
-      const float k_inv = __half2float(__ushort_as_half(0x1EEE));
-      const float k_off = 1024.f * k_inv + __half2float(__ushort_as_half(0xC931));  // exact in fp32
-      float amax = 0.f;
-      int qsum = 0;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) amax = max_nan(amax, sm.wmax_s[w][n]), qsum += sm.wqsum_s[w][n];
-      a = amax / kClusterInt8Range * fmaf(k_inv, a, k_off * static_cast<float>(qsum));
-    } else if constexpr (CB == CB_MUL1) {
-      // sum(h*k_inv + k_bias)*u = k_inv*sum(h*u) + k_bias*sum(u), per block (linear in the splits)
-      float us = 0.f;
-      for (int q = 0; q < nch; ++q) us += sm.usum_s[q][n];
-      a = fmaf(__half2float(__ushort_as_half(0x1EEE)), a, __half2float(__ushort_as_half(0xC931)) * us);
-    }
-    sm.red_s[n][c] = a;
   }
 
   // ---- 4. split sum across the cluster (DSMEM), output rotation, store --------------------
-  const int n = s + warp * S;  // batch rows n = s, s + S, ... belong to this block, one per warp
+  // Batch rows n = s, s + S, ... belong to this block, one per warp (and one more per warp at 16
+  // rows and S = 1: warp w writes rows w and w + 8).
+  const int n = s + warp * S;
   const int f = (g << 7) + 4 * lane;
-  uint2 sv = make_uint2(0u, 0u);  // loaded before the barrier, so its latency hides behind it
-  if (n < m) sv = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
+  uint2 sv[RG];  // loaded before the barrier, so their latency hides behind it
+#pragma unroll
+  for (int grp = 0; grp < RG; ++grp) {
+    const int nr = n + grp * kWarps * S;
+    sv[grp] = make_uint2(0u, 0u);
+    if (nr < m) sv[grp] = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.svh) + f);
+  }
   // The q/k/v epilogue is a runtime branch of the int8 kernel, not a kernel of its own: as its own
   // instantiation it made each layer slower than the launch it saved (its code cold in the
   // instruction caches where the other GEMVs of the layer run the plain kernel; docs/KERNELS.md,
@@ -486,13 +533,16 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
   // only the block barrier (a cluster barrier costs hundreds of cycles more on this path).
   if (S == 1) __syncthreads();
   else cluster_sync_acq_rel();
-  if (n < m) {
+#pragma unroll
+  for (int grp = 0; grp < RG; ++grp) {
+    const int nr = n + grp * kWarps * S;
+    if (nr >= m) break;
     float v[4] = {0.f, 0.f, 0.f, 0.f};
     for (int q0 = 0; q0 < S; q0 += 8) {
       float4 part[8];
 #pragma unroll
       for (int j = 0; j < 8; ++j) {  // all loads first, then the sums in rank order
-        if (q0 + j < S) part[j] = ld_dsmem_f4(&sm.red_s[n][4 * lane], q0 + j);
+        if (q0 + j < S) part[j] = ld_dsmem_f4(&sm.red_s[nr][4 * lane], q0 + j);
       }
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
@@ -502,12 +552,12 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
       }
     }
     warp_hadamard128(v, lane);
-    const float2 s01 = __half22float2(u32_as_h2(sv.x));
-    const float2 s23 = __half22float2(u32_as_h2(sv.y));
+    const float2 s01 = __half22float2(u32_as_h2(sv[grp].x));
+    const float2 s23 = __half22float2(u32_as_h2(sv[grp].y));
     v[0] *= kRsqrt128 * s01.x; v[1] *= kRsqrt128 * s01.y;
     v[2] *= kRsqrt128 * s23.x; v[3] *= kRsqrt128 * s23.y;
-    if (epi_on) epilogue_store(args, epi, mat, n, f, ein, v);
-    else store4(args.y, args.x_dtype, (size_t)n * args.out + f, v);
+    if (epi_on) epilogue_store(args, epi, mat, nr, f, ein, v);  // int8: one group, nr == n
+    else store4(args.y, args.x_dtype, (size_t)nr * args.out + f, v);
   }
   if (S > 1) cluster_sync_relaxed();  // no block leaves (freeing its shared memory) while others read it
 }
@@ -516,10 +566,11 @@ __device__ __forceinline__ void gemv_cluster_block(const GemvArgs& args, const i
 // Grid: matrix 0's (groups x S) blocks, then matrix 1's, ...; within a matrix block g*S + s, so
 // the S splits of a column group are one cluster of S consecutive blocks (begin[] are multiples
 // of S, so no cluster straddles two matrices; every block of a cluster has the same K).
-template <int CB, bool I8>
-__global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_cluster_kernel(const GemvMultiArgs args) {
+template <int CB, bool I8, int RG>
+__global__ void __launch_bounds__(kGemvThreads, gemv_min_blocks(RG))
+    exl3_gemv_cluster_kernel(const GemvMultiArgs args) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ GemvClusterSmem sm;
+  __shared__ GemvClusterSmem<RG> sm;
   extern __shared__ uint4 gemv_cluster_dyn_smem[];
   uint32_t* dyn = reinterpret_cast<uint32_t*>(gemv_cluster_dyn_smem);
   const int b = blockIdx.x;
@@ -529,7 +580,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_cluster_kernel(cons
   const int g = local / a.splits, s = local - g * a.splits;
   switch (args.K[i]) {
 #define TRELLIS_CLUSTER_CASE(k) \
-  case k: gemv_cluster_block<k, CB, I8>(a, g, s, sm, dyn, args.epi, i); break;
+  case k: gemv_cluster_block<k, CB, I8, RG>(a, g, s, sm, dyn, args.epi, i); break;
     TRELLIS_CLUSTER_CASE(1) TRELLIS_CLUSTER_CASE(2) TRELLIS_CLUSTER_CASE(3) TRELLIS_CLUSTER_CASE(4)
     TRELLIS_CLUSTER_CASE(5) TRELLIS_CLUSTER_CASE(6) TRELLIS_CLUSTER_CASE(7) TRELLIS_CLUSTER_CASE(8)
 #undef TRELLIS_CLUSTER_CASE
@@ -538,16 +589,24 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_gemv_cluster_kernel(cons
 #endif
 }
 
-constexpr int kClusterMaxDynSmem = 100 * 1024;  // above any launch's need (u_s <= 32 KB, area <= 36 KB)
+// At least any launch's need: u_s <= 32 KB at 8 rows, 64 KB at 16 (16 chunks); area <= 36 KB.
+constexpr int kClusterMaxDynSmem = 100 * 1024;
+static_assert(cluster_u_bytes(kGemvMaxChunks, 1, kGemvWideRows) +
+                      std::max({GemvPipe<1>::kSmemBytes, GemvPipe<2>::kSmemBytes, GemvPipe<3>::kSmemBytes,
+                                GemvPipe<4>::kSmemBytes, GemvPipe<5>::kSmemBytes, GemvPipe<6>::kSmemBytes,
+                                GemvPipe<7>::kSmemBytes, GemvPipe<8>::kSmemBytes,
+                                cluster_red_bytes(kGemvWideRows)}) <=
+                  kClusterMaxDynSmem,
+              "a 16-row launch at 16 chunks a block must fit kClusterMaxDynSmem");
 
 // Host side. mode 0: launch `blocks` blocks in clusters of `splits` with `smem` bytes (returns
 // the cudaError_t of the launch; pdl: a chained launch, see chained_launch.cuh);
 // mode 1: return blocks per SM at `smem` bytes; mode 2: return how many clusters of `splits`
 // blocks can be co-resident at `smem` bytes (0: that cluster size cannot be launched).
-template <int CB, bool I8>
+template <int CB, bool I8, int RG>
 int gemv_cluster_run(int mode, const GemvMultiArgs* a, int blocks, int splits, int smem, cudaStream_t stream,
                 bool pdl) {
-  auto kern = exl3_gemv_cluster_kernel<CB, I8>;
+  auto kern = exl3_gemv_cluster_kernel<CB, I8, RG>;
   static bool ready = false;
   if (!ready) {
     cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, kClusterMaxDynSmem);
@@ -586,16 +645,19 @@ int gemv_cluster_run(int mode, const GemvMultiArgs* a, int blocks, int splits, i
   return static_cast<int>(cudaLaunchKernelEx(&cfg, kern, *a));  // cudaError_t
 }
 
-// The kernel variants: fp16 (the fp16 MMA) and, for MUL1 only, int8 (the integer MMA; the binding
-// checks the codebook and the row count).
+// The kernel variants: fp16 (the fp16 MMA) of one or two column groups (rg, gemv_row_groups) and,
+// for MUL1 only, int8 (the integer MMA, one group; the binding checks the codebook and the rows).
 template <int CB>
-int gemv_cluster_dispatch(bool int8, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
+int gemv_cluster_dispatch(bool int8, int rg, int mode, const GemvMultiArgs* a, int blocks, int splits, int smem,
                           cudaStream_t stream, bool pdl) {
   if (int8) {
-    if constexpr (CB == CB_MUL1) return gemv_cluster_run<CB, true>(mode, a, blocks, splits, smem, stream, pdl);
+    if constexpr (CB == CB_MUL1) {
+      if (rg == 1) return gemv_cluster_run<CB, true, 1>(mode, a, blocks, splits, smem, stream, pdl);
+    }
     return -1;
   }
-  return gemv_cluster_run<CB, false>(mode, a, blocks, splits, smem, stream, pdl);
+  if (rg == 2) return gemv_cluster_run<CB, false, 2>(mode, a, blocks, splits, smem, stream, pdl);
+  return gemv_cluster_run<CB, false, 1>(mode, a, blocks, splits, smem, stream, pdl);
 }
 
 }  // namespace trellis

@@ -13,8 +13,11 @@
 
 namespace {
 
-constexpr int kMaxRows = 8;
-constexpr int kMaxChunks = 16;
+constexpr int kMaxRows = 16;
+
+// Input chunks per block of the workspace GEMV (exl3_gemv.cuh gemv_max_chunks): 16 up to 8 rows,
+// 8 above (the two-group instances' u_s holds twice the rows in the same static shared memory).
+int max_chunks(int m) { return m > 8 ? 8 : 16; }
 
 int dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -57,13 +60,13 @@ int dispatch(int codebook, int K, const trellis::GemvArgs& a, cudaStream_t strea
 int choose_splits(int in, int out, int m, int blocks_per_sm, int sms) {
   const int n_chunks = in / 128;
   const int groups = out / 128;
-  const int min_splits = (n_chunks + kMaxChunks - 1) / kMaxChunks;
+  const int min_splits = (n_chunks + max_chunks(m) - 1) / max_chunks(m);
   int splits = std::max(1, (blocks_per_sm * sms) / std::max(groups, 1));
   splits = std::min({splits, n_chunks, std::max(1, std::min(16, 64 / m))});
   return std::max(splits, min_splits);
 }
 
-// y = had(had(x * suh) @ Q) * svh for m <= 8 rows (the workspace split-K GEMV). Returns the
+// y = had(had(x * suh) @ Q) * svh for m <= 16 rows (the workspace split-K GEMV). Returns the
 // number of splits used.
 int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tensor& suh, const at::Tensor& svh,
                   at::Tensor& y, at::Tensor& partial, at::Tensor& counters, int64_t codebook, int64_t splits) {
@@ -71,7 +74,7 @@ int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tens
   const int K = bits_of(trellis);
   const int in = static_cast<int>(trellis.size(0) * 16), out = static_cast<int>(trellis.size(1) * 16);
   const int m = static_cast<int>(x.size(0));
-  TORCH_CHECK(m >= 1 && m <= kMaxRows, "exl3_gemv takes 1..8 rows, got ", m);
+  TORCH_CHECK(m >= 1 && m <= kMaxRows, "exl3_gemv takes 1..", kMaxRows, " rows, got ", m);
   TORCH_CHECK(x.size(1) == in, "x has ", x.size(1), " features, trellis expects ", in);
   TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
   check_vec(suh, in, "suh");
@@ -94,7 +97,7 @@ int64_t exl3_gemv(const at::Tensor& x, const at::Tensor& trellis, const at::Tens
   a.out = out;
   a.x_dtype = dtype_code(x);
   const int n_chunks = in / 128;
-  const int min_splits = (n_chunks + kMaxChunks - 1) / kMaxChunks;
+  const int min_splits = (n_chunks + max_chunks(m) - 1) / max_chunks(m);
   if (splits <= 0) {
     const int bps = dispatch(static_cast<int>(codebook), K, a, stream, true);
     int sms = 0;
@@ -132,7 +135,7 @@ int multi_dispatch(int codebook, const trellis::GemvMultiArgs& a, int blocks, cu
 // rotation, split sum, output rotation). The fixed cost is an estimate, not a measurement.
 int choose_multi_splits(int in, int total_groups, int m, int blocks_per_sm, int sms) {
   const int n_chunks = in / 128;
-  const int min_splits = (n_chunks + kMaxChunks - 1) / kMaxChunks;
+  const int min_splits = (n_chunks + max_chunks(m) - 1) / max_chunks(m);
   const int max_splits = std::max(min_splits, std::min({n_chunks, 16, std::max(1, 64 / m)}));
   const long long slots = std::max(1, blocks_per_sm * sms);
   int best = min_splits;
@@ -160,7 +163,7 @@ int64_t exl3_gemv_multi(const at::Tensor& x, const std::vector<at::Tensor>& trel
               "trellis, suh, svh and y lists must have the same length");
   TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
   const int m = static_cast<int>(x.size(0));
-  TORCH_CHECK(m >= 1 && m <= kMaxRows, "exl3_gemv_multi takes 1..8 rows, got ", m);
+  TORCH_CHECK(m >= 1 && m <= kMaxRows, "exl3_gemv_multi takes 1..", kMaxRows, " rows, got ", m);
   const int in = static_cast<int>(x.size(1));
   TORCH_CHECK(in % 128 == 0, "in features must be a multiple of 128");
   const c10::cuda::CUDAGuard guard(x.device());
@@ -195,7 +198,7 @@ int64_t exl3_gemv_multi(const at::Tensor& x, const std::vector<at::Tensor>& trel
     total_groups += out / 128;
   }
   const int n_chunks = in / 128;
-  const int min_splits = (n_chunks + kMaxChunks - 1) / kMaxChunks;
+  const int min_splits = (n_chunks + max_chunks(m) - 1) / max_chunks(m);
   if (splits <= 0) {
     const int bps = multi_dispatch(static_cast<int>(codebook), a, 0, stream, true);
     int sms = 0;
@@ -245,7 +248,7 @@ int trellis::gemv_multi_splits(int in, int total_groups, int m, int blocks_per_s
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Trellis Chat CUDA kernels: EXL3 GEMVs and whole weights, paged attention, fused ops, sampling";
   m.def("exl3_gemv", &exl3_gemv,
-        "EXL3 GEMV (1..8 rows, workspace split-K) with fused Hadamards; returns the split count", py::arg("x"),
+        "EXL3 GEMV (1..16 rows, workspace split-K) with fused Hadamards; returns the split count", py::arg("x"),
         py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("y"), py::arg("partial"), py::arg("counters"),
         py::arg("codebook"), py::arg("splits") = 0);
   m.def("exl3_gemv_multi", &exl3_gemv_multi,

@@ -1,4 +1,4 @@
-"""EXL3 linears on the GPU: the GEMV kernels (1-8 rows) and the whole-weight kernel (prefill).
+"""EXL3 linears on the GPU: the GEMV kernels (1-16 rows) and the whole-weight kernel (prefill).
 
 Two GEMV kernels compute ``y = had(had(x * suh) @ Q) * svh`` with ``Q`` decoded from the trellis
 on the fly, for one to three matrices of one input per launch:
@@ -39,15 +39,17 @@ import torch.nn.functional as F
 from engine.kernels import loader, tuning
 from engine.kernels.loader import CODEBOOK_IDS, KERNEL_DTYPES
 
-GEMV_ROWS = 8  # rows per GEMV launch (the MMA's N)
-# Up to this many rows the GEMV runs (each 8-row launch re-reads the packed weight); above it the
-# weight is decoded once for a GEMM. H200, 4096x14336 at 4 bpw: 16 rows take 86 us either way,
-# 32 rows 172 us as GEMV launches vs 86 us decoded once (docs/KERNELS.md section 3.7).
-GEMV_MAX_ROWS = 8
+# Rows per GEMV launch: the MMA's N = 8, twice (9..16 rows decode each tile once for two column
+# groups of 8), so a speculative verify step of up to 15 drafts per sequence stays on the GEMV.
+GEMV_ROWS = 16
+# Up to this many rows the GEMV runs; above it the weight is decoded once for a GEMM (re-reading
+# the packed weight per 16-row launch loses to that: docs/KERNELS.md section 3.7).
+GEMV_MAX_ROWS = 16
 FUSED_WEIGHT_BYTES = 1 << 30
 GEMV_MAX_MATRICES = 3  # ext/trellis_ext.h kGemvMaxMats
 GEMV_INT8_ROWS = 2  # ext/exl3_gemv_cluster.cuh kClusterInt8MaxRows: no faster than fp16 at 3-4 rows
 _MAX_CHUNKS_PER_SPLIT = 16  # ext/exl3_gemv.cuh kGemvMaxChunks
+_GROUP_ROWS = 8  # ext/exl3_gemv.cuh kGemvMaxRows: rows of one MMA column group
 _MAX_CLUSTER = 16  # ext/exl3_gemv_cluster.cuh: largest cluster (non-portable above 8)
 
 _workspaces: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -64,16 +66,27 @@ def workspaces() -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
     return tuple(_workspaces.values())
 
 
+def _workspace_chunks(rows: int) -> int:
+    """Input chunks per block of the workspace GEMV at ``rows`` rows (ext/exl3_gemv.cuh
+    gemv_max_chunks): its static shared memory holds half the chunks for two column groups."""
+    return _MAX_CHUNKS_PER_SPLIT if rows <= _GROUP_ROWS else _MAX_CHUNKS_PER_SPLIT // 2
+
+
+def _workspace_split_range(in_features: int, rows: int) -> tuple[int, int]:
+    """The split counts of a workspace GEMV launch: at least the shared-memory bound on input chunks
+    per block, at most 16 (ext/trellis_ext.cpp choose_splits) or that bound, whichever is larger."""
+    n_chunks = in_features // 128
+    low = math.ceil(n_chunks / _workspace_chunks(rows))
+    return low, max(low, min(n_chunks, 16))
+
+
 def _workspace(
-    device: torch.device, in_features: int, out_features: int
+    device: torch.device, in_features: int, out_features: int, rows: int = GEMV_ROWS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Split-K partial sums and the per-column-group tickets of the workspace GEMV (kept zeroed by
-    the kernel). Sized for the most splits the kernel can choose (ext/trellis_ext.cpp
-    choose_splits): at most 16, or the shared-memory bound of 16 input chunks per block, whichever
-    is larger."""
-    n_chunks, groups = in_features // 128, out_features // 128
-    max_splits = max(math.ceil(n_chunks / _MAX_CHUNKS_PER_SPLIT), min(n_chunks, 16))
-    floats = max_splits * GEMV_ROWS * out_features
+    the kernel), for up to ``rows`` rows and the most splits :func:`_workspace_split_range` allows."""
+    groups = out_features // 128
+    floats = _workspace_split_range(in_features, rows)[1] * rows * out_features
     ws = _workspaces.get(device)
     if ws is None or ws[0].numel() < floats or ws[1].numel() < groups:
         old_f = ws[0].numel() if ws else 0
@@ -179,7 +192,7 @@ def exl3_gemv(
     cluster: bool | None = None,
     int8: bool | None = None,
 ) -> torch.Tensor | None:
-    """``had(had(x * suh) @ Q) * svh`` for ``x`` ``(m <= 8, in)`` on the GPU; None without the
+    """``had(had(x * suh) @ Q) * svh`` for ``x`` ``(m <= 16, in)`` on the GPU; None without the
     extension or for CPU tensors.
 
     ``splits`` forces the split-K count (0: the tuned count); ``cluster`` the kernel (None: the
@@ -225,8 +238,14 @@ def exl3_gemv_multi(
         return ys
     if int8:
         raise ValueError("the int8 GEMV is a variant of the cluster GEMV (sm_90 or newer)")
+    # As in _use_cluster, checked here rather than in the extension; at most what _workspace holds.
+    low, high = _workspace_split_range(in_f, x.shape[0])
+    if splits and not low <= splits <= high:
+        raise ValueError(
+            f"splits must be in [{low}, {high}] for {x.shape[0]} rows of {in_f} features, got {splits}"
+        )
     # One workspace holds every matrix's region (sized as for one matrix of sum(outs) features).
-    partial, counters = _workspace(x.device, in_f, sum(outs))
+    partial, counters = _workspace(x.device, in_f, sum(outs), x.shape[0])
     if len(trellises) == 1:
         ext.exl3_gemv(
             x, trellises[0], suhs[0], svhs[0], ys[0], partial, counters, CODEBOOK_IDS[codebook], splits
@@ -319,8 +338,7 @@ def _exl3_gemm_fused(x: torch.Tensor, layers: list[Any]) -> list[torch.Tensor] |
 def exl3_gemm(x: torch.Tensor, layer: Any) -> torch.Tensor | None:
     """``layer(x)`` for a streaming EXL3 linear through the kernels, or None where none applies
     (CPU tensors, dense layers, no extension): the layer then runs its torch path. Up to
-    :data:`GEMV_MAX_ROWS` rows: the GEMV in 8-row launches; more rows: the whole weight and one
-    GEMM."""
+    :data:`GEMV_MAX_ROWS` rows: the GEMV in one launch; more rows: the whole weight and one GEMM."""
     if getattr(layer, "mode", None) != "streaming":
         return None
     ext = loader.kernel_ready(x, layer.trellis)

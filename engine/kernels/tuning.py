@@ -11,7 +11,7 @@ copies that they do not sit in L2, as the real layers' weights do not), replayed
 so that the host's launch rate does not hide the kernel's time, and keeps the fastest.
 
 A launch shape is (device, rows, in features, each matrix's out features and bits, codebook,
-variant, dtype): a model has a handful (q/k/v, o, gate/up, down, head, x rows 1-8). Tuning costs
+variant, dtype): a model has a handful (q/k/v, o, gate/up, down, head, x rows 1-16). Tuning costs
 a few milliseconds per shape and happens in the first decode step, before the CUDA graphs are
 captured (their warm-up runs eagerly); a call while a graph is being captured never tunes, it
 takes the kernel's choice. :func:`enable` turns tuning off (``EngineOptions.gemv_tuning``): the

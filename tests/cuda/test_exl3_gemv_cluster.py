@@ -1,5 +1,6 @@
 """The cluster split-K GEMV (ext/exl3_gemv_cluster.cuh) against the torch reference and against the
-workspace split-K GEMV (the portable one), for every K, codebook and row count (GPU only, sm_90)."""
+workspace split-K GEMV (the portable one), for every K, codebook and row count 1..16 (GPU only,
+sm_90; 9..16 rows are the two-column-group instances)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def _reference(x: torch.Tensor, trellis, suh, svh, codebook: str) -> torch.Tenso
 def test_every_k_codebook_and_row_count(codebook: str, k: int, shape: tuple[int, int]) -> None:
     trellis, suh, svh = _random_layer(*shape, k, seed=k * 7 + shape[1])
     w = _exact_w(trellis, suh, svh, codebook)
-    for m in range(1, 9):
+    for m in range(1, 17):
         x = torch.randn(m, shape[0], device="cuda", dtype=torch.float16)
         y = gemv.exl3_gemv(x, trellis, suh, svh, codebook, cluster=True)
         assert y.shape == (m, shape[1]) and y.dtype == torch.float16
@@ -76,7 +77,7 @@ def test_every_k_codebook_and_row_count(codebook: str, k: int, shape: tuple[int,
 @pytest.mark.parametrize("shape", [(4096, 4096), (4096, 14336), (14336, 4096), (4096, 1024)])
 def test_llama8b_shapes_match_reference_and_workspace(codebook: str, k: int, shape: tuple[int, int]) -> None:
     trellis, suh, svh = _random_layer(*shape, k, seed=shape[0] + shape[1] + k)
-    for m in (1, 3, 8):
+    for m in (1, 3, 8, 9, 16):
         x = torch.randn(m, shape[0], device="cuda", dtype=torch.float16)
         # fp16 variant on both sides (the int8 one is tests/cuda/test_exl3_gemv_int8.py's)
         y_cluster = gemv.exl3_gemv(x, trellis, suh, svh, codebook, cluster=True, int8=False)
@@ -88,11 +89,12 @@ def test_llama8b_shapes_match_reference_and_workspace(codebook: str, k: int, sha
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_every_split_count_and_dtype(dtype: torch.dtype) -> None:
     """Forced cluster sizes 1 (no split) .. 16 (non-portable; where the GPU launches it), odd
-    sizes that do not divide the chunks, and the launch's own choice; every output written."""
+    sizes that do not divide the chunks, and the launch's own choice; every output written (at 16
+    rows and one split, each warp writes two rows)."""
     ext = kernels.extension()
     trellis, suh, svh = _random_layer(2048, 384, 4, seed=3)
     w = _exact_w(trellis, suh, svh, "mul1")
-    for m in (1, 3, 8):
+    for m in (1, 3, 8, 9, 12, 16):
         x = torch.randn(m, 2048, device="cuda").to(dtype)
         for splits in (1, 2, 3, 5, 8, 11, 16, 0):
             y = torch.full((m, 384), float("nan"), device="cuda", dtype=dtype)
@@ -111,11 +113,12 @@ def test_every_split_count_and_dtype(dtype: torch.dtype) -> None:
 def test_deep_input_needs_several_splits() -> None:
     """14336 in features = 112 chunks: at least 7 splits (16 chunks per block at most)."""
     trellis, suh, svh = _random_layer(14336, 256, 3, seed=14)
-    x = torch.randn(8, 14336, device="cuda", dtype=torch.float16)
-    expected = _reference(x, trellis, suh, svh, "3inst")
-    for splits in (7, 8, 0):
-        y = gemv.exl3_gemv(x, trellis, suh, svh, "3inst", splits=splits, cluster=True)
-        assert rel_fro(y, expected) < TOL[torch.float16], splits
+    for m in (8, 16):
+        x = torch.randn(m, 14336, device="cuda", dtype=torch.float16)
+        expected = _reference(x, trellis, suh, svh, "3inst")
+        for splits in (7, 8, 0):
+            y = gemv.exl3_gemv(x, trellis, suh, svh, "3inst", splits=splits, cluster=True)
+            assert rel_fro(y, expected) < TOL[torch.float16], (m, splits)
     with pytest.raises(ValueError, match="splits"):
         gemv.exl3_gemv(x, trellis, suh, svh, "3inst", splits=6, cluster=True)
 
@@ -123,10 +126,11 @@ def test_deep_input_needs_several_splits() -> None:
 def test_is_deterministic() -> None:
     """No atomics anywhere: the same input gives bit-identical outputs."""
     trellis, suh, svh = _random_layer(4096, 1024, 4, seed=21)
-    x = torch.randn(5, 4096, device="cuda", dtype=torch.float16)
-    first = gemv.exl3_gemv(x, trellis, suh, svh, "mcg", cluster=True)
-    for _ in range(5):
-        assert torch.equal(gemv.exl3_gemv(x, trellis, suh, svh, "mcg", cluster=True), first)
+    for m in (5, 13):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.float16)
+        first = gemv.exl3_gemv(x, trellis, suh, svh, "mcg", cluster=True)
+        for _ in range(5):
+            assert torch.equal(gemv.exl3_gemv(x, trellis, suh, svh, "mcg", cluster=True), first)
 
 
 # (in features, [(out features, K) per matrix]): Llama q/k/v and gate/up with mixed bits.
@@ -144,7 +148,7 @@ def test_multi_equals_single_launches_of_both_gemvs(config: str, codebook: str) 
     in_f, mats = MULTI[config]
     layers = [_random_layer(in_f, o, k, seed=o + 13 * k) for o, k in mats]
     ts, suhs, svhs = zip(*layers)
-    for m in (1, 2, 5, 8):
+    for m in (1, 2, 5, 8, 9, 16):
         x = torch.randn(m, in_f, device="cuda", dtype=torch.float16)
         ys = gemv.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), codebook, cluster=True, int8=False)
         for (t, suh, svh), y in zip(layers, ys):

@@ -45,7 +45,7 @@ def _exact_w(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebo
     return apply_scales(decode_trellis(trellis.cpu(), codebook), suh.cpu(), svh.cpu(), torch.float64)
 
 
-# ---- GEMV (1..8 rows): every K and codebook, several shapes ------------------------------------
+# ---- GEMV (1..16 rows): every K and codebook, several shapes -----------------------------------
 
 
 @pytest.mark.parametrize("codebook", CODEBOOKS)
@@ -54,7 +54,7 @@ def _exact_w(trellis: torch.Tensor, suh: torch.Tensor, svh: torch.Tensor, codebo
 def test_gemv_every_k_and_codebook(codebook: str, k: int, shape: tuple[int, int]) -> None:
     trellis, suh, svh = _random_layer(*shape, k, seed=k * 7 + shape[1])
     w = _exact_w(trellis, suh, svh, codebook)
-    for m in range(1, 9):
+    for m in range(1, 17):  # 9..16: two MMA column groups per decoded tile
         x = torch.randn(m, shape[0], device="cuda", dtype=torch.float16)
         y = gemv.exl3_gemv(x, trellis, suh, svh, codebook)
         assert y.shape == (m, shape[1]) and y.dtype == torch.float16
@@ -68,9 +68,9 @@ def test_gemv_dtypes_and_every_output_written(dtype: torch.dtype) -> None:
     ext = kernels.extension()
     trellis, suh, svh = _random_layer(512, 384, 4, seed=3)
     w = _exact_w(trellis, suh, svh, "mul1")
-    for m in (1, 3, 8):
+    for m in (1, 3, 8, 9, 16):
         x = torch.randn(m, 512, device="cuda").to(dtype)
-        partial, counters = gemv._workspace(x.device, 512, 384)
+        partial, counters = gemv._workspace(x.device, 512, 384, m)
         for splits in (1, 2, 4):  # single-block path and the split-K ticket path
             y = torch.full((m, 384), float("nan"), device="cuda", dtype=dtype)
             used = ext.exl3_gemv(
@@ -82,31 +82,49 @@ def test_gemv_dtypes_and_every_output_written(dtype: torch.dtype) -> None:
         assert int(counters.abs().sum()) == 0  # tickets reset for the next launch
 
 
+@pytest.mark.parametrize("codebook", CODEBOOKS)
+@pytest.mark.parametrize("k", ALL_K)
+def test_workspace_gemv_two_column_groups(codebook: str, k: int) -> None:
+    """The portable GEMV at 9..16 rows (one decode per tile, MMAs for rows 0-7 and 8-15): 18
+    input chunks at 8 per block (its limit above 8 rows) take 3..18 splits."""
+    trellis, suh, svh = _random_layer(2304, 384, k, seed=k * 11 + 5)
+    w = _exact_w(trellis, suh, svh, codebook)
+    for m in range(9, 17):
+        x = torch.randn(m, 2304, device="cuda", dtype=torch.float16)
+        for splits in (3, 0):
+            y = gemv.exl3_gemv(x, trellis, suh, svh, codebook, splits=splits, cluster=False)
+            assert y.shape == (m, 384)
+            assert rel_fro(y, x.double().cpu() @ w) < TOL[torch.float16], (m, k, codebook, splits)
+
+
 def test_gemv_split_choices_agree_and_repeat() -> None:
     trellis, suh, svh = _random_layer(2048, 256, 3, seed=11)
-    x = torch.randn(5, 2048, device="cuda", dtype=torch.float16)
-    ys = [gemv.exl3_gemv(x, trellis, suh, svh, "3inst", splits=s) for s in (1, 3, 16, 0, 0)]
-    for y in ys[1:]:
-        assert rel_fro(y, ys[0]) < 1e-3
     w = _exact_w(trellis, suh, svh, "3inst")
-    assert rel_fro(ys[-1], x.double().cpu() @ w) < TOL[torch.float16]
+    # 16 chunks: one split holds them all up to 8 rows; the workspace GEMV's 9..16-row blocks hold 8
+    for m, counts in ((5, (1, 3, 16, 0, 0)), (13, (2, 3, 16, 0, 0))):
+        x = torch.randn(m, 2048, device="cuda", dtype=torch.float16)
+        ys = [gemv.exl3_gemv(x, trellis, suh, svh, "3inst", splits=s) for s in counts]
+        for y in ys[1:]:
+            assert rel_fro(y, ys[0]) < 1e-3
+        assert rel_fro(ys[-1], x.double().cpu() @ w) < TOL[torch.float16]
 
 
 def test_gemv_llama_shapes() -> None:
     for in_f, out_f in [(4096, 1024), (14336, 512)]:  # deep K (many splits) and a tall matrix
         trellis, suh, svh = _random_layer(in_f, out_f, 4, seed=in_f)
-        x = torch.randn(8, in_f, device="cuda", dtype=torch.float16)
-        y = gemv.exl3_gemv(x, trellis, suh, svh, "mcg")
         q = decode_trellis(trellis, "mcg").double()
-        u = blockwise_hadamard(x.double() * suh.double(), dim=-1)
-        expected = blockwise_hadamard(u @ q, dim=-1) * svh.double()
-        assert rel_fro(y, expected) < TOL[torch.float16]
+        for m in (8, 16):
+            x = torch.randn(m, in_f, device="cuda", dtype=torch.float16)
+            y = gemv.exl3_gemv(x, trellis, suh, svh, "mcg")
+            u = blockwise_hadamard(x.double() * suh.double(), dim=-1)
+            expected = blockwise_hadamard(u @ q, dim=-1) * svh.double()
+            assert rel_fro(y, expected) < TOL[torch.float16], m
 
 
 def test_gemv_rejects_bad_input() -> None:
     trellis, suh, svh = _random_layer(256, 128, 2, seed=1)
-    with pytest.raises(ValueError, match="1..8"):
-        gemv.exl3_gemv(torch.randn(9, 256, device="cuda").half(), trellis, suh, svh, "mcg")
+    with pytest.raises(ValueError, match="1..16"):
+        gemv.exl3_gemv(torch.randn(17, 256, device="cuda").half(), trellis, suh, svh, "mcg")
     with pytest.raises(ValueError, match="256"):
         gemv.exl3_gemv(torch.randn(2, 128, device="cuda").half(), trellis, suh, svh, "mcg")
 
@@ -125,7 +143,7 @@ def test_exl3_linear_streaming_on_gpu(dtype: torch.dtype) -> None:
     gpu = EXL3Linear.from_tensors(
         {n: v.cuda() for n, v in t.items()}, 200, 300, bias=bias.cuda(), mode="streaming"
     )
-    for m in (1, 2, 7, 8, 13, 32, 33, 160):
+    for m in (1, 2, 7, 8, 13, 16, 17, 32, 33, 160):
         x = torch.randn(2, m, 200)
         y = gpu(x.cuda().to(dtype))
         assert y.shape == (2, m, 300) and y.dtype == dtype
@@ -183,7 +201,7 @@ def test_fixture_model_logits_on_gpu(exl3_dir: Path, ref, monkeypatch, variant: 
     layers = [m for m in model.module.modules() if isinstance(m, EXL3Linear)]
     assert len(layers) == 15 and all(m.mode == "streaming" and m.trellis.is_cuda for m in layers)
     cache = PagedKVCache.for_model(model.spec, len(ids), page_size=16, dtype=model.dtype, device=model.device)
-    got = score_tokens(model.module, cache, ids, chunk=13).float().cpu()  # 13-row chunks: 8 + 5 GEMV
+    got = score_tokens(model.module, cache, ids, chunk=13).float().cpu()  # 13-row chunks: two-group GEMVs
     spec = ref("logits")[f"spec_fp32.{variant}"][0]
     assert got.shape == spec.shape
     diff = (got - spec).abs()

@@ -8,6 +8,7 @@ import pytest
 import torch
 from cuda_helpers import capture
 
+from engine import kernels
 from engine.exl3 import EXL3Linear
 from engine.exl3.codebooks import CODEBOOKS
 from engine.kernels import gemv
@@ -75,13 +76,15 @@ def test_multi_equals_separate(config: str, codebook: str, cluster: bool | None)
     layers = _layers(config)
     ts, suhs, svhs = zip(*layers)
     n_chunks = in_f // 128
-    min_splits = -(-n_chunks // 16)
-    for m in range(1, 9):
+    cluster_runs = gemv._cluster_runs(kernels.extension(), torch.device("cuda"), cluster)
+    for m in range(1, 17):  # 9..16: the two-column-group kernels
         x = _x(m, in_f)
+        # chunks a block holds: 16, but 8 in the workspace GEMV's 9..16-row blocks
+        min_splits = -(-n_chunks // (16 if cluster_runs else gemv._workspace_chunks(m)))
         # Same split count: every block does the same work as the single launch's block (g, s);
         # only the order of the 8 warps' shared-memory atomics varies (run to run, in either
         # launch), so the outputs agree to within an fp16 rounding of a few elements.
-        for splits in sorted({min_splits, min(n_chunks, 3)}):
+        for splits in sorted({min_splits, max(min_splits, min(n_chunks, 3))}):
             ys = gemv.exl3_gemv_multi(
                 x, list(ts), list(suhs), list(svhs), codebook, splits=splits, cluster=cluster
             )
@@ -103,7 +106,7 @@ def test_multi_other_dtypes(dtype: torch.dtype) -> None:
     in_f, _ = CONFIGS["1b_qkv"]
     layers = _layers("1b_qkv")
     ts, suhs, svhs = zip(*layers)
-    for m in (1, 5, 8):
+    for m in (1, 5, 8, 11, 16):
         x = _x(m, in_f, dtype)
         ys = gemv.exl3_gemv_multi(x, list(ts), list(suhs), list(svhs), "mcg", splits=4)
         for (t, suh, svh), y in zip(layers, ys):
@@ -158,15 +161,16 @@ class _Spy:
         return self.fn(*args, **kwargs)
 
 
+@pytest.mark.parametrize("rows", [2, 12])  # 12: a verify step's rows, two column groups
 @pytest.mark.parametrize("config", ["8b_qkv", "1b_gate_up", "small"])
-def test_projection_group_uses_one_launch(monkeypatch, config: str) -> None:
+def test_projection_group_uses_one_launch(monkeypatch, config: str, rows: int) -> None:
     in_f, _ = CONFIGS[config]
     # Trimmed out features and a bias on the last matrix: the padded-output/bias handling too.
     linears = [_exl3_linear(t, suh, svh, "mcg") for t, suh, svh in _layers(config)]
     t, suh, svh = _layers(config)[-1]
     linears[-1] = _exl3_linear(t, suh, svh, "mcg", out_features=t.shape[1] * 16 - 40, bias=True)
     group = ProjectionGroup([(lin, [lin.out_features]) for lin in linears])
-    x = _x(2, in_f).reshape(1, 2, in_f)
+    x = _x(rows, in_f).reshape(1, rows, in_f)
     expected = [lin(x) for lin in linears]
     multi, single = _Spy(gemv.exl3_gemv_multi), _Spy(gemv.exl3_gemv)
     monkeypatch.setattr(gemv, "exl3_gemv_multi", multi)
@@ -188,8 +192,8 @@ def test_projection_group_falls_back(monkeypatch) -> None:
     outs = group(_x(1, in_f))
     assert multi.calls == 0 and len(outs) == 2
     same = ProjectionGroup([(_exl3_linear(*layer, "mcg"), [layer[0].shape[1] * 16]) for layer in layers])
-    outs = same(_x(1, in_f).repeat(9, 1))  # 9 rows: above the GEMV's 8, the whole-weight path
-    assert multi.calls == 0 and outs[0].shape == (9, 2048)
+    outs = same(_x(1, in_f).repeat(17, 1))  # 17 rows: above the GEMV's 16, the whole-weight path
+    assert multi.calls == 0 and outs[0].shape == (17, 2048)
 
 
 def test_multi_rejects_bad_input() -> None:
@@ -199,7 +203,7 @@ def test_multi_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
         gemv.exl3_gemv_multi(x, list(ts) + [ts[0]], list(suhs) + [suhs[0]], list(svhs) + [svhs[0]], "mcg")
     with pytest.raises(ValueError):
-        gemv.exl3_gemv_multi(_x(9, 2048), list(ts), list(suhs), list(svhs), "mcg")
+        gemv.exl3_gemv_multi(_x(17, 2048), list(ts), list(suhs), list(svhs), "mcg")
     small_t, small_suh, small_svh = _layers("small")[0]
     with pytest.raises(ValueError):  # in features differ
         gemv.exl3_gemv_multi(x, [ts[0], small_t], [suhs[0], small_suh], [svhs[0], small_svh], "mcg")
