@@ -39,6 +39,14 @@ class GpuDevice:
     name: str
     memory_bytes: int
     capability: tuple[int, int]
+    # Free when the check ran (before this process loads a model; others' use counted), 0 where
+    # it could not be read: what the load options' automatic choice compares with.
+    free_bytes: int = 0
+
+    @property
+    def usable_bytes(self) -> int:
+        """Free memory where known, else the GPU's size."""
+        return self.free_bytes or self.memory_bytes
 
 
 @dataclass(frozen=True)
@@ -243,6 +251,14 @@ def _nvidia_smi() -> tuple[str | None, str | None, tuple[str, ...]]:
     return parse_nvidia_smi(query.stdout, header.stdout)
 
 
+def _free_memory(torch: Any, index: int) -> int:
+    """GPU ``index``'s free bytes as the engine will see them (0 where CUDA cannot say)."""
+    try:
+        return int(torch.cuda.mem_get_info(index)[0])
+    except Exception:  # noqa: BLE001 - a missing figure is no finding: the size stands in for it
+        return 0
+
+
 def gather_facts(preference: str = "auto") -> GpuFacts:
     """Look at this machine. Imports torch (seconds): call it off the GUI thread."""
     driver, driver_cuda, names = _nvidia_smi()
@@ -270,7 +286,10 @@ def gather_facts(preference: str = "auto") -> GpuFacts:
                 arch_list = tuple(torch.cuda.get_arch_list())
                 for i in range(torch.cuda.device_count()):
                     props = torch.cuda.get_device_properties(i)
-                    devices.append(GpuDevice(props.name, int(props.total_memory), (props.major, props.minor)))
+                    capability = (props.major, props.minor)
+                    devices.append(
+                        GpuDevice(props.name, int(props.total_memory), capability, _free_memory(torch, i))
+                    )
         except Exception as exc:  # noqa: BLE001 - a CUDA init failure is reported, not raised
             available = False
             cuda_error = f"{type(exc).__name__}: {exc}"

@@ -643,10 +643,13 @@ class MainWindow(QMainWindow):
             self.statusBar().addPermanentWidget(label)
         label.setText(report.short)
         label.setToolTip(report.text())
-        gpus = len(report.facts.devices) if report.uses_gpu else 0
-        memory = report.facts.devices[0].memory_bytes if gpus else 0
+        devices = report.facts.devices if report.uses_gpu else ()
+        # each GPU's free memory where the check read it (before a model is loaded: what the next
+        # load can use), else its size
+        memory = [device.usable_bytes for device in devices]
+        free = bool(devices) and all(device.free_bytes for device in devices)
         # one or more: where the model runs (chosen by its size); several: splitting it across them
-        self.library_pane.load_options.set_gpu_count(gpus, memory)
+        self.library_pane.load_options.set_gpu_count(len(devices), memory[0] if memory else 0, memory, free)
         self.library_pane.refresh_placement()
         self.statusBar().showMessage(report.headline, 20000)
 

@@ -1,7 +1,8 @@
 """How a model's memory divides between the GPU and system memory, for each way it can run: all on
 the GPU, its routed experts in system memory (``--experts-on cpu``), or its first N layers on the
-GPU and the rest on the CPU (``--gpu-layers N``); and which of them to suggest for a GPU of a
-given size. From what ``engine.inspect`` read of the files: no torch, cheap enough for a label.
+GPU and the rest on the CPU (``--gpu-layers N``); which of them to suggest for a GPU of a given
+size; and the pieces a layer split places (``--split-layers auto``). From what ``engine.inspect``
+read of the files: no torch, cheap enough for a label.
 
 Parts that move to system memory take the form the engine gives them there: routed experts and
 layers of an EXL3 model are dequantized to 16 bits, anything else stays as stored. The estimate's
@@ -71,6 +72,39 @@ def memory_split(
     cache = int(info.kv_cache_bytes(context, 2, cache_bits) * share)
     host = _host_form(info, moved) + cache
     return MemorySplit(total - int((moved + cache) * (1 + _OVERHEAD_RATIO)), host)
+
+
+@dataclass(frozen=True)
+class LayerBytes:
+    """A model's GPU estimate by where a layer split puts it: ``front`` (embedding, final norm,
+    head and the runtime's fixed overhead) on the first device, ``layers[i]`` (layer i's weights
+    and cache) on the GPU that runs it, ``host_layers[i]`` the same layer in system memory.
+    ``front`` plus the first N of ``layers`` is the "layers" estimate for N (:func:`memory_split`)."""
+
+    front: int
+    layers: tuple[int, ...]
+    host_layers: tuple[int, ...]
+
+
+def layer_bytes(
+    info: ModelInfo, context: int, cache_bits: tuple[int, int] = (16, 16), dense: bool = False
+) -> LayerBytes:
+    """``info``'s model cut into a layer split's pieces, for ``context`` tokens of cache at
+    ``cache_bits`` (each layer an equal share of the layers' weights and cache); ``dense``: its
+    layers on the GPU in their system-memory form too (an EXL3 model read through host memory)."""
+    total = info.memory_needed(context, "cuda", cache_bits)
+    layers = info.num_layers or 0
+    if not layers:
+        return LayerBytes(total, (), ())
+    weights = info.layer_weight_bytes / layers
+    cache = info.kv_cache_bytes(context, 2, cache_bits) / layers
+    on_gpu = int((weights + cache) * (1 + _OVERHEAD_RATIO))
+    on_host = _host_form(info, int(weights)) + int(cache)
+    if dense:
+        return LayerBytes(
+            total - layers * on_gpu, (int(on_host * (1 + _OVERHEAD_RATIO)),) * layers, (on_host,) * layers
+        )
+    return LayerBytes(total - layers * on_gpu, (on_gpu,) * layers, (on_host,) * layers)
 
 
 def layers_that_fit(info: ModelInfo, context: int, cache_bits: tuple[int, int], gpu_bytes: int) -> int:

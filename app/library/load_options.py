@@ -1,6 +1,7 @@
 """The model's load options, in words: how much context, how its memory is stored, where there is
 a GPU where the model runs (all on the GPU, its experts in system memory, or its first layers on
-the GPU), and where there is more than one GPU, how the model is split across them.
+the GPU), and where there is more than one GPU, how the model is split across them (also as a
+choice of where it runs: split across the GPUs by their free memory).
 
 They take effect at the next load (the cache is allocated then); the estimate beside them follows
 every change at once, for the model selected in the library, so the user sees what a choice costs
@@ -8,6 +9,8 @@ before loading. A view: it shows what it is told and emits what the user picks.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -24,6 +27,7 @@ from PySide6.QtWidgets import (
 from app.elided_label import ElidedLabel
 from app.library.context_memory import CHOICES, describe
 from app.library.parallel_choice import ParallelChoice
+from app.library.placement import SPLIT
 
 
 def _key(key_bits: int, value_bits: int) -> str:
@@ -46,6 +50,13 @@ PLACEMENTS = (
         "The first layers on the GPU, the rest in system memory, run on the CPU (slower the more "
         "layers the CPU runs). For a model larger than the GPU.",
     ),
+)
+# Offered where there is more than one GPU (set_gpu_count).
+SPLIT_PLACEMENT = (
+    SPLIT,
+    "Split across GPUs automatically",
+    "Consecutive layers on each GPU, as many as its free memory holds when the model loads; what "
+    "the GPUs cannot hold runs on the CPU. For a model larger than one GPU.",
 )
 
 
@@ -115,7 +126,11 @@ class LoadOptions(QGroupBox):
         self.placement_reason.setAccessibleName("Why the model runs there")
         self.placement_reason.setProperty("role", "muted")
         self._placement_label = QLabel("Where the model runs:")
-        self.gpu_memory_bytes = 0  # of the GPU the model would run on (set_gpu_count); 0: unknown
+        # Of the GPU the model would run on, and of each GPU (set_gpu_count); 0: unknown. Free
+        # memory where the GPU check could read it (gpu_memory_free), else the GPUs' sizes.
+        self.gpu_memory_bytes = 0
+        self.gpu_memory: tuple[int, ...] = ()
+        self.gpu_memory_free = False
         self.estimate = ElidedLabel()
         self.estimate.setAccessibleName("Memory estimate")
         self.estimate.setProperty("role", "muted")
@@ -216,22 +231,40 @@ class LoadOptions(QGroupBox):
         placement = self.placement.currentData()
         return placement, self.gpu_layers.value() if placement == "layers" else None
 
-    def set_gpu_count(self, count: int, memory_bytes: int = 0) -> None:
+    def set_gpu_count(
+        self, count: int, memory_bytes: int = 0, each_gpu: Sequence[int] = (), free: bool = False
+    ) -> None:
         """Offer where the model runs where there is a GPU, and splitting a model across GPUs
         where there are ``count`` > 1 of them (from the GPU check; ``memory_bytes``: the first
-        GPU's memory, what the automatic choice compares with); with fewer, the fields are hidden
-        and a load uses one device."""
+        GPU's memory, ``each_gpu`` every GPU's, what the automatic choice compares with: free
+        memory where ``free``, else their sizes); with fewer, the fields are hidden and a load
+        uses one device."""
         self.gpu_memory_bytes = int(memory_bytes) if count else 0
+        self.gpu_memory = tuple(int(b) for b in each_gpu) if count else ()
+        self.gpu_memory_free = bool(free and count)
+        several = count > 1
+        self._offer_split(several)
         self._set_placement_visible(count > 0)
         if not count:
             self.set_placement("gpu")
-        several = count > 1
         self.split_gpus.setRange(1, max(1, count))
         for widget in self._parallel_widgets:
             widget.setVisible(several)
         if not several:
             self.split_gpus.setValue(1)
             self.layer_split.clear()
+
+    def _offer_split(self, offered: bool) -> None:
+        """Add or remove the automatic split across GPUs as a choice of where the model runs."""
+        index = self.placement.findData(SPLIT)
+        if offered and index < 0:
+            data, label, tip = SPLIT_PLACEMENT
+            self.placement.addItem(label, data)
+            self.placement.setItemData(self.placement.count() - 1, tip, Qt.ItemDataRole.ToolTipRole)
+        elif not offered and index >= 0:
+            if self.placement.currentIndex() == index:
+                self.set_placement("gpu")
+            self.placement.removeItem(index)
 
     def parallel_choice(self) -> ParallelChoice:
         """How the next load is to spread the model (one device where the fields are hidden);
@@ -241,6 +274,8 @@ class LoadOptions(QGroupBox):
             return ParallelChoice(experts_on="cpu")
         if placement == "layers":
             return ParallelChoice(gpu_layers=gpu_layers)
+        if placement == SPLIT:
+            return ParallelChoice(split_layers="auto")
         if self.split_gpus.maximum() <= 1:
             return ParallelChoice()
         return ParallelChoice(self.split_gpus.value(), self.layer_split.text().strip())

@@ -251,7 +251,14 @@ class LibraryPane(QWidget):
         options.set_layer_count(info.num_layers)
         if self._placed_for != str(info.path):
             self._placed_for = str(info.path)
-            advice = advise(info, context, self.model.cache_bits, options.gpu_memory_bytes)
+            advice = advise(
+                info,
+                context,
+                self.model.cache_bits,
+                options.gpu_memory_bytes,
+                options.gpu_memory_free,
+                options.gpu_memory[1:],
+            )
             options.set_placement(advice.placement, advice.gpu_layers, advice.reason)
         return estimate_split(info, context, self.model.cache_bits, *options.current_placement())
 

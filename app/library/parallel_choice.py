@@ -9,10 +9,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ParallelChoice:
     """``gpus``: ranks of a tensor-parallel load, one GPU each (1: one device); ``split_layers``:
-    consecutive layers per GPU, e.g. ``"20,12"`` (empty: no layer split); ``experts_on``:
-    ``"cpu"`` keeps a mixture of experts' routed experts in system memory, run by the CPU
-    (``"device"``: with the rest); ``gpu_layers``: the first N layers on the GPU, the rest on the
-    CPU (None: all on the device). The engine checks them against the model when it loads."""
+    consecutive layers per GPU, e.g. ``"20,12"``, or ``"auto"`` by each GPU's free memory (empty:
+    no layer split); ``experts_on``: ``"cpu"`` keeps a mixture of experts' routed experts in
+    system memory, run by the CPU (``"device"``: with the rest); ``gpu_layers``: the first N
+    layers on the GPU, the rest on the CPU (None: all on the device). The engine checks them
+    against the model when it loads."""
 
     gpus: int = 1
     split_layers: str = ""

@@ -65,7 +65,7 @@ def register(sub) -> None:
 
 
 def _session(args: argparse.Namespace, bits: tuple[int, int]):
-    """The served model's session, placed as ``--gpu-layers`` / ``--experts-on`` ask."""
+    """The served model's session, placed as ``--split-layers`` / ``--gpu-layers`` / ``--experts-on`` ask."""
     from engine.parallel.command_line import parallel_model
     from engine.session import ChatSession
     from engine.tokenizer import Tokenizer

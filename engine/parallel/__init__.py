@@ -5,6 +5,7 @@ loaded model into a rank's shard (:mod:`~.heads`, :mod:`~.slicing`, :mod:`~.voca
 :mod:`~.reduced`), :mod:`~.leader` and :mod:`~.follower` run the step protocol of
 :mod:`~.step_plan` (decode steps through CUDA graphs every rank captures alike:
 :mod:`~.graph_steps`; the cost of an all-reduce in one: :mod:`~.allreduce_cost`), and
-:mod:`~.placement` puts consecutive layers on different devices.
+:mod:`~.placement` puts consecutive layers on different devices (how many by each GPU's free
+memory: :mod:`~.auto_split`).
 See docs/PARALLEL.md.
 """

@@ -1,5 +1,5 @@
-"""``--tp N``, ``--split-layers COUNTS``, ``--gpu-layers N`` and ``--experts-on cpu`` for the
-commands that load a model (generate, bench; serve takes the last two)."""
+"""``--tp N``, ``--split-layers COUNTS|auto``, ``--gpu-layers N`` and ``--experts-on cpu`` for the
+commands that load a model (generate, bench; serve takes all but ``--tp``)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from engine.commands.common import positive_int
 from engine.errors import UsageError
+from engine.parallel.auto_split import is_auto
 
 if TYPE_CHECKING:  # the parser is built without loading torch
     from engine.model import LoadedModel
@@ -25,18 +26,19 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tensor parallelism over N processes (one GPU each, or the CPU); default 1",
     )
+    add_placement_args(p)
+
+
+def add_placement_args(p: argparse.ArgumentParser) -> None:
+    """The options that place one model's parts on different devices (GPUs, or host memory run by
+    the CPU), in one process."""
     p.add_argument(
         "--split-layers",
         default=None,
         metavar="COUNTS",
         help="consecutive layers per device, e.g. 20,12 (GPUs 0, 1, ...; the CPU where there are "
-        "fewer GPUs than parts)",
+        "fewer GPUs than parts), or auto: as many as each GPU's free memory holds, the rest on the CPU",
     )
-    add_placement_args(p)
-
-
-def add_placement_args(p: argparse.ArgumentParser) -> None:
-    """The options that put part of one model in host memory, run by the CPU."""
     p.add_argument(
         "--gpu-layers",
         type=int,
@@ -95,6 +97,17 @@ def parallel_model(
             raise UsageError("--gpu-layers puts layers on a GPU: it cannot run with --device cpu")
         gpu = resolve_device(args.device) if str(args.device).startswith("cuda") else None
         model = load_gpu_layers(args.model, gpu_layers, gpu, dtype=dtype, context=context, options=options)
+        return model, options
+    if is_auto(split):
+        from engine.commands.common import cache_bits
+        from engine.parallel.auto_loading import load_auto_split
+
+        if args.device == "cpu":
+            raise UsageError(
+                "--split-layers auto spreads a model over the GPUs: it cannot run with --device cpu"
+            )
+        bits = cache_bits(args) if hasattr(args, "cache_bits") else (16, 16)
+        model = load_auto_split(args.model, dtype, context, bits, options)
         return model, options
     if tp > 1:
         from engine.parallel.launch import start_tensor_parallel

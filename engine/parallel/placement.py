@@ -1,7 +1,8 @@
 """Layer split: consecutive decoder layers on different devices, in one process.
 
 ``--split-layers 20,12`` puts the first 20 layers on the first device and the next 12 on the
-second; the embedding, final norm and LM head stay on the first. Each layer moved off the first
+second (``auto``: counts from each GPU's free memory, ``engine.parallel.auto_split``); the
+embedding, final norm and LM head stay on the first. Each layer moved off the first
 device is wrapped in a :class:`PlacedBlock` that carries the residual stream and the step's
 layout over to its device (and back after the last layer), and its cache storage is allocated
 there (``LoadedModel.layer_devices`` -> ``PagedKVCache.for_layers(devices=...)``). The devices
@@ -30,7 +31,7 @@ def parse_split(text: str, num_layers: int) -> list[int]:
     try:
         counts = [int(part) for part in text.split(",")]
     except ValueError:
-        raise UsageError(f"--split-layers takes comma-separated layer counts, got '{text}'") from None
+        raise UsageError(f"--split-layers takes comma-separated layer counts or auto, got '{text}'") from None
     if any(c < 0 for c in counts) or sum(counts) != num_layers:
         raise UsageError(
             f"--split-layers {text} must be counts >= 0 that add up to the model's {num_layers} layers"

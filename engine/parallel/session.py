@@ -16,6 +16,8 @@ from engine.cache.state import RecurrentState
 from engine.errors import UsageError
 from engine.model import LoadedModel, load_model, resolve_device
 from engine.options import EngineOptions
+from engine.parallel.auto_loading import load_auto_split, report_to_stderr
+from engine.parallel.auto_split import is_auto
 from engine.parallel.gpu_layers import load_gpu_layers
 from engine.parallel.launch import TensorParallelRun, start_tensor_parallel
 from engine.parallel.placement import default_devices, parse_split, split_layers
@@ -55,9 +57,10 @@ class ParallelChatSession(ChatSession):
         gpu_layers: int | None = None,
     ) -> ParallelChatSession:
         """Load ``model_dir`` over ``tensor_parallel`` ranks (one GPU each, or the CPU), with
-        ``split`` layers per device (``"20,12"``), with its first ``gpu_layers`` layers on the GPU
-        and the rest on the CPU (``engine.parallel.gpu_layers``), or on one device with its routed
-        experts in host memory (``experts_on="cpu"``); one of these at a time."""
+        ``split`` layers per device (``"20,12"``; ``"auto"``: by each GPU's free memory,
+        ``engine.parallel.auto_split``), with its first ``gpu_layers`` layers on the GPU and the
+        rest on the CPU (``engine.parallel.gpu_layers``), or on one device with its routed experts
+        in host memory (``experts_on="cpu"``); one of these at a time."""
         chosen = [tensor_parallel > 1, bool(split), gpu_layers is not None, experts_on != "device"]
         if sum(chosen) > 1:
             raise UsageError(
@@ -85,6 +88,24 @@ class ParallelChatSession(ChatSession):
             gpu = resolve_device(device) if device.startswith("cuda") else None
             model = load_gpu_layers(
                 model_dir, gpu_layers, gpu, context=cache_tokens, options=options, progress=progress
+            )
+            return cls(model, tokenizer, cache_tokens, cache_bits, options)
+        if is_auto(split):
+            if device == "cpu":
+                raise UsageError("splitting across GPUs automatically needs a GPU, and the device is the CPU")
+
+            def report(line: str) -> None:
+                report_to_stderr(line)
+                if progress:
+                    progress(0.0, line)
+
+            model = load_auto_split(
+                model_dir,
+                context=cache_tokens,
+                cache_bits=cache_bits,
+                options=options,
+                progress=progress,
+                report=report,
             )
             return cls(model, tokenizer, cache_tokens, cache_bits, options)
         parts = len(split.split(",")) if split else 1

@@ -3,6 +3,8 @@ states the facts a machine would show and checks the sentence a user reads."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from app.gpu_check import (
@@ -179,3 +181,23 @@ def test_the_check_runs_off_the_gui_thread_and_reports_on_it(qtbot) -> None:
     from app import gpu_check
 
     assert gpu_check.last_report() is report  # About reuses it without checking again
+
+
+def test_gather_facts_reads_each_gpus_free_memory(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    props = SimpleNamespace(name="NVIDIA L4", total_memory=24 << 30, major=8, minor=9)
+    free = {0: 20 << 30}  # GPU 1's figure cannot be read: its size stands in
+
+    def mem_get_info(index: int) -> tuple[int, int]:
+        if index not in free:
+            raise RuntimeError("CUDA error: not available")
+        return free[index], props.total_memory
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: props)
+    monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: ["sm_89"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    devices = gather_facts().devices
+    assert [d.free_bytes for d in devices] == [20 << 30, 0]
+    assert [d.usable_bytes for d in devices] == [20 << 30, 24 << 30]
