@@ -162,8 +162,12 @@ def test_exl3_moe_greedy_tokens_on_gpu_match_cpu(name, tmp_path):
 
 def test_gpt_oss_sink_layers_decode_through_the_attention_kernel(tmp_path, monkeypatch):
     """Every gpt-oss layer has attention sinks, its sliding-window layers and its full ones alike:
-    their decode steps run the paged attention kernel, never the torch reference, and give the
-    greedy tokens that the reference gives (up to near ties)."""
+    their decode steps run the paged attention kernel, never the torch reference, and each call's
+    output equals the reference's computed exactly (float32) on the same inputs.
+
+    Per call, not by greedy tokens against a reference run: two attention implementations differ
+    by rounding, and a top-2 router turns a rounding-sized difference into another expert (whole
+    logits apart, no near tie of the final logits), so token equality is no test of the kernel."""
     import engine.cache.decode_attention as decode_attention
     from engine.kernels import attention as kernel_attention
 
@@ -172,30 +176,27 @@ def test_gpt_oss_sink_layers_decode_through_the_attention_kernel(tmp_path, monke
     assert all(m.sinks is not None for m in mixers)
     assert [m.sliding_window for m in mixers] == [32, None]  # the prompts + 64 tokens pass 32
     kernel = kernel_attention.paged_decode_attention
-
-    def declined_with_sinks(*args, sinks=None, **kwargs):
-        return None if sinks is not None else kernel(*args, sinks=sinks, **kwargs)
-
-    with monkeypatch.context() as patch:  # the reference's tokens
-        patch.setattr(kernel_attention, "paged_decode_attention", declined_with_sinks)
-        reference, _ = _greedy(model, graphs=False)
-
-    calls = {"kernel with sinks": 0, "reference": 0}
     reference_attention = decode_attention.paged_decode_attention_reference
+    errors = {32: [], None: []}  # by window
+    calls = {"reference": 0}
 
-    def counted_kernel(*args, sinks=None, **kwargs):
-        out = kernel(*args, sinks=sinks, **kwargs)
-        calls["kernel with sinks"] += sinks is not None and out is not None
+    def checked_kernel(q, layer, tables, lengths, page, scale, window, softcap, sinks=None, **kwargs):
+        out = kernel(q, layer, tables, lengths, page, scale, window, softcap, sinks=sinks, **kwargs)
+        assert out is not None and sinks is not None
+        exact = reference_attention(
+            q.float(), layer, tables, lengths, page, scale, window, softcap, sinks.float()
+        )
+        errors[window].append(((out.float() - exact).norm() / exact.norm()).item())
         return out
 
     def counted_reference(*args, **kwargs):
         calls["reference"] += 1
         return reference_attention(*args, **kwargs)
 
-    monkeypatch.setattr(kernel_attention, "paged_decode_attention", counted_kernel)
+    monkeypatch.setattr(kernel_attention, "paged_decode_attention", checked_kernel)
     monkeypatch.setattr(decode_attention, "paged_decode_attention_reference", counted_reference)
-    got, _ = _greedy(model, graphs=False)
-    # one launch per layer and decode step (all rows at once): ~63 steps
-    assert calls["kernel with sinks"] >= len(mixers) * _NEW_TOKENS // 2, calls
+    _greedy(model, graphs=False)
     assert calls["reference"] == 0
-    _same_up_to_near_ties(model, reference, got, tie=2e-2)
+    for window, errs in errors.items():  # one launch per layer and decode step: ~63 steps each
+        assert len(errs) >= _NEW_TOKENS // 2, (window, len(errs))
+        assert max(errs) < 2e-3, (window, max(errs))  # fp16 q and cache: the kernel tests' bound
