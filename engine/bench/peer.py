@@ -115,13 +115,22 @@ def bench_transformers(model, device: torch.device, args, compile: bool = True) 
     return result
 
 
+def _global_attribute(config, name: str):
+    """``config.name``, or None where it is absent or (configs with per-layer values, as Gemma 4's in
+    some transformers releases) refused as a model-wide value: the byte count is an estimate."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError, not an AttributeError
+        return None
+
+
 def peer_decode_bytes(model, dtype: torch.dtype):
     """Bytes per decode step of the transformers model (bf16 weights, dense bf16 KV cache)."""
     from engine.bench.roofline import kv_bytes_per_token
 
     c = model.config.get_text_config()
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = _global_attribute(c, "head_dim") or c.hidden_size // c.num_attention_heads
+    kv_heads = _global_attribute(c, "num_key_value_heads") or c.num_attention_heads
     bits = torch.finfo(dtype).bits
     kvb = kv_bytes_per_token(c.num_hidden_layers, kv_heads, head_dim, (bits, bits))
     return module_decode_bytes(model, model.get_input_embeddings().weight, kvb)
