@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ def load_model(
     options: EngineOptions | None = None,
     make_builder: Callable[..., ModelBuilder] = ModelBuilder,
     experts_on: str = "device",
+    layer_devices: Sequence[torch.device | str] | None = None,
 ) -> LoadedModel:
     """Load a Hugging Face model directory onto ``device``.
 
@@ -80,7 +81,8 @@ def load_model(
     arguments) that builds the modules, e.g. a tensor-parallel rank's, which reads only its shard.
     ``experts_on``: ``"device"`` (default) or ``"cpu"``: the routed experts of its mixture-of-experts
     layers in host memory, computed on the CPU, the rest on ``device``
-    (``engine.modules.host_experts``).
+    (``engine.modules.host_experts``). ``layer_devices``: each decoder layer's device, for a
+    layer split (:func:`engine.parallel.placement.load_split`); None: all on ``device``.
     """
     config = ModelConfig.from_dir(directory)
     if int8.is_int8_config(config.quantization):
@@ -89,7 +91,17 @@ def load_model(
     if progress:
         progress(0.0, f"loading {config.architecture} from {config.directory.name}")
     return build_model(
-        config, store, device, dtype, context, progress, exl3_mode, options, make_builder, experts_on
+        config,
+        store,
+        device,
+        dtype,
+        context,
+        progress,
+        exl3_mode,
+        options,
+        make_builder,
+        experts_on,
+        layer_devices,
     )
 
 
@@ -104,10 +116,11 @@ def build_model(
     options: EngineOptions | None = None,
     make_builder: Callable[..., ModelBuilder] = ModelBuilder,
     experts_on: str = "device",
+    layer_devices: Sequence[torch.device | str] | None = None,
 ) -> LoadedModel:
     """Build a model from its config and a weight store (a :class:`WeightStore`, or anything that
     answers ``has``/``get`` the same way, e.g. ``engine.loading.synthetic_store``). ``options``,
-    ``make_builder`` and ``experts_on``: as for :func:`load_model`."""
+    ``make_builder``, ``experts_on`` and ``layer_devices``: as for :func:`load_model`."""
     if options is not None:
         options.configure_kernels()  # before the builder asks whether the kernels are there
     arch = architecture_for(config.architecture)
@@ -125,6 +138,7 @@ def build_model(
             spec, names, store, dtype, dev, context or spec.max_position_embeddings, exl3_mode
         )
         builder.place_experts(host)
+        builder.place_layers(layer_devices)
         module = builder.build(progress)
         if host is not None:
             host_experts.keep_experts_on_host(module, host, pin=dev.type == "cuda")

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from engine.architectures.base import TensorNames
+from engine.errors import UsageError
 from engine.layers import FEED_FORWARDS, MIXERS, LayerSpec, ModelSpec
 from engine.layers import per_layer_input as ple
 from engine.loading.safetensors_store import WeightStore
@@ -33,7 +34,7 @@ from engine.modules.rope import RopeSpec, RotaryEmbedding
 Progress = Callable[[float, str], None]
 # The rotary modules the layers of one model share, one per (RoPE setting, head size); filled as
 # layers are built. Keyed by the RopeSpec's identity: its equality ignores its params.
-SharedRotary = dict[tuple[int, int], RotaryEmbedding]
+SharedRotary = dict[tuple[int, int, torch.device], RotaryEmbedding]
 
 
 class ModelBuilder:
@@ -55,6 +56,8 @@ class ModelBuilder:
         # such experts are built on the host (the model's device: a GPU dequantizes far faster).
         self.experts_device: torch.device | None = None
         self._decode_on: torch.device | None = None
+        # Each decoder layer's device for a layer split (``place_layers``; None: all on ``device``).
+        self.layer_devices: list[torch.device] | None = None
         # Per layer built, the keys of the stored tensors it keeps as they are, outside any linear
         # or norm (LayerReader.tensor): what a converter copies besides those.
         self.kept_tensors: dict[int, list[str]] = {}
@@ -63,6 +66,28 @@ class ModelBuilder:
         """Build the routed experts of every mixture-of-experts layer on ``device`` (the host,
         for ``--experts-on cpu``: ``engine.modules.host_experts``); None: on the model's device."""
         self.experts_device = None if device is None else torch.device(device)
+
+    def place_layers(self, devices: Sequence[torch.device | str] | None) -> None:
+        """Build decoder layer ``i`` straight on ``devices[i]`` (a layer split: no device ever
+        holds more than its part, and EXL3 layers on a GPU stay packed); the embedding, final norm
+        and head on the model's device. None: every layer on the model's device."""
+        if devices is not None and len(devices) != self.spec.num_layers:
+            raise UsageError(f"{len(devices)} layer devices for the model's {self.spec.num_layers} layers")
+        self.layer_devices = None if devices is None else [torch.device(d) for d in devices]
+
+    @contextmanager
+    def on_layer_device(self, i: int) -> Iterator[None]:
+        """Within: tensors and linears are made on layer ``i``'s device (:meth:`place_layers`)."""
+        device = self.layer_devices[i] if self.layer_devices is not None else self.device
+        if device == self.device:
+            yield
+            return
+        saved = self.device
+        self.device = device
+        try:
+            yield
+        finally:
+            self.device = saved
 
     @contextmanager
     def routed_experts(self) -> Iterator[None]:
@@ -225,7 +250,8 @@ class ModelBuilder:
         embedding = self.embedding()
         blocks = []
         for i in range(s.num_layers):
-            blocks.append(self.block(i, rope))
+            with self.on_layer_device(i):
+                blocks.append(self.block(i, rope))
             if progress:
                 progress((i + 1) / (s.num_layers + 1), f"loaded layer {i + 1}/{s.num_layers}")
         # A tied head reuses the embedding, unless a quantized head was stored for it (EXL3
@@ -322,7 +348,7 @@ class LayerReader:
     def rotary(self, spec: RopeSpec, head_dim: int) -> RotaryEmbedding:
         """The rotary module for ``spec``, shared by every layer with the same setting (a step
         computes its cos/sin tables once per module)."""
-        key = (id(spec), head_dim)
+        key = (id(spec), head_dim, self._builder.device)  # per device: a layer split's parts
         if key not in self._rope:
             # Vision-language families rotate by three position axes (see engine.modules.mrope).
             rotary = MultimodalRotaryEmbedding if "mrope_section" in spec.params else RotaryEmbedding

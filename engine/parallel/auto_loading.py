@@ -1,9 +1,9 @@
 """Loading a model with ``--split-layers auto``: each GPU's free memory from torch, the split
 from ``engine.parallel.auto_split``, then the layer split of ``engine.parallel.placement``.
 
-A split model is read into host memory first (in the first GPU's dtype) and each part moved to
-its device, as ``--gpu-layers`` does: no GPU ever holds more than its part, which is the point of
-splitting a model that one card cannot hold. A model that fits the first GPU loads there plainly.
+A split model's layers are read straight onto their devices (``placement.load_split``, as
+``--gpu-layers`` does): no GPU ever holds more than its part, which is the point of splitting a
+model that one card cannot hold. A model that fits the first GPU loads there plainly.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from pathlib import Path
 import torch
 
 from engine.inspect import inspect_model, system_memory
-from engine.model import LoadedModel, default_dtype, load_model
+from engine.model import LoadedModel, load_model
 from engine.options import EngineOptions
 from engine.parallel.auto_split import SplitPlan, plan_split
-from engine.parallel.gpu_layers import move_front
-from engine.parallel.placement import split_layers
+from engine.parallel.placement import load_split
 
 
 def free_gpu_memory() -> list[tuple[str, int]]:
@@ -67,13 +66,4 @@ def load_auto_split(
         return load_model(
             directory, device=str(home), dtype=dtype, context=context, progress=progress, options=options
         )
-    model = load_model(
-        directory,
-        device="cpu",
-        dtype=dtype or default_dtype(home),
-        context=context,
-        progress=progress,
-        options=options,
-    )
-    counts = list(plan.counts)
-    return split_layers(move_front(model, counts[0], home), counts, devices)
+    return load_split(directory, plan.counts, devices, dtype, context, options, progress)

@@ -129,12 +129,11 @@ def parallel_model(
             print(f"trellis: tp {tp}: speculative decoding is off for recurrent layers", file=sys.stderr)
             options = replace(options, draft="off")
         return model, options
-    from engine.parallel.placement import default_devices, parse_split, split_layers
+    from engine.parallel.placement import default_devices, load_split, model_layer_count, parse_split
 
-    parts = len(split.split(","))
+    counts = parse_split(split, model_layer_count(args.model))
     if args.device in (None, "auto"):
-        devices = default_devices(parts)
+        devices = default_devices(len(counts))
     else:
-        devices = [resolve_device(args.device)] * parts
-    model = load_model(args.model, device=str(devices[0]), dtype=dtype, context=context, options=options)
-    return split_layers(model, parse_split(split, len(model.module.blocks)), devices), options
+        devices = [resolve_device(args.device)] * len(counts)
+    return load_split(args.model, counts, devices, dtype, context, options), options

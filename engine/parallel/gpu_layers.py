@@ -1,25 +1,24 @@
 """``--gpu-layers N``: the first N decoder layers on the GPU, the rest on the CPU.
 
 A front end to the layer split (``engine.parallel.placement``): it is ``--split-layers N,REST``
-over (GPU, CPU), loaded so that the GPU never holds more than its part. The model is read into
-host memory in the GPU's dtype; the embedding, final norm, head (and a vision tower) and the first
-N layers are then moved to the GPU, and :func:`~engine.parallel.placement.split_layers` places the
-rest as it places any split. Where a model would not fit the GPU whole, this is how it runs at all:
-each layer on the CPU costs its compute there, so N as large as the GPU holds is the fastest.
+over (GPU, CPU), loaded by :func:`~engine.parallel.placement.load_split`: the embedding, final
+norm, head (and a vision tower) and the first N layers are read onto the GPU, the rest into host
+memory, so the GPU never holds more than its part. Where a model would not fit the GPU whole, this
+is how it runs at all: each layer on the CPU costs its compute there, so N as large as the GPU
+holds is the fastest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from engine.errors import UsageError
-from engine.model import LoadedModel, default_dtype, load_model
+from engine.model import LoadedModel
 from engine.options import EngineOptions
-from engine.parallel.placement import own_rotaries, split_layers
+from engine.parallel.placement import load_split, model_layer_count
 
 HOST = torch.device("cpu")
 
@@ -54,30 +53,5 @@ def load_gpu_layers(
     """The model of ``directory`` with its first ``n`` layers on ``gpu`` (default
     :func:`the_gpu`; tests pass another device) and the rest on the CPU."""
     gpu = the_gpu() if gpu is None else torch.device(gpu)
-    model = load_model(
-        directory,
-        device="cpu",
-        dtype=dtype or default_dtype(gpu),
-        context=context,
-        progress=progress,
-        options=options,
-    )
-    counts = gpu_layer_counts(n, len(model.module.blocks))
-    return split_layers(move_front(model, n, gpu), counts, [gpu, HOST])
-
-
-def move_front(model: LoadedModel, n: int, device: torch.device) -> LoadedModel:
-    """``model`` (in host memory) with everything but its layers from ``n`` on moved to
-    ``device``, which becomes the model's device (in place for the module)."""
-    blocks = model.module.blocks
-    kept = list(blocks[n:])
-    copies: dict = {}
-    for block in kept:  # rotary tables shared with the moving layers: a host copy of their own
-        own_rotaries(block, HOST, copies)
-    del blocks[n:]  # out of the module while it moves, so they stay where they are
-    try:
-        model.module.to(device)
-    finally:
-        blocks.extend(kept)
-    vision = model.vision.to(device) if model.vision is not None else None
-    return replace(model, device=device, vision=vision)
+    counts = gpu_layer_counts(n, model_layer_count(directory))
+    return load_split(directory, counts, [gpu, HOST], dtype, context, options, progress)

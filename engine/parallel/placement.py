@@ -5,7 +5,8 @@ second (``auto``: counts from each GPU's free memory, ``engine.parallel.auto_spl
 embedding, final norm and LM head stay on the first. Each layer moved off the first
 device is wrapped in a :class:`PlacedBlock` that carries the residual stream and the step's
 layout over to its device (and back after the last layer), and its cache storage is allocated
-there (``LoadedModel.layer_devices`` -> ``PagedKVCache.for_layers(devices=...)``). The devices
+there (``LoadedModel.layer_devices`` -> ``PagedKVCache.for_layers(devices=...)``). :func:`load_split`
+reads each layer straight onto its device, so no device holds more than its part. The devices
 may be GPUs of different sizes, a GPU and the CPU, or, in tests, the CPU twice: the code is the
 same.
 """
@@ -13,8 +14,9 @@ same.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,6 +26,7 @@ from engine.model import LoadedModel
 from engine.modules.batch import BatchLayout
 from engine.modules.linear import LinearSite
 from engine.modules.rope import RotaryEmbedding
+from engine.options import EngineOptions
 
 
 def parse_split(text: str, num_layers: int) -> list[int]:
@@ -115,6 +118,43 @@ def batch_on(batch: BatchLayout, device: torch.device) -> BatchLayout:
     return moved[device]
 
 
+def model_layer_count(directory: str | Path) -> int:
+    """How many decoder layers the model in ``directory`` has (from its config, no weights read)."""
+    from engine.architectures import architecture_for
+    from engine.config import ModelConfig
+
+    config = ModelConfig.from_dir(directory)
+    return architecture_for(config.architecture).spec(config).num_layers
+
+
+def load_split(
+    directory: str | Path,
+    counts: Sequence[int],
+    devices: Sequence[torch.device],
+    dtype: str | torch.dtype | None = None,
+    context: int | None = None,
+    options: EngineOptions | None = None,
+    progress: Callable[[float, str], None] | None = None,
+) -> LoadedModel:
+    """The model of ``directory`` with ``counts[i]`` consecutive layers on ``devices[i]``, each
+    layer read straight onto its device (no device ever holds more than its part, so a model no
+    single card can hold loads; EXL3 layers on a GPU stay packed, on the CPU they are decoded);
+    the embedding, final norm and head on ``devices[0]``."""
+    from engine.model import default_dtype, load_model
+
+    home = torch.device(devices[0])
+    model = load_model(
+        directory,
+        device=str(home),
+        dtype=dtype or default_dtype(home),
+        context=context,
+        progress=progress,
+        options=options,
+        layer_devices=layer_devices(counts, devices),
+    )
+    return split_layers(model, counts, devices)
+
+
 def split_layers(model: LoadedModel, counts: Sequence[int], devices: Sequence[torch.device]) -> LoadedModel:
     """``model`` with its layers placed ``counts[i]`` on ``devices[i]`` (in place for the module);
     the embedding, final norm and head stay where they are (``model.device``)."""
@@ -143,8 +183,14 @@ def own_rotaries(block: nn.Module, device: torch.device, copies: dict) -> None:
     """Give ``block`` its device's copy of every rotary module it shares with other blocks."""
     for module in block.modules():
         rope = getattr(module, "rope", None)
-        if isinstance(rope, RotaryEmbedding):
+        if isinstance(rope, RotaryEmbedding) and not _is_on(rope, device):
             key = (id(rope), device)
             if key not in copies:
                 copies[key] = copy.deepcopy(rope).to(device)
             module.rope = copies[key]
+
+
+def _is_on(module: nn.Module, device: torch.device) -> bool:
+    """Whether every tensor of ``module`` is on ``device`` (a layer read onto its device already
+    has its own rotary tables there)."""
+    return all(t.device == torch.device(device) for t in [*module.parameters(), *module.buffers()])

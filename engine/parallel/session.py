@@ -20,7 +20,7 @@ from engine.parallel.auto_loading import load_auto_split, report_to_stderr
 from engine.parallel.auto_split import is_auto
 from engine.parallel.gpu_layers import load_gpu_layers
 from engine.parallel.launch import TensorParallelRun, start_tensor_parallel
-from engine.parallel.placement import default_devices, parse_split, split_layers
+from engine.parallel.placement import default_devices, load_split, model_layer_count, parse_split
 from engine.session import ChatSession, Progress
 from engine.tokenizer import Tokenizer
 
@@ -108,13 +108,18 @@ class ParallelChatSession(ChatSession):
                 report=report,
             )
             return cls(model, tokenizer, cache_tokens, cache_bits, options)
-        parts = len(split.split(",")) if split else 1
-        devices = default_devices(parts) if device == "auto" else [resolve_device(device)] * parts
-        model = load_model(
-            model_dir, device=str(devices[0]), context=cache_tokens, options=options, experts_on=experts_on
-        )
         if split:
-            model = split_layers(model, parse_split(split, len(model.module.blocks)), devices)
+            counts = parse_split(split, model_layer_count(model_dir))
+            parts = len(counts)
+            devices = default_devices(parts) if device == "auto" else [resolve_device(device)] * parts
+            model = load_split(
+                model_dir, counts, devices, context=cache_tokens, options=options, progress=progress
+            )
+        else:
+            home = default_devices(1)[0] if device == "auto" else resolve_device(device)
+            model = load_model(
+                model_dir, device=str(home), context=cache_tokens, options=options, experts_on=experts_on
+            )
         return cls(model, tokenizer, cache_tokens, cache_bits, options)
 
     def unload(self) -> None:

@@ -53,3 +53,25 @@ def test_parse_split_checks_the_counts() -> None:
         parse_split("20;12", 32)
     with pytest.raises(UsageError, match="counts >= 0"):
         parse_split("40,-8", 32)
+
+
+def test_each_layer_is_read_straight_onto_its_device(tiny_model_factory) -> None:
+    """A split reads each layer onto its own device while loading (no device holds more than its
+    part; the model's device is never given the others' layers), and load_split matches the
+    plain model's logits."""
+    from engine.parallel.placement import load_split, model_layer_count
+
+    directory = tiny_model_factory("LlamaForCausalLM")[0]
+    layers = model_layer_count(directory)
+    per_layer = [torch.device("cpu")] + [torch.device("meta")] * (layers - 1)
+    model = load_model(directory, device="cpu", dtype="float32", layer_devices=per_layer)
+    for block, device in zip(model.module.blocks, per_layer):
+        assert {p.device for p in block.parameters()} == {device}
+    assert {p.device.type for p in model.module.embedding.parameters()} == {"cpu"}
+    with pytest.raises(UsageError, match="layer devices"):
+        load_model(directory, device="cpu", layer_devices=per_layer[:-1])
+
+    split = load_split(directory, [1, layers - 1], [torch.device("cpu")] * 2, dtype="float32")
+    plain = load_model(directory, device="cpu", dtype="float32")
+    assert isinstance(split.module.blocks[-1], PlacedBlock)
+    assert_logits_close(step_logits(split), step_logits(plain))
