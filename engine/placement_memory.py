@@ -86,12 +86,10 @@ class LayerBytes:
     host_layers: tuple[int, ...]
 
 
-def layer_bytes(
-    info: ModelInfo, context: int, cache_bits: tuple[int, int] = (16, 16), dense: bool = False
-) -> LayerBytes:
+def layer_bytes(info: ModelInfo, context: int, cache_bits: tuple[int, int] = (16, 16)) -> LayerBytes:
     """``info``'s model cut into a layer split's pieces, for ``context`` tokens of cache at
-    ``cache_bits`` (each layer an equal share of the layers' weights and cache); ``dense``: its
-    layers on the GPU in their system-memory form too (an EXL3 model read through host memory)."""
+    ``cache_bits`` (each layer an equal share of the layers' weights and cache): a layer on a GPU
+    as stored (EXL3 stays packed there), on the CPU in its system-memory form."""
     total = info.memory_needed(context, "cuda", cache_bits)
     layers = info.num_layers or 0
     if not layers:
@@ -100,10 +98,6 @@ def layer_bytes(
     cache = info.kv_cache_bytes(context, 2, cache_bits) / layers
     on_gpu = int((weights + cache) * (1 + _OVERHEAD_RATIO))
     on_host = _host_form(info, int(weights)) + int(cache)
-    if dense:
-        return LayerBytes(
-            total - layers * on_gpu, (int(on_host * (1 + _OVERHEAD_RATIO)),) * layers, (on_host,) * layers
-        )
     return LayerBytes(total - layers * on_gpu, (on_gpu,) * layers, (on_host,) * layers)
 
 

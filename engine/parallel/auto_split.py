@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from engine.errors import UsageError
 from engine.inspect import ModelInfo
-from engine.placement_memory import LayerBytes, layer_bytes
+from engine.placement_memory import layer_bytes
 from engine.units import format_bytes
 
 AUTO = "auto"
@@ -141,11 +141,6 @@ def plan_split(
         raise UsageError(f"--split-layers auto needs the layer count of {info.name} (config.json)")
     tokens = context or min(info.context_length or DEFAULT_CACHE_TOKENS, DEFAULT_CACHE_TOKENS)
     pieces = layer_bytes(info, tokens, cache_bits)
-    if info.is_exl3 and not _fits_first(pieces, gpus):
-        # A split model is read through host memory, where EXL3 layers are reconstructed dense
-        # (engine.loading.builder): they reach the GPUs dense too. Whole on the first GPU, the
-        # model loads there as stored.
-        pieces = layer_bytes(info, tokens, cache_bits, dense=True)
     counts = auto_layer_counts(
         [usable_bytes(free) for _, free in gpus],
         pieces.layers,
@@ -158,8 +153,3 @@ def plan_split(
     return SplitPlan(
         tuple(every[i][0] for i in kept), tuple(counts[i] for i in kept), tuple(every[i][1] for i in kept)
     )
-
-
-def _fits_first(pieces: LayerBytes, gpus: Sequence[tuple[str, int]]) -> bool:
-    """Whether the whole model fits the first GPU (so that it is not split)."""
-    return bool(gpus) and pieces.front + sum(pieces.layers) <= usable_bytes(gpus[0][1])

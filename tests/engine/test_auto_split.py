@@ -93,15 +93,19 @@ def test_the_plan_follows_the_estimate_and_leaves_out_empty_parts() -> None:
     assert plan_split(long, long.context_length, (16, 16), gpus).counts[0] < 6
 
 
-def test_a_split_exl3_model_counts_its_layers_dense() -> None:
-    # 10 layers of 0.5 GiB as stored at 4 bits, 2 GiB each read dense through host memory
+def test_a_split_exl3_model_counts_gpu_layers_as_stored_and_cpu_layers_dense() -> None:
+    # 10 layers of 0.5 GiB as stored at 4 bits (2 GiB each dense): a layer read onto a GPU stays
+    # packed (engine.parallel.placement.load_split), one in host memory is decoded.
     info = _info(
         quantization="EXL3 4.0 bpw", bits_per_weight=4.0, weight_bytes=5 * GIB, layer_weight_bytes=5 * GIB
     )
     whole = plan_split(info, 4096, (16, 16), [("cuda:0", 8 * GIB), ("cuda:1", 8 * GIB)])
     assert not whole.is_split  # fits the first GPU as stored
-    split = plan_split(info, 4096, (16, 16), [("cuda:0", 4 * GIB), ("cuda:1", 4 * GIB)])
-    assert split.devices == ("cuda:0", "cuda:1", "cpu") and split.counts == (1, 1, 8)
+    pieces = layer_bytes(info, 4096)
+    assert pieces.layers[0] < GIB < 2 * GIB <= pieces.host_layers[0]
+    split = plan_split(info, 4096, (16, 16), [("cuda:0", 3 * GIB), ("cuda:1", 3 * GIB)])
+    assert split.devices == ("cuda:0", "cuda:1", "cpu") and sum(split.counts) == 10
+    assert split.counts[0] >= 2 and split.counts[1] >= 3  # packed layers, not one dense layer each
 
 
 def test_auto_on_the_command_line(monkeypatch) -> None:
