@@ -1,8 +1,8 @@
 """From a drafting setting (``--draft`` on the command line, ``EngineOptions.draft``) to a
 drafter: ``off``, ``ngram``, ``model:DIR``, ``mtp``, or ``auto`` (what the front ends use when the
 user chose nothing: n-gram drafting on the CPU, where it was measured never slower than plain
-decoding with the starter model, docs/SPECULATIVE.md; off on a GPU, where verify steps do not
-replay from CUDA graphs yet and drafting turns pipelined decode off)."""
+decoding with the starter model; off on a GPU, where a prompt measured 0.93x and a verify step of
+an 8B-class model costs 1.3-2x a plain one: docs/SPECULATIVE.md)."""
 
 from __future__ import annotations
 

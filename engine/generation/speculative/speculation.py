@@ -80,10 +80,11 @@ class Speculation:
         self.drafter, self.max_tokens = drafter, max_tokens
         self.cache = cache
         if extra_token_cost is None:
-            # What one more token costs a decode step, as a share of the step: a GPU step reads
-            # weights and barely notices a few more rows; a CPU step computes them (SmolLM2-135M on
-            # two cores: 5 tokens cost 1.5x one, 9 tokens 2.4x).
-            extra_token_cost = 0.1 if cache.device.type == "cuda" else 0.2
+            # What one more token costs a decode step, as a share of the step. GPU (H100, CUDA
+            # graphs, 8B shape at 4 bpw): 1 + k tokens cost 1.28x one at k = 1, 1.82x at k = 4 and
+            # 2.06x at k = 8 (docs/SPECULATIVE.md); CPU (SmolLM2-135M on two cores): 5 tokens cost
+            # 1.5x one, 9 tokens 2.4x.
+            extra_token_cost = 0.2
         self.extra_token_cost = extra_token_cost
         self._recurrent = recurrent_layers(cache)
         self._lengths: dict[object, DraftLength] = {}
