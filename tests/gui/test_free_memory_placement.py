@@ -5,48 +5,17 @@ engine's automatic layer split."""
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
+
+from sparse_models import GIB, big_dense
 
 from app.gpu_check import GpuDevice, GpuFacts, GpuReport
 from app.library.parallel_choice import ParallelChoice
-
-GIB = 1 << 30
-MIB = 1 << 20
 
 
 def _gpus(*free: int, size: int = 80 * GIB) -> GpuReport:
     devices = tuple(GpuDevice(f"NVIDIA H100 #{i}", size, (9, 0), f) for i, f in enumerate(free))
     return GpuReport(True, "GPU found.", facts=GpuFacts(cuda_available=True, devices=devices))
-
-
-def _dense(models: Path) -> Path:
-    """A Llama of 4 layers of 1 GiB (BF16) whose safetensors file is sparse: no disk taken."""
-    target = models / "big-dense"
-    target.mkdir(parents=True)
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_hidden_layers": 4,
-        "max_position_embeddings": 2048,
-    }
-    (target / "config.json").write_text(json.dumps(config))
-    (target / "tokenizer.json").write_text("{}")
-    tensors = {"model.embed_tokens.weight": 200 * MIB}
-    tensors |= {f"model.layers.{i}.mlp.up_proj.weight": GIB for i in range(4)}
-    header, offset = {}, 0
-    for name, size in tensors.items():
-        header[name] = {"dtype": "BF16", "shape": [size // 2], "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    with open(target / "model.safetensors", "wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw)
-        fh.truncate(8 + len(raw) + offset)
-    return target
 
 
 def _select(window, path: Path) -> None:
@@ -57,7 +26,7 @@ def _select(window, path: Path) -> None:
 def test_free_memory_decides_where_the_model_runs(qtbot, make_window, fake_engine) -> None:
     window = make_window()
     options = window.library_pane.load_options
-    dense = _dense(window.models_dir)
+    dense = big_dense(window.models_dir)
     # An 80 GiB card holds the 4.5 GiB model, but only 3 GiB of it is free: the first layers go there.
     window.show_gpu_report(_gpus(3 * GIB))
     assert options.gpu_memory == (3 * GIB,) and options.gpu_memory_free
@@ -75,7 +44,7 @@ def test_free_memory_decides_where_the_model_runs(qtbot, make_window, fake_engin
 def test_two_gpus_that_hold_the_model_together_split_it(qtbot, make_window, fake_engine) -> None:
     window = make_window()
     options = window.library_pane.load_options
-    dense = _dense(window.models_dir)
+    dense = big_dense(window.models_dir)
     window.show_gpu_report(_gpus(4 * GIB, 4 * GIB))
     split = options.placement.findData("split")
     assert options.placement.itemText(split) == "Split across GPUs automatically"

@@ -5,60 +5,17 @@ choice reaches the worker."""
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
+
+from sparse_models import GIB, big_dense, big_moe
 
 from app.gpu_check import GpuDevice, GpuFacts, GpuReport
 from app.library.parallel_choice import ParallelChoice
-
-GIB = 1 << 30
-MIB = 1 << 20
 
 
 def _gpu(memory: int) -> GpuReport:
     device = GpuDevice("NVIDIA L4", memory, (8, 9))
     return GpuReport(True, "GPU found.", facts=GpuFacts(cuda_available=True, devices=(device,)))
-
-
-def _model(target: Path, tensors: dict[str, int], architecture: str, model_type: str) -> Path:
-    """A model folder whose safetensors header lists ``tensors`` (name: bytes of BF16); the file
-    is sparse, so its gigabytes take no disk."""
-    target.mkdir(parents=True)
-    config = {
-        "architectures": [architecture],
-        "model_type": model_type,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_hidden_layers": 4,
-        "max_position_embeddings": 2048,
-    }
-    (target / "config.json").write_text(json.dumps(config))
-    (target / "tokenizer.json").write_text("{}")
-    header, offset = {}, 0
-    for name, size in tensors.items():
-        header[name] = {"dtype": "BF16", "shape": [size // 2], "data_offsets": [offset, offset + size]}
-        offset += size
-    raw = json.dumps(header).encode()
-    with open(target / "model.safetensors", "wb") as fh:
-        fh.write(struct.pack("<Q", len(raw)) + raw)
-        fh.truncate(8 + len(raw) + offset)
-    return target
-
-
-def _moe(models: Path) -> Path:
-    tensors = {"model.embed_tokens.weight": 200 * MIB}
-    for i in range(4):
-        tensors[f"model.layers.{i}.self_attn.q_proj.weight"] = 100 * MIB
-        tensors[f"model.layers.{i}.mlp.experts.gate_up_proj"] = GIB
-    return _model(models / "big-moe", tensors, "Qwen3MoeForCausalLM", "qwen3_moe")
-
-
-def _dense(models: Path) -> Path:
-    tensors = {"model.embed_tokens.weight": 200 * MIB}
-    tensors |= {f"model.layers.{i}.mlp.up_proj.weight": GIB for i in range(4)}
-    return _model(models / "big-dense", tensors, "LlamaForCausalLM", "llama")
 
 
 def _select_and_load(qtbot, window, path: Path) -> None:
@@ -75,7 +32,7 @@ def test_a_model_too_big_for_the_gpu_is_placed_to_fit(qtbot, make_window, fake_e
     window.show_gpu_report(_gpu(2 * GIB))
     assert options.placement.isVisibleTo(options) and not options.split_gpus.isVisibleTo(options)
 
-    moe = _moe(window.models_dir)
+    moe = big_moe(window.models_dir)
     _select_and_load(qtbot, window, moe)
     assert options.placement.currentData() == "experts"
     assert "experts stay in system memory" in options.placement_reason.text()
@@ -83,7 +40,7 @@ def test_a_model_too_big_for_the_gpu_is_placed_to_fit(qtbot, make_window, fake_e
     assert "GPU ≈" in options.estimate.text() and "system memory ≈" in options.estimate.text()
     assert fake_engine.load_options[-1]["parallel"] == ParallelChoice(experts_on="cpu")
 
-    dense = _dense(window.models_dir)
+    dense = big_dense(window.models_dir)
     _select_and_load(qtbot, window, dense)
     assert options.placement.currentData() == "layers" and options.gpu_layers.value() == 1
     assert options.gpu_layers.isVisibleTo(options) and options.gpu_layers.maximum() == 4
@@ -97,7 +54,7 @@ def test_the_users_choice_is_kept_and_a_model_that_fits_runs_on_the_gpu(
     window = make_window()
     options = window.library_pane.load_options
     window.show_gpu_report(_gpu(80 * GIB))
-    dense = _dense(window.models_dir)
+    dense = big_dense(window.models_dir)
     window.library.refresh()
     window.library_pane.select_path(str(dense))
     assert options.placement.currentData() == "gpu" and options.placement_reason.text() == ""
