@@ -650,6 +650,7 @@ class MainWindow(QMainWindow):
         free = bool(devices) and all(device.free_bytes for device in devices)
         # one or more: where the model runs (chosen by its size); several: splitting it across them
         self.library_pane.load_options.set_gpu_count(len(devices), memory[0] if memory else 0, memory, free)
+        self.library_pane.model.set_gpus(memory, free)
         self.library_pane.refresh_placement()
         self.statusBar().showMessage(report.headline, 20000)
 

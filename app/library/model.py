@@ -2,6 +2,9 @@
 
 The Memory column estimates the load the app would make: at the context the model would be
 loaded with (``app.library.load_context``), on the likely device, with the chosen cache widths.
+On a GPU too small for a model it shows the placement the app would choose
+(``app.library.placement``): the GPU and system-memory parts of experts in system memory or of the
+first layers on the GPU, or the layers split across the GPUs, with the reason as its tooltip.
 What a folder's files do not say is shown as "—", not as a wall of question marks."""
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from PySide6.QtCore import QModelIndex, QObject, QPersistentModelIndex, Qt
 
 from app.gui_thread import require_gui_thread
 from app.library.load_context import DEFAULT_CONTEXT, load_context
+from app.library.placement import SPLIT, PlacementAdvice, advise, estimate_split, split_text
 from app.table_model import ColumnTableModel
 from engine.inspect import MemoryVerdict, ModelInfo, memory_verdict
 from engine.units import format_bytes, format_count
@@ -32,6 +36,10 @@ class LibraryModel(ColumnTableModel):
         self.context_limit = DEFAULT_CONTEXT  # the user's context length (engine.context_length)
         self.device = "cpu"  # what the estimate assumes (engine.inspect.likely_device)
         self.cache_bits: tuple[int, int] = (16, 16)  # KV cache key/value bits the estimate assumes
+        # Each GPU's usable bytes (free where the GPU check read it: ``gpu_free``), for the placement
+        # a model too big for the first would get; empty: no GPU known.
+        self.gpu_memory: list[int] = []
+        self.gpu_free = False
 
     def data(
         self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.ItemDataRole.DisplayRole
@@ -43,11 +51,14 @@ class LibraryModel(ColumnTableModel):
             return info
         if role == PATH_ROLE:
             return str(info.path)
+        column = COLUMNS[index.column()]
         if role == Qt.ItemDataRole.ToolTipRole:
+            advice = self.placement(info) if column == "Memory" and info.ok else None
+            if advice is not None and advice.reason:
+                return advice.reason
             return "\n".join(info.problems) if info.problems else str(info.path)
         if role != Qt.ItemDataRole.DisplayRole:
             return None
-        column = COLUMNS[index.column()]
         if column == "Name":
             return info.name
         if column == "Architecture":
@@ -59,8 +70,38 @@ class LibraryModel(ColumnTableModel):
         if column == "Size":
             return format_bytes(info.size_bytes)
         if column == "Memory":
-            return f"{format_bytes(verdict.needed_bytes)} ({verdict.verdict})" if info.ok else UNKNOWN
+            return self._memory_text(info, verdict) if info.ok else UNKNOWN
         return "ready" if info.ok else "cannot load"  # the reasons: tooltip and details panel
+
+    def _memory_text(self, info: ModelInfo, verdict: MemoryVerdict) -> str:
+        advice = self.placement(info)
+        if advice is None or advice.placement == "gpu":
+            return f"{format_bytes(verdict.needed_bytes)} ({verdict.verdict})"
+        if advice.placement == SPLIT:
+            return f"{format_bytes(verdict.needed_bytes)} (across {len(self.gpu_memory)} GPUs)"
+        split = estimate_split(
+            info, self.context_for(info), self.cache_bits, advice.placement, advice.gpu_layers
+        )
+        where = (
+            "experts in system memory"
+            if advice.placement == "experts"
+            else f"{advice.gpu_layers} layers on the GPU"
+        )
+        return f"{split_text(split)} ({where})"
+
+    def placement(self, info: ModelInfo) -> PlacementAdvice | None:
+        """Where the app would run ``info``'s model on the known GPUs (None: no GPU is known or
+        the estimate is not for one)."""
+        if self.device != "cuda" or not self.gpu_memory:
+            return None
+        first, more = self.gpu_memory[0], self.gpu_memory[1:]
+        return advise(info, self.context_for(info), self.cache_bits, first, self.gpu_free, more)
+
+    def set_gpus(self, memory: list[int], free: bool) -> None:
+        """The GPUs the estimates place models on (``memory``: each one's usable bytes, free ones
+        where ``free``), then the Memory column again."""
+        self.gpu_memory, self.gpu_free = list(memory), free
+        self.refresh_estimates()
 
     def set_models(self, infos: list[ModelInfo]) -> None:
         require_gui_thread("LibraryModel")
