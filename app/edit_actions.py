@@ -4,12 +4,16 @@ widget has the keyboard focus: the message box, the search field, a message's te
 The menu entries show the standard shortcuts, but typing those keys still goes to the focused
 widget first (text widgets claim them through ShortcutOverride), so the menu never changes what
 the keys already do; it makes the commands findable and usable with the mouse.
+
+Undo has a second meaning: where the focus is not in text that has something to undo, it brings
+back the messages just deleted from the conversation (the window decides, with
+``text_undo_available``).
 """
 
 from __future__ import annotations
 
 from PySide6.QtGui import QKeySequence
-from PySide6.QtWidgets import QApplication, QWidget
+from PySide6.QtWidgets import QApplication, QLineEdit, QPlainTextEdit, QTextEdit, QWidget
 
 # (menu text, standard key, the method text widgets have for it)
 EDIT_COMMANDS: tuple[tuple[str, QKeySequence.StandardKey, str], ...] = (
@@ -34,3 +38,12 @@ def run_on_focus(method: str) -> bool:
         return False
     target()
     return True
+
+
+def text_undo_available(widget: QWidget | None) -> bool:
+    """Whether ``widget`` is editable text with an edit to undo."""
+    if isinstance(widget, QLineEdit):
+        return not widget.isReadOnly() and widget.isUndoAvailable()
+    if isinstance(widget, (QPlainTextEdit, QTextEdit)):
+        return not widget.isReadOnly() and widget.document().isUndoAvailable()
+    return False

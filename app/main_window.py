@@ -47,7 +47,7 @@ from app.chat.pending_writes import restore_rescued
 from app.conversations.highlight import HIGHLIGHT_BACKGROUND
 from app.conversations.model import ConversationListModel
 from app.conversations.pane import ConversationPane
-from app.edit_actions import EDIT_COMMANDS, run_on_focus
+from app.edit_actions import EDIT_COMMANDS, focused_widget, run_on_focus, text_undo_available
 from app.library.controller import LibraryController
 from app.library.model import LibraryModel
 from app.library.model_bar import ModelBar
@@ -274,9 +274,8 @@ class MainWindow(QMainWindow):
         edit_menu = bar.addMenu("&Edit")
         self.edit_actions: dict[str, QAction] = {}
         for text, key, method in EDIT_COMMANDS:
-            self.edit_actions[method] = self._action(
-                edit_menu, text, key, lambda _checked=False, m=method: run_on_focus(m)
-            )
+            slot = self.undo if method == "undo" else (lambda _checked=False, m=method: run_on_focus(m))
+            self.edit_actions[method] = self._action(edit_menu, text, key, slot)
             if method in ("redo", "paste"):
                 edit_menu.addSeparator()
         edit_menu.addSeparator()
@@ -301,6 +300,13 @@ class MainWindow(QMainWindow):
         # Esc stops a reply; a window-wide shortcut so it works wherever the focus is.
         self.stop_shortcut = QShortcut(QKeySequence(Qt.Key.Key_Escape), self)
         self.stop_shortcut.activated.connect(self.chat.stop)
+
+    def undo(self) -> None:
+        """Edit > Undo: the focused text's last edit, else the last deletion of messages."""
+        if not text_undo_available(focused_widget()) and self.chat.can_undo_delete():
+            self.chat.undo_delete()
+        else:
+            run_on_focus("undo")
 
     def _action(self, menu, text: str, shortcut, slot) -> QAction:
         action = QAction(text, self)
@@ -653,6 +659,7 @@ class MainWindow(QMainWindow):
         self.library_pane.model.set_gpus(memory, free)
         self.library_pane.refresh_placement()
         self.statusBar().showMessage(report.headline, 20000)
+        self.settings_page.gpu_runtime.set_report(report)
 
     # -- shutdown ------------------------------------------------------------------------------------------
 

@@ -10,8 +10,8 @@ the list of pending attachments.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QMimeData, Qt, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtCore import QEvent, QMimeData, Qt, Signal
+from PySide6.QtGui import QKeyEvent, QKeySequence
 from PySide6.QtWidgets import QPlainTextEdit, QWidget
 
 from app.chat.attachments import sources_from_mime
@@ -34,6 +34,18 @@ class Composer(QPlainTextEdit):
     def set_has_attachments(self, has: bool) -> None:
         """With images attached, a message may be sent without text ("what is this?" is implied)."""
         self._has_attachments = has
+
+    def event(self, event: QEvent) -> bool:
+        # With no typing to undo, Ctrl+Z is left to the window's Edit > Undo (it brings back
+        # deleted messages); a text box would otherwise claim the key and do nothing.
+        if (
+            event.type() == QEvent.Type.ShortcutOverride
+            and event.matches(QKeySequence.StandardKey.Undo)
+            and not self.document().isUndoAvailable()
+        ):
+            event.ignore()
+            return False
+        return super().event(event)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 (Qt naming)
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)

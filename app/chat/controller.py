@@ -29,6 +29,10 @@ Branches: regenerate adds a sibling of the last reply; editing a user message ad
 that message. The store's ``current_leaf_id`` says which branch is shown; switching a branch
 moves it to the newest leaf under the chosen sibling.
 
+Deleting: a user message goes with its reply, a reply with all its versions (``app.store.deletion``);
+the rest of the branch closes up. The last deletion can be undone (Edit > Undo) while its
+conversation stays open and no reply has started since.
+
 When the store refuses a write (full disk, another program holding the write lock, a read-only
 folder, a damaged file), nothing is lost and nothing freezes: the message or reply text goes to a
 queue (``app.chat.pending_writes``) and stays on screen, ``errorOccurred`` says once what is wrong
@@ -57,6 +61,7 @@ from app.chat.presets import effective_sampling, split_generation_limits
 from app.chat.tool_loop import ToolLoop, openai_calls, result_messages
 from app.store import ImageBlob, Message, Store
 from app.store.database import GUI_BUSY_TIMEOUT_MS
+from app.store.deletion import DeletedMessages, delete_span, deletion_span, restore
 from app.store.errors import StorageProblem, classify, describe
 from app.worker import EngineClient
 from engine.api import GenerationRequest, ReplyStats
@@ -92,6 +97,16 @@ def _store_action(doing: str, default: Any = None) -> Callable[[Callable[..., _R
         return run
 
     return wrap
+
+
+@dataclass
+class _UndoDelete:
+    """The last deletion, while its conversation stays open: what went, and the titles before and
+    after (a title made from a deleted first message is remade from the new first one)."""
+
+    deleted: DeletedMessages
+    title_before: str
+    title_after: str
 
 
 @dataclass
@@ -154,6 +169,7 @@ class ChatController(QObject):
         self.max_tool_rounds = 8
         self._count_request = 0
         self._context_used = 0
+        self._undo_delete: _UndoDelete | None = None
 
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
@@ -214,6 +230,8 @@ class ChatController(QObject):
             self.stop()
         if conversation_id != self.conversation_id and self._active is None:
             self.speedChanged.emit(0.0)  # that figure was another conversation's reply
+        if conversation_id != self.conversation_id:
+            self._forget_undo()  # undo is for the conversation in view
         self.conversation_id = conversation_id
         self._reload()
         self.conversationChanged.emit(conversation_id or 0)
@@ -360,6 +378,62 @@ class ChatController(QObject):
         self.refresh_context()
         return True
 
+    @_store_action("delete the message", default=False)
+    def delete_message(self, message_id: int) -> bool:
+        """Delete a message of the branch shown: a user message with its reply, or a reply (all its
+        versions, tool rounds included); see ``app.store.deletion``. Not while a reply streams."""
+        if self.busy or self.conversation_id is None or self._waiting_to_save():
+            return False
+        conv = self.store.conversation(self.conversation_id)
+        path = self.store.path(conv.current_leaf_id)
+        try:
+            first, last = deletion_span(path, message_id)
+        except KeyError:
+            return False
+        deleted = delete_span(self.store, path, first, last)
+        title = conv.title
+        first_user = next((m for m in path if m.role == "user"), None)
+        if (
+            first_user is not None
+            and first_user.id in deleted.ids
+            and title == title_from(first_user.content)
+        ):
+            # The automatic title named the message that is gone: name the conversation after
+            # what now comes first.
+            remaining = self.store.path(self.store.conversation(conv.id).current_leaf_id)
+            new_first = next((m for m in remaining if m.role == "user"), None)
+            title = (
+                title_from(new_first.content) if new_first is not None and new_first.content else "New chat"
+            )
+            self._rename_quietly(conv.id, title)
+        self._undo_delete = _UndoDelete(deleted, conv.title, title)
+        self._after_deletion()
+        return True
+
+    def can_undo_delete(self) -> bool:
+        return self._undo_delete is not None and not self.busy
+
+    @_store_action("bring the deleted messages back", default=False)
+    def undo_delete(self) -> bool:
+        """Put back what the last ``delete_message`` removed, where it was."""
+        undo = self._undo_delete
+        if undo is None or self.busy or undo.deleted.conversation_id != self.conversation_id:
+            return False
+        restore(self.store, undo.deleted)
+        if self.store.conversation(self.conversation_id).title == undo.title_after:
+            self._rename_quietly(self.conversation_id, undo.title_before)
+        self._undo_delete = None
+        self._after_deletion()
+        return True
+
+    def _after_deletion(self) -> None:
+        self._reload()
+        self.refresh_context()
+        self.conversationsChanged.emit()
+
+    def _forget_undo(self) -> None:
+        self._undo_delete = None
+
     def stop(self) -> None:
         if self._active is not None:
             self.engine.cancel(self._active.request_id)
@@ -425,6 +499,7 @@ class ChatController(QObject):
     # -- streaming ---------------------------------------------------------------------------------
 
     def _start_reply(self, parent_id: int) -> None:
+        self._forget_undo()  # the conversation has moved on from the deletion
         conv = self.store.conversation(self.conversation_id)
         history = self._branch_to(conv.id, parent_id)
         model_name = self.engine.model_info.name if self.engine.model_info else ""

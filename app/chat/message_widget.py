@@ -1,7 +1,7 @@
 """One message on screen: a role block with a header (avatar, who, when, status, and the actions)
 and its rendered body, indented under the name.
 
-The actions (version switcher, Copy, Edit, Regenerate) sit in a toolbar that shows while the
+The actions (version switcher, Copy, Edit, Regenerate, Delete) sit in a toolbar that shows while the
 pointer is over the message or the keyboard focus is in it, as does the time it was written (its
 full date is the tooltip); otherwise both are transparent, not hidden, so nothing moves when they
 appear and the buttons keep their place in the tab order.
@@ -194,6 +194,7 @@ class MessageWidget(QFrame):
     editSubmitted = Signal(int, str)  # message id, new text
     branchRequested = Signal(int, int)  # message id, -1 / +1
     regenerateRequested = Signal()
+    deleteRequested = Signal(int)  # message id
     copied = Signal(str)
     imageOpened = Signal(str)  # sha256 of the thumbnail clicked
 
@@ -253,6 +254,7 @@ class MessageWidget(QFrame):
         self.copy_button = self._tool("Copy", "Copy message")
         self.edit_button = self._tool("Edit", "Edit message")
         self.regenerate_button = self._tool("Regenerate", "Regenerate reply")
+        self.delete_button = self._tool("Delete", "Delete message")
         for w in (
             self.prev_button,
             self.branch_label,
@@ -260,6 +262,7 @@ class MessageWidget(QFrame):
             self.copy_button,
             self.edit_button,
             self.regenerate_button,
+            self.delete_button,
         ):
             bar.addWidget(w)
         header.addWidget(self.actions_bar)
@@ -306,6 +309,7 @@ class MessageWidget(QFrame):
         self.copy_button.clicked.connect(self._copy_message)
         self.edit_button.clicked.connect(self.start_edit)
         self.regenerate_button.clicked.connect(self.regenerateRequested)
+        self.delete_button.clicked.connect(self._delete)
 
     def _tool(self, text: str, accessible: str) -> QToolButton:
         button = QToolButton(self)
@@ -360,6 +364,12 @@ class MessageWidget(QFrame):
         self.edit_button.setVisible(item.role == "user" and not item.streaming)
         self.regenerate_button.setVisible(item.role == "assistant" and is_last and not item.streaming)
         self.copy_button.setVisible(not item.streaming)
+        self.delete_button.setVisible(not item.streaming)
+        self.delete_button.setToolTip(
+            "Delete this message and its reply"
+            if item.role == "user"
+            else "Delete this reply (all its versions)"
+        )
         status = self._status(item)
         if many:  # the switcher only shows on hover: say here that there are other versions
             version = f"version {item.sibling_index + 1} of {item.sibling_count}"
@@ -397,9 +407,9 @@ class MessageWidget(QFrame):
         )
 
     def set_actions_enabled(self, enabled: bool) -> None:
-        """While a reply streams, actions that would start another one (edit, regenerate, switch
-        branch) are disabled; Copy stays available."""
-        for button in (self.edit_button, self.regenerate_button):
+        """While a reply streams, actions that would start another one or change the conversation
+        under it (edit, regenerate, switch branch, delete) are disabled; Copy stays available."""
+        for button in (self.edit_button, self.regenerate_button, self.delete_button):
             button.setEnabled(enabled)
         item = self.item
         self.prev_button.setEnabled(enabled and item is not None and item.sibling_index > 0)
@@ -541,6 +551,10 @@ class MessageWidget(QFrame):
     def _branch(self, delta: int) -> None:
         if self.item is not None:
             self.branchRequested.emit(self.item.id, delta)
+
+    def _delete(self) -> None:
+        if self.item is not None:
+            self.deleteRequested.emit(self.item.id)
 
     def _copy_message(self) -> None:
         if self.item is not None:

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QProgressBar,
     QPushButton,
     QVBoxLayout,
@@ -217,6 +218,7 @@ class ChatPane(QWidget):
         self.view.regenerateRequested.connect(controller.regenerate)
         self.view.editSubmitted.connect(controller.edit_message)
         self.view.branchRequested.connect(controller.switch_branch)
+        self.view.deleteRequested.connect(self.confirm_delete)
         self.preset_combo.activated.connect(self._preset_chosen)
         self.settings_button.clicked.connect(self.open_conversation_settings)
         controller.busyChanged.connect(self._on_busy)
@@ -384,6 +386,23 @@ class ChatPane(QWidget):
             self._saving_notice = problem
         elif self.error_label.text() == getattr(self, "_saving_notice", None):
             self.error_label.hide()
+
+    def confirm_delete(self, message_id: int) -> None:
+        """Ask, then delete a message (a user message takes its reply with it). Edit > Undo brings
+        it back, so the focus goes to the conversation, where Ctrl+Z reaches that command."""
+        row = self.controller.model.row_of(message_id)
+        if row < 0 or self.controller.busy:
+            return
+        item = self.controller.model.item(row)
+        if item.role == "user":
+            question = "Delete this message and its reply?"
+        elif item.sibling_count > 1:
+            question = f"Delete this reply and its other versions ({item.sibling_count} in all)?"
+        else:
+            question = "Delete this reply?"
+        answer = QMessageBox.question(self, "Delete message", question)
+        if answer == QMessageBox.StandardButton.Yes and self.controller.delete_message(message_id):
+            self.view.setFocus()
 
     # -- state -----------------------------------------------------------------------------------
 

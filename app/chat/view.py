@@ -31,6 +31,7 @@ class ChatView(QScrollArea):
     editSubmitted = Signal(int, str)
     branchRequested = Signal(int, int)
     regenerateRequested = Signal()
+    deleteRequested = Signal(int)  # message id
     copied = Signal(str)
     imageOpened = Signal(str)  # sha256
 
@@ -131,6 +132,7 @@ class ChatView(QScrollArea):
         w.editSubmitted.connect(self.editSubmitted)
         w.branchRequested.connect(self.branchRequested)
         w.regenerateRequested.connect(self.regenerateRequested)
+        w.deleteRequested.connect(self.deleteRequested)
         w.copied.connect(self.copied)
         w.imageOpened.connect(self.imageOpened)
         return w

@@ -5,10 +5,15 @@ Offered once the startup GPU check (``app.gpu_check``) has run, when all hold: t
 shows a GPU, Settings › Device is not "CPU", the user did not tick "Don't ask again", and a
 runtime of this release fits the driver. An old driver gets no dialog: the GPU check's advice
 already says to update it.
+
+Settings › GPU runtime offers the same dialog again after the user removed the runtime
+(:func:`offer_after_removal`): by the same rules, as they will stand once the app restarts on the
+CPU build, and whatever "Don't ask again" said (the user is asking).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -51,11 +56,33 @@ def maybe_offer(window: QWidget, report: GpuReport, settings: Any, data_dir: Pat
     )
     if lock is None:
         return None
-    from app.runtime.dialog import RuntimeDialog
-
     activation = last_activation()
     said = activation.message if activation is not None else None
     lead = f"{said[0].upper()}{said[1:]}." if said else None  # the installed one failed: say why
+    dialog = open_runtime_dialog(window, lock, report, data_dir, lead=lead)
+    dialog.finished.connect(lambda _result: settings.set(DISMISSED, dialog.dont_ask.isChecked()))
+    return dialog
+
+
+def offer_after_removal(report: GpuReport | None) -> RuntimeLock | None:
+    """The runtime to offer once the installed one is removed: what the first-run offer would
+    find after the restart onto the CPU build (None without a GPU report, or nothing to offer)."""
+    if report is None:
+        return None
+    try:
+        locks = shipped_locks()
+    except LockError:
+        return None
+    on_cpu = dataclasses.replace(report, facts=dataclasses.replace(report.facts, torch_cuda=None))
+    return runtime_to_offer(on_cpu, enabled=managed_runtime_enabled(), dismissed=False, locks=locks)
+
+
+def open_runtime_dialog(
+    window: QWidget, lock: RuntimeLock, report: GpuReport, data_dir: Path, lead: str | None = None
+) -> QWidget:
+    """Open the download dialog for ``lock`` over ``window`` (window-modal); returns it."""
+    from app.runtime.dialog import RuntimeDialog
+
     names = report.facts.nvidia_gpus
     dialog = RuntimeDialog(
         lock,
@@ -64,6 +91,5 @@ def maybe_offer(window: QWidget, report: GpuReport, settings: Any, data_dir: Pat
         lead=lead,
         parent=window,
     )
-    dialog.finished.connect(lambda _result: settings.set(DISMISSED, dialog.dont_ask.isChecked()))
     dialog.open()
     return dialog

@@ -1,6 +1,6 @@
 """The Settings pane of the navigation rail: the same schema-generated form as the settings dialog,
 applied as each value changes (no OK button to forget), plus the ways to the remote engines and
-MCP tools dialogs and the folders where the app keeps its data."""
+MCP tools dialogs, the folders where the app keeps its data, and the GPU runtime (``gpu_runtime``)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app import paths
+from app.runtime.activate import runtime_root
 from app.settings.editors import add_schema_rows, editor_value, set_editor_value
 from app.settings.folders import FoldersBox
+from app.settings.gpu_runtime import GpuRuntimeBox
 from app.settings.settings import Settings
 from app.theme import SPACE_L, SPACE_M, SPACE_XL, font_for
 
@@ -72,6 +75,8 @@ class SettingsPage(QScrollArea):
         column.addLayout(more)
         self.folders = FoldersBox(body)
         column.addWidget(self.folders)
+        self.gpu_runtime = GpuRuntimeBox(runtime_root(paths.data_dir()), body)
+        column.addWidget(self.gpu_runtime)
         column.addStretch(1)
         outer = QWidget()
         row = QHBoxLayout(outer)

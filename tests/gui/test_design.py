@@ -80,8 +80,8 @@ def test_messages_are_role_blocks_with_actions_and_time_on_hover(qtbot, window) 
     assert (user.avatar.initial, reply.avatar.initial) == ("Y", "A")
     assert user.avatar.color() != reply.avatar.color()
     for widget, actions in (
-        (user, ("copy_button", "edit_button")),
-        (reply, ("copy_button", "regenerate_button")),
+        (user, ("copy_button", "edit_button", "delete_button")),
+        (reply, ("copy_button", "regenerate_button", "delete_button")),
     ):
         for name in actions:  # every action lives in the hover toolbar
             assert widget.actions_bar.isAncestorOf(getattr(widget, name))
