@@ -2,7 +2,8 @@
 first-run offer installs, what it takes on disk, and a way to remove it.
 
 Removing asks first, saying how much disk it frees and that the app uses the CPU after a restart
-(the running process keeps the torch it imported). Afterwards the box says so and, where the
+(the running process keeps the torch it imported), then deletes the gigabytes on a thread of its
+own while the box says "Removing..." (the window stays responsive). Afterwards the box says so and, where the
 first-run offer would apply on the CPU build, offers the same download dialog again.
 
 Shown in the bundle (which manages its runtime) and wherever a runtime is installed.
@@ -13,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QGroupBox, QHBoxLayout, QLabel, QMessageBox, QPushButton, QVBoxLayout, QWidget
 
 from app.gpu_check import GpuReport
@@ -53,6 +56,9 @@ class GpuRuntimeBox(QGroupBox):
     """``root`` is the runtime folder (``app.runtime.activate.runtime_root``); ``open_offer`` opens
     the download dialog for a lock (the window passes one that parents it to itself)."""
 
+    # (bytes freed, "" or why some files stayed): from the removal thread to the GUI thread
+    removed = Signal(object, str)
+
     def __init__(
         self,
         root: Path,
@@ -65,6 +71,7 @@ class GpuRuntimeBox(QGroupBox):
         self.report: GpuReport | None = None
         self.removed_bytes: int | None = None  # set once removed in this session
         self.dialog: QWidget | None = None  # the download dialog, once offered
+        self.removal: threading.Thread | None = None  # deleting the runtime, once asked
         self._open_offer = open_offer or (
             lambda lock, report: open_runtime_dialog(self.window(), lock, report, self.root.parent)
         )
@@ -83,6 +90,7 @@ class GpuRuntimeBox(QGroupBox):
         column.addLayout(buttons)
         self.remove_button.clicked.connect(self.confirm_remove)
         self.install_button.clicked.connect(self.offer_install)
+        self.removed.connect(self._on_removed)
         self.refresh()
 
     def set_report(self, report: GpuReport) -> None:
@@ -125,18 +133,34 @@ class GpuRuntimeBox(QGroupBox):
         )
         if answer != QMessageBox.StandardButton.Yes:
             return
+        self.remove_button.setEnabled(False)
+        self.status.setText(f"Removing the GPU runtime ({format_bytes(size)})...")
+        self.removal = threading.Thread(
+            target=self._remove, args=(size,), name="remove-gpu-runtime", daemon=True
+        )
+        self.removal.start()
+
+    def _remove(self, size: int) -> None:
+        """On the removal thread: delete, then tell the GUI thread (a queued signal)."""
         try:
             remove_runtime(self.root)
         except OSError as exc:
+            self.removed.emit(size, str(exc))
+        else:
+            self.removed.emit(size, "")
+
+    def _on_removed(self, size: int, error: str) -> None:
+        if error:
             # ``current`` goes first, so the next start uses the CPU even if files stay behind
             # (on Windows the running app holds the runtime's libraries open).
-            log.warning("could not remove all of the GPU runtime: %s", exc)
+            log.warning("could not remove all of the GPU runtime: %s", error)
             QMessageBox.warning(
                 self,
                 "Remove GPU runtime",
-                f"Trellis Chat uses the CPU after a restart, but some files could not be deleted: {exc}",
+                f"Trellis Chat uses the CPU after a restart, but some files could not be deleted: {error}",
             )
         self.removed_bytes = size
+        self.remove_button.setEnabled(True)
         self.refresh()
 
     def offer_install(self) -> None:
