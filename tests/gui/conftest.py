@@ -73,5 +73,20 @@ def make_window(qtbot, data_dir: Path, fake_engine: FakeEngine):
 
 
 @pytest.fixture
+def asked(monkeypatch) -> list[str]:
+    """Answers Yes to every ``QMessageBox.question`` and keeps the questions' texts."""
+    from PySide6.QtWidgets import QMessageBox
+
+    questions: list[str] = []
+
+    def question(_parent, _title, text, *_args, **_kwargs):
+        questions.append(text)
+        return QMessageBox.StandardButton.Yes
+
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
+    return questions
+
+
+@pytest.fixture
 def window(make_window):
     return make_window()

@@ -4,26 +4,12 @@ Edit > Undo (Ctrl+Z) brings the messages back in place, and nothing can be delet
 
 from __future__ import annotations
 
-import pytest
 from gui_helpers import load_model, send, visible_texts, wait_idle
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
 from app import paths
 from app.store import Store
-
-
-@pytest.fixture
-def asked(monkeypatch) -> list[str]:
-    """Answers Yes to the confirmation and keeps what it asked."""
-    questions: list[str] = []
-
-    def question(_parent, _title, text, *_args, **_kwargs):
-        questions.append(text)
-        return QMessageBox.StandardButton.Yes
-
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
-    return questions
 
 
 def _two_exchanges(qtbot, window) -> None:

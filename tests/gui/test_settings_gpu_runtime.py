@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from PySide6.QtWidgets import QMessageBox
 
 from app.gpu_check import GpuFacts, diagnose
@@ -36,18 +35,6 @@ def fake_runtime(data_dir: Path) -> Path:
     (root / "downloads").mkdir()
     (root / act.CURRENT).write_text(folder.name)
     return folder
-
-
-@pytest.fixture
-def asked(monkeypatch) -> list[str]:
-    questions: list[str] = []
-
-    def question(_parent, _title, text, *_args, **_kwargs):
-        questions.append(text)
-        return QMessageBox.StandardButton.Yes
-
-    monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
-    return questions
 
 
 def test_the_settings_pane_removes_the_installed_runtime_and_offers_it_again(
