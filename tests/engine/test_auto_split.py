@@ -6,10 +6,10 @@ gives the single-device logits."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 import torch
+from model_infos import model_info
 from parallel_cases import assert_logits_close, step_logits
 
 from engine.errors import UsageError
@@ -170,15 +170,5 @@ def _args(**given) -> argparse.Namespace:
 
 
 def _info(**fields) -> ModelInfo:
-    values = dict(
-        path=Path("m"),
-        name="m",
-        quantization="BF16",
-        weight_bytes=20 * GIB,
-        layer_weight_bytes=19 * GIB,
-        num_layers=10,
-        num_kv_heads=4,
-        head_dim=128,
-        context_length=DEFAULT_CACHE_TOKENS // 2,
-    )
-    return ModelInfo(**{**values, **fields})
+    """A model whose own context is half the Generator's default cache."""
+    return model_info(**{"context_length": DEFAULT_CACHE_TOKENS // 2, **fields})

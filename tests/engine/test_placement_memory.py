@@ -3,49 +3,32 @@ placement is suggested for a GPU of a given size (engine.placement_memory)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from model_infos import GIB, model_info
 
-from engine.inspect import ModelInfo
 from engine.placement_memory import layers_that_fit, memory_split, suggest_placement
-
-GIB = 1 << 30
-
-
-def _info(**fields) -> ModelInfo:
-    values = dict(
-        path=Path("m"),
-        name="m",
-        quantization="BF16",
-        weight_bytes=20 * GIB,
-        layer_weight_bytes=19 * GIB,
-        num_layers=10,
-        num_kv_heads=4,
-        head_dim=128,
-        context_length=4096,
-    )
-    return ModelInfo(**{**values, **fields})
 
 
 def test_all_on_the_gpu_is_the_whole_estimate() -> None:
-    info = _info()
+    info = model_info()
     split = memory_split(info, 4096)
     assert split.gpu_bytes == info.memory_needed(4096, "cuda") and split.host_bytes == 0
 
 
 def test_experts_in_system_memory_move_their_bytes_and_overhead() -> None:
-    info = _info(expert_weight_bytes=16 * GIB, expert_parameter_count=8 * GIB)
+    info = model_info(expert_weight_bytes=16 * GIB, expert_parameter_count=8 * GIB)
     whole = memory_split(info, 4096).gpu_bytes
     split = memory_split(info, 4096, placement="experts")
     assert split.host_bytes == 16 * GIB and split.gpu_bytes == whole - int(16 * GIB * 1.1)
     # EXL3 experts are dequantized to 16 bits in system memory: 2 bytes per parameter
-    exl3 = _info(quantization="EXL3 4.0 bpw", expert_weight_bytes=4 * GIB, expert_parameter_count=8 * GIB)
+    exl3 = model_info(
+        quantization="EXL3 4.0 bpw", expert_weight_bytes=4 * GIB, expert_parameter_count=8 * GIB
+    )
     assert memory_split(exl3, 4096, placement="experts").host_bytes == 16 * GIB
 
 
 def test_layers_split_by_count() -> None:
-    info = _info()
+    info = model_info()
     kv = info.kv_cache_bytes(4096)
     whole = memory_split(info, 4096).gpu_bytes
     split = memory_split(info, 4096, placement="layers", gpu_layers=4)
@@ -57,7 +40,7 @@ def test_layers_split_by_count() -> None:
 
 
 def test_the_suggestion_follows_the_gpu_size() -> None:
-    moe = _info(expert_weight_bytes=16 * GIB, expert_parameter_count=8 * GIB)
+    moe = model_info(expert_weight_bytes=16 * GIB, expert_parameter_count=8 * GIB)
     assert suggest_placement(moe, 4096, (16, 16), 40 * GIB).placement == "gpu"
     assert suggest_placement(moe, 4096, (16, 16), 0).placement == "gpu"  # GPU size unknown
     assert suggest_placement(moe, 4096, (16, 16), 8 * GIB).placement == "experts"
@@ -65,11 +48,11 @@ def test_the_suggestion_follows_the_gpu_size() -> None:
     assert tiny_gpu.placement == "layers" and tiny_gpu.gpu_layers == layers_that_fit(
         moe, 4096, (16, 16), 3 * GIB
     )
-    dense = suggest_placement(_info(), 4096, (16, 16), 12 * GIB)
+    dense = suggest_placement(model_info(), 4096, (16, 16), 12 * GIB)
     n = dense.gpu_layers
     assert dense.placement == "layers" and 0 < n < 10
-    assert memory_split(_info(), 4096, (16, 16), "layers", n).gpu_bytes <= 12 * GIB
-    assert memory_split(_info(), 4096, (16, 16), "layers", n + 1).gpu_bytes > 12 * GIB
+    assert memory_split(model_info(), 4096, (16, 16), "layers", n).gpu_bytes <= 12 * GIB
+    assert memory_split(model_info(), 4096, (16, 16), "layers", n + 1).gpu_bytes > 12 * GIB
 
 
 def test_the_library_reads_the_experts_and_layers_share(tiny_model_factory) -> None:
