@@ -14,6 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# What one more token costs a decode step, as a share of the step, on either device. GPU (H100,
+# CUDA graphs, 8B shape at 4 bpw): 1 + k tokens cost 1.28x one at k = 1, 1.82x at k = 4 and 2.06x
+# at k = 8 (docs/SPECULATIVE.md); CPU (SmolLM2-135M on two cores): 5 tokens cost 1.5x one, 9
+# tokens 2.4x.
+EXTRA_TOKEN_COST = 0.2
+
 
 def expected_tokens(a: float, k: int) -> float:
     """Tokens a verify step of ``k`` drafts yields on average at per-token acceptance ``a``."""
@@ -34,7 +40,7 @@ class DraftLength:
     """One sequence's acceptance estimate and the draft length it implies."""
 
     max_tokens: int
-    extra_token_cost: float = 0.1
+    extra_token_cost: float = EXTRA_TOKEN_COST
     rate: float = 0.6  # prior: drafts are worth trying at first
     smoothing: float = 0.3  # weight of the newest step's acceptance in the average
 

@@ -44,7 +44,7 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.generation.job import JobResult
 from engine.generation.sampling import active_processors
-from engine.generation.speculative.draft_length import DraftLength
+from engine.generation.speculative.draft_length import EXTRA_TOKEN_COST, DraftLength
 from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest, Observation
 from engine.generation.state_checkpoint import StateCheckpoint, recurrent_layers
 
@@ -73,18 +73,16 @@ class Speculation:
     """Drafting for one Generator: ``drafter`` proposes, at most ``max_tokens`` per step."""
 
     def __init__(
-        self, drafter: Drafter, max_tokens: int, cache: PagedKVCache, extra_token_cost: float | None = None
+        self,
+        drafter: Drafter,
+        max_tokens: int,
+        cache: PagedKVCache,
+        extra_token_cost: float = EXTRA_TOKEN_COST,
     ) -> None:
         if not 1 <= max_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(f"draft tokens must be in 1..{MAX_DRAFT_TOKENS}, got {max_tokens}")
         self.drafter, self.max_tokens = drafter, max_tokens
         self.cache = cache
-        if extra_token_cost is None:
-            # What one more token costs a decode step, as a share of the step. GPU (H100, CUDA
-            # graphs, 8B shape at 4 bpw): 1 + k tokens cost 1.28x one at k = 1, 1.82x at k = 4 and
-            # 2.06x at k = 8 (docs/SPECULATIVE.md); CPU (SmolLM2-135M on two cores): 5 tokens cost
-            # 1.5x one, 9 tokens 2.4x.
-            extra_token_cost = 0.2
         self.extra_token_cost = extra_token_cost
         self._recurrent = recurrent_layers(cache)
         self._lengths: dict[object, DraftLength] = {}
