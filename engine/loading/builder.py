@@ -79,15 +79,8 @@ class ModelBuilder:
     def on_layer_device(self, i: int) -> Iterator[None]:
         """Within: tensors and linears are made on layer ``i``'s device (:meth:`place_layers`)."""
         device = self.layer_devices[i] if self.layer_devices is not None else self.device
-        if device == self.device:
+        with self._building(device=device):
             yield
-            return
-        saved = self.device
-        self.device = device
-        try:
-            yield
-        finally:
-            self.device = saved
 
     @contextmanager
     def routed_experts(self) -> Iterator[None]:
@@ -98,12 +91,20 @@ class ModelBuilder:
         if host is None or host == self.device:
             yield
             return
-        saved = self.device, self._exl3_mode, self._decode_on
-        self.device, self._exl3_mode, self._decode_on = host, "dense", self.device
+        with self._building(device=host, _exl3_mode="dense", _decode_on=self.device):
+            yield
+
+    @contextmanager
+    def _building(self, **where: Any) -> Iterator[None]:
+        """Within: these attributes (where and how tensors are made) set, then restored."""
+        saved = {name: getattr(self, name) for name in where}
+        for name, value in where.items():
+            setattr(self, name, value)
         try:
             yield
         finally:
-            self.device, self._exl3_mode, self._decode_on = saved
+            for name, value in saved.items():
+                setattr(self, name, value)
 
     # -- leaves ---------------------------------------------------------------------------
 
