@@ -9,7 +9,7 @@ What a folder's files do not say is shown as "—", not as a wall of question ma
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from PySide6.QtCore import QModelIndex, QObject, QPersistentModelIndex, Qt
 
@@ -27,12 +27,22 @@ COLUMNS = ("Name", "Architecture", "Parameters", "Quantization", "Size", "Memory
 UNKNOWN = "—"
 
 
+class _Row(NamedTuple):
+    """A model folder and its estimate under the current assumptions, computed when they change
+    (not on every paint): the Memory column's text and tooltip (the placement's reason, or "")."""
+
+    info: ModelInfo
+    verdict: MemoryVerdict
+    memory: str
+    memory_tip: str
+
+
 class LibraryModel(ColumnTableModel):
     COLUMNS = COLUMNS
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._rows: list[tuple[ModelInfo, MemoryVerdict]] = []
+        self._rows: list[_Row] = []
         self.context_limit = DEFAULT_CONTEXT  # the user's context length (engine.context_length)
         self.device = "cpu"  # what the estimate assumes (engine.inspect.likely_device)
         self.cache_bits: tuple[int, int] = (16, 16)  # KV cache key/value bits the estimate assumes
@@ -46,16 +56,15 @@ class LibraryModel(ColumnTableModel):
     ) -> Any:
         if not index.isValid():
             return None
-        info, verdict = self._rows[index.row()]
+        info, _verdict, memory, memory_tip = self._rows[index.row()]
         if role == INFO_ROLE:
             return info
         if role == PATH_ROLE:
             return str(info.path)
         column = COLUMNS[index.column()]
         if role == Qt.ItemDataRole.ToolTipRole:
-            advice = self.placement(info) if column == "Memory" and info.ok else None
-            if advice is not None and advice.reason:
-                return advice.reason
+            if column == "Memory" and memory_tip:
+                return memory_tip
             return "\n".join(info.problems) if info.problems else str(info.path)
         if role != Qt.ItemDataRole.DisplayRole:
             return None
@@ -70,15 +79,20 @@ class LibraryModel(ColumnTableModel):
         if column == "Size":
             return format_bytes(info.size_bytes)
         if column == "Memory":
-            return self._memory_text(info, verdict) if info.ok else UNKNOWN
+            return memory
         return "ready" if info.ok else "cannot load"  # the reasons: tooltip and details panel
 
-    def _memory_text(self, info: ModelInfo, verdict: MemoryVerdict) -> str:
+    def _row(self, info: ModelInfo) -> _Row:
+        verdict = self._verdict(info)
+        if not info.ok:
+            return _Row(info, verdict, UNKNOWN, "")
         advice = self.placement(info)
+        tip = advice.reason if advice is not None else ""
         if advice is None or advice.placement == "gpu":
-            return f"{format_bytes(verdict.needed_bytes)} ({verdict.verdict})"
+            return _Row(info, verdict, f"{format_bytes(verdict.needed_bytes)} ({verdict.verdict})", tip)
         if advice.placement == SPLIT:
-            return f"{format_bytes(verdict.needed_bytes)} (across {len(self.gpu_memory)} GPUs)"
+            text = f"{format_bytes(verdict.needed_bytes)} (across {len(self.gpu_memory)} GPUs)"
+            return _Row(info, verdict, text, tip)
         split = estimate_split(
             info, self.context_for(info), self.cache_bits, advice.placement, advice.gpu_layers
         )
@@ -87,7 +101,7 @@ class LibraryModel(ColumnTableModel):
             if advice.placement == "experts"
             else f"{advice.gpu_layers} layers on the GPU"
         )
-        return f"{split_text(split)} ({where})"
+        return _Row(info, verdict, f"{split_text(split)} ({where})", tip)
 
     def placement(self, info: ModelInfo) -> PlacementAdvice | None:
         """Where the app would run ``info``'s model on the known GPUs (None: no GPU is known or
@@ -106,14 +120,14 @@ class LibraryModel(ColumnTableModel):
     def set_models(self, infos: list[ModelInfo]) -> None:
         require_gui_thread("LibraryModel")
         self.beginResetModel()
-        self._rows = [(info, self._verdict(info)) for info in infos]
+        self._rows = [self._row(info) for info in infos]
         self.endResetModel()
 
     def refresh_estimates(self) -> None:
         """Recompute the memory column for the current context, device and cache bits (no rescan:
         the model folders have not changed, only what the estimate assumes)."""
         require_gui_thread("LibraryModel")
-        self._rows = [(info, self._verdict(info)) for info, _ in self._rows]
+        self._rows = [self._row(row.info) for row in self._rows]
         if self._rows:
             column = COLUMNS.index("Memory")
             self.dataChanged.emit(self.index(0, column), self.index(len(self._rows) - 1, column))
@@ -126,13 +140,13 @@ class LibraryModel(ColumnTableModel):
         return memory_verdict(info, self.context_for(info), self.device, self.cache_bits)
 
     def infos(self) -> list[ModelInfo]:
-        return [info for info, _ in self._rows]
+        return [row.info for row in self._rows]
 
     def verdict(self, row: int) -> MemoryVerdict:
-        return self._rows[row][1]
+        return self._rows[row].verdict
 
     def row_of(self, path: str) -> int:
-        for row, (info, _) in enumerate(self._rows):
-            if str(info.path) == str(path):
+        for row, entry in enumerate(self._rows):
+            if str(entry.info.path) == str(path):
                 return row
         return -1
