@@ -6,6 +6,6 @@ loaded model into a rank's shard (:mod:`~.heads`, :mod:`~.slicing`, :mod:`~.voca
 :mod:`~.step_plan` (decode steps through CUDA graphs every rank captures alike:
 :mod:`~.graph_steps`; the cost of an all-reduce in one: :mod:`~.allreduce_cost`), and
 :mod:`~.placement` puts consecutive layers on different devices (how many by each GPU's free
-memory: :mod:`~.auto_split`).
+memory: :mod:`~.auto_split`); :mod:`~.placement_choice` loads a model as a front end asks for it.
 See docs/PARALLEL.md.
 """

@@ -4,18 +4,16 @@ commands that load a model (generate, bench; serve takes all but ``--tp``)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from contextlib import ExitStack
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from engine.commands.common import positive_int
+from engine.commands.common import cache_bits, positive_int
 from engine.errors import UsageError
-from engine.parallel.auto_split import is_auto
 
 if TYPE_CHECKING:  # the parser is built without loading torch
     from engine.model import LoadedModel
     from engine.options import EngineOptions
+    from engine.parallel.placement_choice import PlacementChoice
 
 
 def add_parallel_args(p: argparse.ArgumentParser) -> None:
@@ -65,75 +63,42 @@ def parallel_model(
     """The model as ``--tp``/``--split-layers``/``--gpu-layers``/``--experts-on`` ask (the
     tensor-parallel run closed by ``stack``, which a command without ``--tp`` may leave None) and
     the options to run it with, or None where none is given (the caller loads it as usual)."""
-    from engine.cache.state import RecurrentState
-    from engine.model import load_model, resolve_device
+    from engine.parallel.placement_choice import has_recurrent_layers, load_placed
 
-    tp, split = getattr(args, "tp", 1), getattr(args, "split_layers", None)
-    gpu_layers, experts_on = getattr(args, "gpu_layers", None), getattr(args, "experts_on", "device")
-    if tp == 1 and split is None and gpu_layers is None and experts_on == "device":
+    choice = placement_choice(args)
+    if choice.is_plain:
         return None
-    if tp > 1 and split is not None:
-        raise UsageError("--tp and --split-layers cannot be combined yet")
-    if gpu_layers is not None and (tp > 1 or split is not None):
-        raise UsageError("--gpu-layers is a layer split of its own: it takes neither --tp nor --split-layers")
-    if experts_on != "device" and (tp > 1 or split is not None or gpu_layers is not None):
-        raise UsageError("--experts-on cpu cannot be combined with --tp, --split-layers or --gpu-layers yet")
     if not getattr(args, "model", None):
         raise UsageError("--tp, --split-layers, --gpu-layers and --experts-on need -m/--model DIR")
-    if experts_on != "device":
-        model = load_model(
-            args.model,
-            device=args.device,
-            dtype=dtype,
-            context=context,
-            options=options,
-            experts_on=experts_on,
-        )
-        return model, options
-    if gpu_layers is not None:
-        from engine.parallel.gpu_layers import load_gpu_layers
-
-        if args.device == "cpu":
-            raise UsageError("--gpu-layers puts layers on a GPU: it cannot run with --device cpu")
-        gpu = resolve_device(args.device) if str(args.device).startswith("cuda") else None
-        model = load_gpu_layers(args.model, gpu_layers, gpu, dtype=dtype, context=context, options=options)
-        return model, options
-    if is_auto(split):
-        from engine.commands.common import cache_bits
-        from engine.parallel.auto_loading import load_auto_split
-
-        if args.device == "cpu":
-            raise UsageError(
-                "--split-layers auto spreads a model over the GPUs: it cannot run with --device cpu"
-            )
-        bits = cache_bits(args) if hasattr(args, "cache_bits") else (16, 16)
-        model = load_auto_split(args.model, dtype, context, bits, options)
-        return model, options
-    if tp > 1:
-        from engine.parallel.launch import start_tensor_parallel
-
-        device = args.device if args.device in ("auto", "cpu", "cuda") else "cuda"
-        model, run, report = start_tensor_parallel(
-            args.model, tp, device, dtype, context, options=options, exit_on_failure=True
-        )
-        stack.enter_context(run)  # an error ends the other ranks; a normal exit stops them
-        for line in report.lines():
-            print(f"trellis: tp {tp}: {line}", file=sys.stderr)
-        recurrent = any(isinstance(state, RecurrentState) for state in model.cache_states)
-        if recurrent and getattr(args, "ban", None):
+    bits = cache_bits(args) if hasattr(args, "cache_bits") else (16, 16)
+    placed = load_placed(
+        args.model,
+        choice,
+        dtype=dtype,
+        context=context,
+        cache_bits=bits,
+        options=options,
+        exit_on_failure=True,  # a dead rank ends the command
+    )
+    if placed.run is not None:
+        stack.enter_context(placed.run)  # an error ends the other ranks; a normal exit stops them
+        if getattr(args, "ban", None) and has_recurrent_layers(placed.model):
             raise UsageError(
                 "--ban with --tp needs a model without recurrent layers (its rewind is rank 0's)"
             )
-        if options is not None and options.draft != "off" and recurrent:
-            # A verify step's rollback restores recurrent state on rank 0 only.
-            print(f"trellis: tp {tp}: speculative decoding is off for recurrent layers", file=sys.stderr)
-            options = replace(options, draft="off")
-        return model, options
-    from engine.parallel.placement import default_devices, load_split, model_layer_count, parse_split
+    return placed.model, placed.options
 
-    counts = parse_split(split, model_layer_count(args.model))
-    if args.device in (None, "auto"):
-        devices = default_devices(len(counts))
-    else:
-        devices = [resolve_device(args.device)] * len(counts)
-    return load_split(args.model, counts, devices, dtype, context, options), options
+
+def placement_choice(args: argparse.Namespace) -> PlacementChoice:
+    """The placement the command line asks for (a command without one of the options leaves it
+    at its default); refused here where it cannot be loaded."""
+    from engine.parallel.placement_choice import COMMAND_LINE, PlacementChoice
+
+    return PlacementChoice(
+        tensor_parallel=getattr(args, "tp", 1),
+        split_layers=getattr(args, "split_layers", None),
+        gpu_layers=getattr(args, "gpu_layers", None),
+        experts_on=getattr(args, "experts_on", "device"),
+        device=getattr(args, "device", "auto"),
+        wording=COMMAND_LINE,
+    )

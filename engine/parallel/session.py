@@ -8,30 +8,13 @@ died) the model can be loaded again in the same process.
 
 from __future__ import annotations
 
-import sys
-from dataclasses import replace
 from pathlib import Path
 
-from engine.cache.state import RecurrentState
-from engine.errors import UsageError
-from engine.model import LoadedModel, load_model, resolve_device
 from engine.options import EngineOptions
-from engine.parallel.auto_loading import load_auto_split, report_to_stderr
-from engine.parallel.auto_split import is_auto
-from engine.parallel.gpu_layers import load_gpu_layers
-from engine.parallel.launch import TensorParallelRun, start_tensor_parallel
-from engine.parallel.placement import default_devices, load_split, model_layer_count, parse_split
+from engine.parallel.launch import TensorParallelRun
+from engine.parallel.placement_choice import PlacementChoice, load_placed
 from engine.session import ChatSession, Progress
 from engine.tokenizer import Tokenizer
-
-
-def without_recurrent_draft(model: LoadedModel, options: EngineOptions | None) -> EngineOptions | None:
-    """``options`` with speculative decoding off where a tensor-parallel model has recurrent
-    layers: a verify step's rollback restores recurrent state on rank 0 only."""
-    recurrent = any(isinstance(state, RecurrentState) for state in model.cache_states or [])
-    if options is not None and options.draft != "off" and recurrent:
-        return replace(options, draft="off")
-    return options
 
 
 class ParallelChatSession(ChatSession):
@@ -61,66 +44,30 @@ class ParallelChatSession(ChatSession):
         ``engine.parallel.auto_split``), with its first ``gpu_layers`` layers on the GPU and the
         rest on the CPU (``engine.parallel.gpu_layers``), or on one device with its routed experts
         in host memory (``experts_on="cpu"``); one of these at a time."""
-        chosen = [tensor_parallel > 1, bool(split), gpu_layers is not None, experts_on != "device"]
-        if sum(chosen) > 1:
-            raise UsageError(
-                "a model is split across ranks, by layers, by GPU layers or by experts: one at a time"
-            )
+        choice = PlacementChoice(  # refused here, before anything is read, where it cannot load
+            tensor_parallel=tensor_parallel,
+            split_layers=split or None,
+            gpu_layers=gpu_layers,
+            experts_on=experts_on,
+            device=device,
+        )
         tokenizer = Tokenizer.from_dir(model_dir)  # fail fast, before reading weights
         if progress:
             progress(0.0, "loading the model's parts")
-        if tensor_parallel > 1:
-            kind = device if device in ("auto", "cpu", "cuda") else "cuda"
-            model, run, report = start_tensor_parallel(
-                model_dir, tensor_parallel, kind, context=cache_tokens, options=options
-            )
-            for line in report.lines():
-                print(f"trellis: tp {tensor_parallel}: {line}", file=sys.stderr)
-            try:
-                options = without_recurrent_draft(model, options)
-                return cls(model, tokenizer, cache_tokens, cache_bits, options, run=run)
-            except BaseException:
-                run.close(abort=True)
-                raise
-        if gpu_layers is not None:
-            if device == "cpu":
-                raise UsageError("the first layers on the GPU need a GPU, and the device is the CPU")
-            gpu = resolve_device(device) if device.startswith("cuda") else None
-            model = load_gpu_layers(
-                model_dir, gpu_layers, gpu, context=cache_tokens, options=options, progress=progress
-            )
-            return cls(model, tokenizer, cache_tokens, cache_bits, options)
-        if is_auto(split):
-            if device == "cpu":
-                raise UsageError("splitting across GPUs automatically needs a GPU, and the device is the CPU")
-
-            def report(line: str) -> None:
-                report_to_stderr(line)
-                if progress:
-                    progress(0.0, line)
-
-            model = load_auto_split(
-                model_dir,
-                context=cache_tokens,
-                cache_bits=cache_bits,
-                options=options,
-                progress=progress,
-                report=report,
-            )
-            return cls(model, tokenizer, cache_tokens, cache_bits, options)
-        if split:
-            counts = parse_split(split, model_layer_count(model_dir))
-            parts = len(counts)
-            devices = default_devices(parts) if device == "auto" else [resolve_device(device)] * parts
-            model = load_split(
-                model_dir, counts, devices, context=cache_tokens, options=options, progress=progress
-            )
-        else:
-            home = default_devices(1)[0] if device == "auto" else resolve_device(device)
-            model = load_model(
-                model_dir, device=str(home), context=cache_tokens, options=options, experts_on=experts_on
-            )
-        return cls(model, tokenizer, cache_tokens, cache_bits, options)
+        placed = load_placed(
+            model_dir,
+            choice,
+            context=cache_tokens,
+            cache_bits=cache_bits,
+            options=options,
+            progress=progress,
+        )
+        try:
+            return cls(placed.model, tokenizer, cache_tokens, cache_bits, placed.options, run=placed.run)
+        except BaseException:
+            if placed.run is not None:
+                placed.run.close(abort=True)
+            raise
 
     def unload(self) -> None:
         """Drop the model; end the other ranks (at once where the run failed)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic_shapes import tiny_llama_shape, tiny_moe_shape
 
 from engine.bench import speed as bench
 from engine.bench.roofline import DecodeBytes, kv_bytes_per_token, module_decode_bytes
@@ -16,24 +17,7 @@ from engine.exl3 import EXL3Linear
 from engine.loading.synthetic_store import SyntheticWeightStore, check_bits, synthetic_config, synthetic_model
 
 # Tiny Llama: intermediate 200 and 2 KV heads of 32 make padded EXL3 dims (256, 128).
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 128,
-    "intermediate_size": 200,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "vocab_size": 320,
-    "max_position_embeddings": 1024,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+TINY = tiny_llama_shape(intermediate_size=200)
 TINY_QWEN3_TIED = {
     **TINY,
     "architectures": ["Qwen3ForCausalLM"],
@@ -120,16 +104,7 @@ def test_roofline_matches_a_hand_count():
 
 
 def test_roofline_counts_a_mixtures_routed_experts_at_one_tokens_share():
-    shape = {
-        **TINY,
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "moe_intermediate_size": 128,
-        "num_experts": 8,
-        "num_experts_per_tok": 2,
-        "head_dim": 32,
-    }
-    model = synthetic_model(shape, 3, "cpu", torch.float32, head_bits=6, exl3_mode="streaming")
+    model = synthetic_model(tiny_moe_shape(), 3, "cpu", torch.float32, head_bits=6, exl3_mode="streaming")
     everything = sum(
         t.numel() * t.element_size() for t in (*model.module.parameters(), *model.module.buffers())
     )

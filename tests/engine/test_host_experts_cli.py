@@ -7,31 +7,12 @@ import json
 import shutil
 
 import pytest
+from synthetic_shapes import tiny_moe_shape
 
 from engine import cli
 from engine.bench import speed as bench
 
-TINY_MOE = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "hidden_size": 128,
-    "intermediate_size": 256,
-    "moe_intermediate_size": 128,
-    "num_experts": 8,
-    "num_experts_per_tok": 2,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "vocab_size": 320,
-    "max_position_embeddings": 1024,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+TINY_MOE = tiny_moe_shape()
 SMALL_RUN = ["--prompt", "24", "--context", "24", "--decode-tokens", "3", "--repeats", "1"]
 
 

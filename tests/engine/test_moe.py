@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from synthetic_shapes import tiny_moe_shape
 
 from engine.cache.paged import PagedKVCache
 from engine.errors import ModelLoadError
@@ -242,21 +243,13 @@ def test_synthetic_moe_model_builds_with_quantized_experts_and_a_dense_router():
     from engine.exl3 import EXL3Linear
     from engine.loading.synthetic_store import synthetic_model
 
-    shape = {
-        "architectures": ["Qwen2MoeForCausalLM"],
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "moe_intermediate_size": 128,
-        "shared_expert_intermediate_size": 256,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "decoder_sparse_step": 2,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 320,
-        "max_position_embeddings": 256,
-    }
+    shape = tiny_moe_shape(
+        architectures=["Qwen2MoeForCausalLM"],
+        model_type="qwen2_moe",
+        shared_expert_intermediate_size=256,
+        num_experts=4,
+        decoder_sparse_step=2,  # layer 0 dense, layer 1 sparse
+    )
     model = synthetic_model(shape, bits=3, dtype=torch.float32, exl3_mode="dense")
     dense, sparse = (b.feed_forward for b in model.module.blocks)
     assert isinstance(dense, GatedMLP) and isinstance(sparse, SparseMoE)

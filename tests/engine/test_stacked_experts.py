@@ -5,6 +5,7 @@ that without the GPU kernels a mixture's decode step stays eager."""
 from __future__ import annotations
 
 import torch
+from synthetic_shapes import tiny_moe_shape
 
 from engine import kernels
 from engine.exl3 import EXL3Linear
@@ -156,20 +157,7 @@ def test_the_kernels_activations_are_the_modules_activations():
 def test_a_loaded_exl3_mixture_stacks_its_experts_at_load():
     from engine.loading.synthetic_store import synthetic_model
 
-    shape = {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "moe_intermediate_size": 128,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "vocab_size": 320,
-        "max_position_embeddings": 256,
-    }
+    shape = tiny_moe_shape(num_experts=4)
     packed = synthetic_model(shape, bits=3, dtype=torch.float32, exl3_mode="streaming")
     dense = synthetic_model(shape, bits=3, dtype=torch.float32, exl3_mode="dense")
     for block, twin in zip(packed.module.blocks, dense.module.blocks):
