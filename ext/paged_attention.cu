@@ -9,9 +9,11 @@
 //
 // Inside a block, lane u of a key's L = D/8 lanes owns numbers 8u..8u+7 of that key: one 16-byte
 // vector of a dense cache, or one bit-plane unit (``bits`` bytes) of a quantized one, so a key's
-// lanes read one contiguous row. Quantized keys stay rotated: the query is rotated once (its
-// 32-number groups by the same Hadamard matrix) and dotted with the codes directly. Quantized
-// values are accumulated rotated and the output is rotated back once, in the combine kernel.
+// lanes read one contiguous row. A warp spans at most 256 numbers of a key (32 lanes): head_dim
+// 512 (Gemma 4's full layers) splits each key over two warps, one half each (version 2 below).
+// Quantized keys stay rotated: the query is rotated once (its 32-number groups by the same
+// Hadamard matrix) and dotted with the codes directly. Quantized values are accumulated rotated
+// and the output is rotated back once, in the combine kernel.
 // Everything accumulates in fp32; the softmax runs in base 2 with the scale folded into q.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -40,6 +42,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kGroup = 32;     // quantization group = Hadamard size (the kernels need head_dim % 32 == 0)
 constexpr int kMaxHeads = 8;   // query heads per block
+constexpr int kWarpDim = 256;  // numbers of a key one warp of version 2 covers (a unit per lane)
 constexpr int kMinSplitKeys = 64;  // 2 loop iterations of a v2 block at head_dim 128 (short contexts: more SMs)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kInvSqrtGroup = 0.17677669529663687f;
@@ -166,7 +169,7 @@ __device__ __forceinline__ float hadamard32_warp(float x, int lane) {
 
 // ---------------------------------------------------------------------------------------------
 // Version 2 (the caches version 3 does not take: mixed widths, 3/5/6/7 bits, head_dim 256 at
-// 8 or 16 bits). Built for memory-level
+// 8 or 16 bits, every cache at head_dim 512). Built for memory-level
 // parallelism: a kernel that loads each step's key/value inside a branch and uses it at once makes
 // a warp wait for four serial page-table + cache round trips per loop iteration, so its time is
 // latency whatever the load (docs/KERNELS.md, section 5). Here every load of an iteration is
@@ -174,6 +177,14 @@ __device__ __forceinline__ float hadamard32_warp(float x, int lane) {
 // one iteration ahead (raw, still-encoded words in registers), with the page-table entries two
 // iterations ahead; decoding happens at use. No per-head branches inside the loop: heads past the
 // chunk's end have a zero query and are simply not stored.
+//
+// Head_dim 512: a lane holding 16 numbers of every head's query and accumulator would need 256
+// registers for those alone at 8 heads, so a key is split over a pair of warps instead, each with
+// the head_dim 256 layout on its half (same registers per thread as head_dim 256). The pair adds
+// its partial scores through shared memory once per iteration (one 64-thread barrier), and both
+// warps then run the same softmax on the same totals (a + b == b + a bit for bit, so their maxima
+// and weights agree exactly) and accumulate their own halves of the values. A block of 4 warps
+// takes 2 keys side by side instead of 4: its loads in flight stay the same number of bytes.
 
 // One 8-number unit as read from memory: 16 bytes of a dense cache, or the bit planes (2/4/8 bits:
 // w.x | w.y << 32; 6 bits: three 16-bit words in w.x, w.y, w.z) and the raw fp16 scale bits in w.w:
@@ -181,6 +192,9 @@ __device__ __forceinline__ float hadamard32_warp(float x, int lane) {
 struct RawUnit {
   uint4 w;
 };
+
+// Barrier `id` (1..15; 0 is __syncthreads) over two warps: a warp pair of a head_dim-512 block.
+__device__ __forceinline__ void pair_sync(int id) { asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory"); }
 
 __device__ __forceinline__ int page_index(const Params& p, int pos) {
   return p.page_shift >= 0 ? pos >> p.page_shift : pos / p.page_size;
@@ -304,20 +318,31 @@ __device__ __forceinline__ void sum_over_key_lanes(float (&v)[16], int lane) {
 
 template <int D, typename T, int MAXH>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params p) {
-  constexpr int L = D / 8;
+  constexpr int DW = D < kWarpDim ? D : kWarpDim;  // numbers of a key per warp
+  constexpr int kParts = D / DW;                   // warps per key: 2 at head_dim 512
+  constexpr int kKeyWarps = kWarps / kParts;       // warps (or pairs) taking different keys
+  constexpr int L = DW / 8;
   constexpr int KPW = 32 / L;
   constexpr int kSteps = MAXH <= 4 ? 4 : 2;  // keys per lane per iteration: 8 heads need the registers
   constexpr int KPI = KPW * kSteps;
-  static_assert(D % kGroup == 0 && L <= 32, "head_dim must be 64, 128 or 256");
-  __shared__ float s_m[kWarps][MAXH], s_l[kWarps][MAXH];
-  __shared__ float s_acc[kWarps][MAXH][D];
+  constexpr int kScores = kSteps * MAXH;
+  static_assert(D % kGroup == 0 && D % DW == 0 && (kParts == 1 || kParts == 2) && L <= 32,
+                "head_dim must be 64, 128, 256 or 512");
+  static_assert(kScores % 4 == 0, "partial scores are exchanged as float4");
+  __shared__ float s_m[kKeyWarps][MAXH], s_l[kKeyWarps][MAXH];
+  __shared__ float s_acc[kKeyWarps][MAXH][D];
+  // A pair's partial scores, double-buffered: one barrier an iteration keeps a warp at most one
+  // iteration ahead of its partner, so it never overwrites what the partner has still to read.
+  __shared__ float4 s_part[2][kParts > 1 ? kWarps : 1][kScores / 4];
 
   const int split = blockIdx.x, b = blockIdx.z;
   const int kvh = blockIdx.y / p.head_chunks, chunk = blockIdx.y % p.head_chunks;
   const int h0 = kvh * p.group + chunk * MAXH;
   const int nh = min(MAXH, p.group - chunk * MAXH);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int u = lane % L, sub = lane / L;
+  const int dpart = warp % kParts, kw = warp / kParts;  // part of the head dim, key slot of the block
+  // u: the lane's unit of the whole row; sub: which of the warp's side-by-side keys.
+  const int u = dpart * L + lane % L, sub = lane / L;
   // Lengths and tables are the step's inputs, complete before its first chained kernel, so they
   // are read before waiting for the previous kernel (chained_launch.cuh): their L2 round trips
   // overlap its tail. The caches and q, which it writes, only after.
@@ -326,9 +351,9 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
   const int span = p.pages_per_split * p.page_size;
   const int start = max(lo, split * span), end = min(len, (split + 1) * span);
   const size_t part = (static_cast<size_t>(b) * p.heads + h0) * p.splits + split;
-  const int last = end - 1, stride = kWarps * KPI;
+  const int last = end - 1, stride = kKeyWarps * KPI;
   const int* table = p.block_tables + static_cast<size_t>(b) * p.max_pages;
-  int base = start + warp * KPI;
+  int base = start + kw * KPI;
   int pg[kSteps];
   if (start < end) {
 #pragma unroll
@@ -389,6 +414,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
     for (int i = 0; i < 8; ++i) acc[h][i] = 0.0f;
   }
 
+  int buf = 0;  // s_part's buffer (head_dim 512)
   for (; base < end; base += stride) {
     // Next iteration's units (tables read last iteration), then the page entries after that.
     RawUnit nk[kSteps], nv[kSteps];
@@ -421,6 +447,23 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
       }
     }
     sum_over_key_lanes<L>(s, lane);
+    if constexpr (kParts > 1) {  // plus the partner's half of each key (every lane holds all totals)
+      if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < kScores / 4; ++j)
+          s_part[buf][warp][j] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+      }
+      pair_sync(1 + kw);
+#pragma unroll
+      for (int j = 0; j < kScores / 4; ++j) {
+        const float4 o = s_part[buf][warp ^ 1][j];
+        s[4 * j] += o.x;
+        s[4 * j + 1] += o.y;
+        s[4 * j + 2] += o.z;
+        s[4 * j + 3] += o.w;
+      }
+      buf ^= 1;
+    }
     // Online softmax once per iteration (kSteps keys per lane); exp2 of -inf gives 0, and a lane
     // with no visible key yet keeps m = -inf without producing NaN (ms = 0 then).
 #pragma unroll
@@ -465,7 +508,8 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
     }
   }
 
-  // Merge the warp's side-by-side keys (lanes L apart), then the warps (shared memory).
+  // Merge the warp's side-by-side keys (lanes L apart), then the key slots (shared memory). The
+  // warps of a pair hold equal m and l, and each its own half of the accumulators.
 #pragma unroll
   for (int off = L; off < 32; off <<= 1) {
 #pragma unroll
@@ -485,10 +529,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
     for (int h = 0; h < MAXH; ++h) {
       if (h >= nh) continue;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) s_acc[warp][h][u * 8 + i] = acc[h][i];
+      for (int i = 0; i < 8; ++i) s_acc[kw][h][u * 8 + i] = acc[h][i];
       if (u == 0) {
-        s_m[warp][h] = m[h];
-        s_l[warp][h] = l[h];
+        s_m[kw][h] = m[h];
+        s_l[kw][h] = l[h];
       }
     }
   }
@@ -497,10 +541,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel_v2(const Params 
     const int h = idx / D, d = idx % D;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
+    for (int w = 0; w < kKeyWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
     float a = 0.0f, den = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < kKeyWarps; ++w) {
       const float c = s_m[w][h] == -INFINITY ? 0.0f : exp2f(s_m[w][h] - mx);
       a += c * s_acc[w][h][d];
       den += c * s_l[w][h];
@@ -1182,8 +1226,10 @@ template <int D, typename T>
 void launch_decode(const Params& p, dim3 grid, cudaStream_t stream, int* occupancy, bool tensor_cores) {
   auto kernel = p.group <= 4 ? paged_decode_kernel_v2<D, T, 4>  // Llama: 4
                              : paged_decode_kernel_v2<D, T, kMaxHeads>;
-  if (tensor_cores) {
-    if (auto v3 = mma_kernel<D, T>(p)) kernel = v3;
+  if constexpr (D <= 256) {  // head_dim 512: version 2 only (O^T alone would take 128 registers a lane)
+    if (tensor_cores) {
+      if (auto v3 = mma_kernel<D, T>(p)) kernel = v3;
+    }
   }
   if (occupancy) {
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occupancy, kernel, kThreads, 0));
@@ -1198,7 +1244,8 @@ void launch_decode_dim(int D, const Params& p, dim3 grid, cudaStream_t stream, i
     case 64: launch_decode<64, T>(p, grid, stream, occupancy, tensor_cores); break;
     case 128: launch_decode<128, T>(p, grid, stream, occupancy, tensor_cores); break;
     case 256: launch_decode<256, T>(p, grid, stream, occupancy, tensor_cores); break;
-    default: TORCH_CHECK(false, "paged_decode_attention: head_dim must be 64, 128 or 256, got ", D);
+    case 512: launch_decode<512, T>(p, grid, stream, occupancy, tensor_cores); break;
+    default: TORCH_CHECK(false, "paged_decode_attention: head_dim must be 64, 128, 256 or 512, got ", D);
   }
 }
 
@@ -1223,7 +1270,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const c10::optional<at::T
   TORCH_CHECK(q.is_cuda() && q.is_contiguous() && q.dim() == 3, "q must be a contiguous [batch, heads, dim] CUDA tensor");
   TORCH_CHECK(q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16, "q must be fp16 or bf16");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
-  TORCH_CHECK(D == 64 || D == 128 || D == 256, "head_dim must be 64, 128 or 256, got ", D);
+  TORCH_CHECK(D == 64 || D == 128 || D == 256 || D == 512, "head_dim must be 64, 128, 256 or 512, got ", D);
   const SideTensors ks = check_side(k_dense, k_codes, k_scales, k_bits, q, D, "keys");
   const SideTensors vs = check_side(v_dense, v_codes, v_scales, v_bits, q, D, "values");
   TORCH_CHECK(ks.kv_heads == vs.kv_heads && ks.kv_heads > 0 && H % ks.kv_heads == 0,

@@ -13,7 +13,7 @@ import torch
 from engine.kernels import loader
 from engine.kernels.loader import KERNEL_DTYPES
 
-PAGED_HEAD_DIMS = (64, 128, 256)  # ext/paged_attention.cu instantiations
+PAGED_HEAD_DIMS = (64, 128, 256, 512)  # ext/paged_attention.cu instantiations (512: version 2 only)
 
 
 def paged_decode_attention(

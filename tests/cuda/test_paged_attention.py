@@ -18,10 +18,24 @@ BIT_PAIRS = [(b, b) for b in (2, 3, 4, 5, 6, 8, 16)] + [(4, 6), (8, 4), (16, 4),
 # Output rounding (fp16: 2^-11, bf16: 2^-8 relative) dominates; everything else is fp32.
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 PAGE = 16
+HEAD_DIMS = [64, 128, 256, 512]  # 512: Gemma 4's full layers (version 2 only)
 
 
-def _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=PAGE, seed=0, extra_pages=1):
-    """A one-layer cache with random data in every slot and a random, non-contiguous page table."""
+def _case(
+    kbits,
+    vbits,
+    head_dim,
+    heads,
+    kv_heads,
+    lengths,
+    dtype,
+    page=PAGE,
+    seed=0,
+    extra_pages=1,
+    keys_as_values=False,
+):
+    """A one-layer cache with random data in every slot and a random, non-contiguous page table
+    (``keys_as_values``: the values store holds the keys, as Gemma 4's full layers write it)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     max_pages = max(-(-n // page) for n in lengths) + extra_pages
     num_pages = len(lengths) * max_pages + 5
@@ -30,11 +44,8 @@ def _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=PAGE, se
     shape = (cache.capacity, kv_heads, head_dim)
     k = torch.randn(shape, generator=g, device="cuda", dtype=dtype)
     k[:, :, 3] *= 8  # an outlier channel, as real keys have
-    layer.write(
-        torch.arange(cache.capacity, device="cuda"),
-        k,
-        torch.randn(shape, generator=g, device="cuda", dtype=dtype),
-    )
+    v = k if keys_as_values else torch.randn(shape, generator=g, device="cuda", dtype=dtype)
+    layer.write(torch.arange(cache.capacity, device="cuda"), k, v)
     order = torch.randperm(num_pages, generator=g, device="cuda")
     tables = order[: len(lengths) * max_pages].view(len(lengths), max_pages).to(torch.int32)
     q = torch.randn(len(lengths), heads, head_dim, generator=g, device="cuda", dtype=dtype)
@@ -42,27 +53,39 @@ def _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=PAGE, se
 
 
 def _check(
-    layer, tables, lengths, q, page=PAGE, window=None, softcap=None, tol=None, tensor_cores=True, sinks=None
+    layer,
+    tables,
+    lengths,
+    q,
+    page=PAGE,
+    window=None,
+    softcap=None,
+    tol=None,
+    tensor_cores=True,
+    sinks=None,
+    what="",
 ):
+    """The kernel against the fp32 reference; ``what`` names the case in a failure's message."""
     scale = q.shape[-1] ** -0.5
     got = attention.paged_decode_attention(
         q, layer, tables, lengths, page, scale, window, softcap, tensor_cores, sinks=sinks
     )
-    assert got is not None, "the kernel did not take this case"
+    case = f"head_dim {q.shape[-1]}, window {window}, softcap {softcap} {what}".rstrip()
+    assert got is not None, f"the kernel did not take this case ({case})"
     # fp32 reference over the same stored cache (dequantized in fp32, so only the kernel rounds)
     exact = KVCacheLayer(layer.keys, layer.values, torch.float32)
     want = paged_decode_attention_reference(
         q.float(), exact, tables, lengths, page, scale, window, softcap, sinks
     )
     assert got.dtype == q.dtype and got.shape == q.shape
-    assert torch.isfinite(got).all()
+    assert torch.isfinite(got).all(), case
     err = rel_fro(got, want)
-    assert err < (tol or TOL[q.dtype]), f"relative error {err:.2e}"
+    assert err < (tol or TOL[q.dtype]), f"relative error {err:.2e} ({case})"
     return got
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kbits,vbits", BIT_PAIRS)
 def test_bits_and_head_dims(kbits, vbits, head_dim, dtype):
     lengths = [1, PAGE, PAGE + 1, 5 * PAGE + 3, 700, 2, 3 * PAGE, 129]
@@ -109,20 +132,23 @@ V3_ALL = V3_BITS + [(16, 16)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("heads,kv_heads", [(32, 8), (8, 8), (24, 2), (7, 1)])
 @pytest.mark.parametrize("kbits,vbits", V3_ALL)
 def test_version_2_still_right_where_version_3_runs(kbits, vbits, heads, kv_heads, head_dim, dtype):
     """Both versions against the reference on the same case, and against each other. They must not
     be bit-equal: version 3 computes in fp16 on the tensor cores, so equality would mean the switch
-    did not switch."""
+    did not switch. Where version 3 does not apply (head_dim 256 at 8 or 16 bits, every cache at
+    512) both calls run version 2 and must be bit-equal."""
     lengths = [16384 - 63, 1, 700, 64 * 3 + 5, 17]
     case = _case(kbits, vbits, head_dim, heads, kv_heads, lengths, dtype, page=64, seed=head_dim)
     layer, tables, lens, q = case
     v3 = _check(layer, tables, lens, q, page=64)
     v2 = _check(layer, tables, lens, q, page=64, tensor_cores=False)
     assert rel_fro(v3, v2) < TOL[dtype]
-    if not (head_dim == 256 and kbits in (8, 16)):  # those stay on version 2 (registers)
+    if head_dim == 512 or (head_dim == 256 and kbits in (8, 16)):  # version 2 only (registers)
+        assert torch.equal(v3, v2)
+    else:
         assert not torch.equal(v3, v2)
 
 
@@ -167,11 +193,12 @@ def test_ragged_ends_of_the_prefetch_pipeline(lengths, kbits, vbits):
         _check(layer, tables, lens, q, page=page)
 
 
+@pytest.mark.parametrize("head_dim", [128, 512])
 @pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (3, 6)])
-def test_graph_replay_with_new_lengths_equals_eager(kbits, vbits):
+def test_graph_replay_with_new_lengths_equals_eager(kbits, vbits, head_dim):
     lengths = [500, 1, 77, 1000]
-    layer, tables, lens, q = _case(kbits, vbits, 128, 32, 8, lengths, torch.float16, seed=11)
-    scale = 128**-0.5
+    layer, tables, lens, q = _case(kbits, vbits, head_dim, 32, 8, lengths, torch.float16, seed=11)
+    scale = head_dim**-0.5
     run = lambda: attention.paged_decode_attention(q, layer, tables, lens, PAGE, scale, None, None)  # noqa: E731
     graph, out = capture(run)
     for new_lengths in ([501, 2, 78, 1001], [1, 1024, 16, 17], [1000, 999, 1, 64]):
@@ -185,6 +212,60 @@ def test_graph_replay_with_new_lengths_equals_eager(kbits, vbits):
         _check(layer, tables, lens, q)
 
 
+# Head_dim 512 (Gemma 4's full layers; the 31B has 32 query heads over 4 kv heads whose keys double
+# as values) runs version 2 only, each key split over a pair of warps that add their partial
+# scores. Every cache width, GQA ratios 1, 4 and 8 (4 and 8 heads a block: the two register
+# layouts), 12 (two head chunks) and 7 (a ragged chunk), windows and softcap.
+D512_BITS = [(16, 16), (8, 8), (4, 4), (2, 2), (5, 5), (3, 6), (16, 4), (4, 16)]
+D512_WINDOW_SOFTCAP = [(None, None), (None, 50.0), (7, None), (100, 30.0), (1, None), (1024, None)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads", [(32, 4), (8, 8), (4, 1), (12, 1), (7, 1)])
+@pytest.mark.parametrize("kbits,vbits", D512_BITS)
+def test_head_dim_512_gqa_window_softcap(kbits, vbits, heads, kv_heads, dtype):
+    lengths = [1, 2, 5, PAGE + 1, 300, 2000]
+    layer, tables, lens, q = _case(kbits, vbits, 512, heads, kv_heads, lengths, dtype, seed=7 * heads + kbits)
+    for window, softcap in D512_WINDOW_SOFTCAP:
+        what = f"{heads} heads over {kv_heads}, bits {kbits},{vbits}, {dtype}"
+        _check(layer, tables, lens, q, window=window, softcap=softcap, what=what)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("bits", [16, 8, 4, 6])
+def test_head_dim_512_keys_doubling_as_values(bits, dtype):
+    """Gemma 4's ``attention_k_eq_v``: the values store holds the keys (the 31B's full-layer shape),
+    at lengths spanning several splits."""
+    lengths = [4000, 1, 777, 64]
+    layer, tables, lens, q = _case(
+        bits, bits, 512, 32, 4, lengths, dtype, page=64, seed=bits, keys_as_values=True
+    )
+    _check(layer, tables, lens, q, page=64, what=f"keys as values, {bits} bits, {dtype}")
+    _check(layer, tables, lens, q, page=64, softcap=50.0, what=f"keys as values, {bits} bits, {dtype}")
+
+
+@pytest.mark.parametrize("lengths", [*RAGGED, [2, 3, 4, 5, 8, 9]])
+@pytest.mark.parametrize("heads,kv_heads", [(8, 1), (4, 1)])
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (3, 6)])
+def test_head_dim_512_ragged_ends(lengths, heads, kv_heads, kbits, vbits):
+    """Lengths around head_dim 512's iteration widths (a warp pair takes 2 keys an iteration with
+    8 heads a block, 4 with 4; a block 4 and 8): the clamped loads ahead must never count, and
+    both warps of a pair must run the same iterations (they meet at a barrier in each)."""
+    for page in (1, 16):
+        case = _case(kbits, vbits, 512, heads, kv_heads, lengths, torch.float16, page=page, seed=len(lengths))
+        _check(*case, page=page, what=f"page {page}, lengths {lengths}")
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kbits,vbits", [(16, 16), (8, 8), (4, 4)])
+def test_head_dim_512_32k_context(batch, kbits, vbits):
+    """The full layers of ``bench --synthetic gemma4-31b --context 32768``: 32 heads over 4 kv heads
+    of 512, keys doubling as values, bf16, 32K keys (hundreds of keys a split)."""
+    lengths = [32768, 1, 32768 - 65][:batch]
+    case = _case(kbits, vbits, 512, 32, 4, lengths, torch.bfloat16, page=64, seed=batch, keys_as_values=True)
+    _check(*case, page=64, what=f"batch {batch}, bits {kbits},{vbits}")
+
+
 def _codes_of(planes: torch.Tensor, bits: int) -> torch.Tensor:
     """Bit planes [..., d/8, bits] back to integer codes [..., d]."""
     shifts = torch.arange(8, device=planes.device, dtype=torch.uint8)
@@ -195,7 +276,7 @@ def _codes_of(planes: torch.Tensor, bits: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7, 8])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 def test_fused_write_equals_quantize(bits, head_dim, dtype):
     g = torch.Generator(device="cuda").manual_seed(bits * 1000 + head_dim)
     n, kv_heads, num_slots = 300, 4, 1024
@@ -261,7 +342,7 @@ def _ext_call(layer, tables, lengths, q, page, window=None, softcap=None, splits
 # accumulators are never written) next to full ones. (Against the serial combine it replaced,
 # the outputs were bit-equal: docs/KERNELS.md, section 5.)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (8, 8), (2, 2), (4, 6), (3, 3)])
 @pytest.mark.parametrize("splits", [1, 15, 16, 17, 33, 200])
 def test_combine_over_split_counts(kbits, vbits, head_dim, dtype, splits):
@@ -318,7 +399,7 @@ SINK_BITS = [(16, 16), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (8, 8), (4, 6), (
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kbits,vbits", SINK_BITS)
 @pytest.mark.parametrize("window", [None, 128])
 def test_sinks_bits_and_head_dims(kbits, vbits, head_dim, dtype, window):
@@ -345,7 +426,7 @@ def test_sinks_gqa_ratios(heads, kv_heads, kbits, vbits, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("kbits,vbits", [(16, 16), (4, 4), (8, 8), (2, 2), (4, 6), (3, 3)])
 @pytest.mark.parametrize("splits", [1, 15, 16, 17, 33, 200])
 def test_sinks_are_added_once_whatever_the_split_count(kbits, vbits, head_dim, dtype, splits):

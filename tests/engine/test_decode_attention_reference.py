@@ -96,3 +96,39 @@ def test_dispatch_falls_back_to_the_reference_on_the_cpu():
     q = torch.randn(2, 4, 64, generator=g)
     args = (q, layer, tables, torch.tensor(lengths), PAGE, 0.125, None, None)
     torch.testing.assert_close(paged_decode_attention(*args), paged_decode_attention_reference(*args))
+
+
+class _RecordingExtension:
+    """Stands in for the CUDA extension: records the head size of each decode-attention call and
+    answers zeros (the kernel's numbers: tests/cuda/test_paged_attention.py)."""
+
+    def __init__(self) -> None:
+        self.head_dims: list[int] = []
+
+    def paged_decode_attention(self, q, *args, **kwargs):
+        self.head_dims.append(q.shape[-1])
+        return torch.zeros_like(q)
+
+
+@pytest.mark.parametrize(
+    "head_dim,built", [(64, True), (128, True), (256, True), (512, True), (96, False), (320, False)]
+)
+def test_the_kernel_wrapper_takes_the_head_sizes_the_kernel_is_built_for(monkeypatch, head_dim, built):
+    """Every head size the kernel is instantiated for reaches it, Gemma 4's full layers (512, 8
+    query heads a kv head) included; other sizes stay on the torch path (the wrapper answers None)."""
+    from engine.kernels import attention as kernel_attention
+    from engine.kernels import loader
+
+    ext = _RecordingExtension()
+    monkeypatch.setattr(loader, "kernel_ready", lambda *tensors: ext)
+    monkeypatch.setattr(  # the wrapper's own reading of a store takes only CUDA tensors
+        kernel_attention, "cache_side", lambda store, q: (store.data.shape[1], store.data, None, None, 16)
+    )
+    lengths = [5, 2]
+    _, layer, tables, g = _filled_cache(16, 16, 1, head_dim, lengths, seed=head_dim)
+    q = torch.randn(len(lengths), 8, head_dim, generator=g).half()
+    got = kernel_attention.paged_decode_attention(
+        q, layer, tables, torch.tensor(lengths), PAGE, head_dim**-0.5, None, None
+    )
+    assert (got is not None) == built == (head_dim in kernel_attention.PAGED_HEAD_DIMS)
+    assert ext.head_dims == ([head_dim] if built else [])
