@@ -8,12 +8,16 @@
 // one block of the workspace split-K GEMV (exl3_gemv.cuh gemv_block, one input row) on that
 // expert's trellis and sign vectors. Only the chosen experts' weights are read.
 //
-// A layer is four launches:
-//   1. exl3_expert_gemv: gate and up of every pair (one launch, both matrices), fp32 outputs;
+// A layer is four launches (after the router's one, moe_route.cu, which writes `chosen` int64 and
+// the weights fp32 as these kernels read them):
+//   1. exl3_expert_gemv: gate and up of every pair (one launch, both matrices), fp32 outputs, read
+//      from x in its own dtype with the padded input features (in_features up to the next multiple
+//      of 128) read as zeros, so no upcast or padded copy of x runs before it;
 //   2. exl3_expert_act: the activation with the experts' biases (gated SiLU, gpt-oss's clamped
 //      SwiGLU, squared ReLU, ...), fp32, zero in the padded columns the down projection reads;
 //   3. exl3_expert_gemv: down of every pair into a per-pair fp32 row;
-//   4. exl3_expert_mix: each token's sum over its slots of weight * (row + down bias), in slot order.
+//   4. exl3_expert_mix: each token's sum over its slots of weight * (row + down bias), in slot order,
+//      written in fp32 or straight in the activations' dtype where nothing is added to it after.
 // The weighted sum is a per-pair buffer and a fixed-order reduction rather than fp32 atomics in
 // the down GEMV's epilogue: it adds no run-to-run variation of its own (the GEMV blocks' sums vary
 // only as the workspace GEMV's do, in the order of a block's shared-memory atomics), it needs no
@@ -35,6 +39,7 @@
 
 #include "activations.cuh"
 #include "exl3_gemv.cuh"
+#include "float_types.cuh"
 #include "trellis_ext.h"
 
 namespace trellis {
@@ -48,7 +53,7 @@ struct ExpertMat {
   long long trellis_stride;  // uint32 words per expert
   const __half* suh;         // [experts, in]
   const __half* svh;         // [experts, out]
-  void* y;                   // [pairs, out] in x's dtype
+  float* y;                  // [pairs, out] fp32
   float* partial;            // pair p's split-K region: partial + p * pair_floats
   int* counters;             // pair p's tickets: counters + p * pair_counters
   int K, out, groups;
@@ -57,9 +62,9 @@ struct ExpertMat {
 struct ExpertGemvArgs {
   ExpertMat mat[kExpertMaxMats];
   int count;
-  const void* x;         // [rows, in]
+  const void* x;         // [rows, x_cols]: features x_cols..in read as zeros
   int x_dtype, x_bytes;  // DType code and element size
-  int in, splits;
+  int in, x_cols, splits;
   const int64_t* chosen;  // [pairs], token-major: pair p is token p / top_k's slot p % top_k
   int x_div;              // pair p reads x row p / x_div (top_k: its token's row; 1: its own)
   int num_experts;
@@ -85,11 +90,11 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_expert_gemv_kernel(const
   // of the pair leaves (tickets untouched) and the mix skips the pair.
   if (e < 0 || e >= args.num_experts) return;
   GemvArgs a;
-  a.x = static_cast<const char*>(args.x) + (size_t)(pair / args.x_div) * args.in * args.x_bytes;
+  a.x = static_cast<const char*>(args.x) + (size_t)(pair / args.x_div) * args.x_cols * args.x_bytes;
   a.trellis = mat.trellis + e * mat.trellis_stride;
   a.suh = mat.suh + e * args.in;
   a.svh = mat.svh + e * mat.out;
-  a.y = static_cast<char*>(mat.y) + (size_t)pair * mat.out * args.x_bytes;
+  a.y = mat.y + (size_t)pair * mat.out;
   a.partial = mat.partial ? mat.partial + pair * args.pair_floats : nullptr;
   a.counters = mat.counters ? mat.counters + (size_t)pair * args.pair_counters : nullptr;
   a.m = 1;
@@ -100,7 +105,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3) exl3_expert_gemv_kernel(const
   const int g = local % mat.groups, s = local / mat.groups;
   switch (mat.K) {
 #define TRELLIS_EXPERT_CASE(k) \
-  case k: gemv_block<k, CB>(a, g, s, sm); break;
+  case k: gemv_block<k, CB, 1, true>(a, g, s, sm, args.x_cols); break;
     TRELLIS_EXPERT_CASE(1) TRELLIS_EXPERT_CASE(2) TRELLIS_EXPERT_CASE(3) TRELLIS_EXPERT_CASE(4)
     TRELLIS_EXPERT_CASE(5) TRELLIS_EXPERT_CASE(6) TRELLIS_EXPERT_CASE(7) TRELLIS_EXPERT_CASE(8)
 #undef TRELLIS_EXPERT_CASE
@@ -172,10 +177,12 @@ __global__ void expert_act_kernel(const float* __restrict__ gate, const float* _
 }
 
 // out[t, c] = sum over slots s of weights[t, s] * (y[t * top_k + s, c] + bias[e, c]), slot by slot
-// in order; pairs with an out-of-range expert add nothing.
+// in order, summed in fp32 and stored as O (rounded once, as torch's conversion of the fp32 sum
+// would); pairs with an out-of-range expert add nothing.
+template <typename O>
 __global__ void expert_mix_kernel(const float* __restrict__ y, const int64_t* __restrict__ chosen,
                                   const float* __restrict__ weights, const float* __restrict__ bias,
-                                  float* __restrict__ out, int top_k, int width, int features, int num_experts) {
+                                  O* __restrict__ out, int top_k, int width, int features, int num_experts) {
   const long long t = blockIdx.y;
   for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < features; c += gridDim.x * blockDim.x) {
     float acc = 0.f;
@@ -186,7 +193,7 @@ __global__ void expert_mix_kernel(const float* __restrict__ y, const int64_t* __
       const float v = y[p * width + c] + (bias ? bias[e * features + c] : 0.f);
       acc = fmaf(weights[p], v, acc);
     }
-    out[t * features + c] = acc;
+    out[t * features + c] = from_f<O>(acc);
   }
 }
 
@@ -223,7 +230,8 @@ void check_stack(const at::Tensor& t, const at::Tensor& x, int64_t experts, int6
 }
 
 // y[i][p] = had(had(x[p / x_div] * suh[i][e]) @ Q[i][e]) * svh[i][e] with e = chosen[p], for the
-// 1..2 stacked matrices of one input. Workspace: pair p, matrix i use partial[p * pair_floats +
+// 1..2 stacked matrices of one input; x (any activation dtype) may hold fewer features than the
+// matrices take (the rest read as zeros), y is fp32. Workspace: pair p, matrix i use partial[p * pair_floats +
 // off_i, + splits * out_i) and counters[p * pair_counters + c_i, + out_i / 128). Returns the split
 // count (splits <= 0: the launch's choice).
 int64_t exl3_expert_gemv(const at::Tensor& x, const at::Tensor& chosen, const std::vector<at::Tensor>& trellis,
@@ -241,8 +249,14 @@ int64_t exl3_expert_gemv(const at::Tensor& x, const at::Tensor& chosen, const st
   const int64_t pairs = chosen.numel();
   TORCH_CHECK(x_div >= 1 && x.size(0) * x_div == pairs, "x has ", x.size(0), " rows; ", pairs,
               " pairs need pairs / x_div of them (x_div ", x_div, ")");
-  const int in = static_cast<int>(x.size(1));
+  TORCH_CHECK(!trellis.empty() && trellis[0].dim() == 4, "trellis must be int16 [experts, in/16, out/16, 16K]");
+  const int in = static_cast<int>(trellis[0].size(1) * 16);
   TORCH_CHECK(in % 128 == 0 && in >= 128, "in features must be a positive multiple of 128");
+  const int x_cols = static_cast<int>(x.size(1));
+  // load4 reads 4 features at once (8 or 16 bytes): whole groups, aligned.
+  TORCH_CHECK(x_cols >= 4 && x_cols <= in && x_cols % 4 == 0 && reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0,
+              "x has ", x_cols, " features: it must be 16-byte aligned with a multiple of 4 features, at most the ",
+              in, " the matrices take");
   const c10::cuda::CUDAGuard guard(x.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
 
@@ -252,6 +266,7 @@ int64_t exl3_expert_gemv(const at::Tensor& x, const at::Tensor& chosen, const st
   a.x_dtype = dtype_code_of(x);
   a.x_bytes = static_cast<int>(x.element_size());
   a.in = in;
+  a.x_cols = x_cols;
   a.chosen = chosen.data_ptr<int64_t>();
   a.x_div = static_cast<int>(x_div);
   const int64_t experts = trellis[0].dim() == 4 ? trellis[0].size(0) : 0;
@@ -263,7 +278,7 @@ int64_t exl3_expert_gemv(const at::Tensor& x, const at::Tensor& chosen, const st
     TORCH_CHECK(t.dim() == 4 && t.scalar_type() == at::kShort && t.size(0) == experts && experts >= 1,
                 "trellis must be int16 [experts, in/16, out/16, 16K], the same experts for every matrix");
     TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "trellis must be 16-byte aligned");
-    TORCH_CHECK(t.size(1) * 16 == in, "matrix ", i, " has ", t.size(1) * 16, " in features, x has ", in);
+    TORCH_CHECK(t.size(1) * 16 == in, "matrix ", i, " has ", t.size(1) * 16, " in features, matrix 0 ", in);
     TORCH_CHECK(t.size(2) % 8 == 0 && t.size(2) >= 8, "out features must be a positive multiple of 128");
     const int64_t words = t.size(3);
     TORCH_CHECK(words % 16 == 0 && words / 16 >= 1 && words / 16 <= 8, "trellis last dim must be 16*K, K in 1..8");
@@ -271,15 +286,14 @@ int64_t exl3_expert_gemv(const at::Tensor& x, const at::Tensor& chosen, const st
     check_stack(suh[i], x, experts, in, at::kHalf, "suh");
     check_stack(svh[i], x, experts, out, at::kHalf, "svh");
     check_on(y[i], x, "y");
-    TORCH_CHECK(y[i].scalar_type() == x.scalar_type() && y[i].dim() == 2 && y[i].size(0) == pairs &&
-                    y[i].size(1) == out,
-                "y[", i, "] must be a [pairs, out] tensor of x's dtype");
+    TORCH_CHECK(y[i].scalar_type() == at::kFloat && y[i].dim() == 2 && y[i].size(0) == pairs && y[i].size(1) == out,
+                "y[", i, "] must be a [pairs, out] fp32 tensor");
     ExpertMat& m = a.mat[i];
     m.trellis = reinterpret_cast<const uint32_t*>(t.data_ptr());
     m.trellis_stride = t[0].numel() / 2;  // int16 -> uint32 words (in * out * K / 16 int16: even)
     m.suh = reinterpret_cast<const __half*>(suh[i].data_ptr());
     m.svh = reinterpret_cast<const __half*>(svh[i].data_ptr());
-    m.y = y[i].data_ptr();
+    m.y = y[i].data_ptr<float>();
     m.K = static_cast<int>(words / 16);
     m.out = out;
     m.groups = out / 128;
@@ -378,9 +392,11 @@ at::Tensor exl3_expert_act(const c10::optional<at::Tensor>& gate, const at::Tens
   return h;
 }
 
-// Each token's weighted sum over its slots of the down rows plus the chosen expert's bias.
+// Each token's weighted sum over its slots of the down rows plus the chosen expert's bias, stored in
+// the dtype of code out_dtype (DT_F16, DT_BF16 or DT_F32).
 at::Tensor exl3_expert_mix(const at::Tensor& y, const at::Tensor& chosen, const at::Tensor& weights,
-                           const c10::optional<at::Tensor>& bias, int64_t features, int64_t num_experts) {
+                           const c10::optional<at::Tensor>& bias, int64_t features, int64_t num_experts,
+                           int64_t out_dtype) {
   check_on(y, y, "y");
   TORCH_CHECK(y.scalar_type() == at::kFloat && y.dim() == 2, "y must be fp32 [pairs, width]");
   check_chosen(chosen, y);
@@ -392,15 +408,22 @@ at::Tensor exl3_expert_mix(const at::Tensor& y, const at::Tensor& chosen, const 
   TORCH_CHECK(features >= 1 && features <= width, "features must be in [1, ", width, "]");
   TORCH_CHECK(num_experts >= 1, "num_experts must be positive");
   if (bias) check_stack(*bias, y, num_experts, features, at::kFloat, "bias");
+  TORCH_CHECK(out_dtype == DT_F16 || out_dtype == DT_BF16 || out_dtype == DT_F32,
+              "out_dtype must be 0 (fp16), 1 (bf16) or 2 (fp32)");
+  const at::ScalarType out_type =
+      out_dtype == DT_F16 ? at::kHalf : (out_dtype == DT_BF16 ? at::kBFloat16 : at::kFloat);
   const c10::cuda::CUDAGuard guard(y.device());
-  at::Tensor out = at::empty({tokens, features}, y.options());
+  at::Tensor out = at::empty({tokens, features}, y.options().dtype(out_type));
   const int blocks_x =
       static_cast<int>(std::min<int64_t>((features + kElementwiseThreads - 1) / kElementwiseThreads, 64));
-  expert_mix_kernel<<<dim3(blocks_x, static_cast<unsigned>(tokens)), kElementwiseThreads, 0,
-                      c10::cuda::getCurrentCUDAStream().stream()>>>(
-      y.data_ptr<float>(), chosen.data_ptr<int64_t>(), weights.data_ptr<float>(),
-      bias ? bias->data_ptr<float>() : nullptr, out.data_ptr<float>(), static_cast<int>(top_k),
-      static_cast<int>(width), static_cast<int>(features), static_cast<int>(num_experts));
+  by_dtype(out.scalar_type(), [&](auto tag) {
+    using O = decltype(tag);
+    expert_mix_kernel<O><<<dim3(blocks_x, static_cast<unsigned>(tokens)), kElementwiseThreads, 0,
+                           c10::cuda::getCurrentCUDAStream().stream()>>>(
+        y.data_ptr<float>(), chosen.data_ptr<int64_t>(), weights.data_ptr<float>(),
+        bias ? bias->data_ptr<float>() : nullptr, reinterpret_cast<O*>(out.data_ptr()), static_cast<int>(top_k),
+        static_cast<int>(width), static_cast<int>(features), static_cast<int>(num_experts));
+  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
@@ -423,9 +446,10 @@ void bind_expert_gemv(pybind11::module_& m) {
         py::arg("limit"), py::arg("limit_after_act"), py::arg("up_offset"), py::arg("features"),
         py::arg("num_experts"));
   m.def("exl3_expert_mix", &exl3_expert_mix,
-        "each token's routing-weighted sum over its slots of the experts' down rows plus their biases (fp32)",
+        "each token's routing-weighted sum over its slots of the experts' down rows plus their biases, summed in "
+        "fp32 and stored in out_dtype (0 fp16, 1 bf16, 2 fp32)",
         py::arg("y"), py::arg("chosen"), py::arg("weights"), py::arg("bias"), py::arg("features"),
-        py::arg("num_experts"));
+        py::arg("num_experts"), py::arg("out_dtype") = static_cast<int64_t>(DT_F32));
 }
 
 }  // namespace trellis

@@ -87,8 +87,13 @@ using GemvSmem = GemvSmemT<1>;
 
 // The work of one block: output column group g (8 tiles, 128 features), input split s, batch rows
 // in RG column groups of 8.
-template <int K, int CB, int RG = 1>
-__device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, const int s, GemvSmemT<RG>& sm) {
+// kExpertRow: one row of the expert GEMV (exl3_expert_gemv.cu, m = 1): x holds only its first
+// x_cols <= in features (a multiple of 4; the features beyond are read as zeros, the padded input of
+// an expert whose width is not a multiple of 128), and y is fp32 whatever x's dtype (the experts'
+// activation and mix run in fp32). Other instances compile as before.
+template <int K, int CB, int RG = 1, bool kExpertRow = false>
+__device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, const int s, GemvSmemT<RG>& sm,
+                                           const int x_cols = 0) {
   constexpr int NR = TileGeom<K>::kRaw;
   constexpr int TW = TileGeom<K>::kWords;
   constexpr int R = kGemvMaxRows * RG;        // rows of u_s and red_s
@@ -140,7 +145,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
     float v[4] = {0.f, 0.f, 0.f, 0.f};
     if (n < m) {
       const int f = ((c_begin + c) << 7) + 4 * lane;
-      load4(args.x, args.x_dtype, (size_t)n * args.in + f, v);
+      if (!kExpertRow || f < x_cols) load4(args.x, args.x_dtype, (size_t)n * args.in + f, v);
       const uint2 su = *reinterpret_cast<const uint2*>(static_cast<const __half*>(args.suh) + f);
       const float2 s01 = __half22float2(u32_as_h2(su.x));
       const float2 s23 = __half22float2(u32_as_h2(su.y));
@@ -295,7 +300,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& args, const int g, co
     const float2 s23 = __half22float2(u32_as_h2(sv.y));
     v[0] *= kRsqrt128 * s01.x; v[1] *= kRsqrt128 * s01.y;
     v[2] *= kRsqrt128 * s23.x; v[3] *= kRsqrt128 * s23.y;
-    store4(args.y, args.x_dtype, (size_t)n * args.out + f, v);
+    store4(args.y, kExpertRow ? DT_F32 : args.x_dtype, (size_t)n * args.out + f, v);
   }
 }
 

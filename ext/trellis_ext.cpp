@@ -267,5 +267,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   trellis::bind_sampling(m);
   trellis::bind_argmax(m);
   trellis::bind_expert_gemv(m);
+  trellis::bind_moe_route(m);
   m.attr("ABI_VERSION") = 3;
 }

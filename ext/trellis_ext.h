@@ -74,4 +74,5 @@ void bind_exl3_weight(pybind11::module_& m);          // ext/exl3_weight.cu
 void bind_sampling(pybind11::module_& m);             // ext/sampling.cu
 void bind_argmax(pybind11::module_& m);               // ext/argmax.cu
 void bind_expert_gemv(pybind11::module_& m);          // ext/exl3_expert_gemv.cu
+void bind_moe_route(pybind11::module_& m);            // ext/moe_route.cu
 }  // namespace trellis

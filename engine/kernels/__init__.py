@@ -10,7 +10,7 @@ sampling rows are passed in.
 - :mod:`~engine.kernels.loader`: building and loading the extension, its process-wide settings,
   chained launches;
 - :mod:`~engine.kernels.gemv`: EXL3 linears (the GEMVs, the whole-weight prefill kernel);
-- :mod:`~engine.kernels.moe`: a mixture's routed EXL3 experts for a few tokens, routed on the device;
+- :mod:`~engine.kernels.moe`: a mixture's router and routed EXL3 experts for a few tokens, on the device;
 - :mod:`~engine.kernels.tuning`: the GEMVs' split counts, timed per launch shape and per step;
 - :mod:`~engine.kernels.attention`: paged decode attention and the KV cache's writes and reads;
 - :mod:`~engine.kernels.fused`: norms, RoPE, the gated activation;

@@ -60,6 +60,7 @@ SOURCES = (
     "sampling.cu",
     "argmax.cu",
     "exl3_expert_gemv.cu",
+    "moe_route.cu",
 )
 HEADERS = (
     "trellis_ext.h",

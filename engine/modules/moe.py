@@ -7,15 +7,21 @@ NemotronH a sigmoid per expert, choose with a learned per-expert bias added to t
 may limit each token to its best groups of experts. Experts are gated MLPs (SwiGLU) or plain
 two-layer ones (NemotronH's squared ReLU), any module of ``[tokens, d] -> [tokens, d]``.
 
+Two ways to route, same function: torch ops (the reference and CPU path, and the GPU's for routers
+the kernel does not read, such as Gemma 4's scaled one) or, on the GPU for up to
+``engine.kernels.moe.MAX_TOKENS`` rows of a plain dense router, one launch that computes the
+logits, scores, choice and weights (``engine.kernels.moe.route``). Neither syncs with the host.
+
 Two ways to run the chosen experts, same function: :meth:`SparseMoE._dispatch` (the torch
 reference and CPU path, also the GPU's for long prefill chunks) sorts the (token, slot) pairs by
 expert and runs each chosen expert once on its rows; on the GPU, up to
 ``engine.kernels.moe.MAX_TOKENS`` rows of streaming EXL3 experts run in four fixed-shape launches
-that read the chosen experts' indices on the device (``engine.kernels.moe``), from the experts'
-weights stacked per projection kind (``engine.modules.stacked_experts``). The routing itself is
-torch ops without a host sync either way, so such a layer's decode step can be replayed from a
-CUDA graph. With ``--experts-on cpu`` the routed experts live in host memory and
-:meth:`SparseMoE._dispatch` runs there (``engine.modules.host_experts``).
+that read the chosen experts' indices on the device (``engine.kernels.moe.expert_mlp``), from the
+experts' weights stacked per projection kind (``engine.modules.stacked_experts``). So such a
+layer's decode step can be replayed from a CUDA graph, and without a shared expert it is five
+launches: the router, gate/up, the activation, down, and the mix written in the activations' dtype.
+With ``--experts-on cpu`` the routed experts live in host memory and :meth:`SparseMoE._dispatch`
+runs there (``engine.modules.host_experts``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from torch import nn
 
 from engine import kernels
 from engine.modules import host_experts
-from engine.modules.linear import LinearSite
+from engine.modules.linear import DenseLinear, LinearSite
 from engine.modules.stacked_experts import stack_experts
 
 SCORINGS = ("softmax", "sigmoid")
@@ -129,7 +135,10 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(weights, experts)``, both ``[tokens, top_k]``: float32 mixing weights and the
-        chosen experts' indices."""
+        chosen experts' indices (int64), in descending order of biased score."""
+        routed = self._route_in_one_launch(x)
+        if routed is not None:
+            return routed
         # Scores in float32 whatever the activations are: in bf16 close experts' scores would
         # round together and the top-k choice would flip between runs.
         logits = self.router(x).float()
@@ -146,6 +155,25 @@ class SparseMoE(nn.Module):
         if self.expert_scale is not None:
             weights = weights * self.expert_scale.float()[chosen]
         return weights, chosen
+
+    def _route_in_one_launch(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`route` by the router kernel where it reads this router (a plain dense linear; on
+        the GPU, a few rows), else None: the torch ops run."""
+        if not x.is_cuda or type(self.router) is not DenseLinear:
+            return None
+        return kernels.moe.route(
+            x,
+            self.router.weight,
+            self.router.bias,
+            self.top_k,
+            scoring=self.scoring,
+            normalize=self.normalize,
+            scale=self.scale,
+            selection_bias=self.selection_bias,
+            num_groups=self.num_groups,
+            groups_per_token=self.groups_per_token,
+            expert_scale=self.expert_scale,
+        )
 
     def _choose(self, scores: torch.Tensor) -> torch.Tensor:
         """The top ``top_k`` experts by biased score, among the best groups' experts only."""
@@ -165,7 +193,9 @@ class SparseMoE(nn.Module):
         inner = self.latent_in(x) if self.latent_in is not None else x
         if self.expert_norm is not None:
             inner = self.expert_norm(inner)
-        out = self._routed(inner, weights, chosen)
+        # Nothing is added to the routed mix in float32 without a shared expert: the kernels may
+        # then write it in x's dtype (one conversion launch fewer).
+        out = self._routed(inner, weights, chosen, x.dtype if self.shared is None else torch.float32)
         if self.latent_out is not None:
             out = self.latent_out(out.to(x.dtype)).float()
         if self.shared is not None:
@@ -175,14 +205,16 @@ class SparseMoE(nn.Module):
             out += shared
         return out.to(x.dtype).reshape(shape)
 
-    def _routed(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-        """The routed experts' mix in float32: the device-routed kernels where they apply (a few
-        rows of stacked EXL3 experts on the GPU), else :meth:`_dispatch`, on the host for experts
-        kept there (one copy each way)."""
+    def _routed(
+        self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """The routed experts' mix: the device-routed kernels where they apply (a few rows of
+        stacked EXL3 experts on the GPU; summed in float32, stored as ``dtype``), else
+        :meth:`_dispatch` in float32, on the host for experts kept there (one copy each way)."""
         if self.experts_host is not None:
             return host_experts.mix_on_host(self._dispatch, x, weights, chosen, self.experts_host)
         if x.is_cuda and self.stacked is not None:
-            out = kernels.moe.expert_mlp(x, weights, chosen, self.stacked)
+            out = kernels.moe.expert_mlp(x, weights, chosen, self.stacked, out_dtype=dtype)
             if out is not None:
                 return out
         return self._dispatch(x, weights, chosen)

@@ -1,16 +1,20 @@
 """The device-routed expert kernels (ext/exl3_expert_gemv.cu, engine.kernels.moe) against a float64
 reference built from the experts' dequantized weights, for random routings: batch 1-8, 8-256
-experts, top-k 1-8, every expert activation, several bit widths and codebooks; graph replays
-with new routings written into the captured inputs; and SparseMoE taking the kernels."""
+experts, top-k 1-8, every expert activation, several bit widths and codebooks; half inputs read
+as they are against the padded float32 copy the GEMV took before; the mix written in the
+activations' dtype; graph replays with new routings written into the captured inputs; and
+SparseMoE taking the kernels (with the router kernel: five launches a layer)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from cuda_helpers import capture
 
 from engine.exl3 import EXL3Linear
 from engine.kernels import moe as moe_kernels
+from engine.kernels.loader import CODEBOOK_IDS
 from engine.modules.feed_forward import FeedForward
 from engine.modules.linear import DenseLinear, ProjectionGroup
 from engine.modules.mlp import GatedMLP
@@ -237,6 +241,57 @@ def test_graph_replays_follow_new_routings() -> None:
     assert _counters_zero()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("hidden", [256, 200], ids=["whole", "padded"])
+def test_half_inputs_equal_the_padded_float_copy(dtype, hidden, cuda_extension) -> None:
+    """The gate/up launch reads x in its dtype and zero-fills the padded features: the same sums
+    as from the float32 copy padded with zeros (the GEMV rounds its rotated input to fp16 either
+    way), up to the order of a block's shared-memory atomics."""
+    experts = _experts(8, hidden, 256, "silu", seed=12)
+    stack = _stacked(experts)
+    up = stack.up
+    assert up.in_features == hidden and up.padded_in == 256
+    x = _x(5, hidden, dtype)
+    _, chosen = _routing(5, 8, 3, seed=12)
+    padded = F.pad(x.float(), (0, up.padded_in - hidden)).contiguous()
+    pairs, splits, mats = 15, 2, (stack.gate, up)
+    outs = []
+    for xin in (x, padded):
+        ys = [torch.empty(pairs, m.padded_out, device="cuda") for m in mats]
+        partial = torch.empty(pairs * splits * sum(m.padded_out for m in mats), device="cuda")
+        counters = torch.zeros(
+            pairs * sum(m.padded_out // 128 for m in mats), dtype=torch.int32, device="cuda"
+        )
+        cuda_extension.exl3_expert_gemv(
+            xin, chosen, [m.trellis for m in mats], [m.suh for m in mats], [m.svh for m in mats], ys, partial,
+            counters, CODEBOOK_IDS[up.codebook], 3, splits,
+        )  # fmt: skip
+        outs.append(ys)
+    for half_y, float_y in zip(*outs):
+        assert half_y.dtype == torch.float32
+        assert _rows_rel(half_y, float_y) < SAME_TOL
+    weights, chosen = _routing(5, 8, 3, seed=12)
+    out = moe_kernels.expert_mlp(x, weights, chosen, stack)
+    assert _rows_rel(out, moe_kernels.expert_mlp(x.float(), weights, chosen, stack)) < SAME_TOL
+    assert _rows_rel(out, _reference(experts, x, weights, chosen)) < TOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_the_mix_written_in_the_activations_dtype(dtype) -> None:
+    experts = _experts(16, 256, 320, "gpt_oss", seed=13)
+    stack = _stacked(experts)
+    x = _x(4, 256, dtype)
+    weights, chosen = _routing(4, 16, 4, seed=13)
+    splits = (1, 2)  # fixed, so the two calls differ only by the atomics' order
+    out = moe_kernels.expert_mlp(x, weights, chosen, stack, splits=splits, out_dtype=dtype)
+    wide = moe_kernels.expert_mlp(x, weights, chosen, stack, splits=splits)
+    assert out.dtype == dtype and wide.dtype == torch.float32
+    # one rounding of the float32 sum: within a unit in the last place of dtype
+    torch.testing.assert_close(out.float(), wide.to(dtype).float(), rtol=torch.finfo(dtype).eps, atol=1e-3)
+    with pytest.raises(ValueError, match="out_dtype"):
+        moe_kernels.expert_mlp(x, weights, chosen, stack, out_dtype=torch.int32)
+
+
 def test_bad_arguments_are_refused() -> None:
     experts = _experts(8, 256, 256, "silu", seed=8)
     stack = _stacked(experts)
@@ -247,21 +302,23 @@ def test_bad_arguments_are_refused() -> None:
         moe_kernels.expert_mlp(_x(2, 128), weights, chosen, stack)
 
 
-def _moe_block(act: str, n: int = 16, top_k: int = 4) -> SparseMoE:
+def _moe_block(act: str, n: int = 16, top_k: int = 4, hidden: int = 256, **routing) -> SparseMoE:
     g = torch.Generator(device="cuda").manual_seed(9)
-    router = DenseLinear((torch.randn(n, 256, device="cuda", generator=g) / 16).half())  # x is fp16
-    return SparseMoE(router, _experts(n, 256, 320, act, seed=9), top_k, True)
+    router = DenseLinear((torch.randn(n, hidden, device="cuda", generator=g) / 16).half())  # x is fp16
+    return SparseMoE(router, _experts(n, hidden, 320, act, seed=9), top_k, True, **routing)
 
 
 class _Counting:
-    """Stands in for ``expert_mlp``: counts the calls, passes them on."""
+    """Stands in for a kernel entry (``expert_mlp``, ``route``): counts the calls, passes them on,
+    keeps the last result."""
 
     def __init__(self, fn) -> None:
-        self.fn, self.calls = fn, 0
+        self.fn, self.calls, self.last = fn, 0, None
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
-        return self.fn(*args, **kwargs)
+        self.last = self.fn(*args, **kwargs)
+        return self.last
 
 
 def _no_torch_path(*args):
@@ -289,12 +346,39 @@ def test_sparse_moe_takes_the_kernels_for_a_few_rows(act, monkeypatch) -> None:
     assert _rows_rel(block(x), _reference(block.experts, x, weights, chosen)) < TOL
 
 
-def test_sparse_moe_decode_step_captures_in_a_graph() -> None:
-    block = _moe_block("silu", n=32, top_k=8)
-    x = _x(3, 256)
-    block(x)
+@pytest.mark.parametrize("hidden", [256, 200], ids=["whole", "padded"])
+def test_sparse_moe_decode_step_captures_in_a_graph(hidden, monkeypatch) -> None:
+    """Router kernel and expert kernels replayed: the eager call's routing bit for bit (the router
+    has no atomics), the experts' mix up to the GEMV's atomics' order."""
+    block = _moe_block(
+        "silu", n=32, top_k=8, hidden=hidden, scoring="sigmoid", num_groups=4, groups_per_token=2, scale=2.0
+    )
+    routes = _Counting(moe_kernels.route)
+    monkeypatch.setattr(moe_kernels, "route", routes)
+    x = _x(3, hidden)
     graph, out = capture(lambda: block(x))
-    x.copy_(_x(3, 256, seed=11))  # new tokens: new routes, chosen on the device
-    graph.replay()
+    assert routes.calls == 2 and routes.last is not None  # the router kernel ran, and was captured
+    captured_w, captured_c = routes.last
+    for seed in (11, 12):
+        x.copy_(_x(3, hidden, seed=seed))  # new tokens: new routes, chosen on the device
+        graph.replay()
+        eager = block(x)
+        torch.cuda.synchronize()
+        eager_w, eager_c = routes.last
+        assert torch.equal(captured_c, eager_c) and torch.equal(captured_w, eager_w)
+        assert out.dtype == x.dtype and _rows_rel(out.float(), eager.float()) < 2e-3
+
+
+def test_sparse_moe_decode_is_five_launches() -> None:
+    """Without a shared expert: the router, gate/up, the activation, down, and the mix in x's dtype;
+    no routing op, upcast, padding or conversion between them."""
+    block = _moe_block("gpt_oss", hidden=200)  # 200 features: the GEMV zero-fills 56 of them
+    x = _x(1, 200)
+    block(x)  # first-call buffers and queries
     torch.cuda.synchronize()
-    assert _rows_rel(out.float(), block(x).float()) < 2e-3
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = block(x)
+        torch.cuda.synchronize()
+    launches = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(launches) == 5, launches
+    assert out.dtype == x.dtype
