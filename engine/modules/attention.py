@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.cache.decode_attention import paged_decode_attention
-from engine.modules.attention_sinks import softmax_with_sinks
+from engine.modules.attention_sinks import sdpa_with_sinks, softmax_with_sinks
 from engine.modules.batch import BatchLayout, SequenceSlice
 from engine.modules.linear import LinearSite, ProjectionGroup
 from engine.modules.rope import RotaryEmbedding
@@ -75,14 +75,19 @@ def attend(
     # A whole prompt from position 0 with no window is plain causal attention: SDPA's own causal
     # path is faster than an explicit mask.
     plain_causal = n == length and not bidirectional and (window is None or window >= length)
-    # SDPA has no sink term: with sinks (or a softcap) the scores are computed here, masked.
-    explicit = softcap is not None or sinks is not None
-    if n == 1 or (plain_causal and not explicit):
+    # SDPA has no softcap: with one the scores are computed here, masked. Sinks go through SDPA
+    # as one more key (sdpa_with_sinks), which needs the mask spelled out.
+    explicit = softcap is not None
+    if sinks is None and (n == 1 or (plain_causal and not explicit)):
         allowed = None
     else:
         allowed = visibility(q_positions, k_positions, window, bidirectional)
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-    if not explicit:
+    if sinks is not None and not explicit:
+        group = heads // kv_heads
+        kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
+        out = sdpa_with_sinks(qh, kh, vh, allowed, scale, sinks)
+    elif not explicit:
         out = F.scaled_dot_product_attention(
             qh[None],
             kh[None],

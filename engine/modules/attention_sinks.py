@@ -2,13 +2,16 @@
 logit that joins the softmax's denominator as if it were one more key, but with no value. A head
 can so put part of its attention "nowhere": its weights over the real keys sum to less than one.
 
-``softmax_with_sinks`` is the one definition every torch attention path uses (prefill, the CPU
-decode over cache runs, the paged decode reference), so they agree with each other exactly.
+``softmax_with_sinks`` is the definition the torch paths that compute scores themselves use (the
+CPU decode over cache runs, the paged decode reference, prompts with a softcap as well).
+``sdpa_with_sinks`` computes the same attention for a prompt through SDPA's fused kernels, which
+never hold the ``[heads, queries, keys]`` scores (4 GiB per layer for a 4K prompt of gpt-oss-20b).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -21,3 +24,42 @@ def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tenso
     weights = torch.exp(scores - top[..., None])
     denominator = weights.sum(dim=-1) + torch.exp(sinks - top)
     return weights / denominator[..., None]
+
+
+def sdpa_with_sinks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    scale: float,
+    sinks: torch.Tensor,
+) -> torch.Tensor:
+    """Attention with one sink logit per head through ``F.scaled_dot_product_attention``:
+    ``q`` ``[heads, n, d]``, ``k``/``v`` ``[heads, L, d]`` (one KV head per query head),
+    ``allowed`` ``[n, L]`` bool, ``sinks`` ``[heads]``; returns ``[heads, n, d]``.
+
+    The sink becomes a real key that every query sees, with a zero value: two extra feature
+    columns hold the head's sink logit (over ``scale``) on the query side, split into a high and
+    a low part of the query's dtype so that their sum, accumulated in float32 by the kernel, is
+    the logit to float32 precision, and ones on the sink key's side (zeros on the real keys').
+    Then ``q' . k_sink * scale`` is the sink logit, ``q' . k_j`` is ``q . k_j``, and the softmax's
+    denominator counts the sink as :func:`softmax_with_sinks` does. Widths are padded to a
+    multiple of 8 for the fused kernels."""
+    heads, n, d = q.shape
+    width = (d + 2 + 7) // 8 * 8
+    logit = sinks.float() / scale
+    high = logit.to(q.dtype)
+    low = (logit - high.float()).to(q.dtype)
+    q2 = q.new_zeros(heads, n, width)
+    q2[..., :d] = q
+    q2[..., d] = high[:, None]
+    q2[..., d + 1] = low[:, None]
+    k2 = k.new_zeros(heads, k.shape[1] + 1, width)
+    k2[:, :-1, :d] = k
+    k2[:, -1, d : d + 2] = 1
+    v2 = v.new_zeros(heads, v.shape[1] + 1, width)  # the sink's value row stays zero
+    v2[:, :-1, :d] = v
+    sees_sink = torch.ones(n, 1, dtype=torch.bool, device=allowed.device)
+    mask = torch.cat([allowed, sees_sink], dim=1)
+    out = F.scaled_dot_product_attention(q2[None], k2[None], v2[None], attn_mask=mask, scale=scale)[0]
+    return out[..., :d]

@@ -72,6 +72,37 @@ def test_attend_with_sinks_matches_the_definition(window, n, past) -> None:
     assert (got - without).abs().max() > 1e-2  # the sinks change the result
 
 
+def test_a_prompt_with_sinks_never_forms_the_score_matrix(monkeypatch) -> None:
+    """Prompts with sinks go through SDPA with the sink as one more key: the explicit softmax
+    (a [heads, n, L] float32 tensor, 4 GiB a layer for a 4K gpt-oss prompt) is not used."""
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the prompt path formed the scores")
+
+    monkeypatch.setattr("engine.modules.attention.softmax_with_sinks", refuse)
+    q, k, v, sinks = _qkv(9, 9, seed=3)
+    positions = torch.arange(9)
+    got = attend(q, k, v, positions, positions, D**-0.5, 4, sinks=sinks)
+    torch.testing.assert_close(got, _definition(q, k, v, positions, positions, D**-0.5, 4, sinks))
+
+
+def test_the_sink_logit_keeps_float32_precision_in_bfloat16() -> None:
+    """Zero queries see every key at logit 0, so with values of one the output is
+    ``L / (L + exp(sink))`` exactly. The sinks over the scale (34.2 and 38.3 here) fall between
+    bfloat16 steps of 0.25, 2.5% of a logit unit after scaling back; carried as a high and a low
+    bfloat16 part they still arrive to float32 precision, and the output is right to bfloat16's
+    own rounding."""
+    length, scale = 1000, 0.3
+    sinks = torch.tensor([10.25, 11.5])
+    q = torch.zeros(1, 2, 16, dtype=torch.bfloat16)
+    k = torch.randn(length, 2, 16).to(torch.bfloat16)
+    v = torch.ones(length, 2, 16, dtype=torch.bfloat16)
+    positions = torch.arange(length)
+    got = attend(q, k, v, positions[-1:], positions, scale, sinks=sinks)
+    exact = length / (length + torch.exp(sinks.double()))
+    torch.testing.assert_close(got[0, :, 0].double(), exact, rtol=2**-7, atol=0)
+
+
 def test_attend_one_over_cache_runs_applies_the_sinks() -> None:
     """The CPU decode step reads the cache as runs of consecutive slots; the softmax, sink
     included, spans all of them (query heads grouped per KV head)."""
