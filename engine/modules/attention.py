@@ -47,6 +47,13 @@ def visibility(
     return allowed
 
 
+# The most bytes of float32 scores ``[heads, queries, keys]`` a prompt's attention may form at once;
+# above it the queries go in blocks (:func:`_attend_in_blocks`). SDPA's fused kernels never form
+# them, but its math fallback does (head dims its flash kernel does not take, such as Gemma 4's
+# 512), and so does the softcap path: a 4K-token chunk over 32K keys with 32 heads is 16 GiB.
+SCORE_BLOCK_BYTES = 1 << 30
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -65,13 +72,21 @@ def attend(
     ``k_positions``. A query sees keys at or before its position and, with a window, fewer than
     ``window`` positions back. Queries and keys both inside one ``bidirectional`` span see each
     other whatever their order (the window still applies). ``sinks`` ``[heads]``: each head's
-    learned sink logit (:func:`softmax_with_sinks`). Returns ``[n, heads, d]``.
+    learned sink logit (:func:`softmax_with_sinks`). Returns ``[n, heads, d]``. Query positions
+    ascend, as a prompt's do.
     """
     heads, kv_heads = q.shape[1], k.shape[1]
+    n, length = q.shape[0], k.shape[0]
+    # Plain causal attention at a head size the flash kernels take never forms the scores.
+    flash_causal = n == length and not bidirectional and window is None and softcap is None and sinks is None
+    rows = max(1, SCORE_BLOCK_BYTES // (4 * heads * length))
+    if n > rows and not (flash_causal and q.shape[2] <= 256):
+        return _attend_in_blocks(
+            rows, q, k, v, q_positions, k_positions, scale, window, softcap, bidirectional, sinks
+        )
     # One query (a decode step) is handed exactly the keys it may see - the caller starts the
     # keys inside the window and nothing lies after the query - so it needs no mask at all, and
     # SDPA takes its fastest path.
-    n, length = q.shape[0], k.shape[0]
     # A whole prompt from position 0 with no window is plain causal attention: SDPA's own causal
     # path is faster than an explicit mask.
     plain_causal = n == length and not bidirectional and (window is None or window >= length)
@@ -111,6 +126,52 @@ def attend(
             weights = softmax_with_sinks(scores, sinks[:, None])
         out = torch.matmul(weights.to(vh.dtype), vh)
     return out.transpose(0, 1)
+
+
+def _attend_in_blocks(
+    rows: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    bidirectional: Sequence[tuple[int, int]],
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`attend` for ``rows`` queries at a time, each block over only the keys it can see:
+    none after its last query (unless a bidirectional span reaches further), none a window or more
+    before its first. Keys at consecutive positions (a cache's) are cut by index; others are all
+    handed to every block."""
+    length = k.shape[0]
+    first = int(k_positions[0])
+    consecutive = int(k_positions[-1]) - first == length - 1
+    out = []
+    for start in range(0, q.shape[0], rows):
+        at = q_positions[start : start + rows]
+        lo, hi = 0, length
+        if consecutive:
+            if window is not None:
+                lo = max(0, int(at[0]) - window + 1 - first)
+            if not bidirectional:
+                hi = min(length, int(at[-1]) + 1 - first)
+        out.append(
+            attend(
+                q[start : start + rows],
+                k[lo:hi],
+                v[lo:hi],
+                at,
+                k_positions[lo:hi],
+                scale,
+                window,
+                softcap,
+                bidirectional,
+                sinks,
+            )
+        )
+    return torch.cat(out)
 
 
 def attend_one(

@@ -286,8 +286,11 @@ def test_the_mix_written_in_the_activations_dtype(dtype) -> None:
     out = moe_kernels.expert_mlp(x, weights, chosen, stack, splits=splits, out_dtype=dtype)
     wide = moe_kernels.expert_mlp(x, weights, chosen, stack, splits=splits)
     assert out.dtype == dtype and wide.dtype == torch.float32
-    # one rounding of the float32 sum: within a unit in the last place of dtype
-    torch.testing.assert_close(out.float(), wide.to(dtype).float(), rtol=torch.finfo(dtype).eps, atol=1e-3)
+    # One rounding of the float32 sum: within a unit in the last place of dtype, plus the float32
+    # noise of the GEMVs' in-block reductions (shared-memory atomics, any order), which scales
+    # with the outputs' magnitude (about 1e3 here), not with a value that cancels to near zero.
+    noise = 1e-5 * wide.abs().max().item()
+    torch.testing.assert_close(out.float(), wide.to(dtype).float(), rtol=torch.finfo(dtype).eps, atol=noise)
     with pytest.raises(ValueError, match="out_dtype"):
         moe_kernels.expert_mlp(x, weights, chosen, stack, out_dtype=torch.int32)
 
