@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.cache_footprint import CacheFootprint, StateSize
+from engine.cache_footprint import KV, LATENT, NOTHING, STATE, CacheFootprint, StateSize
 
 Config = Mapping[str, Any]
 
@@ -33,7 +33,8 @@ def layer_type_footprint(
 ) -> CacheFootprint:
     """Layers of ``types``: those of a type in ``states`` keep that state, the others attend."""
     kv = tuple(kv_shape for t in types if t not in states)
-    return CacheFootprint(kv, tuple(states[t] for t in types if t in states))
+    layout = tuple(STATE if t in states else KV for t in types)
+    return CacheFootprint(kv, tuple(states[t] for t in types if t in states), layout=layout)
 
 
 def _gated_delta_net_hybrid(cfg: Config) -> CacheFootprint:
@@ -83,14 +84,16 @@ def _mamba2_hybrid(cfg: Config) -> CacheFootprint:
     window = int(cfg.get("conv_kernel") or cfg.get("mamba_d_conv") or 4) - 1
     numbers = (heads * head_dim + 2 * groups * state_size) * window + heads * head_dim * state_size
     kv = _kv_shape(cfg, ("head_dim", "attention_head_dim"))
-    return CacheFootprint((kv,) * pattern.count("*"), ((numbers, 4),) * pattern.count("M"))
+    layout = tuple({"M": STATE, "*": KV}.get(letter, NOTHING) for letter in pattern)
+    return CacheFootprint((kv,) * pattern.count("*"), ((numbers, 4),) * pattern.count("M"), layout=layout)
 
 
 def _latent_attention(cfg: Config) -> CacheFootprint:
     """DeepSeek-V3: every layer's multi-head latent attention keeps one row per position, its
     latent (``kv_lora_rank``) and the rotated key part its heads share (``qk_rope_head_dim``)."""
     width = int(cfg["kv_lora_rank"]) + int(cfg["qk_rope_head_dim"])
-    return CacheFootprint(latent_layers=(width,) * int(cfg["num_hidden_layers"]))
+    layers = int(cfg["num_hidden_layers"])
+    return CacheFootprint(latent_layers=(width,) * layers, layout=(LATENT,) * layers)
 
 
 def _gemma4(cfg: Config) -> CacheFootprint:
@@ -117,7 +120,8 @@ def _gemma4(cfg: Config) -> CacheFootprint:
 
     kept = n - int(cfg.get("num_kv_shared_layers") or 0)
     return CacheFootprint(
-        tuple((int(s["num_key_value_heads"]), int(s["head_dim"])) for s in map(shape, range(kept)))
+        tuple((int(s["num_key_value_heads"]), int(s["head_dim"])) for s in map(shape, range(kept))),
+        layout=(KV,) * kept + (NOTHING,) * (n - kept),
     )
 
 
@@ -126,12 +130,15 @@ def _deci(cfg: Config) -> CacheFootprint:
     (``num_attention_heads / n_heads_in_group``); a ``no_op`` attention keeps none. A torch-free
     mirror of ``engine.architectures.deci``."""
     heads, head_dim = int(cfg["num_attention_heads"]), _kv_shape(cfg)[1]
-    kv = []
+    kv, layout = [], []
     for block in cfg["block_configs"]:
         attention = block.get("attention") or {}
-        if not attention.get("no_op"):
+        if attention.get("no_op"):
+            layout.append(NOTHING)
+        else:
             kv.append((heads // int(attention.get("n_heads_in_group") or 1), head_dim))
-    return CacheFootprint(tuple(kv))
+            layout.append(KV)
+    return CacheFootprint(tuple(kv), layout=tuple(layout))
 
 
 # Families whose layers do not all keep keys and values of one shape (hybrids, latent attention),

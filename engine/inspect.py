@@ -17,6 +17,7 @@ from pathlib import Path
 from engine.cache_footprint import CacheFootprint
 from engine.cache_footprint import kv_bytes_per_token as kv_bytes_per_token  # the app's name for it
 from engine.config_footprint import config_footprint
+from engine.layer_weights import LayerTally, LayerWeights
 from engine.loading.int8 import SCALE_SUFFIX, is_int8_config
 from engine.loading.read_dequantized import dequantized_on_load
 from engine.safe_paths import UnsafePathError, safe_join
@@ -81,6 +82,9 @@ class ModelInfo:
     layer_weight_bytes: int = 0
     expert_weight_bytes: int = 0
     expert_parameter_count: int = 0
+    # Each decoder layer's weights (engine.layer_weights), in order; empty where the tensor names
+    # do not say the layers (a placement then gives each layer an equal share).
+    layer_weights: tuple[LayerWeights, ...] = ()
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -97,12 +101,32 @@ class ModelInfo:
 
         ``cache_bits`` are the key and value widths (16: unquantized, ``bytes_per_element`` each);
         quantized widths follow the engine's packed layout (:func:`kv_bytes_per_token`)."""
-        footprint = self.footprint
+        footprint = self._cache_footprint()
         if footprint is None:
-            if not (self.num_layers and self.num_kv_heads and self.head_dim):
-                return 0
-            footprint = CacheFootprint.uniform(self.num_layers, self.num_kv_heads, self.head_dim)
+            return 0
         return footprint.cache_bytes(context_length, cache_bits, bytes_per_element)
+
+    def layer_cache_bytes(
+        self, context_length: int, bytes_per_element: int = 2, cache_bits: tuple[int, int] = (16, 16)
+    ) -> tuple[int, ...] | None:
+        """Each decoder layer's part of :meth:`kv_cache_bytes` (they add up to it), in order; None
+        where the layer count is unknown or the footprint does not say which layer keeps what."""
+        if not self.num_layers:
+            return None
+        footprint = self._cache_footprint()
+        if footprint is None:
+            return (0,) * self.num_layers
+        parts = footprint.layer_cache_bytes(context_length, cache_bits, bytes_per_element)
+        return parts if parts is not None and len(parts) == self.num_layers else None
+
+    def _cache_footprint(self) -> CacheFootprint | None:
+        """The footprint config.json gives, else every layer attending with the config's shape
+        (None where it lacks them)."""
+        if self.footprint is not None:
+            return self.footprint
+        if not (self.num_layers and self.num_kv_heads and self.head_dim):
+            return None
+        return CacheFootprint.uniform(self.num_layers, self.num_kv_heads, self.head_dim)
 
     @property
     def is_exl3(self) -> bool:
@@ -247,6 +271,9 @@ def _apply_config(info: ModelInfo, config: dict) -> None:
     hidden = text.get("hidden_size")
     info.head_dim = text.get("head_dim") or (hidden // heads if hidden and heads else None)
     info.footprint = config_footprint(config)
+    if info.num_layers is None and info.footprint is not None and info.footprint.layout:
+        # a config that only lists its layers (Nemotron-H's layers_block_type in transformers 5)
+        info.num_layers = len(info.footprint.layout)
     if info.architecture is None:
         info.problems.append("config.json does not name an architecture ('architectures' is missing)")
     elif info.architecture not in SUPPORTED_ARCHITECTURES:
@@ -313,10 +340,28 @@ def _is_routed_expert(name: str) -> bool:
     return ".experts." in name
 
 
+def _parameters(name: str, entry: dict) -> int:
+    """The numbers tensor ``name`` holds of the model: an EXL3 trellis those of the matrix it
+    encodes, its side tensors and an int8 matrix's row scales none."""
+    shape = entry["shape"]
+    if _is_exl3_trellis(name, entry):
+        # A trellis of shape (in/16, out/16, 16K) encodes an in x out weight matrix.
+        return shape[0] * 16 * shape[1] * 16
+    if name.endswith((".suh", ".svh", ".su", ".sv", ".mcg", ".mul1")):
+        return 0  # EXL3 side tensors: scales and codebook flags, not parameters
+    if name.endswith("weight" + SCALE_SUFFIX) and entry.get("dtype") != "I8":
+        return 0  # an int8 matrix's row scales (engine.loading.int8), not parameters
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
 def _apply_headers(info: ModelInfo, files: list[Path]) -> None:
     params = 0
     weight_bytes = 0
     dtype_bytes: dict[str, int] = {}
+    tally = LayerTally(info.num_layers)
     for file in files:
         try:
             header = read_safetensors_header(file)
@@ -326,7 +371,6 @@ def _apply_headers(info: ModelInfo, files: list[Path]) -> None:
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
-            shape = entry["shape"]
             start, end = entry["data_offsets"]
             weight_bytes += end - start
             expert = _is_routed_expert(name)
@@ -334,25 +378,18 @@ def _apply_headers(info: ModelInfo, files: list[Path]) -> None:
                 info.layer_weight_bytes += end - start
             if expert:
                 info.expert_weight_bytes += end - start
-            if _is_exl3_trellis(name, entry):
-                # A trellis of shape (in/16, out/16, 16K) encodes an in x out weight matrix.
-                params += shape[0] * 16 * shape[1] * 16
-                if expert:
-                    info.expert_parameter_count += shape[0] * 16 * shape[1] * 16
-                continue
-            if name.endswith((".suh", ".svh", ".su", ".sv", ".mcg", ".mul1")):
-                continue  # EXL3 side tensors: scales and codebook flags, not parameters
-            if name.endswith("weight" + SCALE_SUFFIX) and entry.get("dtype") != "I8":
-                continue  # an int8 matrix's row scales (engine.loading.int8), not parameters
-            count = 1
-            for dim in shape:
-                count *= dim
+            count = _parameters(name, entry)
+            tally.add(name, end - start, count, expert)
             params += count
             if expert:
                 info.expert_parameter_count += count
-            dtype = entry.get("dtype", "?")
-            dtype_bytes[dtype] = dtype_bytes.get(dtype, 0) + (end - start)
+            if count and not _is_exl3_trellis(name, entry):
+                dtype = entry.get("dtype", "?")
+                dtype_bytes[dtype] = dtype_bytes.get(dtype, 0) + (end - start)
     info.parameter_count = params or None
+    info.layer_weights = tally.layers()
+    if info.layer_weights:  # the decoder's layers by name, not a vision tower's or MTP layers
+        info.layer_weight_bytes = sum(layer.stored_bytes for layer in info.layer_weights)
     info.weight_bytes = weight_bytes
     if info.quantization is None and dtype_bytes:
         info.quantization = max(dtype_bytes, key=dtype_bytes.__getitem__)

@@ -7,6 +7,13 @@ read of the files: no torch, cheap enough for a label.
 Parts that move to system memory take the form the engine gives them there: routed experts and
 layers of an EXL3 model are dequantized to 16 bits, anything else stays as stored. The estimate's
 overhead (activations, allocator slack) follows the part left on the GPU.
+
+A layer split counts each layer as it is: its weights as stored (``ModelInfo.layer_weights``:
+dense first layers before mixtures of experts, EXL3 layers of their own bit rates) and its part
+of the cache (``ModelInfo.layer_cache_bytes``: keys and values growing with the context, a
+recurrent layer's fixed state, nothing for a layer that reads another's keys). Where those are
+unknown (tensor names of an unknown layout, a config without shapes), each layer gets an equal
+share of the layers' weights or of the cache.
 """
 
 from __future__ import annotations
@@ -65,13 +72,47 @@ def memory_split(
         moved = info.expert_weight_bytes
         host = _host_form(info, moved, info.expert_parameter_count)
         return MemorySplit(total - int(moved * (1 + _OVERHEAD_RATIO)), host)
-    layers = info.num_layers or 0
+    parts = _layer_parts(info, context, cache_bits)
+    layers = len(parts.weights)
     n = layers if gpu_layers is None else max(0, min(int(gpu_layers), layers))
-    share = (layers - n) / layers if layers else 0.0
-    moved = int(info.layer_weight_bytes * share)
-    cache = int(info.kv_cache_bytes(context, 2, cache_bits) * share)
-    host = _host_form(info, moved) + cache
+    moved = int(sum(parts.weights[n:]))
+    cache = int(sum(parts.cache[n:]))
+    host = (sum(parts.host_weights[n:]) if parts.exact_weights else _host_form(info, moved)) + cache
     return MemorySplit(total - int((moved + cache) * (1 + _OVERHEAD_RATIO)), host)
+
+
+@dataclass(frozen=True)
+class _LayerParts:
+    """Each decoder layer's weights as stored, in their system-memory form, and its cache;
+    ``exact_weights`` False where the weights are equal shares."""
+
+    weights: tuple[float, ...]
+    host_weights: tuple[int, ...]
+    cache: tuple[float, ...]
+    exact_weights: bool
+
+
+def _layer_parts(info: ModelInfo, context: int, cache_bits: tuple[int, int]) -> _LayerParts:
+    """``info``'s layers one by one for ``context`` tokens of cache at ``cache_bits``: as the
+    files and config.json say them, else equal shares."""
+    layers = info.num_layers or 0
+    if not layers:
+        return _LayerParts((), (), (), False)
+    stored = info.layer_weights
+    exact = len(stored) == layers
+    if exact:
+        weights: tuple[float, ...] = tuple(layer.stored_bytes for layer in stored)
+        host = tuple(
+            _host_form(info, layer.stored_bytes, layer.parameters if info.is_exl3 else None)
+            for layer in stored
+        )
+    else:
+        weights = (info.layer_weight_bytes / layers,) * layers
+        host = (_host_form(info, int(weights[0])),) * layers
+    cache: tuple[float, ...] | None = info.layer_cache_bytes(context, 2, cache_bits)
+    if cache is None:
+        cache = (info.kv_cache_bytes(context, 2, cache_bits) / layers,) * layers
+    return _LayerParts(weights, host, cache, exact)
 
 
 @dataclass(frozen=True)
@@ -88,17 +129,13 @@ class LayerBytes:
 
 def layer_bytes(info: ModelInfo, context: int, cache_bits: tuple[int, int] = (16, 16)) -> LayerBytes:
     """``info``'s model cut into a layer split's pieces, for ``context`` tokens of cache at
-    ``cache_bits`` (each layer an equal share of the layers' weights and cache): a layer on a GPU
-    as stored (EXL3 stays packed there), on the CPU in its system-memory form."""
+    ``cache_bits``, each layer with its own weights and cache (equal shares where unknown): a
+    layer on a GPU as stored (EXL3 stays packed there), on the CPU in its system-memory form."""
     total = info.memory_needed(context, "cuda", cache_bits)
-    layers = info.num_layers or 0
-    if not layers:
-        return LayerBytes(total, (), ())
-    weights = info.layer_weight_bytes / layers
-    cache = info.kv_cache_bytes(context, 2, cache_bits) / layers
-    on_gpu = int((weights + cache) * (1 + _OVERHEAD_RATIO))
-    on_host = _host_form(info, int(weights)) + int(cache)
-    return LayerBytes(total - layers * on_gpu, (on_gpu,) * layers, (on_host,) * layers)
+    parts = _layer_parts(info, context, cache_bits)
+    on_gpu = tuple(int((w + c) * (1 + _OVERHEAD_RATIO)) for w, c in zip(parts.weights, parts.cache))
+    on_host = tuple(h + int(c) for h, c in zip(parts.host_weights, parts.cache))
+    return LayerBytes(total - sum(on_gpu), on_gpu, on_host)
 
 
 def layers_that_fit(info: ModelInfo, context: int, cache_bits: tuple[int, int], gpu_bytes: int) -> int:

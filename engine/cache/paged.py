@@ -29,7 +29,16 @@ from engine.cache.quantized import SUPPORTED_BITS, DenseStore, QuantizedStore, b
 from engine.cache.recurrent import RecurrentStateLayer, StateSlots
 from engine.cache.snapshots import SnapshotPool
 from engine.cache.state import KVPages, LatentPages, RecurrentState, SequenceState, SharedPages
-from engine.cache_footprint import DEFAULT_MAX_SEQUENCES, CacheFootprint, latent_bits, snapshot_capacity
+from engine.cache_footprint import (
+    DEFAULT_MAX_SEQUENCES,
+    KV,
+    LATENT,
+    NOTHING,
+    STATE,
+    CacheFootprint,
+    latent_bits,
+    snapshot_capacity,
+)
 
 
 class KVCacheLayer:
@@ -141,7 +150,18 @@ def footprint_of(states: Sequence[SequenceState | None]) -> CacheFootprint:
         if isinstance(s, RecurrentState)
     )
     latent = tuple(s.width for s in states if isinstance(s, LatentPages))
-    return CacheFootprint(kv, recurrent, latent)
+    return CacheFootprint(kv, recurrent, latent, tuple(map(_kept, states)))
+
+
+def _kept(state: SequenceState | None) -> str:
+    """What a layer keeping ``state`` holds of its own (a reader of shared pages: nothing)."""
+    if isinstance(state, KVPages):
+        return KV
+    if isinstance(state, LatentPages):
+        return LATENT
+    if isinstance(state, RecurrentState):
+        return STATE
+    return NOTHING
 
 
 def cache_footprint(spec) -> CacheFootprint:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.cache_footprint import snapshot_capacity
+from engine.cache_footprint import CacheFootprint, snapshot_capacity
 from engine.inspect import CACHE_BITS_CHOICES, ModelInfo, inspect_model, kv_bytes_per_token
 
 
@@ -79,6 +79,35 @@ def test_a_hybrid_counts_kv_for_its_attention_layers_and_state_per_sequence(tmp_
     # Quantized widths shrink only the keys and values: 16 numbers -> 8 bytes of codes + a scale.
     assert info.kv_cache_bytes(4096, 2, (4, 4)) == 4096 * 2 * 2 * (8 + 2) + (16 + 1 + 32) * state
     assert info.memory_needed(4096, "cuda") > info.memory_needed(1024, "cuda")
+
+
+def test_each_layer_keeps_its_own_part_of_the_cache(tmp_path) -> None:
+    """What a layer split puts beside each layer: the convolutions' fixed state (its copies in the
+    slots and the snapshot pool), the attention layer's keys and values for the context."""
+    info = _inspect(tmp_path, LFM2)
+    state = 64 * 2 * 2  # one convolution's last 2 inputs of 64, fp16
+    attention = 2 * 2 * 16 * 2
+    assert info.layer_cache_bytes(4096) == (49 * state,) * 3 + (4096 * attention,)
+    assert sum(info.layer_cache_bytes(128, 2, (4, 4))) == info.kv_cache_bytes(128, 2, (4, 4))
+    plain = ModelInfo(path=None, name="m", num_layers=4, num_kv_heads=2, head_dim=16)
+    assert plain.layer_cache_bytes(100) == (100 * attention,) * 4
+    assert ModelInfo(path=None, name="m", num_layers=2).layer_cache_bytes(100) == (0, 0)  # no shapes
+
+
+def test_a_layer_that_keeps_nothing_has_no_cache_and_the_order_must_fit() -> None:
+    """Nemotron-H's feed-forward-only layers and Gemma 4's readers of shared keys keep nothing."""
+    footprint = CacheFootprint(((2, 16),), ((10, 4),), layout=("state", "nothing", "kv"))
+    parts = footprint.layer_cache_bytes(64, max_sequences=1)
+    assert (
+        parts[1] == 0
+        and parts[2] == 64 * 2 * 2 * 16 * 2
+        and sum(parts) == footprint.cache_bytes(64, max_sequences=1)
+    )
+    assert CacheFootprint(((2, 16),)).layer_cache_bytes(64) is None  # the order is unknown
+    with pytest.raises(ValueError, match="1 kv layers for 2 shapes"):
+        CacheFootprint(((2, 16), (2, 16)), layout=("kv", "nothing"))
+    with pytest.raises(ValueError, match="unknown layer kinds in the layout: conv"):
+        CacheFootprint(((2, 16),), layout=("kv", "conv"))
 
 
 def test_the_snapshot_pool_never_outweighs_the_kv_pages() -> None:

@@ -6,11 +6,13 @@ gives the single-device logits."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 import torch
 from model_infos import model_info
 from parallel_cases import assert_logits_close, step_logits
+from sparse_models import uneven_moe
 
 from engine.errors import UsageError
 from engine.inspect import ModelInfo, inspect_model
@@ -91,6 +93,26 @@ def test_the_plan_follows_the_estimate_and_leaves_out_empty_parts() -> None:
     gpus = [("cuda:0", pieces.front + 6 * pieces.layers[0] + GPU_MARGIN_BYTES + 1)]
     assert plan_split(long, None, (16, 16), gpus).counts == (6, 4)
     assert plan_split(long, long.context_length, (16, 16), gpus).counts[0] < 6
+
+
+def test_the_cut_follows_each_layers_own_size(tmp_path) -> None:
+    """A dense first layer before mixtures of experts (DeepSeek-V3, GLM-4.5): the first GPU has
+    room for the small layer and one big one, the second for one more, the last goes to the CPU;
+    equal shares of the layers would have cut after the first layer."""
+    info = inspect_model(uneven_moe(tmp_path))
+    pieces = layer_bytes(info, 4096)
+    small, big = pieces.layers[0], pieces.layers[1]
+    assert small * 5 < big and pieces.layers[1:] == (big, big, big)
+    slack = small  # room left over on each card, less than a big layer
+    gpus = [
+        ("cuda:0", pieces.front + small + big + slack + GPU_MARGIN_BYTES),
+        ("cuda:1", big + slack + GPU_MARGIN_BYTES),
+    ]
+    plan = plan_split(info, 4096, (16, 16), gpus, 64 * GIB)
+    assert plan.devices == ("cuda:0", "cuda:1", "cpu") and plan.counts == (2, 1, 1)
+    assert plan.describe().startswith("layers 0-1 on cuda:0")
+    equal = plan_split(replace(info, layer_weights=()), 4096, (16, 16), gpus, 64 * GIB)
+    assert equal.counts == (1, 1, 2)
 
 
 def test_a_split_exl3_model_counts_gpu_layers_as_stored_and_cpu_layers_dense() -> None:

@@ -51,3 +51,19 @@ def big_dense(models: Path) -> Path:
     tensors = {"model.embed_tokens.weight": 200 * MIB}
     tensors |= {f"model.layers.{i}.mlp.up_proj.weight": GIB for i in range(4)}
     return sparse_model(models / "big-dense", tensors, "LlamaForCausalLM", "llama")
+
+
+def uneven_moe(models: Path) -> Path:
+    """A Qwen3-MoE of 4 layers laid out as DeepSeek-V3 and GLM-4.5 are: a dense first layer
+    (100 MiB of attention, a 300 MiB MLP), then three of 100 MiB of attention and 3 GiB of
+    experts; beside them a vision tower's layer and an MTP layer kept after the main ones, which
+    belong to no decoder layer."""
+    tensors = {"model.embed_tokens.weight": 200 * MIB, "lm_head.weight": 200 * MIB}
+    tensors["model.vision_tower.encoder.layers.0.mlp.fc1.weight"] = 50 * MIB
+    tensors["model.layers.4.mlp.experts.gate_up_proj"] = GIB  # MTP: after num_hidden_layers
+    for i in range(4):
+        tensors[f"model.layers.{i}.self_attn.q_proj.weight"] = 100 * MIB
+    tensors["model.layers.0.mlp.up_proj.weight"] = 300 * MIB
+    for i in range(1, 4):
+        tensors[f"model.layers.{i}.mlp.experts.gate_up_proj"] = 3 * GIB
+    return sparse_model(models / "uneven-moe", tensors, "Qwen3MoeForCausalLM", "qwen3_moe")
