@@ -11,6 +11,7 @@ sampling rows are passed in.
   chained launches;
 - :mod:`~engine.kernels.gemv`: EXL3 linears (the GEMVs, the whole-weight prefill kernel);
 - :mod:`~engine.kernels.moe`: a mixture's router and routed EXL3 experts for a few tokens, on the device;
+- :mod:`~engine.kernels.moe_grouped`: stacked EXL3 experts decoded whole for grouped prefill GEMMs;
 - :mod:`~engine.kernels.tuning`: the GEMVs' split counts, timed per launch shape and per step;
 - :mod:`~engine.kernels.attention`: paged decode attention and the KV cache's writes and reads;
 - :mod:`~engine.kernels.fused`: norms, RoPE, the gated activation;
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.kernels import attention, fused, gemv, loader, moe, sampling, tuning, viterbi
+from engine.kernels import attention, fused, gemv, loader, moe, moe_grouped, sampling, tuning, viterbi
 from engine.kernels.loader import chained_launches, chained_launches_supported, extension, status
 
 __all__ = [
@@ -37,6 +38,7 @@ __all__ = [
     "gemv",
     "loader",
     "moe",
+    "moe_grouped",
     "reset",
     "sampling",
     "status",
@@ -51,14 +53,17 @@ def configure(
     prebuilt_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
     gemv_tuning: bool = True,
+    moe_grouped_prefill: bool = False,
 ) -> None:
     """The process's kernel settings (``EngineOptions.configure_kernels`` passes its fields):
     whether to use the extension at all, a prebuilt module's folder, the folder of JIT builds,
-    and whether the GEMVs' split counts are timed. A changed extension setting forgets the
-    loaded module, so the next call follows the new one."""
+    whether the GEMVs' split counts are timed, and whether stacked experts' prefill chunks run as
+    grouped GEMMs. A changed extension setting forgets the loaded module, so the next call
+    follows the new one."""
     if loader.configure(use_extension, prebuilt_dir, cache_dir):
         reset()
     tuning.enable(gemv_tuning)
+    moe_grouped.enable(moe_grouped_prefill)
 
 
 def reset() -> None:

@@ -56,18 +56,32 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x)
-        if self.limit is not None:  # the fused kernel does not clamp
-            return self.down(self._clamped(gate, up))
-        if gate.is_cuda:  # act and product in one launch (ext/fused_ops.cu)
-            fused = kernels.fused.act_mul(gate, up, self.activation)
-            if fused is not None:
-                return self.down(fused)
-        return self.down(self.act(gate) * up)
+        return self.down(
+            gated_product(gate, up, self.activation, self.limit, self.limit_after_act, self.up_offset)
+        )
 
-    def _clamped(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        up = up.clamp(-self.limit, self.limit)
-        if self.up_offset:
-            up = up + self.up_offset
-        if self.limit_after_act:
-            return self.act(gate).clamp(max=self.limit) * up
-        return self.act(gate.clamp(max=self.limit)) * up
+
+def gated_product(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    activation: str,
+    limit: float | None = None,
+    limit_after_act: bool = True,
+    up_offset: float = 0.0,
+) -> torch.Tensor:
+    """``act(gate) * up``, clamped as :class:`GatedMLP` describes where ``limit`` is set: what a
+    gated MLP computes between its projections (also the grouped experts',
+    ``engine.modules.grouped_experts``)."""
+    act = ACTIVATIONS[activation]
+    if limit is not None:  # the fused kernel does not clamp
+        up = up.clamp(-limit, limit)
+        if up_offset:
+            up = up + up_offset
+        if limit_after_act:
+            return act(gate).clamp(max=limit) * up
+        return act(gate.clamp(max=limit)) * up
+    if gate.is_cuda:  # act and product in one launch (ext/fused_ops.cu)
+        fused = kernels.fused.act_mul(gate, up, activation)
+        if fused is not None:
+            return fused
+    return act(gate) * up

@@ -20,6 +20,9 @@ that read the chosen experts' indices on the device (``engine.kernels.moe.expert
 experts' weights stacked per projection kind (``engine.modules.stacked_experts``). So such a
 layer's decode step can be replayed from a CUDA graph, and without a shared expert it is five
 launches: the router, gate/up, the activation, down, and the mix written in the activations' dtype.
+Long prefill chunks of such stacked experts may instead run as one grouped GEMM per projection
+kind (``engine.modules.grouped_experts``), an A/B switch off by default
+(``EngineOptions.moe_grouped_prefill``).
 With ``--experts-on cpu`` the routed experts live in host memory and :meth:`SparseMoE._dispatch`
 runs there (``engine.modules.host_experts``).
 """
@@ -32,7 +35,7 @@ import torch
 from torch import nn
 
 from engine import kernels
-from engine.modules import host_experts
+from engine.modules import grouped_experts, host_experts
 from engine.modules.linear import DenseLinear, LinearSite
 from engine.modules.stacked_experts import stack_experts
 
@@ -209,12 +212,16 @@ class SparseMoE(nn.Module):
         self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
         """The routed experts' mix: the device-routed kernels where they apply (a few rows of
-        stacked EXL3 experts on the GPU; summed in float32, stored as ``dtype``), else
-        :meth:`_dispatch` in float32, on the host for experts kept there (one copy each way)."""
+        stacked EXL3 experts on the GPU; summed in float32, stored as ``dtype``), or for a
+        prefill chunk of them grouped GEMMs where ``EngineOptions.moe_grouped_prefill`` is on
+        (``engine.modules.grouped_experts``, float32), else :meth:`_dispatch` in float32, on the
+        host for experts kept there (one copy each way)."""
         if self.experts_host is not None:
             return host_experts.mix_on_host(self._dispatch, x, weights, chosen, self.experts_host)
         if x.is_cuda and self.stacked is not None:
             out = kernels.moe.expert_mlp(x, weights, chosen, self.stacked, out_dtype=dtype)
+            if out is None:  # a prefill chunk: grouped GEMMs where switched on
+                out = grouped_experts.grouped_prefill(x, weights, chosen, self.stacked)
             if out is not None:
                 return out
         return self._dispatch(x, weights, chosen)
