@@ -91,11 +91,15 @@ constexpr int kWeightSmem =
 //  - accumulator c[n][0..3] of an n8 tile n: (i, o) = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1),
 //    o offset by 8n.
 // 3 blocks per SM (<= 80 registers, with the shared memory carveout at its maximum).
-template <int K, int CB, typename T>
+// Grid (out / 128, in / 128, matrices). kStack: a stack of same-shaped matrices (a mixture's
+// experts, trellis [E, in/16, out/16, 16K], suh [E, in], svh [E, out]) decodes in one launch,
+// matrix z into w + z * w_matrix. Its own instantiation: the offsets cost the one-matrix kernel
+// registers it has none to spare for (spills at 80).
+template <int K, int CB, typename T, bool kStack>
 __global__ void __launch_bounds__(256, 3) weight_kernel(const uint32_t* __restrict__ trellis,
                                                         const __half* __restrict__ suh,
                                                         const __half* __restrict__ svh, T* __restrict__ w,
-                                                        int out, long long ld, int col0) {
+                                                        int out, long long ld, int col0, long long w_matrix) {
   extern __shared__ float4 x4[];  // exchange buffer, then the staged piece (kWeightSmem<T> bytes)
   constexpr int TW = TileGeom<K>::kWords;
   constexpr int NR = TileGeom<K>::kRaw;
@@ -103,6 +107,12 @@ __global__ void __launch_bounds__(256, 3) weight_kernel(const uint32_t* __restri
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int tiles_out = out >> 4;
+  if constexpr (kStack) {
+    trellis += (size_t)blockIdx.z * gridDim.y * 8 * tiles_out * TW;
+    suh += (size_t)blockIdx.z * gridDim.y * 128;
+    svh += (size_t)blockIdx.z * out;
+    w += blockIdx.z * w_matrix;
+  }
   const LanePlan<K> plan(lane);
   // H_16 as an A fragment; by symmetry its B fragments are (h[0], h[2]) and (h[1], h[3]).
   const uint32_t h[4] = {h16_pair(g, 2 * t), h16_pair(g + 8, 2 * t), h16_pair(g, 2 * t + 8),
@@ -196,16 +206,18 @@ __global__ void __launch_bounds__(256, 3) weight_kernel(const uint32_t* __restri
   }
 }
 
-template <int CB, typename T>
+template <int CB, typename T, bool kStack>
 void launch_weight_cb(const uint32_t* t, const __half* suh, const __half* svh, T* w, int in, int out, int K,
-                      long long ld, int col0, cudaStream_t stream) {
-  const dim3 grid(out / 128, in / 128);
+                      long long ld, int col0, int matrices, long long w_matrix, cudaStream_t stream) {
+  const dim3 grid(out / 128, in / 128, matrices);
   switch (K) {
 #define TRELLIS_CASE(k)                                                                                     \
   case k:                                                                                                   \
-    cudaFuncSetAttribute(weight_kernel<k, CB, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kWeightSmem<T>); \
-    cudaFuncSetAttribute(weight_kernel<k, CB, T>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);        \
-    weight_kernel<k, CB, T><<<grid, 256, kWeightSmem<T>, stream>>>(t, suh, svh, w, out, ld, col0);             \
+    cudaFuncSetAttribute(weight_kernel<k, CB, T, kStack>, cudaFuncAttributeMaxDynamicSharedMemorySize,       \
+                         kWeightSmem<T>);                                                                   \
+    cudaFuncSetAttribute(weight_kernel<k, CB, T, kStack>, cudaFuncAttributePreferredSharedMemoryCarveout, 100); \
+    weight_kernel<k, CB, T, kStack><<<grid, 256, kWeightSmem<T>, stream>>>(t, suh, svh, w, out, ld, col0,     \
+                                                                          w_matrix);                       \
     break;
     TRELLIS_CASE(1) TRELLIS_CASE(2) TRELLIS_CASE(3) TRELLIS_CASE(4)
     TRELLIS_CASE(5) TRELLIS_CASE(6) TRELLIS_CASE(7) TRELLIS_CASE(8)
@@ -214,39 +226,55 @@ void launch_weight_cb(const uint32_t* t, const __half* suh, const __half* svh, T
   }
 }
 
-template <typename T>
+template <typename T, bool kStack = false>
 void launch_weight(const uint32_t* t, const __half* suh, const __half* svh, T* w, int in, int out, int K,
-                   int codebook, long long ld, int col0, cudaStream_t stream) {
-  if (codebook == CB_3INST) launch_weight_cb<CB_3INST, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
-  else if (codebook == CB_MCG) launch_weight_cb<CB_MCG, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
-  else launch_weight_cb<CB_MUL1, T>(t, suh, svh, w, in, out, K, ld, col0, stream);
+                   int codebook, long long ld, int col0, int matrices, long long w_matrix, cudaStream_t stream) {
+  if (codebook == CB_3INST)
+    launch_weight_cb<CB_3INST, T, kStack>(t, suh, svh, w, in, out, K, ld, col0, matrices, w_matrix, stream);
+  else if (codebook == CB_MCG)
+    launch_weight_cb<CB_MCG, T, kStack>(t, suh, svh, w, in, out, K, ld, col0, matrices, w_matrix, stream);
+  else
+    launch_weight_cb<CB_MUL1, T, kStack>(t, suh, svh, w, in, out, K, ld, col0, matrices, w_matrix, stream);
+}
+
+// The checks both bindings share: trellis (matrices, in/16, out/16, 16K), suh/svh one row per
+// matrix, w (matrices, in, >= col0 + out) with 16-byte aligned pitches. Returns K.
+int check_weight_args(const at::Tensor& trellis, const at::Tensor& suh, const at::Tensor& svh, int64_t codebook,
+                      const at::Tensor& w, int64_t col0) {
+  TORCH_CHECK(trellis.is_cuda() && trellis.dim() == 4 && trellis.scalar_type() == at::kShort &&
+                  trellis.is_contiguous() && trellis.size(0) >= 1 && trellis.size(0) <= 65535,
+              "trellis must be a contiguous int16 CUDA tensor ([1..65535 matrices,] in/16, out/16, 16K)");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(trellis.data_ptr()) % 16 == 0, "trellis must be 16-byte aligned");
+  const int64_t words = trellis.size(3);
+  TORCH_CHECK(words % 16 == 0 && words / 16 >= 1 && words / 16 <= 8, "trellis last dim must be 16*K, K in 1..8");
+  TORCH_CHECK(trellis.size(1) % 8 == 0 && trellis.size(2) % 8 == 0, "in and out must be multiples of 128");
+  TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
+  const int64_t matrices = trellis.size(0), in = trellis.size(1) * 16, out = trellis.size(2) * 16;
+  for (const auto* v : {&suh, &svh}) {
+    TORCH_CHECK(v->is_cuda() && v->scalar_type() == at::kHalf && v->is_contiguous() && v->dim() == 2 &&
+                    v->size(0) == matrices,
+                "suh/svh must be contiguous fp16 CUDA vectors, one per matrix");
+  }
+  TORCH_CHECK(suh.size(1) == in && svh.size(1) == out, "suh must have ", in, " and svh ", out, " entries");
+  TORCH_CHECK(w.is_cuda() && w.dim() == 3 && w.size(0) == matrices && w.stride(2) == 1 && w.size(1) == in,
+              "w must be ([", matrices, ",] ", in, ", n) with unit column stride");
+  TORCH_CHECK(col0 >= 0 && col0 + out <= w.size(2), "columns [", col0, ", ", col0 + out, ") do not fit in w");
+  // The kernel stores 16-byte vectors: w's start, pitches and col0 must keep them aligned.
+  const int64_t vec = 16 / w.element_size();
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0 && w.stride(1) % vec == 0 &&
+                  (matrices == 1 || w.stride(0) % vec == 0) && col0 % vec == 0,
+              "w must be 16-byte aligned, with row pitch and col0 multiples of 16 bytes");
+  return static_cast<int>(words / 16);
 }
 
 // Writes W (in, out) of one EXL3 linear into columns [col0, col0 + out) of `w` (in, >= col0 + out).
 void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at::Tensor& svh, int64_t codebook,
                       at::Tensor& w, int64_t col0) {
-  TORCH_CHECK(trellis.is_cuda() && trellis.dim() == 3 && trellis.scalar_type() == at::kShort &&
-                  trellis.is_contiguous(),
-              "trellis must be a contiguous int16 CUDA tensor (in/16, out/16, 16K)");
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(trellis.data_ptr()) % 16 == 0, "trellis must be 16-byte aligned");
-  const int64_t words = trellis.size(2);
-  TORCH_CHECK(words % 16 == 0 && words / 16 >= 1 && words / 16 <= 8, "trellis last dim must be 16*K, K in 1..8");
-  TORCH_CHECK(trellis.size(0) % 8 == 0 && trellis.size(1) % 8 == 0, "in and out must be multiples of 128");
-  TORCH_CHECK(codebook >= 0 && codebook <= 2, "codebook must be 0 (3inst), 1 (mcg) or 2 (mul1)");
-  const int K = static_cast<int>(words / 16);
+  TORCH_CHECK(trellis.dim() == 3 && suh.dim() == 1 && svh.dim() == 1 && w.dim() == 2,
+              "trellis must be (in/16, out/16, 16K), suh and svh vectors, w (in, n)");
+  const int K = check_weight_args(trellis.unsqueeze(0), suh.unsqueeze(0), svh.unsqueeze(0), codebook,
+                                  w.unsqueeze(0), col0);
   const int in = static_cast<int>(trellis.size(0) * 16), out = static_cast<int>(trellis.size(1) * 16);
-  for (const auto* v : {&suh, &svh}) {
-    TORCH_CHECK(v->is_cuda() && v->scalar_type() == at::kHalf && v->is_contiguous() && v->dim() == 1,
-                "suh/svh must be contiguous fp16 CUDA vectors");
-  }
-  TORCH_CHECK(suh.size(0) == in && svh.size(0) == out, "suh must have ", in, " and svh ", out, " entries");
-  TORCH_CHECK(w.is_cuda() && w.dim() == 2 && w.stride(1) == 1 && w.size(0) == in, "w must be (", in,
-              ", n) with unit column stride");
-  TORCH_CHECK(col0 >= 0 && col0 + out <= w.size(1), "columns [", col0, ", ", col0 + out, ") do not fit in w");
-  // The kernel stores 16-byte vectors: w's start, row pitch and col0 must keep them aligned.
-  const int64_t vec = 16 / w.element_size();
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0 && w.stride(0) % vec == 0 && col0 % vec == 0,
-              "w must be 16-byte aligned, with row pitch and col0 multiples of 16 bytes");
   const c10::cuda::CUDAGuard guard(trellis.device());
   const auto stream = c10::cuda::getCurrentCUDAStream().stream();
   const auto* t = reinterpret_cast<const uint32_t*>(trellis.data_ptr());
@@ -256,17 +284,35 @@ void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at
   const int cb = static_cast<int>(codebook), c0 = static_cast<int>(col0);
   switch (w.scalar_type()) {
     case at::kHalf:
-      launch_weight(t, su, sv, reinterpret_cast<__half*>(w.data_ptr()), in, out, K, cb, ld, c0, stream);
+      launch_weight(t, su, sv, reinterpret_cast<__half*>(w.data_ptr()), in, out, K, cb, ld, c0, 1, 0, stream);
       break;
     case at::kBFloat16:
-      launch_weight(t, su, sv, reinterpret_cast<__nv_bfloat16*>(w.data_ptr()), in, out, K, cb, ld, c0, stream);
+      launch_weight(t, su, sv, reinterpret_cast<__nv_bfloat16*>(w.data_ptr()), in, out, K, cb, ld, c0, 1, 0,
+                    stream);
       break;
     case at::kFloat:
-      launch_weight(t, su, sv, w.data_ptr<float>(), in, out, K, cb, ld, c0, stream);
+      launch_weight(t, su, sv, w.data_ptr<float>(), in, out, K, cb, ld, c0, 1, 0, stream);
       break;
     default:
       TORCH_CHECK(false, "w must be fp16, bf16 or fp32");
   }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Writes W (in, out) of each of a stack of same-shaped EXL3 linears (a mixture's experts: trellis
+// [E, in/16, out/16, 16K], suh [E, in], svh [E, out]) into columns [col0, col0 + out) of its
+// matrix of `w` (E, in, >= col0 + out), bf16 (the grouped GEMM's dtype), in one launch.
+void exl3_weight_stack_into(const at::Tensor& trellis, const at::Tensor& suh, const at::Tensor& svh,
+                            int64_t codebook, at::Tensor& w, int64_t col0) {
+  const int K = check_weight_args(trellis, suh, svh, codebook, w, col0);
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16, "a stack decodes to bf16 weights");
+  const int in = static_cast<int>(trellis.size(1) * 16), out = static_cast<int>(trellis.size(2) * 16);
+  const c10::cuda::CUDAGuard guard(trellis.device());
+  launch_weight<__nv_bfloat16, true>(
+      reinterpret_cast<const uint32_t*>(trellis.data_ptr()), reinterpret_cast<const __half*>(suh.data_ptr()),
+      reinterpret_cast<const __half*>(svh.data_ptr()), reinterpret_cast<__nv_bfloat16*>(w.data_ptr()), in, out, K,
+      static_cast<int>(codebook), w.stride(1), static_cast<int>(col0), static_cast<int>(trellis.size(0)),
+      w.stride(0), c10::cuda::getCurrentCUDAStream().stream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -275,6 +321,10 @@ void exl3_weight_into(const at::Tensor& trellis, const at::Tensor& suh, const at
 void bind_exl3_weight(pybind11::module_& m) {
   m.def("exl3_weight_into", &exl3_weight_into,
         "write W = diag(suh) H Q H diag(svh) (in, out) into columns [col0, col0 + out) of w",
+        py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook"), py::arg("w"), py::arg("col0") = 0);
+  m.def("exl3_weight_stack_into", &exl3_weight_stack_into,
+        "write each W of a stack of same-shaped EXL3 linears into columns [col0, col0 + out) of its matrix of w "
+        "(E, in, n), in one launch",
         py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("codebook"), py::arg("w"), py::arg("col0") = 0);
 }
 

@@ -2,9 +2,10 @@
 prefill GEMMs (``engine.modules.grouped_experts``); and the process's switch for that path.
 
 :func:`decode_experts` writes ``W`` ``(padded_in, padded_out)`` of each expert of a range into
-its slice of one ``[experts, padded_in, columns]`` buffer with ``ext.exl3_weight_into`` (one
-launch per expert and projection: decode, both Hadamards and the scales, so the buffer holds the
-true weights), several projection kinds of one input side by side (gate then up), as
+its slice of one ``[experts, padded_in, columns]`` buffer (decode, both Hadamards and the scales,
+so the buffer holds the true weights): in bf16 one launch per projection kind for the whole range
+(``ext.exl3_weight_stack_into``), in other dtypes one per expert and kind
+(``ext.exl3_weight_into``); several projection kinds of one input side by side (gate then up), as
 ``engine.kernels.gemv.exl3_weight`` lays out a dense prefill's projections.
 
 The grouped path is an A/B switch (``EngineOptions.moe_grouped_prefill``, applied by
@@ -55,6 +56,14 @@ def decode_experts(stacks: Sequence[Any], first: int, last: int, dtype: torch.dt
         return None
     columns = sum(s.padded_out for s in stacks)
     w = torch.empty(last - first, head.padded_in, columns, dtype=dtype, device=head.trellis.device)
+    if dtype == torch.bfloat16 and hasattr(ext, "exl3_weight_stack_into"):
+        col = 0
+        for s in stacks:
+            ext.exl3_weight_stack_into(
+                s.trellis[first:last], s.suh[first:last], s.svh[first:last], CODEBOOK_IDS[s.codebook], w, col
+            )
+            col += s.padded_out
+        return w
     for i, e in enumerate(range(first, last)):
         col = 0
         for s in stacks:

@@ -142,3 +142,19 @@ def test_a_few_rows_stay_on_the_device_routed_kernels(grouped_on, monkeypatch):
     with torch.inference_mode():
         block(x)
     assert mixes == []
+
+
+def test_a_stack_decodes_in_one_launch_as_each_expert_alone(cuda_extension):
+    """``exl3_weight_stack_into`` over experts 3..11 of a stack, into the second half of each
+    matrix's columns, writes exactly what one ``exl3_weight_into`` per expert writes."""
+    stack = _block("gpt_oss", seed=5).stacked.up
+    first, last, col = 3, 11, stack.padded_out
+    w = torch.zeros(last - first, stack.padded_in, 2 * stack.padded_out, dtype=torch.bfloat16, device="cuda")
+    cuda_extension.exl3_weight_stack_into(
+        stack.trellis[first:last], stack.suh[first:last], stack.svh[first:last], 2, w, col
+    )
+    for i, e in enumerate(range(first, last)):
+        alone = torch.zeros(stack.padded_in, 2 * stack.padded_out, dtype=torch.bfloat16, device="cuda")
+        cuda_extension.exl3_weight_into(stack.trellis[e], stack.suh[e], stack.svh[e], 2, alone, col)
+        assert torch.equal(w[i], alone), f"expert {e}"
+    assert not w[:, :, :col].any()  # columns before col0 untouched
