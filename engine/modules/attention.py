@@ -77,19 +77,19 @@ def attend(
     """
     heads, kv_heads = q.shape[1], k.shape[1]
     n, length = q.shape[0], k.shape[0]
-    # Plain causal attention at a head size the flash kernels take never forms the scores.
-    flash_causal = n == length and not bidirectional and window is None and softcap is None and sinks is None
+    # A whole prompt from position 0 with no window is plain causal attention: SDPA's own causal
+    # path is faster than an explicit mask.
+    plain_causal = n == length and not bidirectional and (window is None or window >= length)
+    # Which, at a head size the flash kernels take, never forms the scores.
+    flash_causal = plain_causal and softcap is None and sinks is None and q.shape[2] <= 256
     rows = max(1, SCORE_BLOCK_BYTES // (4 * heads * length))
-    if n > rows and not (flash_causal and q.shape[2] <= 256):
+    if n > rows and not flash_causal:
         return _attend_in_blocks(
             rows, q, k, v, q_positions, k_positions, scale, window, softcap, bidirectional, sinks
         )
     # One query (a decode step) is handed exactly the keys it may see - the caller starts the
     # keys inside the window and nothing lies after the query - so it needs no mask at all, and
     # SDPA takes its fastest path.
-    # A whole prompt from position 0 with no window is plain causal attention: SDPA's own causal
-    # path is faster than an explicit mask.
-    plain_causal = n == length and not bidirectional and (window is None or window >= length)
     # SDPA has no softcap: with one the scores are computed here, masked. Sinks go through SDPA
     # as one more key (sdpa_with_sinks), which needs the mask spelled out.
     explicit = softcap is not None

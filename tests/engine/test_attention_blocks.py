@@ -60,11 +60,13 @@ def test_blocks_equal_one_pass(monkeypatch, options, n, past) -> None:
         assert all(keys <= rows + kwargs["window"] - 1 for rows, keys in seen)
 
 
-def test_plain_causal_prompts_at_flash_head_sizes_stay_whole(monkeypatch) -> None:
-    """SDPA's causal kernels never form the scores, so such a prompt is not cut."""
+@pytest.mark.parametrize("window", [None, 12, 100])
+def test_plain_causal_prompts_at_flash_head_sizes_stay_whole(monkeypatch, window) -> None:
+    """SDPA's causal kernels never form the scores, so such a prompt (a window as long as the
+    prompt included) is not cut."""
     q, k, v, q_pos, k_pos, _ = _case(12, 0, seed=1)
     monkeypatch.setattr(attention, "SCORE_BLOCK_BYTES", 1)
     calls = []
     monkeypatch.setattr(attention, "_attend_in_blocks", lambda *a: calls.append(a))
-    attend(q, k, v, q_pos, k_pos, D**-0.5)
+    attend(q, k, v, q_pos, k_pos, D**-0.5, window)
     assert not calls
