@@ -99,8 +99,6 @@ def attend(
         allowed = visibility(q_positions, k_positions, window, bidirectional)
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
     if sinks is not None and not explicit:
-        group = heads // kv_heads
-        kh, vh = kh.repeat_interleave(group, 0), vh.repeat_interleave(group, 0)
         out = sdpa_with_sinks(qh, kh, vh, allowed, scale, sinks)
     elif not explicit:
         out = F.scaled_dot_product_attention(

@@ -35,8 +35,9 @@ def sdpa_with_sinks(
     sinks: torch.Tensor,
 ) -> torch.Tensor:
     """Attention with one sink logit per head through ``F.scaled_dot_product_attention``:
-    ``q`` ``[heads, n, d]``, ``k``/``v`` ``[heads, L, d]`` (one KV head per query head),
-    ``allowed`` ``[n, L]`` bool, ``sinks`` ``[heads]``; returns ``[heads, n, d]``.
+    ``q`` ``[heads, n, d]``, ``k``/``v`` ``[kv_heads, L, d]`` (each shared by ``heads / kv_heads``
+    consecutive query heads), ``allowed`` ``[n, L]`` bool, ``sinks`` ``[heads]``; returns
+    ``[heads, n, d]``.
 
     The sink becomes a real key that every query sees, with a zero value: two extra feature
     columns hold the head's sink logit (over ``scale``) on the query side, split into a high and
@@ -54,11 +55,13 @@ def sdpa_with_sinks(
     q2[..., :d] = q
     q2[..., d] = high[:, None]
     q2[..., d + 1] = low[:, None]
-    k2 = k.new_zeros(heads, k.shape[1] + 1, width)
-    k2[:, :-1, :d] = k
+    # Each KV head copied out to its query heads in the same pass that widens it.
+    kv_heads, length = k.shape[0], k.shape[1]
+    k2 = k.new_zeros(heads, length + 1, width)
+    k2.view(kv_heads, heads // kv_heads, length + 1, width)[:, :, :-1, :d] = k[:, None]
     k2[:, -1, d : d + 2] = 1
-    v2 = v.new_zeros(heads, v.shape[1] + 1, width)  # the sink's value row stays zero
-    v2[:, :-1, :d] = v
+    v2 = v.new_zeros(heads, length + 1, width)  # the sink's value row stays zero
+    v2.view(kv_heads, heads // kv_heads, length + 1, width)[:, :, :-1, :d] = v[:, None]
     sees_sink = torch.ones(n, 1, dtype=torch.bool, device=allowed.device)
     mask = torch.cat([allowed, sees_sink], dim=1)
     out = F.scaled_dot_product_attention(q2[None], k2[None], v2[None], attn_mask=mask, scale=scale)[0]
