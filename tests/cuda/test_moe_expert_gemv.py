@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cuda_helpers import capture
+from random_exl3 import random_streaming_linear
 
 from engine.exl3 import EXL3Linear
 from engine.kernels import moe as moe_kernels
@@ -46,20 +47,7 @@ def _expert_kernel(cuda_extension):
 
 
 def _linear(g: torch.Generator, n_in: int, n_out: int, bits: int, codebook: str, bias: bool) -> EXL3Linear:
-    pad_in, pad_out = -(-n_in // 128) * 128, -(-n_out // 128) * 128
-    trellis = torch.randint(
-        -(2**15),
-        2**15,
-        (pad_in // 16, pad_out // 16, 16 * bits),
-        dtype=torch.int16,
-        device="cuda",
-        generator=g,
-    )
-    sign = lambda n: torch.where(torch.rand(n, device="cuda", generator=g) < 0.5, -1.0, 1.0)  # noqa: E731
-    suh = (sign(pad_in) * (torch.rand(pad_in, device="cuda", generator=g) + 0.5) / n_in**0.5).half()
-    svh = (sign(pad_out) * (torch.rand(pad_out, device="cuda", generator=g) + 0.5)).half()
-    b = torch.randn(n_out, device="cuda", generator=g) if bias else None
-    return EXL3Linear(trellis, suh, svh, codebook, n_in, n_out, b, mode="streaming", dtype=torch.float32)
+    return random_streaming_linear(g, n_in, n_out, bits, codebook, bias)
 
 
 def _experts(n: int, hidden: int, width: int, act: str, bits=(4, 4, 4), codebook="mul1", seed=0) -> list:

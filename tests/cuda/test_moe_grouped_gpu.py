@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from random_exl3 import random_streaming_linear
 
 from engine import kernels
 from engine.exl3 import EXL3Linear
@@ -42,15 +43,7 @@ def grouped_on(monkeypatch):
 
 
 def _linear(g: torch.Generator, n_in: int, n_out: int, bias: bool) -> EXL3Linear:
-    pad_in, pad_out = -(-n_in // 128) * 128, -(-n_out // 128) * 128
-    trellis = torch.randint(
-        -(2**15), 2**15, (pad_in // 16, pad_out // 16, 64), dtype=torch.int16, device="cuda", generator=g
-    )
-    sign = lambda n: torch.where(torch.rand(n, device="cuda", generator=g) < 0.5, -1.0, 1.0)  # noqa: E731
-    suh = (sign(pad_in) * (torch.rand(pad_in, device="cuda", generator=g) + 0.5) / n_in**0.5).half()
-    svh = (sign(pad_out) * (torch.rand(pad_out, device="cuda", generator=g) + 0.5)).half()
-    b = torch.randn(n_out, device="cuda", generator=g) if bias else None
-    return EXL3Linear(trellis, suh, svh, "mul1", n_in, n_out, b, mode="streaming", dtype=torch.bfloat16)
+    return random_streaming_linear(g, n_in, n_out, bias=bias, dtype=torch.bfloat16)
 
 
 def _block(kind: str, seed: int = 0) -> SparseMoE:
