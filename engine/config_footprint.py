@@ -37,18 +37,30 @@ def layer_type_footprint(
     return CacheFootprint(kv, tuple(states[t] for t in types if t in states), layout=layout)
 
 
+def _delta_net_state(cfg: Config) -> StateSize:
+    """A gated delta net's float32 state: its q/k/v convolution window and its state matrix."""
+    k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+    k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+    window = int(cfg.get("linear_conv_kernel_dim", 4)) - 1
+    return (2 * k_heads * k_dim + v_heads * v_dim) * window + v_heads * k_dim * v_dim, 4
+
+
 def _gated_delta_net_hybrid(cfg: Config) -> CacheFootprint:
-    """Qwen3-Next and Qwen3.5: ``linear_attention`` layers are gated delta nets (a float32
-    convolution window and state matrix), every ``full_attention_interval``-th layer attends."""
+    """Qwen3-Next and Qwen3.5: ``linear_attention`` layers are gated delta nets, every
+    ``full_attention_interval``-th layer attends."""
     n, interval = int(cfg["num_hidden_layers"]), int(cfg.get("full_attention_interval", 4))
     types = cfg.get("layer_types") or [
         "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
     ]
-    k_heads, v_heads = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
-    k_dim, v_dim = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
-    window = int(cfg.get("linear_conv_kernel_dim", 4)) - 1
-    numbers = (2 * k_heads * k_dim + v_heads * v_dim) * window + v_heads * k_dim * v_dim
-    return layer_type_footprint(types, {"linear_attention": (numbers, 4)}, _kv_shape(cfg))
+    return layer_type_footprint(types, {"linear_attention": _delta_net_state(cfg)}, _kv_shape(cfg))
+
+
+def _olmo_hybrid(cfg: Config) -> CacheFootprint:
+    """OLMo-Hybrid: the delta nets of Qwen3-Next at the ``linear_attention`` entries of
+    ``layer_types``; without the list every layer attends, as ``engine.architectures.olmo_hybrid``
+    reads it."""
+    types = cfg.get("layer_types") or ["full_attention"] * int(cfg["num_hidden_layers"])
+    return layer_type_footprint(types, {"linear_attention": _delta_net_state(cfg)}, _kv_shape(cfg))
 
 
 def _short_conv_hybrid(cfg: Config) -> CacheFootprint:
@@ -149,6 +161,7 @@ HYBRID_FOOTPRINTS: dict[str, Callable[[Config], CacheFootprint]] = {
     "Qwen3_5ForConditionalGeneration": _gated_delta_net_hybrid,
     "Qwen3_5MoeForCausalLM": _gated_delta_net_hybrid,
     "Qwen3_5MoeForConditionalGeneration": _gated_delta_net_hybrid,
+    "OlmoHybridForCausalLM": _olmo_hybrid,
     "Lfm2ForCausalLM": _short_conv_hybrid,
     "Lfm2MoeForCausalLM": _short_conv_hybrid,
     "NemotronHForCausalLM": _mamba2_hybrid,
