@@ -7,10 +7,13 @@ call. It needs fixed shapes and fixed addresses, which the fixed-shape decode pa
 buffer and one graph over it. A step writes its inputs to the buffer (one host-to-device copy)
 and replays.
 
-Batch buckets are 1, 2, 4, 8, ... rows (up to ``max_batch``): a batch of 3 runs the 4-row graph
-with one padding row. A speculative verify item (a token and ``k`` drafted ones) takes ``1 + k``
-rows (``engine.generation.decode_inputs.decode_rows``), so verify steps replay from the same
-graphs as decode steps of as many rows.
+Batch buckets are every row count up to ``exact_rows`` (8), then powers of two (16, 32, ...; up
+to ``max_batch``): a batch of 12 runs the 16-row graph with four padding rows. A speculative
+verify item (a token and ``k`` drafted ones) takes ``1 + k`` rows
+(``engine.generation.decode_inputs.decode_rows``), so verify steps replay from the same graphs as
+decode steps of as many rows. The small counts are exact because a step's cost grows with its
+rows (the GEMVs' MMA columns, each row's attention over its keys, the head): a k = 4 verify step
+padded to 8 rows cost what 8 rows cost.
 
 Page buckets are powers of two from ``min_pages`` up to ``max_pages``, so a short sequence does
 not pay for reading a whole padded table in attention, and a sequence growing from empty to the
@@ -51,9 +54,15 @@ TUNE_ROUNDS = 5
 TUNE_REPLAYS = 8
 
 
-def _bucket(n: int, limit: int, smallest: int = 1) -> int:
-    """The smallest power of two >= ``n`` and >= ``smallest``, capped at ``limit`` (callers check
-    ``n <= limit``)."""
+# Row counts up to this many have graphs of their own; more rows pad to a power of two.
+EXACT_ROWS = 8
+
+
+def _bucket(n: int, limit: int, smallest: int = 1, exact: int = 0) -> int:
+    """``n`` itself up to ``exact``, else the smallest power of two >= ``n`` and >= ``smallest``;
+    capped at ``limit`` (callers check ``n <= limit``)."""
+    if n <= exact:
+        return n
     b = smallest
     while b < n:
         b *= 2
@@ -112,13 +121,16 @@ class DecodeGraphs:
         max_pages: int | None = None,
         min_pages: int = 8,
         tune_splits: bool = False,
+        exact_rows: int = EXACT_ROWS,
     ) -> None:
-        """``tune_splits``: before the first capture of a step shape, revise the GEMVs' split
+        """``exact_rows``: row counts with graphs of their own (above them, powers of two).
+        ``tune_splits``: before the first capture of a step shape, revise the GEMVs' split
         counts by timing whole steps (engine.kernels.tuning.tune_step; ``EngineOptions.step_tuning``)."""
         self.model, self.cache = model, cache
         self.hooks: GraphHooks = getattr(model, "graph_hooks", None) or GraphHooks()
         self.tune_splits = tune_splits and not self.hooks.shared
         self.max_batch = max_batch
+        self.exact_rows = exact_rows
         self.max_pages = min(max_pages or cache.num_pages, cache.num_pages)
         self.min_pages = min_pages
         self.device = model.device
@@ -190,7 +202,7 @@ class DecodeGraphs:
         needed = self._pages(items)
         if needed is None:
             return None
-        batch = _bucket(len(items), self.max_batch)
+        batch = _bucket(len(items), self.max_batch, exact=self.exact_rows)
         pages = _bucket(needed, self.max_pages, self.min_pages)
         # Padding rows write their keys/values into a page held only for this step. It is freed
         # right after: nothing reads it, and a job that gets it later writes before it reads.

@@ -126,7 +126,7 @@ def test_decode_graphs_bucket_pad_and_free_the_scratch_page(tiny_model_factory, 
     _tables(cache)
     ref_items = _prefill(model, ref_cache, tables, torch.Generator().manual_seed(2))
     items = _prefill(model, cache, tables, torch.Generator().manual_seed(2))
-    graphs = DecodeGraphs(model.module, cache, max_batch=8, max_pages=4)
+    graphs = DecodeGraphs(model.module, cache, max_batch=8, max_pages=4, exact_rows=2)
     free = cache.pages.available
     for _ in range(12):
         expected = run_step(model.module, ref_cache, ref_items)
@@ -140,12 +140,13 @@ def test_decode_graphs_bucket_pad_and_free_the_scratch_page(tiny_model_factory, 
         tokens = [int(e.argmax()) for e in expected]
         ref_items = [StepItem([t], i.past + 1, i.block_table) for t, i in zip(tokens, ref_items)]
         items = [StepItem([t], i.past + 1, i.block_table) for t, i in zip(tokens, items)]
-    assert graphs.captured == [(4, 4)]  # 3 sequences pad to 4 rows; 3..4 pages to 4
+    assert graphs.captured == [(4, 4)]  # 3 sequences pad to 4 rows (2 exact); 3..4 pages to 4
     assert graphs.run([StepItem([1, 2], 0, tables[0])]) is None  # a prefill chunk never fits
 
 
 def test_buckets():
     assert [_bucket(n, 8) for n in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+    assert [_bucket(n, 32, exact=8) for n in (1, 3, 5, 7, 8, 9, 12, 17)] == [1, 3, 5, 7, 8, 16, 16, 32]
     assert _bucket(5, 6) == 6
     assert [_bucket(n, 128, 8) for n in (1, 8, 9, 100, 128)] == [8, 8, 16, 128, 128]
 
