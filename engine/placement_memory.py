@@ -139,13 +139,16 @@ def layer_bytes(info: ModelInfo, context: int, cache_bits: tuple[int, int] = (16
 
 
 def layers_that_fit(info: ModelInfo, context: int, cache_bits: tuple[int, int], gpu_bytes: int) -> int:
-    """The most layers whose "layers" split fits ``gpu_bytes`` on the GPU (0 where none does)."""
-    fitting = [
-        n
-        for n in range((info.num_layers or 0) + 1)
-        if memory_split(info, context, cache_bits, "layers", n).gpu_bytes <= gpu_bytes
-    ]
-    return fitting[-1] if fitting else 0
+    """The most layers whose "layers" split fits ``gpu_bytes`` on the GPU (0 where none does).
+    A split's GPU bytes grow with its layers, so the count is found by bisection."""
+    lo, hi = 0, info.num_layers or 0  # lo fits (or is 0); the answer lies in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if memory_split(info, context, cache_bits, "layers", mid).gpu_bytes <= gpu_bytes:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def suggest_placement(
