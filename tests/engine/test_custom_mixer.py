@@ -491,7 +491,7 @@ def test_padding_rows_of_a_decode_graph_keep_off_the_sequences_state(counting, r
         slot, pages = cache.state_slots.allocate(), cache.pages.allocate(5)
         run_step(counting.module, cache, [StepItem(p, 0, pages, None, state_slot=slot)])
         items.append(StepItem([9], len(p), pages, state_slot=slot))
-    graphs = DecodeGraphs(counting.module, cache, max_batch=4, min_pages=1)
+    graphs = DecodeGraphs(counting.module, cache, max_batch=4, min_pages=1, exact_rows=2)  # 3 rows pad to 4
     for step in range(3):
         logits = graphs.run(items)
         assert graphs.captured == [(4, 4)]
