@@ -13,7 +13,7 @@ verify item (a token and ``k`` drafted ones) takes ``1 + k`` rows
 (``engine.generation.decode_inputs.decode_rows``), so verify steps replay from the same graphs as
 decode steps of as many rows. The small counts are exact because a step's cost grows with its
 rows (the GEMVs' MMA columns, each row's attention over its keys, the head): a k = 4 verify step
-padded to 8 rows cost what 8 rows cost.
+padded to 8 rows would pay for 8.
 
 Page buckets are powers of two from ``min_pages`` up to ``max_pages``, so a short sequence does
 not pay for reading a whole padded table in attention, and a sequence growing from empty to the
