@@ -47,7 +47,6 @@ class GatedMLP(nn.Module):
         self.gate_up = gate_up
         self.down = down
         self.activation = activation
-        self.act = ACTIVATIONS[activation]
         self.limit, self.limit_after_act = limit, limit_after_act
         self.up_offset = up_offset
 
