@@ -1,14 +1,29 @@
 """Helpers the GPU tests share: relative error against a reference, CUDA graph capture, a spy on
-the extension's cluster GEMV."""
+the extension's cluster GEMV, a module's demand for extension entry points."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
 import torch
 
 T = TypeVar("T")
+
+
+def needs_kernels(*names: str) -> Callable[..., None]:
+    """An autouse, module-scoped fixture that fails the module's tests (it does not skip them)
+    where the extension was built without one of ``names``: kernel tests must not pass vacuously.
+    Assign it to a module-level name: ``_kernels = needs_kernels("exl3_gemv_multi")``."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _needs(cuda_extension) -> None:
+        for name in names:
+            if not hasattr(cuda_extension, name):
+                pytest.fail(f"the CUDA extension was built without {name}")
+
+    return _needs
 
 
 def rel_fro(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -6,7 +6,7 @@ import functools
 
 import pytest
 import torch
-from cuda_helpers import capture
+from cuda_helpers import capture, needs_kernels
 
 from engine import kernels
 from engine.exl3 import EXL3Linear
@@ -30,10 +30,7 @@ CONFIGS = {
 SAME_TOL = 5e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _multi_kernel(cuda_extension):
-    if not hasattr(cuda_extension, "exl3_gemv_multi"):
-        pytest.fail("the CUDA extension was built without exl3_gemv_multi")
+_multi_kernel = needs_kernels("exl3_gemv_multi")
 
 
 @functools.cache

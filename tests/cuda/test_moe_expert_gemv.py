@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from cuda_helpers import capture
+from cuda_helpers import capture, needs_kernels
 from random_exl3 import random_streaming_linear
 
 from engine.exl3 import EXL3Linear
@@ -40,10 +40,7 @@ ACTIVATIONS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _expert_kernel(cuda_extension):
-    if not hasattr(cuda_extension, "exl3_expert_gemv"):
-        pytest.fail("the CUDA extension was built without exl3_expert_gemv")
+_expert_kernel = needs_kernels("exl3_expert_gemv")
 
 
 def _linear(g: torch.Generator, n_in: int, n_out: int, bits: int, codebook: str, bias: bool) -> EXL3Linear:

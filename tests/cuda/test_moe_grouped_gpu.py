@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cuda_helpers import needs_kernels
 from random_exl3 import random_streaming_linear
 
 from engine import kernels
@@ -31,10 +32,7 @@ KINDS = {
 TOL = 2e-2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _weight_kernel(cuda_extension):
-    if not hasattr(cuda_extension, "exl3_weight_into"):
-        pytest.fail("the CUDA extension was built without exl3_weight_into")
+_weight_kernel = needs_kernels("exl3_weight_into")
 
 
 @pytest.fixture

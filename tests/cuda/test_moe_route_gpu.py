@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from cuda_helpers import capture
+from cuda_helpers import capture, needs_kernels
 from torch import nn
 
 from engine.kernels import moe as moe_kernels
@@ -31,10 +31,7 @@ pytestmark = pytest.mark.cuda
 ULPS = 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _route_kernel(cuda_extension):
-    if not hasattr(cuda_extension, "moe_route"):
-        pytest.fail("the CUDA extension was built without moe_route")
+_route_kernel = needs_kernels("moe_route")
 
 
 class _ExactRouter(nn.Module):
