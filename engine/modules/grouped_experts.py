@@ -122,17 +122,17 @@ def grouped_prefill(
     return grouped_mix(x, weights, chosen, from_stacked(stacked), budget=GROUP_WEIGHT_BYTES)
 
 
-def _expert_groups(ends: torch.Tensor, num_experts: int, per_group: int) -> list[tuple[int, int, int, int]]:
-    """``(first, last, row_start, row_stop)`` of each group of ``per_group`` experts that has rows;
-    one group of all experts and all rows without reading ``ends`` on the host."""
+def _expert_groups(ends: torch.Tensor, num_experts: int, per_group: int) -> list[tuple[int, int, slice]]:
+    """``(first, last, rows)`` of each group of ``per_group`` experts that has rows; one group of
+    all experts and all rows without reading ``ends`` on the host."""
     if per_group >= num_experts:
-        return [(0, num_experts, 0, -1)]
+        return [(0, num_experts, slice(None))]
     bounds = [0, *ends.tolist()]  # the one host sync: slicing rows needs the group's range
     groups = []
     for first in range(0, num_experts, per_group):
         last = min(first + per_group, num_experts)
         if bounds[last] > bounds[first]:
-            groups.append((first, last, bounds[first], bounds[last]))
+            groups.append((first, last, slice(bounds[first], bounds[last])))
     return groups
 
 
@@ -168,9 +168,8 @@ def grouped_mix(
         rows = F.pad(rows, (0, experts.padded_in - experts.in_features))
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     per_group = max(1, budget // experts.bytes_per_expert(x.dtype))
-    for first, last, start, stop in _expert_groups(ends, n, per_group):
-        part = slice(start, None if stop < 0 else stop)
-        offsets = ends[first:last] - start if start else ends[first:last]
+    for first, last, part in _expert_groups(ends, n, per_group):
+        offsets = ends[first:last] - part.start if part.start else ends[first:last]
         y = _experts_on_rows(mm, rows[part], offsets, by_expert[part], first, last, experts)
         if y is None:
             return None
