@@ -37,10 +37,6 @@ class EngineOptions:
       Environment: ``TRELLIS_EXT_CACHE=DIR``.
     - ``gemv_tuning``: time the EXL3 GEMV's split counts once per launch shape (off: the kernel's
       own model decides). Environment: ``TRELLIS_GEMV_TUNE=0`` turns it off.
-    - ``moe_grouped_prefill``: run a prefill chunk of a mixture's stacked EXL3 experts as one
-      grouped GEMM per projection kind (``engine.modules.grouped_experts``) instead of each
-      chosen expert on its own. An A/B switch, off until a GPU measurement shows it faster.
-      Environment: ``TRELLIS_MOE_GROUPED=1``.
 
     Generation (a :class:`~engine.generation.generator.Generator`'s):
 
@@ -72,7 +68,6 @@ class EngineOptions:
     extension_prebuilt_dir: Path | None = None
     extension_cache_dir: Path | None = None
     gemv_tuning: bool = True
-    moe_grouped_prefill: bool = False
     cuda_graphs: bool = True
     pipelined_decode: bool | None = None
     sampling_on_device: bool | None = None
@@ -95,8 +90,6 @@ class EngineOptions:
             values["extension_cache_dir"] = Path(env["TRELLIS_EXT_CACHE"])
         if _flag(env.get("TRELLIS_GEMV_TUNE")) is False:
             values["gemv_tuning"] = False
-        if _flag(env.get("TRELLIS_MOE_GROUPED")):
-            values["moe_grouped_prefill"] = True
         if _flag(env.get("TRELLIS_NO_GRAPHS")):
             values["cuda_graphs"] = False
         if _flag(env.get("TRELLIS_NO_PIPELINE")):
@@ -120,7 +113,7 @@ class EngineOptions:
 
     def configure_kernels(self) -> None:
         """Make the process's kernels follow these options (the extension and its folders, GEMV
-        split tuning, the grouped expert prefill)."""
+        split tuning)."""
         from engine import kernels
 
         kernels.configure(
@@ -128,7 +121,6 @@ class EngineOptions:
             prebuilt_dir=self.extension_prebuilt_dir,
             cache_dir=self.extension_cache_dir,
             gemv_tuning=self.gemv_tuning,
-            moe_grouped_prefill=self.moe_grouped_prefill,
         )
 
 

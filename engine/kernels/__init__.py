@@ -53,17 +53,14 @@ def configure(
     prebuilt_dir: str | Path | None = None,
     cache_dir: str | Path | None = None,
     gemv_tuning: bool = True,
-    moe_grouped_prefill: bool = False,
 ) -> None:
     """The process's kernel settings (``EngineOptions.configure_kernels`` passes its fields):
     whether to use the extension at all, a prebuilt module's folder, the folder of JIT builds,
-    whether the GEMVs' split counts are timed, and whether stacked experts' prefill chunks run as
-    grouped GEMMs. A changed extension setting forgets the loaded module, so the next call
-    follows the new one."""
+    and whether the GEMVs' split counts are timed. A changed extension setting forgets the loaded
+    module, so the next call follows the new one."""
     if loader.configure(use_extension, prebuilt_dir, cache_dir):
         reset()
     tuning.enable(gemv_tuning)
-    moe_grouped.enable(moe_grouped_prefill)
 
 
 def reset() -> None:

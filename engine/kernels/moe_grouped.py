@@ -1,5 +1,5 @@
 """A mixture's stacked EXL3 experts decoded whole, a range of experts at a time, for the grouped
-prefill GEMMs (``engine.modules.grouped_experts``); and the process's switch for that path.
+prefill GEMMs (``engine.modules.grouped_experts``).
 
 :func:`decode_experts` writes ``W`` ``(padded_in, padded_out)`` of each expert of a range into
 its slice of one ``[experts, padded_in, columns]`` buffer (decode, both Hadamards and the scales,
@@ -7,10 +7,6 @@ so the buffer holds the true weights): in bf16 one launch per projection kind fo
 (``ext.exl3_weight_stack_into``), in other dtypes one per expert and kind
 (``ext.exl3_weight_into``); several projection kinds of one input side by side (gate then up), as
 ``engine.kernels.gemv.exl3_weight`` lays out a dense prefill's projections.
-
-The grouped path is an A/B switch (``EngineOptions.moe_grouped_prefill``, applied by
-``EngineOptions.configure_kernels``), off by default until a GPU measurement decides: the default
-prefill runs each chosen expert on its own (``SparseMoE._dispatch``).
 
 Stacks are passed in, not imported: anything with ``trellis``, ``suh``, ``svh`` (stacked along a
 first experts dim), ``codebook``, ``padded_in`` and ``padded_out``.
@@ -25,18 +21,6 @@ import torch
 
 from engine.kernels import loader
 from engine.kernels.loader import CODEBOOK_IDS
-
-_enabled = False
-
-
-def enable(on: bool) -> None:
-    """Turn the grouped prefill of stacked experts on or off for this process."""
-    global _enabled
-    _enabled = bool(on)
-
-
-def enabled() -> bool:
-    return _enabled
 
 
 def decode_experts(stacks: Sequence[Any], first: int, last: int, dtype: torch.dtype) -> torch.Tensor | None:

@@ -15,9 +15,8 @@ kind for every expert at once, instead of about ten launches per chosen expert
    summed into the output with ``index_add_``.
 
 :func:`grouped_prefill` is ``SparseMoE._routed``'s entry: stacked EXL3 experts, bf16 activations,
-more rows than ``engine.kernels.moe.MAX_TOKENS``, outside CUDA-graph capture, with the A/B switch
-on (``EngineOptions.moe_grouped_prefill``). It returns None elsewhere, and the caller runs
-``_dispatch``.
+more rows than ``engine.kernels.moe.MAX_TOKENS``, outside CUDA-graph capture. It returns None
+elsewhere, and the caller runs ``_dispatch``.
 """
 
 from __future__ import annotations
@@ -105,11 +104,11 @@ def grouped_prefill(
     x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor, stacked: StackedExperts | None
 ) -> torch.Tensor | None:
     """The routed experts' mix (float32 ``[tokens, features]``) by grouped GEMMs where they apply:
-    the switch on, stacked experts still current, a CUDA ``x`` in bf16 (the grouped GEMM's CUDA
+    stacked experts still current, a CUDA ``x`` in bf16 (the grouped GEMM's CUDA
     dtype) of more than ``engine.kernels.moe.MAX_TOKENS`` rows, no graph being captured (several
     expert groups read their row ranges on the host), padded widths the GEMM's 16-byte strides
     take. Else None."""
-    if not kernels.moe_grouped.enabled() or stacked is None or not x.is_cuda:
+    if stacked is None or not x.is_cuda:
         return None
     if x.dtype != torch.bfloat16 or x.ndim != 2 or x.shape[0] <= kernels.moe.MAX_TOKENS:
         return None

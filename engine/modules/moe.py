@@ -12,17 +12,17 @@ the kernel does not read, such as Gemma 4's scaled one) or, on the GPU for up to
 ``engine.kernels.moe.MAX_TOKENS`` rows of a plain dense router, one launch that computes the
 logits, scores, choice and weights (``engine.kernels.moe.route``). Neither syncs with the host.
 
-Two ways to run the chosen experts, same function: :meth:`SparseMoE._dispatch` (the torch
-reference and CPU path, also the GPU's for long prefill chunks) sorts the (token, slot) pairs by
-expert and runs each chosen expert once on its rows; on the GPU, up to
+Three ways to run the chosen experts, same function: :meth:`SparseMoE._dispatch` (the torch
+reference and CPU path, also the GPU's for experts that are not stacked EXL3 ones) sorts the
+(token, slot) pairs by expert and runs each chosen expert once on its rows; on the GPU, up to
 ``engine.kernels.moe.MAX_TOKENS`` rows of streaming EXL3 experts run in four fixed-shape launches
 that read the chosen experts' indices on the device (``engine.kernels.moe.expert_mlp``), from the
 experts' weights stacked per projection kind (``engine.modules.stacked_experts``). So such a
 layer's decode step can be replayed from a CUDA graph, and without a shared expert it is five
 launches: the router, gate/up, the activation, down, and the mix written in the activations' dtype.
-Long prefill chunks of such stacked experts may instead run as one grouped GEMM per projection
-kind (``engine.modules.grouped_experts``), an A/B switch off by default
-(``EngineOptions.moe_grouped_prefill``).
+Longer prefill chunks of such stacked experts run as one grouped GEMM per projection kind
+(``engine.modules.grouped_experts``): each expert's weights are decoded once per chunk instead of
+about ten launches per chosen expert.
 With ``--experts-on cpu`` the routed experts live in host memory and :meth:`SparseMoE._dispatch`
 runs there (``engine.modules.host_experts``).
 """
@@ -213,14 +213,13 @@ class SparseMoE(nn.Module):
     ) -> torch.Tensor:
         """The routed experts' mix: the device-routed kernels where they apply (a few rows of
         stacked EXL3 experts on the GPU; summed in float32, stored as ``dtype``), or for a
-        prefill chunk of them grouped GEMMs where ``EngineOptions.moe_grouped_prefill`` is on
-        (``engine.modules.grouped_experts``, float32), else :meth:`_dispatch` in float32, on the
-        host for experts kept there (one copy each way)."""
+        prefill chunk of them grouped GEMMs (``engine.modules.grouped_experts``, float32), else
+        :meth:`_dispatch` in float32, on the host for experts kept there (one copy each way)."""
         if self.experts_host is not None:
             return host_experts.mix_on_host(self._dispatch, x, weights, chosen, self.experts_host)
         if x.is_cuda and self.stacked is not None:
             out = kernels.moe.expert_mlp(x, weights, chosen, self.stacked, out_dtype=dtype)
-            if out is None:  # a prefill chunk: grouped GEMMs where switched on
+            if out is None:  # a prefill chunk: grouped GEMMs
                 out = grouped_experts.grouped_prefill(x, weights, chosen, self.stacked)
             if out is not None:
                 return out

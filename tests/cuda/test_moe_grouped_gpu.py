@@ -1,7 +1,7 @@
 """The grouped-GEMM prefill of stacked EXL3 experts (engine.modules.grouped_experts,
 engine.kernels.moe_grouped) against SparseMoE._dispatch on a 200-row bf16 chunk: gated (SiLU;
 gpt-oss's clamped SwiGLU with biases) and plain (squared ReLU) experts, one group of experts and
-several; taken only with the switch on, and only for bf16."""
+several; taken only for bf16 chunks of more rows than the device-routed kernels take."""
 
 from __future__ import annotations
 
@@ -33,11 +33,6 @@ TOL = 2e-2
 
 
 _weight_kernel = needs_kernels("exl3_weight_into")
-
-
-@pytest.fixture
-def grouped_on(monkeypatch):
-    monkeypatch.setattr(kernels.moe_grouped, "_enabled", True)
 
 
 def _linear(g: torch.Generator, n_in: int, n_out: int, bias: bool) -> EXL3Linear:
@@ -88,7 +83,7 @@ def _count(monkeypatch, owner, name: str) -> list[int]:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("groups", [1, 3])
-def test_grouped_prefill_matches_dispatch(kind, groups, grouped_on, monkeypatch):
+def test_grouped_prefill_matches_dispatch(kind, groups, monkeypatch):
     block = _block(kind)
     x = _x()
     with torch.inference_mode():
@@ -105,18 +100,7 @@ def test_grouped_prefill_matches_dispatch(kind, groups, grouped_on, monkeypatch)
     assert _rows_rel(got, want) < TOL
 
 
-def test_dispatch_runs_with_the_switch_off(monkeypatch):
-    monkeypatch.setattr(kernels.moe_grouped, "_enabled", False)
-    block = _block("silu")
-    x = _x()
-    mixes = _count(monkeypatch, grouped_experts, "grouped_mix")
-    dispatches = _count(monkeypatch, SparseMoE, "_dispatch")
-    with torch.inference_mode():
-        block(x)
-    assert mixes == [] and dispatches == [1]
-
-
-def test_fp16_chunks_take_dispatch(grouped_on, monkeypatch):
+def test_fp16_chunks_take_dispatch(monkeypatch):
     block = _block("silu").half()
     x = _x(torch.float16)
     mixes = _count(monkeypatch, grouped_experts, "grouped_mix")
@@ -126,7 +110,7 @@ def test_fp16_chunks_take_dispatch(grouped_on, monkeypatch):
     assert mixes == [] and dispatches == [1]
 
 
-def test_a_few_rows_stay_on_the_device_routed_kernels(grouped_on, monkeypatch):
+def test_a_few_rows_stay_on_the_device_routed_kernels(monkeypatch):
     block = _block("silu")
     x = _x()[: kernels.moe.MAX_TOKENS]
     mixes = _count(monkeypatch, grouped_experts, "grouped_mix")

@@ -1,22 +1,19 @@
 """The grouped-GEMM expert mix (engine.modules.grouped_experts) against SparseMoE._dispatch on the
 CPU, from the experts' dense weights: softmax and sigmoid routers, gated (SiLU; gpt-oss's clamped
 SwiGLU with biases) and plain (squared ReLU) experts, padded widths, uneven loads with experts
-nobody chose, and a byte budget that splits the experts into several groups. And the A/B switch:
-off by default, on from the environment, applied to the kernels by configure_kernels."""
+nobody chose, and a byte budget that splits the experts into several groups."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine import kernels
 from engine.modules.feed_forward import FeedForward
 from engine.modules.grouped_experts import ExpertWeights, grouped_mix, grouped_mm_op, grouped_prefill
 from engine.modules.linear import DenseLinear, ProjectionGroup
 from engine.modules.mlp import GatedMLP
 from engine.modules.moe import SparseMoE
 from engine.modules.stacked_experts import ExpertActivation
-from engine.options import EngineOptions
 
 HIDDEN, WIDTH = 24, 40  # padded to 32 and 48 below: the padding is cut, its garbage never read
 PAD_IN, PAD_HIDDEN, PAD_OUT = 32, 48, 32
@@ -187,27 +184,11 @@ def test_bad_shapes_are_refused():
         grouped_mix(x, weights[:, :2], chosen, experts)
 
 
-def test_grouped_prefill_declines_off_the_gpu_and_when_switched_off(monkeypatch):
+def test_grouped_prefill_declines_off_the_gpu():
     block = _block("silu", "softmax")
     x = _x(100)
     weights, chosen = block.route(x)
-    monkeypatch.setattr(kernels.moe_grouped, "_enabled", True)
     assert grouped_prefill(x, weights, chosen, block.stacked) is None  # CPU, no stacks
-    monkeypatch.setattr(kernels.moe_grouped, "_enabled", False)
-    assert grouped_prefill(x, weights, chosen, block.stacked) is None
-
-
-def test_the_switch_is_off_by_default_and_set_from_the_environment(monkeypatch):
-    monkeypatch.setattr(kernels.moe_grouped, "_enabled", kernels.moe_grouped.enabled())
-    assert EngineOptions().moe_grouped_prefill is False
-    assert EngineOptions.from_environment({}).moe_grouped_prefill is False
-    assert EngineOptions.from_environment({"TRELLIS_MOE_GROUPED": "0"}).moe_grouped_prefill is False
-    on = EngineOptions.from_environment({"TRELLIS_MOE_GROUPED": "1"})
-    assert on.moe_grouped_prefill is True
-    on.configure_kernels()
-    assert kernels.moe_grouped.enabled()
-    EngineOptions().configure_kernels()
-    assert not kernels.moe_grouped.enabled()
 
 
 def test_padding_is_zero_filled_and_cut():
