@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.convert.options import ConvertOptions
     from engine.convert.pipeline import convert_model
 
+    args.options.configure_kernels()  # the Viterbi and the calibration run the process's extension
     options = ConvertOptions(
         bits=args.bits,
         head_bits=args.head_bits,

@@ -174,6 +174,18 @@ def build_dir(arch: str, cache_dir: str | Path | None = None) -> Path:
     return (Path(cache_dir) if cache_dir is not None else default_cache_root()) / tag
 
 
+def needs_compile(bdir: Path, sources: list[Path] | None = None) -> bool:
+    """Whether a JIT build in ``bdir`` will compile: no module there yet, or a source or header
+    (default: ``ext/``'s) newer than it (ninja's own rule, which decides in the end)."""
+    built = [p for p in (bdir / f"{MODULE_NAME}.so", bdir / f"{MODULE_NAME}.pyd") if p.is_file()]
+    if not built:
+        return True
+    if sources is None:
+        sources = [EXT_DIR / name for name in (*SOURCES, *HEADERS)]
+    made = max(p.stat().st_mtime for p in built)
+    return any(s.stat().st_mtime > made for s in sources if s.is_file())
+
+
 def check_toolchain() -> None:
     """Raise :class:`ExtensionUnavailable` with a clear message when nothing can be compiled."""
     if torch.version.cuda is None:
@@ -296,6 +308,13 @@ def load(
     # torch reads the target list from this variable; one architecture keeps the build short.
     old = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    if needs_compile(bdir):  # minutes of silence otherwise, in whatever asked for a kernel
+        print(
+            f"trellis: compiling the CUDA extension for sm_{arch.replace('.', '')} in {bdir} "
+            "(once per install, update or GPU; several minutes)",
+            file=sys.stderr,
+            flush=True,
+        )
     t0 = time.perf_counter()
     try:
         module = cpp_extension.load(

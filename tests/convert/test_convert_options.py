@@ -48,3 +48,27 @@ def test_a_bad_option_is_refused_by_name(option: str, value: object, message: st
     # The same check guards a copy made with other values.
     with pytest.raises(ConvertError, match=f"converter option {option}:"):
         dataclasses.replace(ConvertOptions(bits=4.0), **{option: value})
+
+
+def test_the_convert_command_runs_the_kernels_the_environment_chose(tmp_path, monkeypatch) -> None:
+    """``engine convert`` applies the development switches to the process's extension before it
+    converts: the build TRELLIS_EXT_CACHE or TRELLIS_EXT_PREBUILT names is the one it runs, not a
+    JIT build of its own in the user cache folder."""
+    from engine import kernels
+    from engine.cli import main
+    from engine.convert import pipeline
+
+    seen = {}
+
+    def record(src, dst, options, **_):
+        seen.update(kernels.loader.settings().__dict__)
+        return None
+
+    monkeypatch.setattr(pipeline, "convert_model", record)
+    monkeypatch.setenv("TRELLIS_EXT_CACHE", str(tmp_path / "jit"))
+    monkeypatch.setenv("TRELLIS_EXT_PREBUILT", str(tmp_path / "pre"))
+    try:
+        assert main(["convert", "-i", str(tmp_path), "-o", str(tmp_path / "out"), "-b", "4"]) == 0
+    finally:
+        kernels.configure()
+    assert seen["cache_dir"] == tmp_path / "jit" and seen["prebuilt_dir"] == tmp_path / "pre"

@@ -5,6 +5,7 @@ the reason in ``kernels.status()`` when none fits and no toolkit exists."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -156,3 +157,38 @@ def test_the_bundle_and_the_wheel_carry_the_stamp() -> None:
     assert "write_sources_stamp" in (root / "packaging" / "build_bundle.sh").read_text()
     assert "kernels/prebuilt/*" in (root / "pyproject.toml").read_text()  # the stamp's folder
     assert loader.SOURCES_STAMP.parent == prebuilt.PACKAGE_DIR
+
+
+def test_a_jit_build_is_announced_only_when_it_will_compile(
+    tmp_path: Path, cuda_torch, monkeypatch, capsys
+) -> None:
+    """A first build takes minutes inside whatever asked for a kernel: it says so on stderr; an
+    up-to-date build says nothing, a source newer than the module compiles (and says so) again."""
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(loader, "check_toolchain", lambda: None)
+    builds = []
+
+    def fake_build(name: str, build_directory: str, **_) -> object:
+        builds.append(build_directory)
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+        return type("Module", (), {"__file__": str(Path(build_directory) / f"{name}.so")})
+
+    monkeypatch.setattr(cpp_extension, "load", fake_build)
+    cache = tmp_path / "jit"
+    loader.load(cache_dir=cache)
+    first = capsys.readouterr().err
+    assert "compiling the CUDA extension for sm_89" in first and str(cache) in first
+    loader.load(cache_dir=cache)
+    assert capsys.readouterr().err == "" and len(builds) == 2  # ninja is still asked; it has nothing to do
+
+    module = Path(builds[0]) / f"{loader.MODULE_NAME}.so"
+    source = tmp_path / "kernel.cu"
+    source.write_text("")
+    made = source.stat().st_mtime
+    os.utime(module, (made + 10, made + 10))
+    assert not loader.needs_compile(module.parent, [source])
+    os.utime(module, (made - 10, made - 10))
+    assert loader.needs_compile(module.parent, [source])
+    module.unlink()
+    assert loader.needs_compile(module.parent, [])
