@@ -13,8 +13,8 @@ the kernel does not read, such as Gemma 4's scaled one) or, on the GPU for up to
 logits, scores, choice and weights (``engine.kernels.moe.route``). Neither syncs with the host.
 
 Three ways to run the chosen experts, same function: :meth:`SparseMoE._dispatch` (the torch
-reference and CPU path, also the GPU's for experts that are not stacked EXL3 ones) sorts the
-(token, slot) pairs by expert and runs each chosen expert once on its rows; on the GPU, up to
+reference and CPU path, also the GPU's where neither of the others applies) sorts the (token,
+slot) pairs by expert and runs each chosen expert once on its rows; on the GPU, up to
 ``engine.kernels.moe.MAX_TOKENS`` rows of streaming EXL3 experts run in four fixed-shape launches
 that read the chosen experts' indices on the device (``engine.kernels.moe.expert_mlp``), from the
 experts' weights stacked per projection kind (``engine.modules.stacked_experts``). So such a
