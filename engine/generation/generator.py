@@ -299,7 +299,9 @@ class Generator:
         # Speculative decoding (engine.generation.speculative): a verify step needs the host to
         # know each job's last token to draft from it, so it is never pipelined.
         if drafter is None:
-            drafter = make_drafter(options.draft, model, tokenizer, self.cache, max_batch_size)
+            drafter = make_drafter(
+                options.draft, model, tokenizer, self.cache, max_batch_size, options.cuda_graphs
+            )
         self.speculation = (
             Speculation(drafter, options.draft_tokens, self.cache) if drafter is not None else None
         )

@@ -1,6 +1,6 @@
 """Speculative decoding on a CUDA GPU: greedy tokens with every drafter equal plain decoding's
-(the starter model's real weights, 10 prompts x 128 tokens), verify steps replayed from the decode
-path's CUDA graphs, and a verify step's logits equal to the eager step's."""
+(the starter model's real weights, 10 prompts x 128 tokens), verify steps and a draft model's
+steps replayed from CUDA graphs, and a verify step's logits equal to the eager step's."""
 
 from __future__ import annotations
 
@@ -51,6 +51,10 @@ def test_greedy_tokens_with_every_drafter_equal_plain_decoding_on_the_gpu(smollm
         assert gen._use_graphs and gen._graphs is not None and gen._graphs.failed is None
         # Verify steps replayed from graphs of more rows than jobs (1 + k rows per job).
         assert any(rows > 4 for rows, _ in gen._graphs.captured), (draft, gen._graphs.captured)
+        drafter = gen.speculation.drafter
+        if draft.startswith("model:"):  # the draft model's own steps replay from its own graphs
+            assert drafter.graphs is not None and drafter.graphs.failed is None
+            assert drafter.graphs.replays > 0 and drafter.graphs.captured, draft
 
 
 def test_verify_rows_on_the_gpu_give_the_eager_verify_logits(tmp_path):

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import pytest
 import torch
+from eager_graphs import use_eager_graphs
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -469,21 +470,8 @@ def test_padding_rows_of_a_decode_graph_keep_off_the_sequences_state(counting, r
     """The CUDA-graph runner pads 3 rows to 4 (the scratch page and the scratch state slot); a
     stand-in capture replays the step eagerly on the CPU."""
     from engine.generation.cuda_graph import DecodeGraphs
-    from engine.generation.decode_inputs import decode_forward
 
-    class EagerGraph:
-        def __init__(self, runner, entry):
-            self.args, self.out = (runner.model, runner.cache, entry.inputs), entry.logits
-
-        def replay(self):
-            self.out.copy_(decode_forward(*self.args))
-
-    def capture(self, entry):
-        entry.logits = torch.empty(entry.inputs.batch, self.model.lm_head.weight.shape[0])
-        entry.graph = EagerGraph(self, entry)
-        return True
-
-    monkeypatch.setattr(DecodeGraphs, "_capture", capture)
+    use_eager_graphs(monkeypatch)
     prompts = _prompts()
     cache = PagedKVCache.for_model(counting.spec, 256, page_size=8, max_sequences=3)
     items = []

@@ -3,10 +3,11 @@ computes the same logits as the per-sequence step, on the CPU."""
 
 import pytest
 import torch
+from eager_graphs import use_eager_graphs
 
 from engine.cache.paged import PagedKVCache
 from engine.generation.cuda_graph import DecodeGraphs, _bucket
-from engine.generation.decode_inputs import DecodeInputs, decode_forward, run_decode_step
+from engine.generation.decode_inputs import DecodeInputs, run_decode_step
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.step import StepItem, run_step
@@ -101,25 +102,8 @@ def test_inputs_rewrite_only_changed_table_rows_and_pad_on_the_scratch_page():
     assert inputs.tables().tolist()[:2] == [[5, 8, 5], [2, 2, 2]]
 
 
-class _EagerGraph:
-    """Stands in for a captured CUDA graph on the CPU: replay runs the same forward eagerly."""
-
-    def __init__(self, model, cache, entry):
-        self.args = (model, cache, entry.inputs)
-        self.out = entry.logits
-
-    def replay(self):
-        self.out.copy_(decode_forward(*self.args))
-
-
-def _stub_capture(self, entry):
-    entry.logits = torch.empty(entry.inputs.batch, self.model.lm_head.weight.shape[0])
-    entry.graph = _EagerGraph(self.model, self.cache, entry)
-    return True
-
-
 def test_decode_graphs_bucket_pad_and_free_the_scratch_page(tiny_model_factory, monkeypatch):
-    monkeypatch.setattr(DecodeGraphs, "_capture", _stub_capture)
+    use_eager_graphs(monkeypatch)
     model, make_cache = _setup(tiny_model_factory, "LlamaForCausalLM", 16)
     ref_cache, cache = make_cache(), make_cache()
     tables = _tables(ref_cache)
@@ -159,7 +143,7 @@ def test_generator_uses_graphs_only_on_cuda_and_not_when_disabled(tiny_model_fac
     assert EngineOptions.from_environment({"TRELLIS_NO_GRAPHS": "0"}).cuda_graphs
     assert EngineOptions().cuda_graphs
     # Forced on (as on a GPU), with capture stubbed: the generator's tokens are unchanged.
-    monkeypatch.setattr(DecodeGraphs, "_capture", _stub_capture)
+    use_eager_graphs(monkeypatch)
     jobs = lambda: [Job(list(range(3, 3 + n)), max_new_tokens=10, stop_token_ids=()) for n in (5, 17, 9)]  # noqa: E731
     eager = Generator(model, cache_tokens=512, page_size=PAGE).generate(jobs())
     gen = Generator(model, cache_tokens=512, page_size=PAGE)

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from drafters import OracleDrafter
+from eager_graphs import use_eager_graphs
 
 from engine.errors import UsageError
 from engine.generation import constraints as C
+from engine.generation.cuda_graph import DecodeGraphs
 from engine.generation.generator import Generator
 from engine.generation.job import Job
 from engine.generation.speculative.draft_model import ModelDrafter
@@ -100,6 +102,27 @@ def test_a_draft_model_with_the_same_vocabulary(llama, tiny_model_factory):
         assert stats.drafted > 0
         assert drafter.cache.pages.available == drafter.cache.num_pages  # forgotten with each job
     assert stats.accepted == stats.drafted  # the model drafting for itself
+
+
+def test_a_draft_models_steps_replay_from_graphs(llama, tiny_model_factory, monkeypatch):
+    # On a GPU the draft model's steps replay from CUDA graphs (a stand-in capture here, which
+    # runs the fixed-shape step): its one-token steps as decode rows, its catch-ups of a few
+    # tokens as verify rows. It drafts what its eager steps draft, and the tokens are plain ones.
+    use_eager_graphs(monkeypatch)
+    other_dir, _ = tiny_model_factory("LlamaForCausalLM-llama3")
+    other = load_model(other_dir, device="cpu")
+    prompts = _prompts([5, 33, 64])
+    eager = ModelDrafter(other, vocab_size=320, cache_tokens=2048, page_size=16)
+    assert eager.graphs is None  # a CPU model
+    eager_stats = _check(llama, prompts, eager, new=40, batch=2)
+    graphed = ModelDrafter(other, vocab_size=320, cache_tokens=2048, page_size=16)
+    graphed.graphs = DecodeGraphs(other.module, graphed.cache, max_batch=16)  # as on a GPU
+    stats = _check(llama, prompts, graphed, new=40, batch=2)
+    assert (stats.drafted, stats.accepted) == (eager_stats.drafted, eager_stats.accepted)
+    assert 0 < stats.accepted < stats.drafted
+    assert graphed.graphs.replays > 0
+    assert max(rows for rows, _ in graphed.graphs.captured) > 2  # a catch-up of several tokens
+    assert graphed.cache.pages.available == graphed.cache.num_pages
 
 
 def test_a_hybrid_draft_model_rolls_back_too(tiny_model_factory, llama):

@@ -11,17 +11,26 @@ recurrent state from the copy taken when the last proposal started (always withi
 Greedy jobs get greedy drafts (a point mass each); sampled jobs get drafts drawn from the draft
 model's softmax at the job's temperature, with those distributions as ``q``, which the
 acceptance rule needs to stay exact.
+
+On a GPU the draft model's steps replay from CUDA graphs of its own
+(``engine.generation.cuda_graph``), as the target's do: a draft model is small, so launching its
+kernels one by one from Python would cost several times what running them does. The one-token
+steps are decode rows; a catch-up of a few tokens (the kept drafts and the target's token) takes
+one row per token, as a verify step does, and only its last row's logits are used. Prompts, and
+models whose recurrent state must absorb tokens one after another, run eagerly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.errors import ContextOverflowError
+from engine.generation.cuda_graph import DecodeGraphs
+from engine.generation.decode_inputs import is_verify_item
 from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest
 from engine.generation.speculative.proposal import draft_generator, pick
 from engine.generation.state_checkpoint import StateCheckpoint, recurrent_layers
@@ -41,7 +50,8 @@ class _Sequence:
 class ModelDrafter(Drafter):
     """Drafts from ``model`` (a :class:`LoadedModel` with the target's tokenizer). ``vocab_size``:
     the width of the target's logits (a proposal distribution is given over it); ``cache_tokens``
-    and ``max_sequences``: the draft cache's size (as the target's: the same jobs run in it)."""
+    and ``max_sequences``: the draft cache's size (as the target's: the same jobs run in it).
+    ``cuda_graphs``: replay the draft model's steps from CUDA graphs where they fit (a CUDA model)."""
 
     kind = "model"
 
@@ -53,6 +63,7 @@ class ModelDrafter(Drafter):
         max_sequences: int = 16,
         page_size: int = 64,
         max_chunk_tokens: int = 512,
+        cuda_graphs: bool = True,
     ) -> None:
         self.model, self.vocab_size = model, vocab_size
         self.cache = PagedKVCache.for_model(
@@ -62,6 +73,12 @@ class ModelDrafter(Drafter):
         self.max_chunk_tokens = max_chunk_tokens
         self._recurrent = recurrent_layers(self.cache)
         self._seqs: dict[Hashable, _Sequence] = {}
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs and model.device.type == "cuda":
+            # A step holds up to max_sequences jobs' rows; a catch-up item up to 1 + the most
+            # drafted tokens (8) rows.
+            rows = min(64, max_sequences * 9)
+            self.graphs = DecodeGraphs(model.module, self.cache, max_batch=rows)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         live: list[tuple[int, DraftRequest, _Sequence]] = []
@@ -84,7 +101,7 @@ class ModelDrafter(Drafter):
             items = [
                 StepItem([tokens[i][-1]], len(s.fed), s.pages, "last", state_slot=s.slot) for i, _, s in going
             ]
-            rows = run_step(self.model.module, self.cache, items)
+            rows = self._step(items)
             for (i, request, seq), row in zip(going, rows):
                 seq.fed.append(tokens[i][-1])
                 self._choose(request, seq, row[-1], tokens[i], probs[i])
@@ -146,17 +163,32 @@ class ModelDrafter(Drafter):
                 chunk = list(request.tokens[len(seq.fed) : len(seq.fed) + self.max_chunk_tokens])
                 items.append(StepItem(chunk, len(seq.fed), seq.pages, None, state_slot=seq.slot))
                 seq.fed += chunk
-            run_step(self.model.module, self.cache, items)
+            self._step(items)
         items = []
         for request, seq in work:
             rest = list(request.tokens[len(seq.fed) :])
             items.append(StepItem(rest, len(seq.fed), seq.pages, "last", state_slot=seq.slot))
             seq.fed += rest
-        rows = run_step(self.model.module, self.cache, items)
+        rows = self._step(items)
         if self._recurrent:
             for _, seq in work:
                 seq.checkpoint = StateCheckpoint(self._recurrent, seq.slot, len(seq.fed))
         return [row[-1] for row in rows]
+
+    def _step(self, items: list[StepItem]) -> list[torch.Tensor]:
+        """One step of the draft model: each item's logits rows, the last one being the logits
+        after its last token. From a CUDA graph where the step fits one (a multi-token item as a
+        verify item: a row per token), else eagerly."""
+        if self.graphs is not None:
+            rows = [
+                replace(it, logits=len(it.tokens)) if len(it.tokens) > 1 and it.logits == "last" else it
+                for it in items
+            ]
+            if all(len(it.tokens) == 1 or is_verify_item(it) for it in rows):
+                logits = self.graphs.run(rows)
+                if logits is not None:
+                    return logits
+        return run_step(self.model.module, self.cache, items)
 
     def _choose(
         self, request: DraftRequest, seq: _Sequence, logits: torch.Tensor, tokens: list, probs: list

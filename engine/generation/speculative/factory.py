@@ -42,10 +42,11 @@ def check_draft_tokens(count: int) -> int:
 
 
 def make_drafter(
-    text: str | None, model, tokenizer=None, cache=None, max_sequences: int = 16
+    text: str | None, model, tokenizer=None, cache=None, max_sequences: int = 16, cuda_graphs: bool = True
 ) -> Drafter | None:
     """The drafter a setting names for the target ``model`` (its ``tokenizer`` and ``cache`` size
-    a draft model's own), or None for ``off``."""
+    a draft model's own), or None for ``off``. ``cuda_graphs``: a draft model replays its steps
+    from CUDA graphs on a GPU (``EngineOptions.cuda_graphs``)."""
     kind, directory = parse_draft(text)
     if kind == "auto":
         kind = "ngram" if model.device.type == "cpu" else "off"
@@ -58,10 +59,12 @@ def make_drafter(
         tokens = cache.capacity if cache is not None else None
         page_size = cache.page_size if cache is not None else 64
         return MtpDrafter(model, tokens, max_sequences=max_sequences, page_size=page_size)
-    return _model_drafter(directory, model, tokenizer, cache, max_sequences)
+    return _model_drafter(directory, model, tokenizer, cache, max_sequences, cuda_graphs)
 
 
-def _model_drafter(directory: Path, model, tokenizer, cache, max_sequences: int) -> ModelDrafter:
+def _model_drafter(
+    directory: Path, model, tokenizer, cache, max_sequences: int, cuda_graphs: bool
+) -> ModelDrafter:
     from engine.model import load_model
     from engine.tokenizer import Tokenizer
 
@@ -75,7 +78,9 @@ def _model_drafter(directory: Path, model, tokenizer, cache, max_sequences: int)
     vocab = int(model.config.get("vocab_size") or draft.config.get("vocab_size"))
     tokens = cache.capacity if cache is not None else min(model.spec.max_position_embeddings, 8192)
     page_size = cache.page_size if cache is not None else 64
-    return ModelDrafter(draft, vocab, tokens, max_sequences=max_sequences, page_size=page_size)
+    return ModelDrafter(
+        draft, vocab, tokens, max_sequences=max_sequences, page_size=page_size, cuda_graphs=cuda_graphs
+    )
 
 
 def same_vocabulary(a, b) -> bool:
