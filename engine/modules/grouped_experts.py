@@ -11,8 +11,12 @@ kind for every expert at once, instead of about ten launches per chosen expert
    temporary must be small). With one group nothing is read on the host; with several the
    groups' row ranges are (one sync).
 3. Gate and up side by side in one grouped GEMM, the experts' biases per row, the activation as
-   :class:`~engine.modules.mlp.GatedMLP` computes it, down, each row times its mixing weight,
-   summed into the output with ``index_add_``.
+   :class:`~engine.modules.mlp.GatedMLP` computes it and scaled by the row's mixing weight (down
+   is linear, so its output comes out already weighted; its bias is scaled alike), down.
+4. Each output row goes back to its (token, slot) place (a permutation: a copy, no atomics),
+   and a token's ``top_k`` rows are summed in float32 by one reduction. (Weighting after down
+   and summing with ``index_add_`` took a float32 copy, a product and a scattered add, each over
+   all ``tokens x top_k`` rows.)
 
 :func:`grouped_prefill` is ``SparseMoE._routed``'s entry: stacked EXL3 experts, bf16 activations,
 more rows than ``engine.kernels.moe.MAX_TOKENS``, outside CUDA-graph capture. It returns None
@@ -165,15 +169,16 @@ def grouped_mix(
     rows = x.index_select(0, tokens)
     if experts.padded_in > experts.in_features:
         rows = F.pad(rows, (0, experts.padded_in - experts.in_features))
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    # Every (token, slot) pair's weighted expert output, at row token * top_k + slot.
+    pairs = torch.empty(flat.shape[0], x.shape[1], dtype=x.dtype, device=x.device)
     per_group = max(1, budget // experts.bytes_per_expert(x.dtype))
     for first, last, part in _expert_groups(ends, n, per_group):
         offsets = ends[first:last] - part.start if part.start else ends[first:last]
-        y = _experts_on_rows(mm, rows[part], offsets, by_expert[part], first, last, experts)
+        y = _experts_on_rows(mm, rows[part], offsets, by_expert[part], mix[part], first, last, experts)
         if y is None:
             return None
-        out.index_add_(0, tokens[part], y.float() * mix[part])
-    return out
+        pairs.index_copy_(0, order[part], y)
+    return pairs.view(x.shape[0], chosen.shape[1], x.shape[1]).sum(dim=1, dtype=torch.float32)
 
 
 def _experts_on_rows(
@@ -181,13 +186,15 @@ def _experts_on_rows(
     rows: torch.Tensor,
     offsets: torch.Tensor,
     by_expert: torch.Tensor,
+    mix: torch.Tensor,
     first: int,
     last: int,
     experts: ExpertWeights,
 ) -> torch.Tensor | None:
     """Experts ``first..last-1`` on their rows (sorted by expert; expert ``first + i``'s end at
     ``offsets[i]``): ``[rows, in_features]`` in ``rows``' dtype, each row its own expert's output
-    with its biases, as the expert module returns it."""
+    with its biases, as the expert module returns it, times the row's mixing weight ``mix``
+    (float32 ``[rows, 1]``)."""
     dtype = rows.dtype
     w = experts.gate_up(first, last, dtype)
     if w is None:
@@ -206,11 +213,12 @@ def _experts_on_rows(
     else:
         a = ACTIVATIONS[act.name](up)
     del h
-    a = F.pad(a, (0, ph - hidden)) if ph > hidden else a.contiguous()
+    a = (a * mix).to(dtype)
+    a = F.pad(a, (0, ph - hidden)) if ph > hidden else a
     w = experts.down(first, last, dtype)
     if w is None:
         return None
     y = mm(a, w, offs=offsets)[:, : experts.in_features]
     if experts.down_bias is not None:
-        y = y + experts.down_bias[by_expert].to(dtype)
+        y = y + (experts.down_bias[by_expert] * mix).to(dtype)
     return y

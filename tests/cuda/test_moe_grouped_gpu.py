@@ -27,8 +27,9 @@ KINDS = {
     "gpt_oss": ("quick_gelu", True, 7.0, False, 1.0, True),
     "relu2": ("relu2", False, None, True, 0.0, False),
 }
-# Both paths multiply the same decoded bf16 weights by the same bf16 rows; only the GEMMs' and
-# the sums' orders differ: a few bf16 roundings of a row. A wrong expert, bias or weight is O(1).
+# Both paths multiply the same decoded bf16 weights by the same bf16 rows; the grouped path
+# weights the activations before down (one more bf16 rounding) and sums in another order: a few
+# bf16 roundings of a row. A wrong expert, bias or weight is O(1).
 TOL = 2e-2
 
 

@@ -169,8 +169,16 @@ def test_grouped_mix_in_bf16_is_close_to_dispatch():
     dense = DenseWeights(block, torch.bfloat16)
     got = grouped_mix(x, weights, chosen, dense.weights(block))
     want = block._dispatch(x, weights, chosen)
-    # Same bf16 products, summed in another order: a few bf16 roundings of each row.
-    assert float((got - want).norm(dim=1).max() / want.norm(dim=1).min()) < 2e-2
+    exact = block.float()._dispatch(x.float(), weights.float(), chosen)
+
+    def error(a: torch.Tensor) -> torch.Tensor:
+        return (a - exact).norm(dim=1) / exact.norm(dim=1)
+
+    # The same bf16 products, but the activations are weighted before down (one more bf16
+    # rounding of each) and the sums run in another order: about as far from the float32 mix as
+    # _dispatch is, and far below the O(1) of a wrong expert, bias or weight.
+    assert float(error(got).median()) < 1.25 * float(error(want).median())
+    assert float(error(got).max()) < 2 * float(error(want).max()) < 2e-2
 
 
 def test_bad_shapes_are_refused():
