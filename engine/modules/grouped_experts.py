@@ -14,9 +14,9 @@ kind for every expert at once, instead of about ten launches per chosen expert
    :class:`~engine.modules.mlp.GatedMLP` computes it and scaled by the row's mixing weight (down
    is linear, so its output comes out already weighted; its bias is scaled alike), down.
 4. Each output row goes back to its (token, slot) place (a permutation: a copy, no atomics),
-   and a token's ``top_k`` rows are summed in float32 by one reduction. (Weighting after down
-   and summing with ``index_add_`` took a float32 copy, a product and a scattered add, each over
-   all ``tokens x top_k`` rows.)
+   and a token's ``top_k`` rows are summed in float32 by one reduction. So the ``tokens x
+   top_k`` output rows are never copied to float32, multiplied or added with atomics; only the
+   narrower activations are scaled.
 
 :func:`grouped_prefill` is ``SparseMoE._routed``'s entry: stacked EXL3 experts, bf16 activations,
 more rows than ``engine.kernels.moe.MAX_TOKENS``, outside CUDA-graph capture. It returns None
@@ -213,8 +213,8 @@ def _experts_on_rows(
     else:
         a = ACTIVATIONS[act.name](up)
     del h
-    a = (a * mix).to(dtype)
-    a = F.pad(a, (0, ph - hidden)) if ph > hidden else a
+    a = a.mul_(mix)  # in place: computed in float32, rounded once to the activations' dtype
+    a = F.pad(a, (0, ph - hidden)) if ph > hidden else a.contiguous()
     w = experts.down(first, last, dtype)
     if w is None:
         return None
