@@ -30,9 +30,9 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.errors import ContextOverflowError
 from engine.generation.cuda_graph import DecodeGraphs
-from engine.generation.decode_inputs import is_verify_item
 from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest
 from engine.generation.speculative.proposal import draft_generator, pick
+from engine.generation.speculative.speculation import MAX_DRAFT_TOKENS
 from engine.generation.state_checkpoint import StateCheckpoint, recurrent_layers
 from engine.generation.step import StepItem, run_step
 from engine.model import LoadedModel
@@ -76,8 +76,8 @@ class ModelDrafter(Drafter):
         self.graphs: DecodeGraphs | None = None
         if cuda_graphs and model.device.type == "cuda":
             # A step holds up to max_sequences jobs' rows; a catch-up item up to 1 + the most
-            # drafted tokens (8) rows.
-            rows = min(64, max_sequences * 9)
+            # drafted tokens rows.
+            rows = min(64, max_sequences * (1 + MAX_DRAFT_TOKENS))
             self.graphs = DecodeGraphs(model.module, self.cache, max_batch=rows)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
@@ -179,15 +179,14 @@ class ModelDrafter(Drafter):
         """One step of the draft model: each item's logits rows, the last one being the logits
         after its last token. From a CUDA graph where the step fits one (a multi-token item as a
         verify item: a row per token), else eagerly."""
-        if self.graphs is not None:
+        if self.graphs is not None:  # run() declines what is neither a decode nor a verify item
             rows = [
                 replace(it, logits=len(it.tokens)) if len(it.tokens) > 1 and it.logits == "last" else it
                 for it in items
             ]
-            if all(len(it.tokens) == 1 or is_verify_item(it) for it in rows):
-                logits = self.graphs.run(rows)
-                if logits is not None:
-                    return logits
+            logits = self.graphs.run(rows)
+            if logits is not None:
+                return logits
         return run_step(self.model.module, self.cache, items)
 
     def _choose(
