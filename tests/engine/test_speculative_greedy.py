@@ -117,10 +117,16 @@ def test_a_draft_models_steps_replay_from_graphs(llama, tiny_model_factory, monk
     eager_stats = _check(llama, prompts, eager, new=40, batch=2)
     graphed = ModelDrafter(other, vocab_size=320, cache_tokens=2048, page_size=16)
     graphed.graphs = DecodeGraphs(other.module, graphed.cache, max_batch=16)  # as on a GPU
+    chained = []  # greedy draft steps fed by the previous step's argmax on the device
+    run_greedy = graphed.graphs.run_greedy
+    monkeypatch.setattr(
+        graphed.graphs, "run_greedy", lambda items, ids: chained.append(ids) or run_greedy(items, ids)
+    )
     stats = _check(llama, prompts, graphed, new=40, batch=2)
     assert (stats.drafted, stats.accepted) == (eager_stats.drafted, eager_stats.accepted)
     assert 0 < stats.accepted < stats.drafted
     assert graphed.graphs.replays > 0
+    assert chained and all(ids is not None and ids.dtype == torch.int64 for ids in chained)
     assert max(rows for rows, _ in graphed.graphs.captured) > 2  # a catch-up of several tokens
     assert graphed.cache.pages.available == graphed.cache.num_pages
 

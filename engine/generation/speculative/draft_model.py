@@ -17,7 +17,9 @@ On a GPU the draft model's steps replay from CUDA graphs of its own
 kernels one by one from Python would cost several times what running them does. The one-token
 steps are decode rows; a catch-up of a few tokens (the kept drafts and the target's token) takes
 one row per token, as a verify step does, and only its last row's logits are used. Prompts, and
-models whose recurrent state must absorb tokens one after another, run eagerly.
+models whose recurrent state must absorb tokens one after another, run eagerly. Greedy drafts
+chain on the device: each step's input is the previous step's argmax, and the host reads the
+drafted tokens once a proposal, not once a token.
 """
 
 from __future__ import annotations
@@ -92,8 +94,9 @@ class ModelDrafter(Drafter):
         tokens: dict[int, list[int]] = {i: [] for i, _, _ in live}
         probs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in live}
         logits = self._catch_up([(request, seq) for _, request, seq in live])
-        for (i, request, seq), row in zip(live, logits):
-            self._choose(request, seq, row, tokens[i], probs[i])
+        if not self._greedy_chain(live, logits, tokens):
+            for (i, request, seq), row in zip(live, logits):
+                self._choose(request, seq, row, tokens[i], probs[i])
         for _ in range(max(r.max_tokens for _, r, _ in live) - 1):
             going = [(i, r, s) for i, r, s in live if len(tokens[i]) < r.max_tokens]
             if not going:
@@ -188,6 +191,38 @@ class ModelDrafter(Drafter):
             if logits is not None:
                 return logits
         return run_step(self.model.module, self.cache, items)
+
+    def _greedy_chain(
+        self, live: list[tuple[int, DraftRequest, _Sequence]], logits: list[torch.Tensor], tokens: dict
+    ) -> bool:
+        """Greedy drafts for every live request, chained on the device: each graph-replayed step
+        takes the previous step's argmax as its input, so the host queues all the steps and reads
+        the drafted tokens once, instead of waiting for each token before it can launch the next
+        step. Runs as many steps as the shortest draft allows (the per-token loop after it drafts
+        the rest); False, drafting nothing, where the requests are not all greedy, the steps do
+        not replay from graphs, or the draft model's logits are wider than the target's vocabulary
+        (its argmax could name a token the target lacks)."""
+        if (
+            self.graphs is None
+            or any(request.temperature > 0 for _, request, _ in live)
+            or logits[0].shape[-1] > self.vocab_size
+        ):
+            return False
+        steps = [torch.stack(logits).argmax(dim=-1)]  # after the catch-up: each draft's first token
+        for j in range(1, min(request.max_tokens for _, request, _ in live)):
+            # Placeholder tokens: the step reads its inputs from the previous step's argmax.
+            items = [
+                StepItem([0], len(seq.fed) + j - 1, seq.pages, "last", state_slot=seq.slot)
+                for _, _, seq in live
+            ]
+            ids = self.graphs.run_greedy(items, steps[-1])
+            if ids is None:
+                break
+            steps.append(ids)
+        for (i, _, seq), drafted in zip(live, torch.stack(steps, dim=1).tolist()):
+            tokens[i] += drafted
+            seq.fed += drafted[:-1]  # the last one is fed by the next step, or the next catch-up
+        return True
 
     def _choose(
         self, request: DraftRequest, seq: _Sequence, logits: torch.Tensor, tokens: list, probs: list
