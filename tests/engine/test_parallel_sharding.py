@@ -40,7 +40,8 @@ def test_dense_split_pieces_give_the_whole_output() -> None:
     linear = DenseLinear(torch.randn(12, 8), torch.randn(12))
     x = torch.randn(5, 8)
     index = torch.tensor([4, 5, 0, 1])
-    assert torch.equal(take_outputs(linear, index)(x), linear(x)[:, index])
+    # Equal up to rounding: BLAS may sum a 4-output product in another order than a 12-output one.
+    torch.testing.assert_close(take_outputs(linear, index)(x), linear(x)[:, index], rtol=1e-6, atol=1e-6)
     halves = torch.arange(8).tensor_split(2)
     pieces = [take_inputs(linear, h, keep_bias=i == 0)(x[:, h]) for i, h in enumerate(halves)]
     torch.testing.assert_close(pieces[0] + pieces[1], linear(x))
