@@ -74,3 +74,32 @@ def test_verify_rows_on_the_gpu_give_the_eager_verify_logits(tmp_path):
             run_step(model.module, cache, [StepItem(prompt[:40], 0, pages, None)])
             results.append(step(model.module, cache, [StepItem(prompt[40 : 41 + k], 40, pages, k + 1)])[0])
         torch.testing.assert_close(results[1], results[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_draft_models_greedy_steps_chain_from_its_graphs_on_the_gpu(tmp_path):
+    # tests/engine's fixtures are not visible from tests/cuda: tiny random Llamas built here. The
+    # draft is another random Llama (drafts mostly rejected) and the target itself (all kept).
+    from engine.generation.speculative.draft_model import ModelDrafter
+
+    target_dir, other_dir = tmp_path / "target", tmp_path / "other"
+    build_tiny_model("LlamaForCausalLM", target_dir)
+    build_tiny_model("LlamaForCausalLM", other_dir, seed=1)
+    target = load_model(target_dir, device="cuda", dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (5, 33, 64)]
+
+    def generate(drafter=None):
+        gen = Generator(target, cache_tokens=2048, page_size=16, max_batch_size=4, drafter=drafter)
+        return [r.token_ids for r in gen.generate([Job(p, 40, stop_token_ids=()) for p in prompts])], gen
+
+    plain, _ = generate()
+    for draft_model in (load_model(other_dir, device="cuda", dtype="float32"), target):
+        drafter = ModelDrafter(draft_model, vocab_size=320, cache_tokens=2048, page_size=16)
+        chained = []  # the greedy steps fed on the device by the previous step's argmax
+        drafter.graphs.run_greedy = lambda items, ids, log=chained, run=drafter.graphs.run_greedy: (
+            log.append(ids is not None) or run(items, ids)
+        )
+        tokens, gen = generate(drafter)
+        assert tokens == plain
+        assert gen.speculation.stats.drafted > 0 and chained and all(chained)
+        assert drafter.graphs.failed is None and drafter.graphs.replays >= len(chained)
