@@ -8,6 +8,10 @@ first over the time they took) and their ratio, the worst single prompt's ratio,
 acceptance rate, accepted tokens per verify step and tokens per decode step, and whether the
 drafted replies equal the plain ones (they must, greedy: a difference is a bug). Figures are
 medians over ``--repeats`` after a warm-up.
+
+Beside them, the copy bound: tokens per decode step that prompt lookup would reach on the plain
+replies if every draft were the best earlier run of the sequence (:func:`copy_bound_steps`).
+It says how much of a model's replies is a copy at all, which no n-gram drafter can exceed.
 """
 
 from __future__ import annotations
@@ -47,6 +51,38 @@ def _reply(session, ids: list[int], new_tokens: int, settings) -> dict[str, Any]
         "decode_s": decode_s,
         "decode_steps": max(1, steps - 1),  # the first token comes from the prefill step
     }
+
+
+def copy_bound_steps(context: list[int], reply: list[int], max_tokens: int) -> int:
+    """Decode steps that produce ``reply`` after ``context`` when each step's draft is the best
+    possible copy: the longest run of the sequence so far (at most ``max_tokens``; a run that
+    reaches the sequence's end goes on with its own start, as n-gram drafts do) that equals the
+    reply's next tokens, all of it kept, then the step's own token. A prompt-lookup drafter
+    chooses its run from the tokens before it and cannot know which one the model will copy, so
+    it needs at least this many steps."""
+    seq = list(context)
+    where: dict[int, list[int]] = {}  # token -> its positions in seq
+    for position, token in enumerate(seq):
+        where.setdefault(token, []).append(position)
+    i = steps = 0
+    while i < len(reply):
+        best = 0
+        for start in where.get(reply[i], ()):
+            run = 1
+            while run < max_tokens and i + run < len(reply):
+                at = start + run  # past the end: the draft's own earlier tokens (matched so far)
+                if (seq[at] if at < len(seq) else reply[i + at - len(seq)]) != reply[i + run]:
+                    break
+                run += 1
+            best = max(best, run)
+            if best == max_tokens:
+                break
+        for token in reply[i : i + best + 1]:
+            where.setdefault(token, []).append(len(seq))
+            seq.append(token)
+        i += best + 1
+        steps += 1
+    return steps
 
 
 def _stats_delta(spec, before) -> dict[str, int]:
@@ -93,7 +129,7 @@ def run_draft_bench(args) -> int:
                             for key, value in _stats_delta(spec, before).items():
                                 totals[key] += value
             _log(f"  {name}: round {repeat + 1}/{args.repeats + 1} done")
-        rows.append(_row(name, runs, totals, args.repeats))
+        rows.append(_row(name, runs, totals, args.repeats, prompts, spec.max_tokens))
     result = {
         "model": str(args.model),
         "sampling": "app balanced (seeded)" if getattr(args, "sampled", False) else "greedy",
@@ -125,7 +161,9 @@ def _sampling(args):
     return SamplingSettings(**PRESETS["app balanced"], seed=0)
 
 
-def _row(name: str, runs: dict, totals: dict, repeats: int) -> dict[str, Any]:
+def _row(
+    name: str, runs: dict, totals: dict, repeats: int, prompts: list[list[int]], draft_tokens: int
+) -> dict[str, Any]:
     """One prompt set's figures: per prompt the median decode time of each mode, summed."""
 
     def speed(label: str) -> float:
@@ -146,6 +184,9 @@ def _row(name: str, runs: dict, totals: dict, repeats: int) -> dict[str, Any]:
     same = all(p[0]["tokens"] == d[0]["tokens"] for p, d in zip(runs["plain"], runs["draft"]))
     steps = sum(r["decode_steps"] for replies in runs["draft"] for r in replies)
     tokens = sum(len(r["tokens"]) - 1 for replies in runs["draft"] for r in replies)
+    # The first token comes from the prefill: the bound, like tok/step, counts the ones after it.
+    replies = [replies[0]["tokens"] for replies in runs["plain"]]
+    bound_steps = sum(copy_bound_steps(p + r[:1], r[1:], draft_tokens) for p, r in zip(prompts, replies))
     return {
         "set": name,
         "prompts": len(runs["plain"]),
@@ -159,6 +200,7 @@ def _row(name: str, runs: dict, totals: dict, repeats: int) -> dict[str, Any]:
         if totals["verify_steps"]
         else 0.0,
         "tokens_per_decode_step": tokens / steps if steps else 0.0,
+        "copy_bound_tokens_per_step": sum(len(r) - 1 for r in replies) / bound_steps if bound_steps else 0.0,
         "drafted": totals["drafted"],
         "accepted": totals["accepted"],
         "same_tokens": same,
@@ -171,14 +213,15 @@ def format_table(r: dict) -> str:
         f"{r['new_tokens']} new tokens per reply, {r['sampling']}, batch 1, median of {r['repeats']}, "
         f"{r['threads']} threads",
         f"{'set':<10} {'plain tok/s':>11} {'draft tok/s':>11} {'ratio':>6} {'accepted':>9} "
-        f"{'acc/verify':>10} {'tok/step':>8} {'worst':>6} {'same':>5}",
+        f"{'acc/verify':>10} {'tok/step':>8} {'bound':>6} {'worst':>6} {'same':>5}",
     ]
     for row in r["sets"]:
         lines.append(
             f"{row['set']:<10} {row['plain_tokens_per_s']:>11.1f} {row['draft_tokens_per_s']:>11.1f} "
             f"{row['speedup']:>5.2f}x {row['acceptance_rate']:>8.0%} "
             f"{row['accepted_per_verify_step']:>10.2f} "
-            f"{row['tokens_per_decode_step']:>8.2f} {row['worst_speedup']:>5.2f}x "
+            f"{row['tokens_per_decode_step']:>8.2f} {row['copy_bound_tokens_per_step']:>6.2f} "
+            f"{row['worst_speedup']:>5.2f}x "
             f"{('yes' if row['same_tokens'] else 'NO') if r['sampling'] == 'greedy' else '-':>5}"
         )
     return "\n".join(lines)
