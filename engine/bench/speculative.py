@@ -56,7 +56,7 @@ def _reply(session, ids: list[int], new_tokens: int, settings) -> dict[str, Any]
 def copy_bound_steps(context: list[int], reply: list[int], max_tokens: int) -> int:
     """Decode steps that produce ``reply`` after ``context`` when each step's draft is the best
     possible copy: the longest run of the sequence so far (at most ``max_tokens``; a run that
-    reaches the sequence's end goes on with its own start, as n-gram drafts do) that equals the
+    reaches the sequence's end goes on from its own start, as n-gram drafts do) that equals the
     reply's next tokens, all of it kept, then the step's own token. A prompt-lookup drafter
     chooses its run from the tokens before it and cannot know which one the model will copy, so
     it needs at least this many steps."""
@@ -185,8 +185,10 @@ def _row(
     steps = sum(r["decode_steps"] for replies in runs["draft"] for r in replies)
     tokens = sum(len(r["tokens"]) - 1 for replies in runs["draft"] for r in replies)
     # The first token comes from the prefill: the bound, like tok/step, counts the ones after it.
-    replies = [replies[0]["tokens"] for replies in runs["plain"]]
-    bound_steps = sum(copy_bound_steps(p + r[:1], r[1:], draft_tokens) for p, r in zip(prompts, replies))
+    plain_replies = [replies[0]["tokens"] for replies in runs["plain"]]
+    bound_steps = sum(
+        copy_bound_steps(p + r[:1], r[1:], draft_tokens) for p, r in zip(prompts, plain_replies)
+    )
     return {
         "set": name,
         "prompts": len(runs["plain"]),
@@ -200,7 +202,9 @@ def _row(
         if totals["verify_steps"]
         else 0.0,
         "tokens_per_decode_step": tokens / steps if steps else 0.0,
-        "copy_bound_tokens_per_step": sum(len(r) - 1 for r in replies) / bound_steps if bound_steps else 0.0,
+        "copy_bound_tokens_per_step": sum(len(r) - 1 for r in plain_replies) / bound_steps
+        if bound_steps
+        else 0.0,
         "drafted": totals["drafted"],
         "accepted": totals["accepted"],
         "same_tokens": same,

@@ -52,3 +52,28 @@ def test_no_ngram_drafter_beats_the_bound(seed):
     for k in (1, 4, 8):
         bound = copy_bound_steps(context, reply, k)
         assert len(reply) / (k + 1) <= bound <= _ngram_steps(context, reply, k)
+
+
+def test_the_draft_bench_reports_the_bound_of_its_plain_replies():
+    from engine.bench.speculative import _row, format_table
+
+    def reply(seconds: float, steps: int) -> dict:
+        return {"tokens": [1, 2, 3, 1, 2, 3], "decode_s": seconds, "decode_steps": steps}
+
+    runs = {"plain": [[reply(1.0, 5)]], "draft": [[reply(0.5, 3)]]}
+    row = _row("set", runs, {"verify_steps": 2, "drafted": 4, "accepted": 2}, 1, [[9, 1, 2, 3]], 4)
+    # After the prefill's token 1, the reply 2 3 1 2 3 copies the run 2 3 1 (going on from its
+    # own start): 4 drafts kept and the step's own token, one step.
+    assert row["copy_bound_tokens_per_step"] == 5.0 and row["tokens_per_decode_step"] == 5 / 3
+    table = format_table(
+        {
+            "draft": "ngram",
+            "draft_tokens": 4,
+            "new_tokens": 6,
+            "sampling": "greedy",
+            "repeats": 1,
+            "threads": 1,
+            "sets": [row],
+        }
+    )
+    assert "bound" in table.splitlines()[1] and " 5.00 " in table.splitlines()[2]
