@@ -33,7 +33,7 @@ from typing import Any
 
 PROMPTS = Path(__file__).parent / "data" / "speculative_prompts.json"
 # Logit margin, relative to the top logit's magnitude, below which two tokens count as tied: a
-# few bfloat16 steps (one is 1/128 relative), what a differently rounded step can flip.
+# few bfloat16 steps (one is at most 1/128 relative), what a differently rounded step can flip.
 TIE_MARGIN = 0.02
 
 
@@ -164,10 +164,14 @@ def run_draft_bench(args) -> int:
                             for key, value in _stats_delta(spec, before).items():
                                 totals[key] += value
             _log(f"  {name}: round {repeat + 1}/{args.repeats + 1} done")
-        partings = [
-            parting(plain, ids, p[0]["tokens"], d[0]["tokens"])
-            for ids, p, d in zip(prompts, runs["plain"], runs["draft"])
-        ]
+        partings = (  # sampled replies differ by design: only greedy ones are compared
+            [
+                parting(plain, ids, p[0]["tokens"], d[0]["tokens"])
+                for ids, p, d in zip(prompts, runs["plain"], runs["draft"])
+            ]
+            if sampling.is_greedy
+            else None
+        )
         rows.append(_row(name, runs, totals, args.repeats, prompts, spec.max_tokens, partings))
     result = {
         "model": str(args.model),
@@ -210,7 +214,8 @@ def _row(
     partings: list[dict | None] | None = None,
 ) -> dict[str, Any]:
     """One prompt set's figures: per prompt the median decode time of each mode, summed.
-    ``partings``: per prompt, where its drafted reply parted from the plain one (:func:`parting`)."""
+    ``partings``: per prompt, where its greedy drafted reply parted from the plain one
+    (:func:`parting`); None for sampled replies, which are not compared."""
 
     def speed(label: str) -> float:
         tokens = time_s = 0.0
@@ -227,9 +232,11 @@ def _row(
     # Each prompt's own ratio (decode tokens/s drafted over plain, medians): the worst one says
     # whether drafting ever costs more than it gives.
     per_prompt = [rate(d) / rate(p) for p, d in zip(runs["plain"], runs["draft"]) if rate(p) > 0]
-    partings = partings or [None] * len(prompts)
-    differences = [dict(part, prompt=i) for i, part in enumerate(partings) if part is not None]
-    same = "yes" if not differences else "tie" if all(d["tie"] for d in differences) else "no"
+    differences = [dict(part, prompt=i) for i, part in enumerate(partings or []) if part is not None]
+    if partings is None:
+        same = None
+    else:
+        same = "yes" if not differences else "tie" if all(d["tie"] for d in differences) else "no"
     steps = sum(r["decode_steps"] for replies in runs["draft"] for r in replies)
     tokens = sum(len(r["tokens"]) - 1 for replies in runs["draft"] for r in replies)
     # The first token comes from the prefill: the bound, like tok/step, counts the ones after it.
@@ -275,7 +282,7 @@ def format_table(r: dict) -> str:
             f"{row['accepted_per_verify_step']:>10.2f} "
             f"{row['tokens_per_decode_step']:>8.2f} {row['copy_bound_tokens_per_step']:>6.2f} "
             f"{_ratio(row['worst_speedup']):>6} "
-            f"{_same_label(row['same_tokens']) if r['sampling'] == 'greedy' else '-':>5}"
+            f"{_same_label(row['same_tokens']):>5}"
         )
     return "\n".join(lines)
 
@@ -284,5 +291,5 @@ def _ratio(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}x"
 
 
-def _same_label(same: str) -> str:
-    return "NO" if same == "no" else same
+def _same_label(same: str | None) -> str:
+    return {None: "-", "no": "NO"}.get(same, same)
