@@ -97,10 +97,10 @@ def copy_bound_steps(context: list[int], reply: list[int], max_tokens: int) -> i
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """The first position where ``a`` and ``b`` differ (one ending early counts); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    from engine.generation.speculative.drafter import common_prefix
+
+    shared = common_prefix(a, b)
+    return None if shared == len(a) == len(b) else shared
 
 
 def parting(session, prompt: list[int], plain: list[int], drafted: list[int]) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ import torch
 from engine.cache.paged import PagedKVCache
 from engine.errors import ContextOverflowError
 from engine.generation.cuda_graph import DecodeGraphs
-from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest
+from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest, common_prefix
 from engine.generation.speculative.proposal import draft_generator, pick
 from engine.generation.speculative.speculation import MAX_DRAFT_TOKENS
 from engine.generation.state_checkpoint import StateCheckpoint, recurrent_layers
@@ -132,10 +132,7 @@ class ModelDrafter(Drafter):
                 return None
             seq = self._seqs[request.key] = _Sequence(slot=slot, generator=draft_generator(request))
         target = request.tokens
-        common = 0
-        limit = min(len(seq.fed), len(target) - 1)  # the target's last token is always fed again
-        while common < limit and seq.fed[common] == target[common]:
-            common += 1
+        common = common_prefix(seq.fed, target[:-1])  # the target's last token is always fed again
         if common < len(seq.fed):
             if self._recurrent:
                 point = seq.checkpoint

@@ -53,6 +53,18 @@ class Draft:
 NO_DRAFT = Draft([])
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share: how far a drafter's state for a sequence
+    still holds after the target kept or rejected its drafts."""
+    n = min(len(a), len(b))
+    if list(a[:n]) == list(b[:n]):  # the usual case, compared at C speed
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 @dataclass(frozen=True)
 class Observation:
     """What a target step computed for one sequence, for a drafter that reads the target's hidden

@@ -32,7 +32,7 @@ import torch
 
 from engine.cache.paged import PagedKVCache
 from engine.errors import ContextOverflowError
-from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest, Observation
+from engine.generation.speculative.drafter import Draft, Drafter, DraftRequest, Observation, common_prefix
 from engine.generation.speculative.proposal import draft_generator, pick
 from engine.generation.step import StepItem, text_layout
 from engine.loading.mtp_builder import build_mtp_head
@@ -103,7 +103,7 @@ class MtpDrafter(Drafter):
         date: cut back to the target's tokens, restarted where positions are missing."""
         seq = self._seqs.setdefault(obs.key, _Sequence())
         tokens = obs.tokens
-        common = _common_prefix(seq.tokens, tokens)
+        common = common_prefix(seq.tokens, tokens)
         if seq.fed > common - 1:  # entry p reads token p + 1: it must still be the target's
             seq.fed, seq.last = max(common - 1, 0), None
             del seq.tokens[seq.fed + 1 :]
@@ -206,13 +206,3 @@ class MtpDrafter(Drafter):
                 self.forget(key)
                 return False
         return True
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if list(a[:n]) == list(b[:n]):  # the usual case, compared at C speed
-        return n
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
